@@ -1,0 +1,40 @@
+// Shared build-script logic (included by the `build.rs` of every crate whose binaries link
+// libtorch: raptor-models, raptor-train, raptor-benches).
+//
+// Force-link libtorch's CUDA libraries when the libtorch in use has them.
+//
+// torch-sys emits `-ltorch_cuda`, but nothing in a Rust binary references a symbol of
+// `libtorch_cuda.so` directly (its kernels register themselves from static initializers), so
+// the linker's `--as-needed` default drops it, and `tch::Cuda::is_available()` is then false
+// even on a GPU machine. rustc's `-as-needed` link modifier is still unstable, and
+// `cargo:rustc-link-arg` only reaches the package's own binaries, tests, benches and examples,
+// so every crate that produces such binaries includes this file from its `build.rs` and emits
+//
+//     -Wl,--push-state,--no-as-needed,-ltorch_cuda,-lc10_cuda,--pop-state
+//
+// which keeps `libtorch_cuda.so` in the binary's NEEDED list wherever the argument lands on the
+// linker command line. The libtorch library folder comes from torch-sys (`links = "tch"`,
+// exported to direct dependents as `DEP_TCH_LIBTORCH_LIB`), which is why these crates depend
+// on torch-sys directly.
+
+fn link_cuda_if_present() {
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    println!("cargo:rustc-check-cfg=cfg(raptor_cuda_linked)");
+    let Some(lib) = std::env::var_os("DEP_TCH_LIBTORCH_LIB").map(std::path::PathBuf::from) else {
+        return;
+    };
+    let present: Vec<&str> = ["torch_cuda", "c10_cuda"]
+        .into_iter()
+        .filter(|name| lib.join(format!("lib{name}.so")).exists())
+        .collect();
+    if present.is_empty() {
+        return;
+    }
+    let libs: Vec<String> = present.iter().map(|n| format!("-l{n}")).collect();
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!(
+        "cargo:rustc-link-arg=-Wl,--push-state,--no-as-needed,{},--pop-state",
+        libs.join(",")
+    );
+    println!("cargo:rustc-cfg=raptor_cuda_linked");
+}

@@ -1,0 +1,1 @@
+//! raptor-accountant: see the crate README.

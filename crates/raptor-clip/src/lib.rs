@@ -1,0 +1,1 @@
+//! raptor-clip: see the crate README.

@@ -1,0 +1,1 @@
+//! raptor-muon: see the crate README.

@@ -1,0 +1,1 @@
+//! raptor-routing: see the crate README.

@@ -1,0 +1,15 @@
+//! Subcommands of the `raptor` program. Each module owns one subcommand (its clap `Args` and its
+//! `run` function); `main.rs` only dispatches.
+
+use std::io::Write;
+
+/// Exit code for bad input (invalid arguments, malformed files): errors go to stderr.
+pub const EXIT_BAD_INPUT: i32 = 2;
+
+/// Print a value as one JSON object on stdout (the `--json` form of every subcommand).
+pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}

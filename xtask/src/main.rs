@@ -1,0 +1,2 @@
+//! xtask placeholder (filled below).
+fn main() {}
