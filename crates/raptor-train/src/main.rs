@@ -1,7 +1,9 @@
 //! `raptor`: the command-line program of the raptor workspace.
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
-use raptor_train::cli;
+use raptor_train::{cli, reproduce};
 
 /// Differentially private fine-tuning of Mixture-of-Experts and dense transformers.
 #[derive(Debug, Parser)]
@@ -11,17 +13,35 @@ struct Cli {
     command: Command,
 }
 
-/// The subcommands.
+/// The subcommands. Each one's arguments and logic live in `raptor_train::cli::<name>`.
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the build information: versions, libtorch, CUDA availability.
     Info,
+    /// Run the reproduction tables (what `cargo xtask reproduce` runs).
+    Reproduce {
+        /// Output folder for the Markdown and JSON tables.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+        /// Repository root (fixtures are read from `<root>/fixtures`).
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// Smaller sizes and fewer repetitions.
+        #[arg(long)]
+        quick: bool,
+        /// Run only these parts (default: all).
+        #[arg(long = "only")]
+        only: Vec<String>,
+    },
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info(),
+        Command::Reproduce { out, root, quick, only } => {
+            reproduce::run(&reproduce::Context { root, out, quick }, &only).map(|_| ())
+        }
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");
@@ -31,7 +51,8 @@ fn main() {
 
 fn info() -> anyhow::Result<()> {
     println!("raptor {}", env!("CARGO_PKG_VERSION"));
-    println!("libtorch: tch {}", "0.24.0");
+    println!("tch 0.24.0 / libtorch 2.11.0");
+    println!("cuda linked: {}", raptor_models::CUDA_LINKED);
     println!("cuda available: {}", tch::Cuda::is_available());
     println!("cuda devices: {}", tch::Cuda::device_count());
     Ok(())
