@@ -1,2 +1,261 @@
-//! xtask placeholder (filled below).
-fn main() {}
+//! `cargo xtask`: project automation for the raptor workspace.
+//!
+//! - `cargo xtask setup`: provision libtorch 2.11.0 (see [`setup`]).
+//! - `cargo xtask test`: the whole check (fmt, clippy, tests, doc tests, architecture invariant).
+//! - `cargo xtask reproduce`: the result tables, written under `results/` and printed.
+//! - `cargo xtask bench`: the criterion benchmarks.
+//! - `cargo xtask fixtures`: regenerate the golden files with the committed Python scripts.
+
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+/// The core crates: they must not depend on tch with default features.
+const CORE_CRATES: [&str; 4] = ["raptor-accountant", "raptor-routing", "raptor-clip", "raptor-muon"];
+
+/// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
+/// libtorch venv's torch.
+const FIXTURE_PACKAGES: [&str; 5] = [
+    "dp-accounting==0.6.0",
+    "prv-accountant==0.2.0",
+    "opacus==1.6.0",
+    "transformers==5.23.0",
+    "safetensors==0.8.0",
+];
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "raptor project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Provision libtorch 2.11.0 (PyPI torch in a per-user cache venv) unless LIBTORCH or
+    /// LIBTORCH_USE_PYTORCH points at one; idempotent.
+    Setup,
+    /// The whole check: setup, fmt --check, clippy -D warnings, every test, doc tests, and the
+    /// architecture invariant.
+    Test {
+        /// Skip `cargo fmt --check` and clippy (faster local iterations).
+        #[arg(long)]
+        no_lint: bool,
+    },
+    /// Build in release mode and write the result tables (Markdown + JSON) under `results/`.
+    Reproduce {
+        /// Smaller sizes and fewer repetitions.
+        #[arg(long)]
+        quick: bool,
+        /// Only these parts (e.g. `--only accountant --only routing`).
+        #[arg(long)]
+        only: Vec<String>,
+    },
+    /// Run the criterion benchmarks (extra arguments go to `cargo bench`).
+    Bench {
+        /// Arguments passed through, e.g. `-- --bench clip`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Regenerate the golden files: runs every `fixtures/*/generate.py` in a venv with the
+    /// pinned reference packages (dp-accounting, prv-accountant, opacus, transformers).
+    Fixtures {
+        /// Only the fixture folders with these names (e.g. `accountant`).
+        #[arg(long)]
+        only: Vec<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root()?;
+    std::env::set_current_dir(&root)?;
+    match cli.command {
+        Task::Setup => {
+            let lt = setup::setup(&root, false)?;
+            println!("libtorch {}", lt.origin);
+            println!("linked target/libtorch -> {}", lt.dir.display());
+            println!("plain `cargo build`, `cargo test` and `cargo run -p raptor-train` now work.");
+            Ok(())
+        }
+        Task::Test { no_lint } => test(&root, no_lint),
+        Task::Reproduce { quick, only } => reproduce(&root, quick, &only),
+        Task::Bench { args } => {
+            setup::setup(&root, true)?;
+            let mut cmd = cargo();
+            cmd.args(["bench", "-p", "raptor-benches"]).args(&args);
+            run_step("cargo bench", &mut cmd)
+        }
+        Task::Fixtures { only } => fixtures(&root, &only),
+    }
+}
+
+fn workspace_root() -> anyhow::Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask has no parent folder")
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn run_step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("\n==> {name}");
+    let start = Instant::now();
+    let status = cmd.status().with_context(|| format!("could not start {name}"))?;
+    let secs = start.elapsed().as_secs_f64();
+    if !status.success() {
+        bail!("{name} failed ({status}) after {secs:.0} s");
+    }
+    eprintln!("==> {name}: ok ({secs:.0} s)");
+    Ok(())
+}
+
+fn has_nextest() -> bool {
+    cargo()
+        .args(["nextest", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    eprintln!("==> setup");
+    setup::setup(root, true)?;
+    if !no_lint {
+        run_step("cargo fmt --check", cargo().args(["fmt", "--all", "--", "--check"]))?;
+        run_step(
+            "cargo clippy",
+            cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+        )?;
+    }
+    architecture_invariant()?;
+    if has_nextest() {
+        run_step(
+            "cargo nextest run (all tests)",
+            cargo().args([
+                "nextest",
+                "run",
+                "--workspace",
+                "--all-targets",
+                "--no-fail-fast",
+                "--final-status-level",
+                "slow",
+            ]),
+        )?;
+    } else {
+        eprintln!("(cargo-nextest not found: using cargo test)");
+        run_step(
+            "cargo test (all tests)",
+            cargo().args(["test", "--workspace", "--all-targets", "--no-fail-fast"]),
+        )?;
+    }
+    run_step("cargo test --doc", cargo().args(["test", "--workspace", "--doc"]))?;
+    eprintln!("\nall checks passed in {:.0} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The core crates build without libtorch: `cargo tree -p <crate> -e normal -i tch` must find
+/// nothing with default features.
+fn architecture_invariant() -> anyhow::Result<()> {
+    eprintln!("\n==> architecture invariant: core crates have no tch by default");
+    for krate in CORE_CRATES {
+        let out = cargo()
+            .args(["tree", "-p", krate, "-e", "normal", "--prefix", "none"])
+            .output()
+            .with_context(|| format!("cargo tree -p {krate}"))?;
+        if !out.status.success() {
+            bail!("cargo tree -p {krate} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let tree = String::from_utf8_lossy(&out.stdout);
+        let offenders: Vec<&str> = tree
+            .lines()
+            .filter(|l| l.starts_with("tch ") || l.starts_with("torch-sys "))
+            .collect();
+        if !offenders.is_empty() {
+            bail!(
+                "architecture invariant broken: {krate} depends on {} with default features \
+                 (put libtorch code behind its optional `tch` feature)",
+                offenders.join(", ")
+            );
+        }
+        eprintln!("    {krate}: no tch");
+    }
+    Ok(())
+}
+
+fn reproduce(root: &Path, quick: bool, only: &[String]) -> anyhow::Result<()> {
+    setup::setup(root, true)?;
+    run_step(
+        "cargo build --release -p raptor-train",
+        cargo().args(["build", "--release", "-p", "raptor-train"]),
+    )?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let exe = target.join("release").join("raptor");
+    let mut cmd = Command::new(&exe);
+    cmd.args(["reproduce", "--out", "results", "--root", "."]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    for o in only {
+        cmd.args(["--only", o]);
+    }
+    run_step("raptor reproduce", &mut cmd)?;
+    eprintln!("tables written under {}", root.join("results").display());
+    Ok(())
+}
+
+fn fixtures(root: &Path, only: &[String]) -> anyhow::Result<()> {
+    let lt = setup::setup(root, true)?;
+    let venv = setup::cache_dir()?.join("fixtures-venv");
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        eprintln!("fixtures: creating {}", venv.display());
+        let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?;
+        if !status.success() {
+            bail!("python3 -m venv {} failed", venv.display());
+        }
+    }
+    // Let the fixtures venv see the libtorch venv's torch (no second 4.7 GB download).
+    let site = Command::new(&python)
+        .args(["-c", "import site; print(site.getsitepackages()[0])"])
+        .output()?;
+    let site = PathBuf::from(String::from_utf8_lossy(&site.stdout).trim());
+    let torch_site = lt.dir.parent().context("libtorch has no parent folder")?;
+    std::fs::write(site.join("raptor-torch.pth"), format!("{}\n", torch_site.display()))?;
+    run_step(
+        "pip install reference packages",
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"])
+            .args(FIXTURE_PACKAGES),
+    )?;
+    let mut scripts: Vec<PathBuf> = std::fs::read_dir(root.join("fixtures"))?
+        .flatten()
+        .map(|e| e.path().join("generate.py"))
+        .filter(|p| p.exists())
+        .collect();
+    scripts.sort();
+    for script in scripts {
+        let name = script
+            .parent()
+            .and_then(Path::file_name)
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        if !only.is_empty() && !only.contains(&name) {
+            continue;
+        }
+        run_step(&format!("fixtures/{name}/generate.py"), Command::new(&python).arg(&script))?;
+    }
+    Ok(())
+}
