@@ -1,0 +1,183 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The Gaussian privatizer: noise std, public denominators, noise-only releases, errors.
+
+use raptor_clip::{
+    Block, ClipError, Group, Grouping, Privatizer, PublicDenominator, clip_blocks, clip_rows,
+};
+
+/// Sample mean and standard deviation (f64).
+fn mean_std(x: &[f32]) -> (f64, f64) {
+    let n = x.len() as f64;
+    let m = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let v = x.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>() / (n - 1.0);
+    (m, v.sqrt())
+}
+
+/// With n = 200 000 Gaussian draws the sample std has relative standard error
+/// 1/sqrt(2(n-1)) ≈ 0.00158 and the mean has standard error std/sqrt(n). We accept within 6
+/// standard errors; for a correct sampler each check fails with probability ≈ 2e-9 (two-sided
+/// 6σ normal tail), so the false-positive rate of this test is below 1e-8.
+fn check_noise(values: &[f32], expected_std: f64) {
+    let n = values.len() as f64;
+    let (m, s) = mean_std(values);
+    let se_std = 1.0 / (2.0 * (n - 1.0)).sqrt();
+    assert!(
+        (s / expected_std - 1.0).abs() < 6.0 * se_std,
+        "std {s} vs {expected_std}"
+    );
+    assert!(m.abs() < 6.0 * expected_std / n.sqrt(), "mean {m}");
+    // a wrong std by 1 % would be caught: 0.01 > 6 · 0.00158
+}
+
+#[test]
+fn noise_has_the_requested_std_seeded_and_os() {
+    let n = 200_000;
+    let (sigma, delta, d) = (1.3, 0.7, 4.0);
+    let denom = PublicDenominator::new(d).unwrap();
+    let mut seeded = Privatizer::seeded_insecure(sigma, 11).unwrap();
+    assert!(seeded.is_seeded_insecure());
+    let r = seeded.release_noise_only("x", n, delta, denom).unwrap();
+    assert_eq!(r.noise_std, sigma * delta);
+    assert_eq!(r.denominator, d);
+    check_noise(r.values(), sigma * delta / d);
+    let mut os = Privatizer::new(sigma).unwrap();
+    assert!(!os.is_seeded_insecure());
+    let r = os.release_noise_only("x", n, delta, denom).unwrap();
+    check_noise(r.values(), sigma * delta / d);
+}
+
+#[test]
+fn os_privatizers_draw_different_noise_and_seeds_reproduce() {
+    let denom = PublicDenominator::new(1.0).unwrap();
+    let a = Privatizer::new(1.0)
+        .unwrap()
+        .release_noise_only("x", 8, 1.0, denom)
+        .unwrap();
+    let b = Privatizer::new(1.0)
+        .unwrap()
+        .release_noise_only("x", 8, 1.0, denom)
+        .unwrap();
+    assert_ne!(a.values(), b.values());
+    let c = Privatizer::seeded_insecure(1.0, 5)
+        .unwrap()
+        .release_noise_only("x", 8, 1.0, denom)
+        .unwrap();
+    let d = Privatizer::seeded_insecure(1.0, 5)
+        .unwrap()
+        .release_noise_only("x", 8, 1.0, denom)
+        .unwrap();
+    assert_eq!(c.values(), d.values());
+}
+
+/// The released value is (sum + noise)/D with D the public denominator whatever the realized
+/// count. With the same seed, a noise-only release gives the same noise, so
+/// D·(release(sum) − release(0)) must equal the clipped sum. An implementation that divided by
+/// the realized count (3 here, or 0 for the empty release) would fail.
+#[test]
+fn denominator_is_public_never_the_realized_count() {
+    let width = 6;
+    let rows: Vec<f32> = (0..3 * width).map(|k| (k as f32 * 0.37).sin()).collect();
+    let clipped = clip_rows(&rows, width, 0.5, None).unwrap();
+    let d = 7.5;
+    let denom = PublicDenominator::new(d).unwrap();
+    let rel = Privatizer::seeded_insecure(2.0, 42)
+        .unwrap()
+        .release_rows(&clipped, denom)
+        .unwrap();
+    let empty = clip_rows(&[], width, 0.5, None).unwrap();
+    let noise = Privatizer::seeded_insecure(2.0, 42)
+        .unwrap()
+        .release_rows(&empty, denom)
+        .unwrap();
+    assert!(
+        noise.values().iter().all(|v| *v != 0.0),
+        "a zero-record release is still noise"
+    );
+    for j in 0..width {
+        let recovered = f64::from(rel.values()[j] - noise.values()[j]) * d;
+        assert!(
+            (recovered - f64::from(clipped.sum[j])).abs() < 1e-5,
+            "{recovered} vs {}",
+            clipped.sum[j]
+        );
+    }
+}
+
+/// A record with weight 0 leaves the release bit-identical to the release without it
+/// (same seed): it leaks neither through the sum nor through the denominator.
+#[test]
+fn zero_weight_record_does_not_change_the_release() {
+    let width = 5;
+    let mut rows: Vec<f32> = (0..4 * width).map(|k| (k as f32 * 0.71).cos()).collect();
+    for v in &mut rows[width..2 * width] {
+        *v = 1e4;
+    }
+    let with = clip_rows(&rows, width, 1.0, Some(&[1.0, 0.0, 1.0, 1.0])).unwrap();
+    let mut others = rows[..width].to_vec();
+    others.extend_from_slice(&rows[2 * width..]);
+    let without = clip_rows(&others, width, 1.0, None).unwrap();
+    let denom = PublicDenominator::new(10.0).unwrap();
+    let a = Privatizer::seeded_insecure(1.0, 3)
+        .unwrap()
+        .release_rows(&with, denom)
+        .unwrap();
+    let b = Privatizer::seeded_insecure(1.0, 3)
+        .unwrap()
+        .release_rows(&without, denom)
+        .unwrap();
+    for (x, y) in a.values().iter().zip(b.values()) {
+        assert!((x - y).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn block_releases_use_joint_and_group_sensitivities() {
+    let a: Vec<f32> = (0..20).map(|k| k as f32).collect();
+    let b: Vec<f32> = (0..8).map(|k| -(k as f32)).collect();
+    let blocks = [Block::new("a", &a, 5), Block::new("b", &b, 2)];
+    let grouping = Grouping::Grouped {
+        groups: vec![Group::new("shared", vec![0]), Group::new("expert", vec![1])],
+        bounds: vec![3.0, 4.0],
+    };
+    let out = clip_blocks(&blocks, &grouping, None).unwrap();
+    let denom = PublicDenominator::new(2.0).unwrap();
+    let mut p = Privatizer::seeded_insecure(0.5, 1).unwrap();
+    let joint = p.release_blocks(&out, denom).unwrap();
+    assert!((joint.sensitivity - 5.0).abs() < 1e-12);
+    assert_eq!(joint.blocks.len(), 2);
+    assert_eq!(joint.blocks[1].values.len(), 2);
+    let expert = p.release_group(&out, 1, denom).unwrap();
+    assert_eq!(expert.sensitivity, 4.0);
+    assert_eq!(expert.blocks.len(), 1);
+    assert_eq!(expert.blocks[0].name, "b");
+    assert!(matches!(
+        p.release_group(&out, 2, denom),
+        Err(ClipError::InvalidGrouping { .. })
+    ));
+}
+
+#[test]
+fn privatizer_errors_are_typed() {
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert!(matches!(
+            Privatizer::new(bad),
+            Err(ClipError::InvalidNoiseMultiplier { .. })
+        ));
+        assert!(matches!(
+            Privatizer::seeded_insecure(bad, 0),
+            Err(ClipError::InvalidNoiseMultiplier { .. })
+        ));
+        assert!(matches!(
+            PublicDenominator::new(bad),
+            Err(ClipError::InvalidDenominator { .. })
+        ));
+        let mut p = Privatizer::seeded_insecure(1.0, 0).unwrap();
+        let d = PublicDenominator::new(1.0).unwrap();
+        assert!(matches!(
+            p.release(&[("x", &[1.0])], bad, d),
+            Err(ClipError::InvalidSensitivity { .. })
+        ));
+    }
+    let d = PublicDenominator::expected_lot_size(0.01, 5000).unwrap();
+    assert!((d.value() - 50.0).abs() < 1e-9);
+}
