@@ -47,37 +47,108 @@ pub(crate) struct Fused {
     pub factors: Vec<f64>,
 }
 
-/// Squared L2 norm with f64 accumulation (8 lanes; LLVM vectorizes it).
+/// Whether the AVX2 + FMA code paths can run (checked once per call; std caches the CPUID).
+#[cfg(target_arch = "x86_64")]
 #[inline]
-pub(crate) fn sq_norm(x: &[f32]) -> f64 {
-    let mut acc = [0f64; 8];
-    let chunks = x.chunks_exact(8);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for j in 0..8 {
-            let v = f64::from(c[j]);
-            acc[j] += v * v;
-        }
-    }
-    let mut tail = 0f64;
-    for &v in rem {
-        let v = f64::from(v);
-        tail += v * v;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
-/// `y += a · x`.
-#[inline]
-pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    if a == 1.0 {
+/// Generate a dispatching function: the body is compiled twice, once for the baseline target
+/// and once with AVX2 + FMA enabled (selected at run time), so that LLVM vectorizes it with
+/// 256-bit registers where the CPU has them. No intrinsics, no unsafe memory access.
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),*) -> $ret:ty $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) -> $ret {
+            #[inline(always)]
+            fn imp($($arg: $ty),*) -> $ret $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2($($arg: $ty),*) -> $ret { imp($($arg),*) }
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+                return unsafe { avx2($($arg),*) };
+            }
+            imp($($arg),*)
+        }
+    };
+}
+
+multiversion! {
+    /// Squared L2 norm with f64 accumulation (8 lanes; LLVM vectorizes it).
+    #[inline]
+    pub(crate) fn sq_norm(x: &[f32]) -> f64 {
+        let mut acc = [0f64; 8];
+        let chunks = x.chunks_exact(8);
+        let rem = chunks.remainder();
+        for c in chunks {
+            for j in 0..8 {
+                let v = f64::from(c[j]);
+                acc[j] += v * v;
+            }
+        }
+        let mut tail = 0f64;
+        for &v in rem {
+            let v = f64::from(v);
+            tail += v * v;
+        }
+        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    }
+}
+
+multiversion! {
+    /// `y += a · x`.
+    #[inline]
+    pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) -> () {
+        if a == 1.0 {
+            for (yv, &xv) in y.iter_mut().zip(x) {
+                *yv += xv;
+            }
+        } else {
+            for (yv, &xv) in y.iter_mut().zip(x) {
+                *yv += a * xv;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// `y += a0·x0 + a1·x1 + a2·x2 + a3·x3` (one pass over `y` for four rows).
+    #[inline]
+    pub(crate) fn axpy4(y: &mut [f32], a: [f32; 4], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32]) -> () {
+        let n = y.len();
+        let (x0, x1, x2, x3) = (&x0[..n], &x1[..n], &x2[..n], &x3[..n]);
+        for ((((yv, &v0), &v1), &v2), &v3) in y.iter_mut().zip(x0).zip(x1).zip(x2).zip(x3) {
+            *yv += (a[0] * v0 + a[1] * v1) + (a[2] * v2 + a[3] * v3);
+        }
+    }
+}
+
+multiversion! {
+    /// `y += x`.
+    #[inline]
+    fn add_into(y: &mut [f32], x: &[f32]) -> () {
         for (yv, &xv) in y.iter_mut().zip(x) {
             *yv += xv;
         }
-    } else {
-        for (yv, &xv) in y.iter_mut().zip(x) {
-            *yv += a * xv;
+    }
+}
+
+multiversion! {
+    /// Sum of a slice with 16 f32 lanes (the inner loop of the STREAM-like read).
+    #[inline]
+    fn lane_sum(c: &[f32]) -> f32 {
+        let mut acc = [0f32; 16];
+        let chunks = c.chunks_exact(16);
+        let rem = chunks.remainder();
+        for x in chunks {
+            for j in 0..16 {
+                acc[j] += x[j];
+            }
         }
+        acc.iter().sum::<f32>() + rem.iter().sum::<f32>()
     }
 }
 
@@ -154,6 +225,7 @@ pub(crate) fn fused_clip_sum(
     if batch >= 2 * threads {
         // Row partition: one contiguous range of records per thread, private partial sums.
         let per = batch.div_ceil(threads);
+        let rec_floats: usize = segs.iter().map(|s| s.width).sum();
         let partials: Vec<Result<Vec<Vec<f32>>, ClipError>> = norms
             .par_chunks_mut(per * ng)
             .zip(factors.par_chunks_mut(per * ng))
@@ -163,28 +235,49 @@ pub(crate) fn fused_clip_sum(
                 let start = t * per;
                 let mut part: Vec<Vec<f32>> = segs.iter().map(|s| vec![0f32; s.width]).collect();
                 let mut sq = vec![0f64; ng];
-                for (li, tot) in tot_c.iter_mut().enumerate() {
-                    let i = start + li;
-                    sq.iter_mut().for_each(|v| *v = 0.0);
-                    for s in segs {
-                        sq[s.group] += sq_norm(&s.data[i * s.width..(i + 1) * s.width]);
+                // Small records: accumulate four at a time (one pass over the partial sum
+                // for four rows that are all still in L2).
+                let group_rows = if 16 * rec_floats <= (128 << 10) { 4 } else { 1 };
+                let n_local = tot_c.len();
+                let mut li0 = 0;
+                while li0 < n_local {
+                    let li1 = (li0 + group_rows).min(n_local);
+                    for li in li0..li1 {
+                        let i = start + li;
+                        sq.iter_mut().for_each(|v| *v = 0.0);
+                        for s in segs {
+                            sq[s.group] += sq_norm(&s.data[i * s.width..(i + 1) * s.width]);
+                        }
+                        let w = weights.map_or(1.0, |w| w[i]);
+                        tot_c[li] = factors_for_record(
+                            i,
+                            &sq,
+                            w,
+                            mode,
+                            group_names,
+                            &mut norm_c[li * ng..(li + 1) * ng],
+                            &mut fac_c[li * ng..(li + 1) * ng],
+                        )?;
                     }
-                    let w = weights.map_or(1.0, |w| w[i]);
-                    *tot = factors_for_record(
-                        i,
-                        &sq,
-                        w,
-                        mode,
-                        group_names,
-                        &mut norm_c[li * ng..(li + 1) * ng],
-                        &mut fac_c[li * ng..(li + 1) * ng],
-                    )?;
                     for (s, p) in segs.iter().zip(part.iter_mut()) {
-                        let f = fac_c[li * ng + s.group];
-                        if f != 0.0 {
-                            axpy(p, f as f32, &s.data[i * s.width..(i + 1) * s.width]);
+                        let row = |li: usize| {
+                            let i = start + li;
+                            &s.data[i * s.width..(i + 1) * s.width]
+                        };
+                        if li1 - li0 == 4 {
+                            let f = |li: usize| fac_c[li * ng + s.group] as f32;
+                            let a = [f(li0), f(li0 + 1), f(li0 + 2), f(li0 + 3)];
+                            axpy4(p, a, row(li0), row(li0 + 1), row(li0 + 2), row(li0 + 3));
+                        } else {
+                            for li in li0..li1 {
+                                let f = fac_c[li * ng + s.group];
+                                if f != 0.0 {
+                                    axpy(p, f as f32, row(li));
+                                }
+                            }
                         }
                     }
+                    li0 = li1;
                 }
                 Ok(part)
             })
@@ -199,9 +292,7 @@ pub(crate) fn fused_clip_sum(
                 let lo = c * COLS;
                 let len = o.len();
                 for p in &partials {
-                    for (ov, &pv) in o.iter_mut().zip(&p[k][lo..lo + len]) {
-                        *ov += pv;
-                    }
+                    add_into(o, &p[k][lo..lo + len]);
                 }
             });
             sums.push(out);
@@ -265,17 +356,5 @@ pub(crate) fn fused_clip_sum(
 /// physical reference for a kernel that must read every gradient byte once.
 pub fn stream_read_sum(data: &[f32]) -> f32 {
     const CH: usize = 1 << 16;
-    data.par_chunks(CH)
-        .map(|c| {
-            let mut acc = [0f32; 16];
-            let chunks = c.chunks_exact(16);
-            let rem = chunks.remainder();
-            for x in chunks {
-                for j in 0..16 {
-                    acc[j] += x[j];
-                }
-            }
-            acc.iter().sum::<f32>() + rem.iter().sum::<f32>()
-        })
-        .sum()
+    data.par_chunks(CH).map(lane_sum).sum()
 }
