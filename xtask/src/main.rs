@@ -71,8 +71,15 @@ enum Task {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     let cli = Cli::parse();
+    if let Err(err) = run(cli) {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let root = workspace_root()?;
     std::env::set_current_dir(&root)?;
     match cli.command {
