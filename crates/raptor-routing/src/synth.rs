@@ -111,6 +111,7 @@ pub fn generate(spec: &SynthSpec) -> Result<Vec<LayerRouting>, RoutingError> {
     let t = spec.seq_len;
     let (mut ex, mut wt, mut mask) = (vec![0u32; t * k], vec![0f32; t * k], vec![false; t]);
     let mut chosen = Vec::with_capacity(k);
+    let mut rest: Vec<f32> = Vec::with_capacity(k);
     for _ in 0..spec.num_records {
         let valid = rng.random_range(spec.min_valid..=t);
         mask.iter_mut()
@@ -133,7 +134,8 @@ pub fn generate(spec: &SynthSpec) -> Result<Vec<LayerRouting>, RoutingError> {
                     }
                 }
                 let w1: f32 = rng.random_range(0.5..0.9);
-                let mut rest: Vec<f32> = (1..k).map(|_| rng.random::<f32>() + 1e-3).collect();
+                rest.clear();
+                rest.extend((1..k).map(|_| rng.random::<f32>() + 1e-3));
                 rest.sort_by(|a, b| b.total_cmp(a));
                 let s: f32 = rest.iter().sum();
                 for slot in 0..k {
