@@ -1,1 +1,42 @@
-//! raptor-accountant: see the crate README.
+//! raptor-accountant: certified privacy accounting for the Poisson-subsampled Gaussian mechanism.
+//!
+//! - [`PrvAccountant`]: the privacy-random-variable accountant of Gopi, Lee and Wutschitz (2021)
+//!   with certified upper and lower bounds (see [`prv`] for the method), heterogeneous
+//!   sequential composition of any list of (mechanism, count) in one PRV, both add/remove
+//!   directions.
+//! - [`ParallelGroup`]: parallel composition over a partition (max over members).
+//! - [`RdpAccountant`]: Rényi DP (integer and fractional orders) as an independent cross-check.
+//! - [`calibrate_sigma`] and [`plan_budget`]: σ calibration on the certified upper bound and
+//!   RAPTOR's budget plans (additive and joint).
+//! - [`Ledger`]: a serializable record of the steps taken during training.
+//!
+//! ```
+//! use raptor_accountant::{Composition, PrvAccountant, SubsampledGaussian};
+//! let c = Composition::single(SubsampledGaussian::new(0.01, 1.0)?, 1_000)?;
+//! let e = PrvAccountant::default().epsilon(&c, 1e-5)?;
+//! println!("epsilon <= {:.4} (estimate {:.4})", e.upper, e.estimate);
+//! # Ok::<(), raptor_accountant::AccountantError>(())
+//! ```
+
+pub mod calibrate;
+pub mod error;
+pub mod ledger;
+pub mod prv;
+pub mod rdp;
+mod special;
+pub mod types;
+
+pub use calibrate::{
+    BudgetPlan, BudgetPlans, Calibration, PlanRequest, SIGMA_TOLERANCE, Stream, StreamPlan,
+    calibrate_sigma, plan_budget,
+};
+pub use error::{AccountantError, Result};
+pub use ledger::Ledger;
+pub use prv::{
+    Accuracy, ComposedPrv, DeltaBounds, Direction, EpsTolerance, EpsilonBounds, PrvAccountant,
+};
+pub use rdp::{RdpAccountant, RdpEpsilon};
+pub use types::{
+    Composition, Delta, Epsilon, MAX_TOTAL_STEPS, NoiseMultiplier, ParallelGroup, SamplingRate,
+    Steps, SubsampledGaussian,
+};

@@ -1,0 +1,370 @@
+//! Calibration of σ and RAPTOR's budget planning.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{AccountantError, Result};
+use crate::prv::{EpsilonBounds, PrvAccountant};
+use crate::rdp::RdpAccountant;
+use crate::types::{Composition, Delta, Epsilon, SamplingRate, Steps, SubsampledGaussian};
+
+/// Relative tolerance of the σ bisection: the returned σ is at most `(1 + SIGMA_TOLERANCE)`
+/// times the smallest σ whose certified upper bound meets the target.
+pub const SIGMA_TOLERANCE: f64 = 1e-3;
+
+const SIGMA_MIN: f64 = 1e-2;
+const SIGMA_MAX: f64 = 1e5;
+
+/// A calibrated noise multiplier.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// σ; its certified ε upper bound is ≤ the target.
+    pub sigma: f64,
+    /// The ε bounds at that σ.
+    pub epsilon: EpsilonBounds,
+    /// The relative bracket width at exit (≤ [`SIGMA_TOLERANCE`] unless σ hit a range limit).
+    pub relative_bracket: f64,
+    /// Number of PRV evaluations.
+    pub evaluations: u32,
+}
+
+/// Find the smallest σ-scale `s` in the bracket with `eval(s).upper ≤ target` (to relative
+/// tolerance), starting from the guess `start`. Returns (s, bounds, bracket, evaluations).
+fn calibrate_scale(
+    eval: &dyn Fn(f64) -> Result<EpsilonBounds>,
+    target: f64,
+    delta: f64,
+    start: f64,
+) -> Result<Calibration> {
+    let mut evaluations = 0u32;
+    let mut ev = |s: f64| {
+        evaluations += 1;
+        eval(s)
+    };
+    let start = start.clamp(SIGMA_MIN, SIGMA_MAX);
+    let first = ev(start)?;
+    let (mut lo, mut hi, mut hi_bounds);
+    if first.upper <= target {
+        hi = start;
+        hi_bounds = first;
+        lo = start;
+        loop {
+            if lo <= SIGMA_MIN {
+                return Ok(Calibration {
+                    sigma: hi,
+                    epsilon: hi_bounds,
+                    relative_bracket: 0.0,
+                    evaluations,
+                });
+            }
+            let next = (lo / 1.25).max(SIGMA_MIN);
+            let b = ev(next)?;
+            if b.upper <= target {
+                hi = next;
+                hi_bounds = b;
+                lo = next;
+            } else {
+                lo = next;
+                break;
+            }
+        }
+    } else {
+        lo = start;
+        let mut last = first;
+        loop {
+            if lo >= SIGMA_MAX {
+                return Err(AccountantError::CalibrationFailed {
+                    target_epsilon: target,
+                    delta,
+                    sigma_max: SIGMA_MAX,
+                    epsilon_at_max: last.upper,
+                });
+            }
+            let next = (lo * 1.25).min(SIGMA_MAX);
+            let b = ev(next)?;
+            if b.upper <= target {
+                hi = next;
+                hi_bounds = b;
+                break;
+            }
+            lo = next;
+            last = b;
+        }
+    }
+    while hi / lo - 1.0 > SIGMA_TOLERANCE {
+        let mid = (lo * hi).sqrt();
+        let b = ev(mid)?;
+        if b.upper <= target {
+            hi = mid;
+            hi_bounds = b;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Calibration {
+        sigma: hi,
+        epsilon: hi_bounds,
+        relative_bracket: hi / lo - 1.0,
+        evaluations,
+    })
+}
+
+/// σ calibrated with the RDP accountant (a fast starting point for the PRV bisection).
+fn rdp_sigma(build: &dyn Fn(f64) -> Result<Composition>, target: f64, delta: f64) -> Result<f64> {
+    let rdp = RdpAccountant::default();
+    let (mut lo, mut hi) = (SIGMA_MIN.ln(), SIGMA_MAX.ln());
+    if rdp.epsilon(&build(SIGMA_MAX)?, delta)?.epsilon > target {
+        return Ok(SIGMA_MAX);
+    }
+    for _ in 0..50 {
+        let mid = 0.5 * (lo + hi);
+        if rdp.epsilon(&build(mid.exp())?, delta)?.epsilon <= target {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi.exp())
+}
+
+/// Calibrate σ for `steps` steps of the subsampled Gaussian at rate `q` so that the certified
+/// PRV upper bound of ε at `delta` is at most `epsilon` (bisection in log σ to relative
+/// tolerance [`SIGMA_TOLERANCE`]; the returned σ always meets the target, never overshoots ε).
+///
+/// ```
+/// use raptor_accountant::{calibrate_sigma, PrvAccountant};
+/// let c = calibrate_sigma(1.0, 1e-5, 0.01, 1000, &PrvAccountant::default())?;
+/// assert!(c.epsilon.upper <= 1.0);
+/// # Ok::<(), raptor_accountant::AccountantError>(())
+/// ```
+pub fn calibrate_sigma(
+    epsilon: f64,
+    delta: f64,
+    q: f64,
+    steps: u64,
+    accountant: &PrvAccountant,
+) -> Result<Calibration> {
+    let epsilon = Epsilon::new(epsilon)?.get();
+    let delta = Delta::new(delta)?.get();
+    let q = SamplingRate::new(q)?.get();
+    let steps = Steps::new(steps)?.get();
+    if epsilon == 0.0 {
+        return Err(AccountantError::InvalidEpsilon(epsilon));
+    }
+    let build = |s: f64| Composition::single(SubsampledGaussian::new(q, s)?, steps);
+    let start = rdp_sigma(&build, epsilon, delta)?;
+    calibrate_scale(
+        &|s| accountant.epsilon(&build(s)?, delta),
+        epsilon,
+        delta,
+        start,
+    )
+}
+
+/// A stream's schedule: sampling rate and number of steps.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Stream {
+    /// Sampling rate q.
+    pub q: f64,
+    /// Number of steps T.
+    pub steps: u64,
+}
+
+/// RAPTOR budget-planning request.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// Total ε.
+    pub epsilon: f64,
+    /// Total δ.
+    pub delta: f64,
+    /// Share ρ ∈ (0, 1) of the budget for the shared stream.
+    pub rho: f64,
+    /// Shared stream (q_s, T_s).
+    pub shared: Stream,
+    /// One expert stream (q_e, T_e); every trained layer has one, experts within a layer compose
+    /// in parallel.
+    pub expert: Stream,
+    /// Number L of trained sparse layers.
+    pub layers: u64,
+}
+
+/// One stream's part of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StreamPlan {
+    /// Sampling rate.
+    pub q: f64,
+    /// Steps (per layer for the expert stream).
+    pub steps: u64,
+    /// Calibrated noise multiplier.
+    pub sigma: f64,
+    /// The ε allotted to the stream (additive plan) or NaN (joint plan).
+    pub epsilon_target: f64,
+    /// The δ allotted to the stream (additive plan) or NaN (joint plan).
+    pub delta_target: f64,
+    /// The stream's own certified ε upper bound (at its allotted δ for the additive plan, at the
+    /// total δ for the joint plan).
+    pub epsilon_alone: f64,
+}
+
+/// A budget plan and what it actually spends.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BudgetPlan {
+    /// Shared stream.
+    pub shared: StreamPlan,
+    /// Expert stream (one σ for every expert of every trained layer).
+    pub expert: StreamPlan,
+    /// ε as the plan claims it: for the additive plan ε_s + L·ε_e (sum of the streams' certified
+    /// upper bounds); for the joint plan the composed upper bound.
+    pub epsilon_claimed: f64,
+    /// ε of the whole run (shared ∘ L expert streams) composed in one PRV at the total δ.
+    pub epsilon_composed: EpsilonBounds,
+}
+
+/// Both plans.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BudgetPlans {
+    /// The request.
+    pub request: PlanRequest,
+    /// The paper's additive split.
+    pub additive: BudgetPlan,
+    /// The joint split.
+    pub joint: BudgetPlan,
+    /// σ_e² / σ_s² used by the joint plan.
+    pub variance_ratio: f64,
+}
+
+/// The whole run's composition for given σ's: the shared stream's T_s steps, then L layers each
+/// a parallel group of experts (one member suffices: members are identical) of T_e steps.
+pub fn run_composition(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<Composition> {
+    let layers = if req.layers == 0 {
+        return Err(AccountantError::InvalidLayers(0));
+    } else {
+        req.layers
+    };
+    Composition::single(
+        SubsampledGaussian::new(req.shared.q, sigma_s)?,
+        req.shared.steps,
+    )?
+    .with(
+        SubsampledGaussian::new(req.expert.q, sigma_e)?,
+        req.expert
+            .steps
+            .checked_mul(layers)
+            .ok_or(AccountantError::TooManySteps(
+                u128::from(req.expert.steps) * u128::from(layers),
+                crate::types::MAX_TOTAL_STEPS,
+            ))?,
+    )
+}
+
+/// RAPTOR's budget plans.
+///
+/// 1. **Additive** (the paper's): ε_s = ρε, δ_s = ρδ for the shared stream; ε_e = (1−ρ)ε/L,
+///    δ_e = (1−ρ)δ/L for each trained layer's expert stream (experts of a layer compose in
+///    parallel); each σ calibrated alone on its stream.
+/// 2. **Joint**: σ_e² / σ_s² = r fixed by ρ so that, to first order in the small-q Gaussian
+///    approximation (privacy cost of a stream ∝ T·q²/σ²), the shared stream carries the share ρ
+///    of the total cost: r = ρ·L·T_e·q_e² / ((1−ρ)·T_s·q_s²). The common scale is calibrated so
+///    that the composition of the shared stream and the L expert streams in one PRV meets
+///    (ε, δ) on its certified upper bound.
+///
+/// Both plans report their σ's and the ε they actually spend (composed in one PRV).
+pub fn plan_budget(req: &PlanRequest, accountant: &PrvAccountant) -> Result<BudgetPlans> {
+    let eps = Epsilon::new(req.epsilon)?.get();
+    if eps == 0.0 {
+        return Err(AccountantError::InvalidEpsilon(eps));
+    }
+    let delta = Delta::new(req.delta)?.get();
+    let rho = req.rho;
+    if !(rho.is_finite() && rho > 0.0 && rho < 1.0) {
+        return Err(AccountantError::InvalidRho(rho));
+    }
+    if req.layers == 0 {
+        return Err(AccountantError::InvalidLayers(0));
+    }
+    let (qs, qe) = (
+        SamplingRate::new(req.shared.q)?.get(),
+        SamplingRate::new(req.expert.q)?.get(),
+    );
+    let (ts, te) = (
+        Steps::new(req.shared.steps)?.get(),
+        Steps::new(req.expert.steps)?.get(),
+    );
+    let l = req.layers as f64;
+
+    // (i) additive
+    let (eps_s, delta_s) = (rho * eps, rho * delta);
+    let (eps_e, delta_e) = ((1.0 - rho) * eps / l, (1.0 - rho) * delta / l);
+    let cs = calibrate_sigma(eps_s, delta_s, qs, ts, accountant)?;
+    let ce = calibrate_sigma(eps_e, delta_e, qe, te, accountant)?;
+    let composed_add = accountant.epsilon(&run_composition(req, cs.sigma, ce.sigma)?, delta)?;
+    let additive = BudgetPlan {
+        shared: StreamPlan {
+            q: qs,
+            steps: ts,
+            sigma: cs.sigma,
+            epsilon_target: eps_s,
+            delta_target: delta_s,
+            epsilon_alone: cs.epsilon.upper,
+        },
+        expert: StreamPlan {
+            q: qe,
+            steps: te,
+            sigma: ce.sigma,
+            epsilon_target: eps_e,
+            delta_target: delta_e,
+            epsilon_alone: ce.epsilon.upper,
+        },
+        epsilon_claimed: cs.epsilon.upper + l * ce.epsilon.upper,
+        epsilon_composed: composed_add,
+    };
+
+    // (ii) joint
+    let ratio = rho * l * te as f64 * qe * qe / ((1.0 - rho) * ts as f64 * qs * qs);
+    let sr = ratio.sqrt();
+    let build = |s: f64| run_composition(req, s, s * sr);
+    let start = rdp_sigma(&build, eps, delta)?;
+    let cj = calibrate_scale(
+        &|s| accountant.epsilon(&build(s)?, delta),
+        eps,
+        delta,
+        start,
+    )?;
+    let (sj, ej) = (cj.sigma, cj.sigma * sr);
+    let alone_s = accountant.epsilon(
+        &Composition::single(SubsampledGaussian::new(qs, sj)?, ts)?,
+        delta,
+    )?;
+    let alone_e = accountant.epsilon(
+        &Composition::single(
+            SubsampledGaussian::new(qe, ej)?,
+            te.saturating_mul(req.layers),
+        )?,
+        delta,
+    )?;
+    let joint = BudgetPlan {
+        shared: StreamPlan {
+            q: qs,
+            steps: ts,
+            sigma: sj,
+            epsilon_target: f64::NAN,
+            delta_target: f64::NAN,
+            epsilon_alone: alone_s.upper,
+        },
+        expert: StreamPlan {
+            q: qe,
+            steps: te,
+            sigma: ej,
+            epsilon_target: f64::NAN,
+            delta_target: f64::NAN,
+            epsilon_alone: alone_e.upper,
+        },
+        epsilon_claimed: cj.epsilon.upper,
+        epsilon_composed: cj.epsilon,
+    };
+    Ok(BudgetPlans {
+        request: *req,
+        additive,
+        joint,
+        variance_ratio: ratio,
+    })
+}

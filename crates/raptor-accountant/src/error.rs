@@ -1,0 +1,103 @@
+//! The crate's error type.
+
+/// Everything that can go wrong in accounting. Each variant carries the offending value(s).
+///
+/// Invalid input is always reported as an error: the accountant never panics and never returns a
+/// number it cannot stand behind.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AccountantError {
+    /// The sampling rate must lie in (0, 1].
+    #[error("sampling rate q = {0} is outside (0, 1]")]
+    InvalidSamplingRate(f64),
+    /// The noise multiplier must be positive and finite.
+    #[error("noise multiplier sigma = {0} must be positive and finite")]
+    InvalidNoiseMultiplier(f64),
+    /// δ must lie in (0, 1).
+    #[error("delta = {0} is outside (0, 1)")]
+    InvalidDelta(f64),
+    /// ε must be finite and non-negative.
+    #[error("epsilon = {0} must be finite and >= 0")]
+    InvalidEpsilon(f64),
+    /// A step count must be at least 1.
+    #[error("step count must be at least 1 (got {0})")]
+    InvalidCount(u64),
+    /// The total number of steps overflowed or exceeds the supported maximum.
+    #[error("total number of steps {0} exceeds the supported maximum {1}")]
+    TooManySteps(u128, u64),
+    /// Nothing to account for.
+    #[error("empty composition: there is no mechanism to account for")]
+    EmptyComposition,
+    /// An accuracy parameter is out of range.
+    #[error("invalid accuracy setting {name} = {value}: {reason}")]
+    InvalidAccuracy {
+        /// Which setting.
+        name: &'static str,
+        /// The offending value.
+        value: f64,
+        /// What is required.
+        reason: &'static str,
+    },
+    /// The discretization needed for the requested accuracy exceeds the memory bound.
+    #[error(
+        "the requested accuracy (eps_error = {eps_error:.3e}) needs a grid of {needed} points, \
+         above the limit of {limit}; ask for a coarser accuracy (eps_error >= {suggested_eps_error:.3e}), \
+         raise the grid limit, or use the RDP bound (RdpAccountant) for this regime"
+    )]
+    GridTooLarge {
+        /// Points needed.
+        needed: u64,
+        /// The configured limit.
+        limit: usize,
+        /// The absolute ε error that was requested.
+        eps_error: f64,
+        /// An absolute ε error that would fit under the limit (approximately).
+        suggested_eps_error: f64,
+    },
+    /// The δ error budget is not small compared with the requested δ.
+    #[error(
+        "delta = {delta:.3e} is not larger than the delta error budget {delta_error:.3e}; \
+         ask for a smaller delta error (Accuracy::with_delta_error_rel)"
+    )]
+    DeltaBelowAccuracy {
+        /// The requested δ.
+        delta: f64,
+        /// The δ error budget.
+        delta_error: f64,
+    },
+    /// The privacy parameter ratio ρ must lie in (0, 1).
+    #[error("budget ratio rho = {0} is outside (0, 1)")]
+    InvalidRho(f64),
+    /// The number of trained sparse layers must be at least 1.
+    #[error("number of trained layers must be at least 1 (got {0})")]
+    InvalidLayers(u64),
+    /// Calibration could not meet the target.
+    #[error(
+        "cannot calibrate sigma for epsilon = {target_epsilon}, delta = {delta}: even sigma = {sigma_max} \
+         gives epsilon <= {epsilon_at_max} (upper bound)"
+    )]
+    CalibrationFailed {
+        /// The target ε.
+        target_epsilon: f64,
+        /// The δ.
+        delta: f64,
+        /// The largest σ tried.
+        sigma_max: f64,
+        /// ε upper bound at that σ.
+        epsilon_at_max: f64,
+    },
+    /// A parallel composition inside a sequential one has too many member combinations.
+    #[error("parallel composition has {0} distinct member combinations (limit {1})")]
+    TooManyCombinations(u64, u64),
+    /// A parallel group needs at least one member.
+    #[error("parallel group has no members")]
+    EmptyParallelGroup,
+    /// A numerical step failed (non-finite intermediate); the result would not be trustworthy.
+    #[error("numerical failure in {0}; try a coarser accuracy or the RDP bound")]
+    NumericalFailure(&'static str),
+    /// The RDP accountant needs at least one order above 1.
+    #[error("invalid RDP order {0}: orders must be finite and > 1")]
+    InvalidOrder(f64),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, AccountantError>;
