@@ -21,6 +21,10 @@ mod kernel;
 mod privatizer;
 mod slice;
 
+#[cfg(feature = "tch")]
+pub mod linear;
+#[cfg(feature = "tch")]
+pub mod tensor;
 
 pub use error::ClipError;
 pub use kernel::stream_read_sum;

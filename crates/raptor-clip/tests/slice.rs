@@ -503,3 +503,52 @@ mod props {
         }
     }
 }
+
+/// Snapshot of a small RAPTOR-like grouped clip (rounded); the same numbers are checked
+/// against the per-example reference in `every_grouping_matches_reference`.
+#[test]
+fn grouped_clip_snapshot() {
+    let shared: Vec<f32> = (0..12).map(|k| ((k * 7 % 5) as f32 - 2.0) * 0.5).collect();
+    let expert: Vec<f32> = (0..6).map(|k| (k as f32 - 2.5) * 0.8).collect();
+    let blocks = [
+        Block::new("attn.lora_a", &shared, 4),
+        Block::new("expert0.w", &expert, 2),
+    ];
+    let grouping = Grouping::Grouped {
+        groups: vec![
+            Group::new("shared", vec![0]),
+            Group::new("expert0", vec![1]),
+        ],
+        bounds: vec![1.0, 1.5],
+    };
+    let out = clip_blocks(&blocks, &grouping, Some(&[1.0, 0.5, 0.25])).unwrap();
+    let round = |v: &[f64]| {
+        v.iter()
+            .map(|x| (x * 1e6).round() / 1e6)
+            .collect::<Vec<_>>()
+    };
+    let sums: Vec<Vec<f64>> = out
+        .sums
+        .iter()
+        .map(|s| round(&s.iter().map(|&x| f64::from(x)).collect::<Vec<_>>()))
+        .collect();
+    let json = serde_json_like(
+        &[
+            ("norms", round(&out.norms)),
+            ("factors", round(&out.factors)),
+        ],
+        &sums,
+    );
+    insta::assert_snapshot!(json);
+}
+
+fn serde_json_like(fields: &[(&str, Vec<f64>)], sums: &[Vec<f64>]) -> String {
+    let mut s = String::new();
+    for (k, v) in fields {
+        s.push_str(&format!("{k}: {v:?}\n"));
+    }
+    for (i, v) in sums.iter().enumerate() {
+        s.push_str(&format!("sum[{i}]: {v:?}\n"));
+    }
+    s
+}

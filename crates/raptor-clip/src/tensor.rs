@@ -1,0 +1,295 @@
+//! libtorch backend (feature `tch`): the clipping forms of the slice backend on tensors, on the
+//! device of the inputs (CPU or CUDA).
+//!
+//! Norms are taken in the gradient's dtype with libtorch's reductions; factors are computed on
+//! the device; the clipped sum is one matrix-vector product per block (`Gᵀ f`). This is the
+//! two-pass schedule (norms, then a product) that the slice backend's fused kernel is
+//! benchmarked against.
+
+use tch::{Kind, Tensor};
+
+use crate::ClipError;
+use crate::slice::{Grouping, check_bound, resolve};
+
+/// Result of [`clip_rows`] on tensors.
+#[derive(Debug)]
+pub struct TensorClipOutput {
+    /// Σ_i factors_i · g_i, shape `[P…]` (the trailing shape of the input).
+    pub sum: Tensor,
+    /// `[B]`: ‖w_i g_i‖.
+    pub norms: Tensor,
+    /// `[B]`: multiplier applied to the raw record, w_i · min(1, C/(w_i‖g_i‖)).
+    pub factors: Tensor,
+    /// The bound C (the sensitivity of `sum`).
+    pub bound: f64,
+}
+
+/// Result of [`clip_blocks`] on tensors.
+#[derive(Debug)]
+pub struct TensorBlockClipOutput {
+    /// Per block clipped sum (trailing shape of the block).
+    pub sums: Vec<Tensor>,
+    /// Group names.
+    pub group_names: Vec<String>,
+    /// Group of each block.
+    pub block_group: Vec<usize>,
+    /// Per group bound.
+    pub group_bounds: Vec<f64>,
+    /// `[B, G]` norms of the weighted record per group.
+    pub norms: Tensor,
+    /// `[B]` norm of the weighted record over all blocks.
+    pub total_norms: Tensor,
+    /// `[B, G]` multipliers applied to the raw record per group.
+    pub factors: Tensor,
+    /// Joint L2 sensitivity of all sums.
+    pub sensitivity: f64,
+}
+
+fn shape_err(what: &str, expected: String, got: &[i64]) -> ClipError {
+    ClipError::ShapeMismatch {
+        what: what.into(),
+        expected,
+        got: format!("{got:?}"),
+    }
+}
+
+/// Check that a `[n]` tensor of weights lies in [0, 1]; returns it as the given kind.
+pub(crate) fn check_weights_tensor(
+    w: &Tensor,
+    batch: i64,
+    kind: Kind,
+) -> Result<Tensor, ClipError> {
+    if w.size() != [batch] {
+        return Err(shape_err("weights", format!("[{batch}]"), &w.size()));
+    }
+    let w = w.f_to_kind(Kind::Double)?;
+    if batch > 0 {
+        let bad = w
+            .f_lt(0.0)?
+            .f_logical_or(&w.f_gt(1.0)?)?
+            .f_logical_or(&w.f_isnan()?)?;
+        if bad.f_any()?.f_int64_value(&[])? != 0 {
+            let idx = bad.f_nonzero()?.f_int64_value(&[0, 0])?;
+            let value = w.f_double_value(&[idx])?;
+            return Err(ClipError::InvalidWeight {
+                index: idx as usize,
+                value,
+            });
+        }
+    }
+    Ok(w.f_to_kind(kind)?)
+}
+
+/// Error if any entry of `sq` (shape `[B]` or `[B, G]`) is not finite.
+pub(crate) fn check_finite_rows(sq: &Tensor, part: &str) -> Result<(), ClipError> {
+    if sq.numel() == 0 {
+        return Ok(());
+    }
+    let bad = sq.f_isfinite()?.f_logical_not()?;
+    if bad.f_any()?.f_int64_value(&[])? != 0 {
+        let nz = bad.f_nonzero()?;
+        let record = nz.f_int64_value(&[0, 0])?;
+        let value = if sq.dim() == 1 {
+            sq.f_double_value(&[record])?
+        } else {
+            sq.f_double_value(&[record, nz.f_int64_value(&[0, 1])?])?
+        };
+        return Err(ClipError::NonFinite {
+            record: record as usize,
+            part: part.into(),
+            value,
+        });
+    }
+    Ok(())
+}
+
+/// Factor min(1, C/n) from norms n (any shape), with n = 0 → 1.
+fn factors_from_norms(norms: &Tensor, bound: f64) -> Result<Tensor, ClipError> {
+    // C / max(n, C) equals min(1, C/n) and is 1 at n = 0.
+    Ok(norms
+        .f_clamp_min(bound)?
+        .f_reciprocal()?
+        .f_mul_scalar(bound)?)
+}
+
+/// Clip each record of `rows` (`[B, …]`, any trailing shape) to L2 norm `bound` and sum, with
+/// optional weight-then-clip weights `[B]` in [0, 1]. Runs on the device of `rows`.
+pub fn clip_rows(
+    rows: &Tensor,
+    bound: f64,
+    weights: Option<&Tensor>,
+) -> Result<TensorClipOutput, ClipError> {
+    check_bound("bound", bound)?;
+    let size = rows.size();
+    if size.is_empty() {
+        return Err(shape_err("rows", "[B, …]".into(), &size));
+    }
+    let b = size[0];
+    let g2 = rows.f_reshape([b, -1])?;
+    let kind = rows.kind();
+    let raw = g2.f_linalg_norm(2, [1i64].as_slice(), false, None::<Kind>)?;
+    check_finite_rows(&raw, "rows")?;
+    let (norms, factors) = match weights {
+        None => {
+            let f = factors_from_norms(&raw, bound)?;
+            (raw, f)
+        }
+        Some(w) => {
+            let w = check_weights_tensor(w, b, raw.kind())?.f_to_device(rows.device())?;
+            let n = raw.f_mul(&w)?;
+            let f = factors_from_norms(&n, bound)?.f_mul(&w)?;
+            (n, f)
+        }
+    };
+    let sum = if b == 0 {
+        Tensor::f_zeros(&size[1..], (kind, rows.device()))?
+    } else {
+        g2.f_transpose(0, 1)?
+            .f_mv(&factors.f_to_kind(kind)?)?
+            .f_reshape(&size[1..])?
+    };
+    Ok(TensorClipOutput {
+        sum,
+        norms,
+        factors,
+        bound,
+    })
+}
+
+/// Per-example clipping of named blocks (`[B, …]` each, same B) in any [`Grouping`], with
+/// optional weights `[B]`. Same semantics as [`crate::clip_blocks`].
+pub fn clip_blocks(
+    blocks: &[(&str, &Tensor)],
+    grouping: &Grouping,
+    weights: Option<&Tensor>,
+) -> Result<TensorBlockClipOutput, ClipError> {
+    if blocks.is_empty() {
+        return Err(ClipError::InvalidGrouping {
+            reason: "no blocks given".into(),
+        });
+    }
+    let names: Vec<&str> = blocks.iter().map(|b| b.0).collect();
+    let (group_names, block_group, group_bounds, joint) = resolve(grouping, &names)?;
+    let ng = group_names.len() as i64;
+    let first = blocks[0].1.size();
+    if first.is_empty() {
+        return Err(shape_err(blocks[0].0, "[B, …]".into(), &first));
+    }
+    let b = first[0];
+    let device = blocks[0].1.device();
+    let mut flat = Vec::with_capacity(blocks.len());
+    for (name, t) in blocks {
+        let s = t.size();
+        if s.is_empty() || s[0] != b {
+            return Err(shape_err(name, format!("[{b}, …]"), &s));
+        }
+        flat.push(t.f_reshape([b, -1])?);
+    }
+    // Squared norms per group, [B] each, accumulated in f64 across blocks.
+    let mut per_group: Vec<Option<Tensor>> = (0..ng).map(|_| None).collect();
+    for (k, g2) in flat.iter().enumerate() {
+        let n = g2
+            .f_linalg_norm(2, [1i64].as_slice(), false, None::<Kind>)?
+            .f_to_kind(Kind::Double)?;
+        check_finite_rows(&n, names[k])?;
+        let n2 = n.f_square()?;
+        let slot = &mut per_group[block_group[k]];
+        *slot = Some(match slot.take() {
+            None => n2,
+            Some(prev) => prev.f_add(&n2)?,
+        });
+    }
+    let mut cols = Vec::with_capacity(per_group.len());
+    for slot in per_group {
+        cols.push(match slot {
+            Some(t) => t,
+            None => Tensor::f_zeros([b], (Kind::Double, device))?,
+        });
+    }
+    let group_sq = Tensor::f_stack(&cols, 1)?;
+    let raw_group = group_sq.f_sqrt()?;
+    let raw_total = group_sq
+        .f_sum_dim_intlist([1i64].as_slice(), false, None::<Kind>)?
+        .f_sqrt()?;
+    let w = match weights {
+        Some(w) => Some(check_weights_tensor(w, b, Kind::Double)?.f_to_device(device)?),
+        None => None,
+    };
+    let (norms, total_norms) = match &w {
+        Some(w) => (raw_group.f_mul(&w.f_unsqueeze(1)?)?, raw_total.f_mul(w)?),
+        None => (raw_group, raw_total),
+    };
+    let mut factors = match joint {
+        Some(c) => factors_from_norms(&total_norms, c)?
+            .f_unsqueeze(1)?
+            .f_expand([b, ng], false)?
+            .f_contiguous()?,
+        None => {
+            let bounds = Tensor::f_from_slice(&group_bounds)?
+                .f_to_device(device)?
+                .f_unsqueeze(0)?;
+            // C_g / max(n, C_g)
+            bounds.f_div(&norms.f_maximum(&bounds)?)?
+        }
+    };
+    if let Some(w) = &w {
+        factors = factors.f_mul(&w.f_unsqueeze(1)?)?;
+    }
+    let mut sums = Vec::with_capacity(blocks.len());
+    for (k, (g2, (_, t))) in flat.iter().zip(blocks).enumerate() {
+        let s = t.size();
+        let f = factors
+            .f_select(1, block_group[k] as i64)?
+            .f_to_kind(t.kind())?;
+        let sum = if b == 0 {
+            Tensor::f_zeros(&s[1..], (t.kind(), device))?
+        } else {
+            g2.f_transpose(0, 1)?.f_mv(&f)?.f_reshape(&s[1..])?
+        };
+        sums.push(sum);
+    }
+    let sensitivity = match joint {
+        Some(c) => c,
+        None => group_bounds.iter().map(|c| c * c).sum::<f64>().sqrt(),
+    };
+    Ok(TensorBlockClipOutput {
+        sums,
+        group_names,
+        block_group,
+        group_bounds,
+        norms,
+        total_norms,
+        factors,
+        sensitivity,
+    })
+}
+
+impl crate::Privatizer {
+    /// Release a tensor holding a clipped sum with L2 sensitivity `sensitivity`:
+    /// (sum + N(0, (σΔ)²)) / denominator, on the device and dtype of `sum`. The noise is drawn
+    /// on the CPU from this privatizer's generator (ChaCha20 from the OS unless seeded), then
+    /// moved to the device.
+    pub fn release_tensor(
+        &mut self,
+        sum: &Tensor,
+        sensitivity: f64,
+        denominator: crate::PublicDenominator,
+    ) -> Result<Tensor, ClipError> {
+        if !(sensitivity.is_finite() && sensitivity > 0.0) {
+            return Err(ClipError::InvalidSensitivity { value: sensitivity });
+        }
+        let n = sum.numel();
+        let mut z = vec![0f64; n];
+        self.standard_normals(&mut z);
+        let std = self.noise_multiplier() * sensitivity;
+        let noise = Tensor::f_from_slice(&z)?
+            .f_reshape(sum.size())?
+            .f_to_device(sum.device())?;
+        let out = sum
+            .f_to_kind(Kind::Double)?
+            .f_add(&noise.f_mul_scalar(std)?)?
+            .f_div_scalar(denominator.value())?
+            .f_to_kind(sum.kind())?;
+        Ok(out)
+    }
+}
