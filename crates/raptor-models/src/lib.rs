@@ -1,5 +1,38 @@
 //! raptor-models: MoE and dense transformers on libtorch (see the crate README).
+//!
+//! Models: [`SwitchEncoder`] (Switch-style MoE encoder classifier), [`OlmoeDecoder`]
+//! (OLMoE-style top-k MoE decoder), [`Gpt2`] (dense decoder, tied LM head). Every trainable op
+//! records itself in a private [`ForwardCtx`]; [`PerSampleGrads`] then gives exact per-record
+//! squared norms by parameter and by caller-named group, and clipped sums, from one backward.
 
 /// Whether this build force-linked libtorch's CUDA libraries (the libtorch in use has
 /// `libtorch_cuda.so`). When true, `tch::Cuda::is_available()` reports the GPU at run time.
 pub const CUDA_LINKED: bool = cfg!(raptor_cuda_linked);
+
+pub mod checkpoint;
+pub mod hf_config;
+pub mod tokenizer;
+mod batch;
+mod error;
+mod gpt2;
+mod grad;
+mod layers;
+mod model;
+mod moe;
+mod olmoe;
+mod switch;
+mod tape;
+
+pub use batch::{Batch, Task, per_record_loss};
+pub use error::{ModelError, Result};
+pub use grad::{ClipOutput, ClipPolicy, ParamGroups, PerSampleGrads, clip_factors};
+pub use layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, Lora, RmsNorm, name_matches};
+pub use model::{
+    LoraConfig, Model, PrivateStep, PrivateStepOutput, attach_lora, freeze_all, set_trainable,
+    trainable_params,
+};
+pub use gpt2::{Gpt2, Gpt2Config};
+pub use moe::RouterOutput;
+pub use olmoe::{DecoderHead, OlmoeConfig, OlmoeDecoder};
+pub use switch::{SwitchConfig, SwitchEncoder};
+pub use tape::Tape;

@@ -1,0 +1,506 @@
+//! Building blocks: linear maps with optional LoRA, norms, embeddings, the forward context.
+
+use crate::error::{ModelError, Result};
+use crate::moe::RouterOutput;
+use crate::tape::{Part, Rows, Tape};
+use std::collections::BTreeMap;
+use tch::nn::{Init, VarStore};
+use tch::{Kind, Tensor};
+
+/// State of one forward pass: recording for the per-sample engine, training mode (dropout),
+/// owner maps for owner-masked experts, router outputs.
+#[derive(Debug, Default)]
+pub struct ForwardCtx {
+    pub(crate) tape: Option<Tape>,
+    /// Training mode: LoRA dropout is active.
+    pub train: bool,
+    /// Owner map per sparse layer (block index → `[B]` i64 owning expert of each record).
+    /// When set, expert `e`'s trainable parameters get gradient only from records it owns.
+    pub owners: BTreeMap<usize, Tensor>,
+    /// Collect router outputs into [`ForwardCtx::routing`].
+    pub collect_routing: bool,
+    /// Router outputs of the sparse layers, in forward order (when `collect_routing`).
+    pub routing: Vec<RouterOutput>,
+    /// LoRA adapters whose linear name matches one of these patterns are switched off
+    /// (their delta is skipped), e.g. RAPTOR's shared-only logits with expert LoRA disabled.
+    pub lora_disabled: Vec<String>,
+}
+
+impl ForwardCtx {
+    /// Inference / plain training context (nothing recorded).
+    pub fn new(train: bool) -> Self {
+        Self {
+            train,
+            ..Self::default()
+        }
+    }
+
+    /// Context that records every trainable op for [`crate::PerSampleGrads`].
+    pub fn private(train: bool) -> Self {
+        Self {
+            tape: Some(Tape::default()),
+            train,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the owner map of sparse layer `layer` (`owners`: `[B]` i64).
+    pub fn with_owners(mut self, layer: usize, owners: Tensor) -> Self {
+        self.owners.insert(layer, owners);
+        self
+    }
+
+    /// Takes the recorded tape (None when the context was not built with [`ForwardCtx::private`]).
+    pub fn take_tape(&mut self) -> Option<Tape> {
+        self.tape.take()
+    }
+
+    pub(crate) fn recording(&self) -> bool {
+        self.tape.is_some()
+    }
+
+    pub(crate) fn record(&mut self, z: &Tensor, rows: Rows, parts: Vec<Part>) {
+        if let Some(t) = self.tape.as_mut() {
+            t.push(z, rows, parts);
+        }
+    }
+}
+
+/// Whether `name` matches `pattern`: a pattern with `*` is a glob over the whole name (`*`
+/// matches any run of characters, dots included); a pattern without `*` matches any name that
+/// contains it as a dot-separated component sequence or plain substring.
+///
+/// ```
+/// use raptor_models::name_matches;
+/// assert!(name_matches("encoder.block.1.layer.0.SelfAttention.q", "SelfAttention.q"));
+/// assert!(name_matches("model.layers.0.mlp.experts.3.up_proj", "*.experts.*.up_proj"));
+/// assert!(!name_matches("model.layers.0.mlp.experts.3.up_proj", "*.experts.*.down_proj"));
+/// ```
+pub fn name_matches(name: &str, pattern: &str) -> bool {
+    if !pattern.contains('*') {
+        return name.contains(pattern);
+    }
+    glob(name.as_bytes(), pattern.as_bytes())
+}
+
+fn glob(s: &[u8], p: &[u8]) -> bool {
+    let (mut si, mut pi) = (0usize, 0usize);
+    let (mut star, mut mark) = (None::<usize>, 0usize);
+    while si < s.len() {
+        if pi < p.len() && p[pi] != b'*' && p[pi] == s[si] {
+            si += 1;
+            pi += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some(pi);
+            mark = si;
+            pi += 1;
+        } else if let Some(st) = star {
+            pi = st + 1;
+            mark += 1;
+            si = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == b'*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// Creates variable `name` (dot-separated, e.g. `encoder.block.0.layer.0.SelfAttention.q.weight`)
+/// in `vs`, so the VarStore path equals the Hugging Face tensor name.
+pub(crate) fn new_var(vs: &VarStore, name: &str, dims: &[i64], init: Init) -> Result<Tensor> {
+    let comps: Vec<&str> = name.split('.').collect();
+    let (last, dirs) = comps
+        .split_last()
+        .ok_or_else(|| ModelError::InvalidConfig(format!("empty parameter name {name:?}")))?;
+    let mut p = vs.root();
+    for c in dirs {
+        p = p.sub(*c);
+    }
+    Ok(p.f_var(last, dims, init)?)
+}
+
+/// Activation functions used by the supported models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Act {
+    /// max(0, x).
+    Relu,
+    /// Exact (erf) GELU.
+    Gelu,
+    /// Tanh-approximated GELU (`gelu_new`, GPT-2).
+    GeluNew,
+    /// x·sigmoid(x) (SwiGLU gate in OLMoE).
+    Silu,
+}
+
+impl Act {
+    /// Parses a Hugging Face activation name (`relu`, `gelu`, `gelu_new`, `gelu_pytorch_tanh`, `silu`, `swish`).
+    pub fn from_hf(name: &str) -> Result<Self> {
+        match name {
+            "relu" => Ok(Act::Relu),
+            "gelu" => Ok(Act::Gelu),
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Act::GeluNew),
+            "silu" | "swish" => Ok(Act::Silu),
+            other => Err(ModelError::InvalidConfig(format!(
+                "unsupported activation {other:?}"
+            ))),
+        }
+    }
+
+    pub(crate) fn apply(self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Act::Relu => x.f_relu()?,
+            Act::Gelu => x.f_gelu("none")?,
+            Act::GeluNew => x.f_gelu("tanh")?,
+            Act::Silu => x.f_silu()?,
+        })
+    }
+}
+
+/// LoRA adapter `ΔW = (α/r)·B·A` on a linear map (A `[r, in]` Kaiming-uniform with a=√5, B `[out, r]` zero).
+#[derive(Debug)]
+pub struct Lora {
+    /// `lora_A.weight` `[r, in]`.
+    pub a: Tensor,
+    /// `lora_B.weight` `[out, r]`.
+    pub b: Tensor,
+    /// α / r.
+    pub scale: f64,
+    /// Dropout on the adapter input (training mode only).
+    pub dropout: f64,
+}
+
+/// How a linear map's rows map to records (dense `[B, T, in]` or routed tokens).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RowSpec<'a> {
+    Dense,
+    Routed(&'a Tensor),
+}
+
+impl RowSpec<'_> {
+    fn rows(&self) -> Rows {
+        match self {
+            RowSpec::Dense => Rows::Dense,
+            RowSpec::Routed(r) => Rows::Routed {
+                rec: r.shallow_clone(),
+            },
+        }
+    }
+}
+
+/// Keeps the value of `x` but lets gradient through only where `mask` is 1:
+/// `mask·x + (1−mask)·x.detach()`.
+pub(crate) fn owner_masked(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let det = x.f_detach()?;
+    Ok(det.f_add(&x.f_sub(&det)?.f_mul(mask)?)?)
+}
+
+/// A linear map `y = x Wᵀ + b` (PyTorch layout, W `[out, in]`) with an optional LoRA adapter.
+#[derive(Debug)]
+pub struct Linear {
+    /// Hugging Face module name (parameters are `{name}.weight`, `{name}.bias`).
+    pub name: String,
+    /// Weight `[out, in]`.
+    pub weight: Tensor,
+    /// Optional bias `[out]`.
+    pub bias: Option<Tensor>,
+    /// Optional LoRA adapter.
+    pub lora: Option<Lora>,
+}
+
+impl Linear {
+    pub(crate) fn new(
+        vs: &VarStore,
+        name: &str,
+        in_dim: i64,
+        out_dim: i64,
+        bias: bool,
+        std: f64,
+    ) -> Result<Self> {
+        let weight = new_var(
+            vs,
+            &format!("{name}.weight"),
+            &[out_dim, in_dim],
+            Init::Randn { mean: 0.0, stdev: std },
+        )?;
+        let bias = if bias {
+            Some(new_var(vs, &format!("{name}.bias"), &[out_dim], Init::Const(0.0))?)
+        } else {
+            None
+        };
+        Ok(Self {
+            name: name.to_string(),
+            weight,
+            bias,
+            lora: None,
+        })
+    }
+
+    /// Input features.
+    pub fn in_features(&self) -> i64 {
+        self.weight.size().get(1).copied().unwrap_or(0)
+    }
+
+    /// Output features.
+    pub fn out_features(&self) -> i64 {
+        self.weight.size().first().copied().unwrap_or(0)
+    }
+
+    /// Adds a LoRA adapter (variables `{name}.lora_A.weight`, `{name}.lora_B.weight`).
+    pub(crate) fn attach_lora(&mut self, vs: &VarStore, r: i64, alpha: f64, dropout: f64) -> Result<()> {
+        if self.lora.is_some() {
+            return Err(ModelError::InvalidConfig(format!(
+                "{} already has a LoRA adapter",
+                self.name
+            )));
+        }
+        let fan_in = self.in_features();
+        // Kaiming-uniform with a = √5: gain √(2/(1+5)), bound gain·√(3/fan_in) = 1/√fan_in.
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        let a = new_var(
+            vs,
+            &format!("{}.lora_A.weight", self.name),
+            &[r, fan_in],
+            Init::Uniform { lo: -bound, up: bound },
+        )?;
+        let b = new_var(
+            vs,
+            &format!("{}.lora_B.weight", self.name),
+            &[self.out_features(), r],
+            Init::Const(0.0),
+        )?;
+        // Follow the base weight's kind and device (the VarStore may have been converted).
+        let (kind, device) = (self.weight.kind(), self.weight.device());
+        let (mut a, mut b) = (a, b);
+        if a.kind() != kind || a.device() != device {
+            let na = a.f_to_kind(kind)?.f_to(device)?;
+            let nb = b.f_to_kind(kind)?.f_to(device)?;
+            tch::no_grad(|| -> Result<()> {
+                a.f_set_data(&na)?;
+                b.f_set_data(&nb)?;
+                Ok(())
+            })?;
+        }
+        self.lora = Some(Lora {
+            a,
+            b,
+            scale: alpha / r as f64,
+            dropout,
+        });
+        Ok(())
+    }
+
+    /// `x [.., in]` → `[.., out]`; records trainable uses when the context is private.
+    /// `mask` (broadcastable to the output, 1 = owner) applies owner masking to the trainable
+    /// parts (the LoRA delta, or the whole output when the base weight itself is trained).
+    pub(crate) fn forward_rows(
+        &self,
+        x: &Tensor,
+        ctx: &mut ForwardCtx,
+        rows: RowSpec<'_>,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let mut z = x.f_linear(&self.weight, self.bias.as_ref())?;
+        let w_tr = self.weight.requires_grad();
+        let b_tr = self.bias.as_ref().is_some_and(Tensor::requires_grad);
+        if ctx.recording() && (w_tr || b_tr) {
+            let mut parts = Vec::new();
+            if w_tr {
+                parts.push(Part::Weight {
+                    param: format!("{}.weight", self.name),
+                    a: x.f_detach()?,
+                });
+            }
+            if b_tr {
+                parts.push(Part::Bias {
+                    param: format!("{}.bias", self.name),
+                });
+            }
+            ctx.record(&z, rows.rows(), parts);
+        }
+        if let Some(m) = mask
+            && (w_tr || b_tr)
+        {
+            z = owner_masked(&z, m)?;
+        }
+        if let Some(l) = &self.lora {
+            if ctx.lora_disabled.iter().any(|p| name_matches(&self.name, p)) {
+                return Ok(z);
+            }
+            let xd = if ctx.train && l.dropout > 0.0 {
+                x.f_dropout(l.dropout, true)?
+            } else {
+                x.shallow_clone()
+            };
+            let u = xd.f_linear(&l.a, None::<&Tensor>)?;
+            if ctx.recording() && l.a.requires_grad() {
+                let parts = vec![Part::Weight {
+                    param: format!("{}.lora_A.weight", self.name),
+                    a: xd.f_detach()?,
+                }];
+                ctx.record(&u, rows.rows(), parts);
+            }
+            let v = u.f_linear(&l.b, None::<&Tensor>)?;
+            if ctx.recording() && l.b.requires_grad() {
+                let parts = vec![Part::Weight {
+                    param: format!("{}.lora_B.weight", self.name),
+                    a: u.f_detach()?,
+                }];
+                ctx.record(&v, rows.rows(), parts);
+            }
+            let mut delta = v.f_mul_scalar(l.scale)?;
+            if let Some(m) = mask {
+                delta = owner_masked(&delta, m)?;
+            }
+            z = z.f_add(&delta)?;
+        }
+        Ok(z)
+    }
+
+    /// Dense forward over `[B, ...]` rows.
+    pub(crate) fn forward(&self, x: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
+        self.forward_rows(x, ctx, RowSpec::Dense, None)
+    }
+}
+
+/// RMS layer norm without bias or centering (T5 / Switch / OLMoE): `w ⊙ x / √(mean(x²)+ε)`.
+#[derive(Debug)]
+pub struct RmsNorm {
+    /// Module name (parameter `{name}.weight`).
+    pub name: String,
+    /// Gain `[d]`.
+    pub weight: Tensor,
+    /// ε.
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub(crate) fn new(vs: &VarStore, name: &str, dim: i64, eps: f64) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            weight: new_var(vs, &format!("{name}.weight"), &[dim], Init::Const(1.0))?,
+            eps,
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
+        let var = x
+            .f_square()?
+            .f_mean_dim(-1, true, None::<Kind>)?
+            .f_add_scalar(self.eps)?;
+        let n = x.f_mul(&var.f_rsqrt()?)?;
+        let y = n.f_mul(&self.weight)?;
+        if ctx.recording() && self.weight.requires_grad() {
+            let parts = vec![Part::Gain {
+                param: format!("{}.weight", self.name),
+                n: n.f_detach()?,
+            }];
+            ctx.record(&y, Rows::Dense, parts);
+        }
+        Ok(y)
+    }
+}
+
+/// Layer norm with gain and bias (GPT-2).
+#[derive(Debug)]
+pub struct LayerNorm {
+    /// Module name (parameters `{name}.weight`, `{name}.bias`).
+    pub name: String,
+    /// Gain `[d]`.
+    pub weight: Tensor,
+    /// Bias `[d]`.
+    pub bias: Tensor,
+    /// ε.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub(crate) fn new(vs: &VarStore, name: &str, dim: i64, eps: f64) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            weight: new_var(vs, &format!("{name}.weight"), &[dim], Init::Const(1.0))?,
+            bias: new_var(vs, &format!("{name}.bias"), &[dim], Init::Const(0.0))?,
+            eps,
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
+        let mu = x.f_mean_dim(-1, true, None::<Kind>)?;
+        let xc = x.f_sub(&mu)?;
+        let var = xc
+            .f_square()?
+            .f_mean_dim(-1, true, None::<Kind>)?
+            .f_add_scalar(self.eps)?;
+        let n = xc.f_mul(&var.f_rsqrt()?)?;
+        let y = n.f_mul(&self.weight)?.f_add(&self.bias)?;
+        if ctx.recording() {
+            let mut parts = Vec::new();
+            if self.weight.requires_grad() {
+                parts.push(Part::Gain {
+                    param: format!("{}.weight", self.name),
+                    n: n.f_detach()?,
+                });
+            }
+            if self.bias.requires_grad() {
+                parts.push(Part::Bias {
+                    param: format!("{}.bias", self.name),
+                });
+            }
+            ctx.record(&y, Rows::Dense, parts);
+        }
+        Ok(y)
+    }
+}
+
+/// Token (or position) embedding table `[V, d]`.
+#[derive(Debug)]
+pub struct Embedding {
+    /// Module name (parameter `{name}.weight`).
+    pub name: String,
+    /// Table `[V, d]`.
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    pub(crate) fn new(vs: &VarStore, name: &str, vocab: i64, dim: i64, std: f64) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            weight: new_var(
+                vs,
+                &format!("{name}.weight"),
+                &[vocab, dim],
+                Init::Randn { mean: 0.0, stdev: std },
+            )?,
+        })
+    }
+
+    /// Number of rows V.
+    pub fn num_embeddings(&self) -> i64 {
+        self.weight.size().first().copied().unwrap_or(0)
+    }
+
+    pub(crate) fn forward(&self, ids: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
+        let z = Tensor::f_embedding(&self.weight, ids, -1, false, false)?;
+        if ctx.recording() && self.weight.requires_grad() {
+            let parts = vec![Part::Embedding {
+                param: format!("{}.weight", self.name),
+                ids: ids.shallow_clone(),
+                vocab: self.num_embeddings(),
+            }];
+            ctx.record(&z, Rows::Dense, parts);
+        }
+        Ok(z)
+    }
+}
+
+/// Additive attention mask value for a float kind (most negative finite value).
+pub(crate) fn mask_min(kind: Kind) -> f64 {
+    match kind {
+        Kind::Double => f64::MIN,
+        Kind::Half => -65504.0,
+        Kind::BFloat16 => -3.3895313892515355e38,
+        _ => f32::MIN as f64,
+    }
+}

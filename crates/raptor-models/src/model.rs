@@ -1,0 +1,191 @@
+//! The model interface, LoRA attachment, freezing by name pattern, and the private step.
+
+use crate::batch::{Batch, Task, per_record_loss};
+use crate::error::{ModelError, Result};
+use crate::grad::{ClipOutput, ClipPolicy, ParamGroups, PerSampleGrads};
+use crate::layers::{ForwardCtx, Linear, name_matches};
+use std::collections::BTreeMap;
+use tch::nn::VarStore;
+use tch::{Kind, Tensor};
+
+/// What every model in this crate offers to trainers.
+pub trait Model {
+    /// The variables (names equal Hugging Face tensor names).
+    fn var_store(&self) -> &VarStore;
+    /// Mutable variables (kind or device changes).
+    fn var_store_mut(&mut self) -> &mut VarStore;
+    /// Vocabulary size.
+    fn vocab_size(&self) -> i64;
+    /// What the head computes.
+    fn task(&self) -> Task;
+    /// Number of classes for classification heads.
+    fn num_labels(&self) -> Option<i64>;
+    /// Block indices of the sparse (MoE) layers.
+    fn sparse_layers(&self) -> Vec<usize>;
+    /// Experts per sparse layer (0 for dense models).
+    fn num_experts(&self) -> i64;
+    /// Experts per token.
+    fn top_k(&self) -> i64;
+    /// Expert capacity (token dropping), if on.
+    fn expert_capacity(&self) -> Option<i64>;
+    /// All linear maps that can carry LoRA, with the VarStore to create adapter variables in.
+    fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>);
+    /// Router parameter names (always frozen).
+    fn router_params(&self) -> Vec<String>;
+    /// Logits: `[B, C]` for classification, `[B, T, V]` for language modelling.
+    fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor>;
+
+    /// Per-record losses `[B]` (see [`per_record_loss`]).
+    fn per_record_loss(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
+        batch.validate(self.vocab_size(), self.num_labels())?;
+        let logits = self.forward(batch, ctx)?;
+        per_record_loss(&logits, batch, self.task())
+    }
+}
+
+/// LoRA settings.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LoraConfig {
+    /// Rank r.
+    pub r: i64,
+    /// α (the delta is scaled by α/r).
+    pub alpha: f64,
+    /// Dropout on the adapter input (training only).
+    pub dropout: f64,
+    /// Linear module names to adapt (patterns, see [`name_matches`]), e.g. `SelfAttention.q`,
+    /// `*.experts.*.wi`, `mlp.wi`.
+    pub targets: Vec<String>,
+}
+
+impl LoraConfig {
+    /// RAPTOR's defaults: r = 8, α = 16, dropout 0.05.
+    pub fn raptor(targets: Vec<String>) -> Self {
+        Self {
+            r: 8,
+            alpha: 16.0,
+            dropout: 0.05,
+            targets,
+        }
+    }
+}
+
+/// Attaches LoRA adapters to every linear whose name matches a target pattern; returns the
+/// adapted module names. Errors when nothing matches.
+pub fn attach_lora<M: Model + ?Sized>(model: &mut M, cfg: &LoraConfig) -> Result<Vec<String>> {
+    if cfg.r <= 0 || !(cfg.alpha.is_finite()) || !(0.0..1.0).contains(&cfg.dropout) {
+        return Err(ModelError::InvalidConfig(format!(
+            "LoRA needs r > 0, finite alpha, dropout in [0, 1): {cfg:?}"
+        )));
+    }
+    let (vs, linears) = model.linears_mut();
+    let mut done = Vec::new();
+    for l in linears {
+        if cfg.targets.iter().any(|p| name_matches(&l.name, p)) {
+            l.attach_lora(vs, cfg.r, cfg.alpha, cfg.dropout)?;
+            done.push(l.name.clone());
+        }
+    }
+    if done.is_empty() {
+        return Err(ModelError::InvalidConfig(format!(
+            "no linear module matches the LoRA targets {:?}",
+            cfg.targets
+        )));
+    }
+    Ok(done)
+}
+
+/// Sets `requires_grad` of every variable whose name matches one of `patterns` (routers stay
+/// frozen whatever the pattern); returns the names changed.
+pub fn set_trainable<M: Model + ?Sized>(model: &M, patterns: &[&str], trainable: bool) -> Result<Vec<String>> {
+    let routers = model.router_params();
+    let mut names = Vec::new();
+    for (name, t) in model.var_store().variables() {
+        if patterns.iter().any(|p| name_matches(&name, p)) && !(trainable && routers.contains(&name)) {
+            let _ = t.f_set_requires_grad(trainable)?;
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Freezes every variable (start of "train only X" setups).
+pub fn freeze_all<M: Model + ?Sized>(model: &M) -> Result<()> {
+    for (_, t) in model.var_store().variables() {
+        let _ = t.f_set_requires_grad(false)?;
+    }
+    Ok(())
+}
+
+/// Names of the trainable variables, sorted.
+pub fn trainable_params<M: Model + ?Sized>(model: &M) -> Vec<String> {
+    let mut v: Vec<String> = model
+        .var_store()
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, _)| n)
+        .collect();
+    v.sort();
+    v
+}
+
+/// A private training step over a model: rejects configurations that break per-record
+/// sensitivity (capacity-based token dropping) at construction.
+#[derive(Debug)]
+pub struct PrivateStep<'m, M: Model + ?Sized> {
+    model: &'m M,
+}
+
+/// What one private step computed.
+#[derive(Debug)]
+pub struct PrivateStepOutput {
+    /// Per-record losses `[B]` (detached).
+    pub losses: Tensor,
+    /// Norms, clip factors and clipped sums.
+    pub clip: ClipOutput,
+}
+
+impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
+    /// Errors with [`ModelError::CapacityInPrivateTraining`] when the model drops tokens by capacity.
+    pub fn new(model: &'m M) -> Result<Self> {
+        if let Some(capacity) = model.expert_capacity() {
+            return Err(ModelError::CapacityInPrivateTraining { capacity });
+        }
+        Ok(Self { model })
+    }
+
+    /// Forward in a recording context (`owners`: per sparse layer `[B]` owner experts),
+    /// one backward, per-sample norms, clipping and clipped sums.
+    pub fn per_sample(
+        &self,
+        batch: &Batch,
+        owners: &BTreeMap<usize, Tensor>,
+        train: bool,
+    ) -> Result<(Tensor, PerSampleGrads)> {
+        let mut ctx = ForwardCtx::private(train);
+        for (l, o) in owners {
+            ctx.owners.insert(*l, o.shallow_clone());
+        }
+        let losses = self.model.per_record_loss(batch, &mut ctx)?;
+        let loss = losses.f_sum(Kind::Double)?.f_to_kind(losses.kind())?;
+        let tape = ctx.take_tape().unwrap_or_default();
+        let grads = PerSampleGrads::compute(tape, &loss, batch.batch_size())?;
+        Ok((losses.f_detach()?, grads))
+    }
+
+    /// [`Self::per_sample`] then [`PerSampleGrads::clip`].
+    pub fn run(
+        &self,
+        batch: &Batch,
+        owners: &BTreeMap<usize, Tensor>,
+        groups: &ParamGroups,
+        policy: &ClipPolicy,
+        weights: &BTreeMap<String, Tensor>,
+        train: bool,
+    ) -> Result<PrivateStepOutput> {
+        let (losses, grads) = self.per_sample(batch, owners, train)?;
+        let clip = grads.clip(groups, policy, weights)?;
+        Ok(PrivateStepOutput { losses, clip })
+    }
+}

@@ -1,0 +1,106 @@
+//! Token routing to experts: router outputs per sparse layer and the dispatch loop.
+
+use crate::error::{ModelError, Result};
+use crate::layers::{ForwardCtx, RowSpec};
+use tch::{Kind, Tensor};
+
+/// One sparse layer's router decisions, in the form `raptor-routing` takes
+/// (`LayerRouting::push_tensors(&indices, &weights, &mask)`).
+#[derive(Debug)]
+pub struct RouterOutput {
+    /// Block / layer index of the sparse layer.
+    pub layer: usize,
+    /// Selected experts `[B, T, k]` (i64).
+    pub indices: Tensor,
+    /// Gate weights `[B, T, k]` (the weights that multiply the expert outputs).
+    pub weights: Tensor,
+    /// Valid-token mask `[B, T]` (the batch's attention mask).
+    pub mask: Tensor,
+}
+
+
+/// Runs `expert(e, x_e, rows, owner_mask, ctx)` on the tokens routed to each expert and sums
+/// the gate-weighted outputs. `x` `[B, T, d]`, `sel`/`gate` `[B, T, k]`, `keep` optional
+/// `[B, T, k]` bool (capacity), `owners` optional `[B]` i64.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dispatch<F>(
+    x: &Tensor,
+    sel: &Tensor,
+    gate: &Tensor,
+    keep: Option<&Tensor>,
+    num_experts: i64,
+    owners: Option<&Tensor>,
+    ctx: &mut ForwardCtx,
+    mut expert: F,
+) -> Result<Tensor>
+where
+    F: FnMut(usize, &Tensor, RowSpec<'_>, Option<&Tensor>, &mut ForwardCtx) -> Result<Tensor>,
+{
+    let size = x.size();
+    let (b, t, d) = (size[0], size[1], size[2]);
+    let k = sel.size().last().copied().unwrap_or(1);
+    let n = b * t;
+    let xf = x.f_reshape([n, d])?;
+    let self_flat = sel.f_reshape([n, k])?;
+    let gate_flat = gate.f_reshape([n, k])?;
+    let keep_flat = match keep {
+        Some(kp) => Some(kp.f_reshape([n, k])?),
+        None => None,
+    };
+    let mut out = xf.f_zeros_like()?;
+    for e in 0..num_experts {
+        let mut hit = self_flat.f_eq(e)?;
+        if let Some(kp) = &keep_flat {
+            hit = hit.f_logical_and(kp)?;
+        }
+        let any = hit.f_any_dim(1, false)?;
+        let idx = any.f_nonzero()?.f_reshape([-1])?;
+        let ne = idx.size()[0];
+        if ne == 0 {
+            continue;
+        }
+        let xe = xf.f_index_select(0, &idx)?;
+        let ge = gate_flat
+            .f_mul(&hit.f_to_kind(gate_flat.kind())?)?
+            .f_sum_dim_intlist(1, false, None::<Kind>)?
+            .f_index_select(0, &idx)?
+            .f_unsqueeze(1)?;
+        let rec = idx.f_floor_divide_scalar(t)?;
+        let mask = match owners {
+            Some(o) => Some(
+                o.f_index_select(0, &rec)?
+                    .f_eq(e)?
+                    .f_to_kind(x.kind())?
+                    .f_unsqueeze(1)?,
+            ),
+            None => None,
+        };
+        let ye = expert(e as usize, &xe, RowSpec::Routed(&rec), mask.as_ref(), ctx)?;
+        out = out.f_index_add(0, &idx, &ye.f_mul(&ge)?)?;
+    }
+    Ok(out.f_reshape([b, t, d])?)
+}
+
+/// Checks an owner map `[B]` against the batch and the number of experts.
+pub(crate) fn check_owners(layer: usize, owners: &Tensor, b: i64, num_experts: i64) -> Result<()> {
+    if owners.size() != [b] {
+        return Err(ModelError::InvalidOwners {
+            layer,
+            why: format!("shape {:?}, expected [{b}]", owners.size()),
+        });
+    }
+    if owners.kind() != Kind::Int64 {
+        return Err(ModelError::InvalidOwners {
+            layer,
+            why: format!("kind {:?}, expected Int64", owners.kind()),
+        });
+    }
+    let v: Vec<i64> = Vec::try_from(owners.f_to(tch::Device::Cpu)?)?;
+    if let Some((r, &e)) = v.iter().enumerate().find(|(_, e)| **e < 0 || **e >= num_experts) {
+        return Err(ModelError::InvalidOwners {
+            layer,
+            why: format!("record {r} owned by expert {e}, outside [0, {num_experts})"),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! Forward-pass recording for the per-sample gradient engine.
+//!
+//! Every trainable op records one [`Site`]: its output tensor `z` (whose gradient the engine
+//! asks autograd for, in one backward call over all sites) and, per trainable parameter it
+//! uses, what is needed to turn `∂L/∂z` into per-record gradients without materializing them:
+//! the input activation of a linear map, the token ids of an embedding lookup, the normalized
+//! input of a norm gain, the bucket map of the T5 relative attention bias.
+
+use tch::Tensor;
+
+/// How the rows of a site's output map to records.
+#[derive(Debug)]
+pub(crate) enum Rows {
+    /// `z` is `[B, ...]`: the leading dimension is the record.
+    Dense,
+    /// `z` is `[N, out]` over routed tokens; `rec[n]` (i64, ascending) is the record of row n.
+    Routed {
+        /// Record index of each row, sorted ascending.
+        rec: Tensor,
+    },
+}
+
+/// One trainable parameter's use inside a site.
+#[derive(Debug)]
+pub(crate) enum Part {
+    /// `z = a Wᵀ (+ ...)`: per-record grad `Σ_t g_t a_tᵀ` (`[out, in]`).
+    Weight { param: String, a: Tensor },
+    /// `z = ... + b`: per-record grad `Σ_t g_t`.
+    Bias { param: String },
+    /// `z = w ⊙ n (+ ...)`: per-record grad `Σ_t g_t ⊙ n_t`.
+    Gain { param: String, n: Tensor },
+    /// `z = W[ids]`: per-record grad `Σ_t e_{id_t} g_tᵀ` (`[V, d]`).
+    Embedding { param: String, ids: Tensor, vocab: i64 },
+    /// T5 relative bias: `z[b, h, q, k] = W[bucket[q, k], h]`, per-record grad over buckets.
+    Buckets {
+        param: String,
+        buckets: Tensor,
+        num_buckets: i64,
+    },
+}
+
+impl Part {
+    pub(crate) fn param(&self) -> &str {
+        match self {
+            Part::Weight { param, .. }
+            | Part::Bias { param }
+            | Part::Gain { param, .. }
+            | Part::Embedding { param, .. }
+            | Part::Buckets { param, .. } => param,
+        }
+    }
+}
+
+/// A recorded op output and the parameter uses that produced it.
+#[derive(Debug)]
+pub(crate) struct Site {
+    pub(crate) z: Tensor,
+    pub(crate) rows: Rows,
+    pub(crate) parts: Vec<Part>,
+}
+
+/// What a forward pass recorded (see the module docs). Build one with
+/// [`crate::ForwardCtx::private`]; hand it to [`crate::PerSampleGrads::compute`].
+#[derive(Debug, Default)]
+pub struct Tape {
+    pub(crate) sites: Vec<Site>,
+}
+
+impl Tape {
+    pub(crate) fn push(&mut self, z: &Tensor, rows: Rows, parts: Vec<Part>) {
+        if !parts.is_empty() {
+            self.sites.push(Site {
+                z: z.shallow_clone(),
+                rows,
+                parts,
+            });
+        }
+    }
+
+    /// Number of recorded sites.
+    pub fn len(&self) -> usize {
+        self.sites.len()
+    }
+
+    /// Whether nothing was recorded (no trainable parameter was used).
+    pub fn is_empty(&self) -> bool {
+        self.sites.is_empty()
+    }
+}

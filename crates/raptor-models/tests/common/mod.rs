@@ -1,0 +1,237 @@
+//! Shared test helpers: the slow reference (a loop of single-record backward passes) and
+//! comparison of the per-sample engine against it.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use raptor_models::{
+    Batch, ClipPolicy, ForwardCtx, Model, ParamGroups, PerSampleGrads, PrivateStep,
+    trainable_params,
+};
+use std::collections::BTreeMap;
+use tch::{Kind, Tensor};
+
+/// Adds N(0, std²) noise to every variable (so LoRA B ≠ 0 and biases ≠ 0).
+pub fn perturb<M: Model>(model: &M, std: f64) {
+    tch::no_grad(|| {
+        for (_, t) in model.var_store().variables() {
+            let mut t = t;
+            let n = t.randn_like() * std;
+            let _ = t.f_add_(&n).unwrap();
+        }
+    });
+}
+
+/// Per-record gradients of every trainable parameter by a loop of single-record backward
+/// passes (the obviously correct reference).
+pub fn reference_grads<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+) -> BTreeMap<String, Vec<Tensor>> {
+    let params: Vec<(String, Tensor)> = {
+        let vars = model.var_store().variables();
+        trainable_params(model)
+            .into_iter()
+            .map(|n| {
+                let t = vars[&n].shallow_clone();
+                (n, t)
+            })
+            .collect()
+    };
+    let mut out: BTreeMap<String, Vec<Tensor>> = BTreeMap::new();
+    for b in 0..batch.batch_size() {
+        let sub = batch.narrow(b, 1).unwrap();
+        let mut ctx = ForwardCtx::new(false);
+        for (l, o) in owners {
+            ctx.owners.insert(*l, o.narrow(0, b, 1));
+        }
+        for (_, p) in &params {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let losses = model.per_record_loss(&sub, &mut ctx).unwrap();
+        let loss = losses.sum(Kind::Double).to_kind(losses.kind());
+        loss.backward();
+        for (n, p) in &params {
+            let g = p.grad();
+            let g = if g.defined() { g.copy() } else { p.zeros_like() };
+            out.entry(n.clone()).or_default().push(g);
+        }
+    }
+    for (_, p) in &params {
+        let mut g = p.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    out
+}
+
+/// Engine output for the same batch.
+pub fn engine<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+) -> PerSampleGrads {
+    let step = PrivateStep::new(model).unwrap();
+    step.per_sample(batch, owners, false).unwrap().1
+}
+
+fn norm(t: &Tensor) -> f64 {
+    t.to_kind(Kind::Double).square().sum(Kind::Double).sqrt().double_value(&[])
+}
+
+/// Checks every trainable parameter's per-record gradient and squared norm against the
+/// reference; returns the worst relative error. `tol` is relative to the gradient's norm
+/// (absolute `tol` when the reference gradient is zero).
+pub fn check_exact<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    tol: f64,
+) -> f64 {
+    let reference = reference_grads(model, batch, owners);
+    let eng = engine(model, batch, owners);
+    let bsz = batch.batch_size();
+    let eng_params = eng.params();
+    let mut worst = 0.0f64;
+    let mut nonzero = 0usize;
+    for (name, per) in &reference {
+        let any = per.iter().any(|g| norm(g) > 0.0);
+        if !eng_params.contains(name) {
+            // A trainable parameter unused in this pass: its reference must be zero.
+            assert!(!any, "{name}: engine has no gradient but the reference is nonzero");
+            continue;
+        }
+        let sq = Vec::<f64>::try_from(eng.sq_norms(name).unwrap().to_kind(Kind::Double)).unwrap();
+        for b in 0..bsz {
+            let onehot = Tensor::zeros([bsz], (Kind::Double, batch.input_ids.device()))
+                .index_fill(0, &Tensor::from_slice(&[b]), 1.0);
+            let g = eng.weighted_sum(name, &onehot).unwrap();
+            let r = &per[b as usize];
+            assert_eq!(g.size(), r.size(), "{name}: shape");
+            let rn = norm(r);
+            let diff = norm(&(g.to_kind(Kind::Double) - r.to_kind(Kind::Double)));
+            let rel = if rn > 0.0 { diff / rn } else { diff };
+            assert!(rel <= tol, "{name} record {b}: grad rel err {rel:e} (ref norm {rn:e})");
+            let sq_ref = rn * rn;
+            let sq_rel = if sq_ref > 0.0 {
+                (sq[b as usize] - sq_ref).abs() / sq_ref
+            } else {
+                sq[b as usize].abs()
+            };
+            assert!(sq_rel <= tol, "{name} record {b}: sq-norm rel err {sq_rel:e} ({} vs {sq_ref})", sq[b as usize]);
+            worst = worst.max(rel).max(sq_rel);
+            if rn > 0.0 {
+                nonzero += 1;
+            }
+        }
+    }
+    assert!(nonzero > 0, "all reference gradients are zero: the test would prove nothing");
+    worst
+}
+
+/// Checks clipped sums (role-wise and global) against clipping the reference grads.
+pub fn check_clip<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    groups: &ParamGroups,
+    policy: &ClipPolicy,
+    weights: &BTreeMap<String, Tensor>,
+    tol: f64,
+) {
+    let reference = reference_grads(model, batch, owners);
+    let eng = engine(model, batch, owners);
+    let out = eng.clip(groups, policy, weights).unwrap();
+    let bsz = batch.batch_size() as usize;
+    // Reference group norms (with weights).
+    let mut gsq: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (name, per) in &reference {
+        let g = groups.group_of(name).unwrap().to_string();
+        let e = gsq.entry(g).or_insert(vec![0.0; bsz]);
+        for b in 0..bsz {
+            let n = norm(&per[b]);
+            e[b] += n * n;
+        }
+    }
+    let w_of = |g: &str, b: usize| -> f64 {
+        weights.get(g).map(|w| w.double_value(&[b as i64])).unwrap_or(1.0)
+    };
+    let mut fac: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    match policy {
+        ClipPolicy::RoleWise(bounds) => {
+            for (g, v) in &gsq {
+                let c = bounds[g];
+                fac.insert(
+                    g.clone(),
+                    (0..bsz)
+                        .map(|b| {
+                            let n = (v[b] * w_of(g, b).powi(2)).sqrt();
+                            if n > 0.0 { (c / n).min(1.0) } else { 1.0 }
+                        })
+                        .collect(),
+                );
+            }
+        }
+        ClipPolicy::Global(c) => {
+            let tot: Vec<f64> = (0..bsz)
+                .map(|b| gsq.iter().map(|(g, v)| v[b] * w_of(g, b).powi(2)).sum::<f64>().sqrt())
+                .collect();
+            for g in gsq.keys() {
+                fac.insert(
+                    g.clone(),
+                    tot.iter().map(|&n| if n > 0.0 { (c / n).min(1.0) } else { 1.0 }).collect(),
+                );
+            }
+        }
+    }
+    let mut clipped_any = false;
+    for (name, per) in &reference {
+        let g = groups.group_of(name).unwrap();
+        let mut want = per[0].zeros_like().to_kind(Kind::Double);
+        for (b, gb) in per.iter().enumerate() {
+            let f = fac[g][b];
+            if f < 1.0 {
+                clipped_any = true;
+            }
+            want += gb.to_kind(Kind::Double) * (f * w_of(g, b));
+        }
+        let got = match out.sums.get(name) {
+            Some(t) => t.to_kind(Kind::Double),
+            None => {
+                assert!(norm(&want) == 0.0, "{name}: missing sum");
+                continue;
+            }
+        };
+        let wn = norm(&want);
+        let diff = norm(&(got - &want));
+        let rel = if wn > 0.0 { diff / wn } else { diff };
+        assert!(rel <= tol, "{name}: clipped sum rel err {rel:e}");
+    }
+    assert!(clipped_any, "no record was clipped: pick smaller bounds");
+    for (g, v) in &gsq {
+        let got = Vec::<f64>::try_from(out.group_sq_norms[g].to_kind(Kind::Double)).unwrap();
+        for b in 0..bsz {
+            let want = v[b] * w_of(g, b).powi(2);
+            let rel = if want > 0.0 { (got[b] - want).abs() / want } else { got[b].abs() };
+            assert!(rel <= tol, "group {g} record {b}: sq norm rel err {rel:e}");
+        }
+    }
+}
+
+/// Random right-padded records of lengths `lens`.
+pub fn records(lens: &[usize], vocab: i64, seed: u64) -> Vec<Vec<i64>> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    lens.iter()
+        .map(|&l| {
+            (0..l)
+                .map(|_| {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((s >> 33) % (vocab as u64 - 1)) as i64 + 1
+                })
+                .collect()
+        })
+        .collect()
+}
