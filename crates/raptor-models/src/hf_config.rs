@@ -1,0 +1,704 @@
+//! Hugging Face `config.json` for SwitchTransformers, OLMoE and GPT-2, parsed into plain structs
+//! with the fields a model needs, validated, with typed errors ([`ModelError::HfConfig`]) naming
+//! the missing or invalid field.
+//!
+//! Size fields (vocabulary, widths, layers, heads, experts) are required; other fields take
+//! the defaults of the `transformers` config classes when absent (older `config.json` files omit
+//! some). Unknown fields are ignored. Both the transformers-5 `rope_parameters` object and the
+//! older top-level `rope_theta` are read.
+//!
+//! ```
+//! use raptor_models::hf_config::{HfConfig, HfGpt2Config};
+//! let json = r#"{"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+//!                "n_layer": 12, "n_head": 12, "n_inner": null}"#;
+//! let HfConfig::Gpt2(cfg) = HfConfig::from_json_str(json, "<doc>")? else { unreachable!() };
+//! assert_eq!(cfg.n_inner, 3072);
+//! assert_eq!(cfg.activation_function, "gelu_new");
+//! assert!(HfGpt2Config::from_json_str(r#"{"vocab_size": 10}"#, "<doc>").is_err());
+//! # Ok::<(), raptor_models::ModelError>(())
+//! ```
+
+use crate::checkpoint::HfLayout;
+use crate::error::{ModelError, Result};
+use crate::layers::Act;
+use crate::olmoe::DecoderHead;
+use serde_json::{Map, Value};
+use std::path::Path;
+
+/// A parsed config of one of the supported model types.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub enum HfConfig {
+    /// `model_type: switch_transformers`.
+    Switch(HfSwitchConfig),
+    /// `model_type: olmoe`.
+    Olmoe(HfOlmoeConfig),
+    /// `model_type: gpt2`.
+    Gpt2(HfGpt2Config),
+}
+
+impl HfConfig {
+    /// Reads a `config.json` (or the `config.json` in a directory) and dispatches on
+    /// `model_type`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let (text, label) = read(path.as_ref())?;
+        Self::from_json_str(&text, &label)
+    }
+
+    /// Parses config JSON; `label` names the source in errors.
+    pub fn from_json_str(text: &str, label: &str) -> Result<Self> {
+        let f = Fields::parse(text, label)?;
+        let model_type = f.string("model_type")?;
+        match model_type.as_str() {
+            "switch_transformers" => Ok(Self::Switch(HfSwitchConfig::from_fields(&f)?)),
+            "olmoe" => Ok(Self::Olmoe(HfOlmoeConfig::from_fields(&f)?)),
+            "gpt2" => Ok(Self::Gpt2(HfGpt2Config::from_fields(&f)?)),
+            other => Err(f.err(
+                "model_type",
+                format!("{other:?} is not supported (switch_transformers, olmoe, gpt2)"),
+            )),
+        }
+    }
+
+    /// The Hugging Face `model_type`.
+    pub fn model_type(&self) -> &'static str {
+        match self {
+            Self::Switch(_) => "switch_transformers",
+            Self::Olmoe(_) => "olmoe",
+            Self::Gpt2(_) => "gpt2",
+        }
+    }
+
+    /// The checkpoint layout of this model type, with the ties the config asks for.
+    pub fn layout(&self) -> HfLayout {
+        match self {
+            Self::Switch(_) => HfLayout::switch_transformers(),
+            Self::Olmoe(c) if c.tie_word_embeddings => {
+                HfLayout::olmoe().with_tied("lm_head.weight", "model.embed_tokens.weight")
+            }
+            Self::Olmoe(_) => HfLayout::olmoe(),
+            Self::Gpt2(_) => HfLayout::gpt2(),
+        }
+    }
+
+    /// Vocabulary size.
+    pub fn vocab_size(&self) -> i64 {
+        match self {
+            Self::Switch(c) => c.vocab_size,
+            Self::Olmoe(c) => c.vocab_size,
+            Self::Gpt2(c) => c.vocab_size,
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<(String, String)> {
+    let path = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
+        path: path.display().to_string(),
+        source: e,
+    })?;
+    Ok((text, path.display().to_string()))
+}
+
+/// The JSON object with typed, error-naming accessors.
+struct Fields {
+    map: Map<String, Value>,
+    label: String,
+}
+
+impl Fields {
+    fn parse(text: &str, label: &str) -> Result<Self> {
+        let value: Value = serde_json::from_str(text).map_err(|e| ModelError::HfConfig {
+            path: label.to_string(),
+            field: "(file)".into(),
+            why: format!("not valid JSON: {e}"),
+        })?;
+        match value {
+            Value::Object(map) => Ok(Self {
+                map,
+                label: label.to_string(),
+            }),
+            _ => Err(ModelError::HfConfig {
+                path: label.to_string(),
+                field: "(file)".into(),
+                why: "not a JSON object".into(),
+            }),
+        }
+    }
+
+    fn err(&self, field: &str, why: impl Into<String>) -> ModelError {
+        ModelError::HfConfig {
+            path: self.label.clone(),
+            field: field.to_string(),
+            why: why.into(),
+        }
+    }
+
+    /// The value, None when absent or null.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn int_opt(&self, key: &str) -> Result<Option<i64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_i64()
+                .or_else(|| {
+                    v.as_f64()
+                        .filter(|x| x.fract() == 0.0 && x.abs() < 9e15)
+                        .map(|x| x as i64)
+                })
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected an integer, found {v}"))),
+        }
+    }
+
+    fn int(&self, key: &str) -> Result<i64> {
+        self.int_opt(key)?
+            .ok_or_else(|| self.err(key, "missing (required)"))
+    }
+
+    /// A required integer ≥ 1.
+    fn size(&self, key: &str) -> Result<i64> {
+        let v = self.int(key)?;
+        if v < 1 {
+            return Err(self.err(key, format!("must be at least 1, found {v}")));
+        }
+        Ok(v)
+    }
+
+    fn size_or(&self, key: &str, default: i64) -> Result<i64> {
+        let v = self.int_opt(key)?.unwrap_or(default);
+        if v < 1 {
+            return Err(self.err(key, format!("must be at least 1, found {v}")));
+        }
+        Ok(v)
+    }
+
+    fn float_opt(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected a finite number, found {v}"))),
+        }
+    }
+
+    /// A positive float (ε, θ), default when absent.
+    fn positive_or(&self, key: &str, default: f64) -> Result<f64> {
+        let v = self.float_opt(key)?.unwrap_or(default);
+        if v <= 0.0 {
+            return Err(self.err(key, format!("must be positive, found {v}")));
+        }
+        Ok(v)
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    fn string(&self, key: &str) -> Result<String> {
+        match self.get(key) {
+            None => Err(self.err(key, "missing (required)")),
+            Some(v) => v
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| self.err(key, format!("expected a string, found {v}"))),
+        }
+    }
+
+    fn string_or(&self, key: &str, default: &str) -> Result<String> {
+        match self.get(key) {
+            None => Ok(default.to_string()),
+            Some(_) => self.string(key),
+        }
+    }
+
+    fn one_of(&self, key: &str, value: String, allowed: &[&str]) -> Result<String> {
+        if allowed.contains(&value.as_str()) {
+            Ok(value)
+        } else {
+            Err(self.err(
+                key,
+                format!("{value:?} is not supported ({})", allowed.join(", ")),
+            ))
+        }
+    }
+
+    /// `model_type`, when present, must be `expected`.
+    fn check_type(&self, expected: &str) -> Result<()> {
+        match self.get("model_type") {
+            None => Ok(()),
+            Some(_) => {
+                let t = self.string("model_type")?;
+                if t == expected {
+                    Ok(())
+                } else {
+                    Err(self.err("model_type", format!("expected {expected:?}, found {t:?}")))
+                }
+            }
+        }
+    }
+}
+
+/// `SwitchTransformersConfig`, encoder side.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HfSwitchConfig {
+    /// Vocabulary size.
+    pub vocab_size: i64,
+    /// Hidden size.
+    pub d_model: i64,
+    /// Per-head key/value size.
+    pub d_kv: i64,
+    /// FFN inner size (dense blocks and experts).
+    pub d_ff: i64,
+    /// Encoder blocks.
+    pub num_layers: i64,
+    /// Attention heads.
+    pub num_heads: i64,
+    /// Experts per sparse block.
+    pub num_experts: i64,
+    /// Sparse encoder blocks.
+    pub num_sparse_encoder_layers: i64,
+    /// Block i is sparse when `i % step == 1 || step == 1` (`num_layers / num_sparse_encoder_layers`;
+    /// `num_layers` when there are no sparse blocks, as in transformers).
+    pub encoder_sparse_step: i64,
+    /// Relative attention buckets.
+    pub relative_attention_num_buckets: i64,
+    /// Relative attention max distance.
+    pub relative_attention_max_distance: i64,
+    /// RMS norm ε.
+    pub layer_norm_epsilon: f64,
+    /// Expert capacity per sequence (transformers always applies it; tokens past it skip the
+    /// expert).
+    pub expert_capacity: i64,
+    /// Router bias.
+    pub router_bias: bool,
+    /// Router jitter noise (training only in transformers; raptor's routers never jitter).
+    pub router_jitter_noise: f64,
+    /// Router compute dtype (`float32`, `float16`, `bfloat16`).
+    pub router_dtype: String,
+    /// Whether padding tokens are ignored by the router.
+    pub router_ignore_padding_tokens: bool,
+    /// FFN activation (`relu`, `gelu`, `gelu_new`; the gated variants of T5 v1.1 are not
+    /// supported).
+    pub dense_act_fn: String,
+    /// Dropout (inference: unused).
+    pub dropout_rate: f64,
+    /// Whether the LM head is tied to `shared` (decoder side only).
+    pub tie_word_embeddings: bool,
+    /// Padding token id.
+    pub pad_token_id: Option<i64>,
+}
+
+impl HfSwitchConfig {
+    /// Reads a `config.json` (or a directory's).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let (text, label) = read(path.as_ref())?;
+        Self::from_json_str(&text, &label)
+    }
+
+    /// Parses config JSON.
+    pub fn from_json_str(text: &str, label: &str) -> Result<Self> {
+        Self::from_fields(&Fields::parse(text, label)?)
+    }
+
+    fn from_fields(f: &Fields) -> Result<Self> {
+        f.check_type("switch_transformers")?;
+        let num_layers = f.size("num_layers")?;
+        let num_sparse = f.int_opt("num_sparse_encoder_layers")?.unwrap_or(3);
+        if num_sparse < 0 || num_sparse > num_layers {
+            return Err(f.err(
+                "num_sparse_encoder_layers",
+                format!("must be in [0, num_layers = {num_layers}], found {num_sparse}"),
+            ));
+        }
+        let step_computed = if num_sparse > 0 {
+            num_layers / num_sparse
+        } else {
+            num_layers
+        };
+        let encoder_sparse_step = match f.int_opt("encoder_sparse_step")? {
+            Some(s) if s != step_computed => {
+                return Err(f.err(
+                    "encoder_sparse_step",
+                    format!("{s} disagrees with num_layers / num_sparse_encoder_layers = {step_computed}"),
+                ));
+            }
+            _ => step_computed,
+        };
+        let expert_capacity = f.size_or("expert_capacity", 64)?;
+        let dense_act_fn = f.string_or("dense_act_fn", "relu")?;
+        let dense_act_fn = f.one_of("dense_act_fn", dense_act_fn, &["relu", "gelu", "gelu_new"])?;
+        let router_dtype = f.string_or("router_dtype", "float32")?;
+        let router_dtype = f.one_of(
+            "router_dtype",
+            router_dtype,
+            &["float32", "float16", "bfloat16"],
+        )?;
+        let jitter = f.float_opt("router_jitter_noise")?.unwrap_or(0.01);
+        if jitter < 0.0 {
+            return Err(f.err(
+                "router_jitter_noise",
+                format!("must be non-negative, found {jitter}"),
+            ));
+        }
+        let dropout_rate = f.float_opt("dropout_rate")?.unwrap_or(0.1);
+        if !(0.0..1.0).contains(&dropout_rate) {
+            return Err(f.err(
+                "dropout_rate",
+                format!("must be in [0, 1), found {dropout_rate}"),
+            ));
+        }
+        Ok(Self {
+            vocab_size: f.size("vocab_size")?,
+            d_model: f.size("d_model")?,
+            d_kv: f.size("d_kv")?,
+            d_ff: f.size("d_ff")?,
+            num_layers,
+            num_heads: f.size("num_heads")?,
+            num_experts: f.size("num_experts")?,
+            num_sparse_encoder_layers: num_sparse,
+            encoder_sparse_step,
+            relative_attention_num_buckets: f.size_or("relative_attention_num_buckets", 32)?,
+            relative_attention_max_distance: f.size_or("relative_attention_max_distance", 128)?,
+            layer_norm_epsilon: f.positive_or("layer_norm_epsilon", 1e-6)?,
+            expert_capacity,
+            router_bias: f.bool_or("router_bias", false)?,
+            router_jitter_noise: jitter,
+            router_dtype,
+            router_ignore_padding_tokens: f.bool_or("router_ignore_padding_tokens", false)?,
+            dense_act_fn,
+            dropout_rate,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", true)?,
+            pad_token_id: f.int_opt("pad_token_id")?,
+        })
+    }
+
+    /// The model configuration of [`crate::SwitchEncoder`] with a `num_labels`-way head.
+    /// Expert capacity is off (`None`), as private training requires; transformers always
+    /// applies `expert_capacity` per sequence, so outputs agree with it only while no expert
+    /// receives more than `expert_capacity` tokens of one sequence (set
+    /// `expert_capacity = Some(..)` on the result to reproduce its dropping).
+    pub fn to_model_config(&self, num_labels: i64) -> Result<crate::SwitchConfig> {
+        if num_labels < 1 {
+            return Err(ModelError::InvalidConfig(format!(
+                "num_labels must be at least 1, found {num_labels}"
+            )));
+        }
+        Ok(crate::SwitchConfig {
+            vocab_size: self.vocab_size,
+            d_model: self.d_model,
+            d_kv: self.d_kv,
+            d_ff: self.d_ff,
+            num_layers: self.num_layers,
+            num_heads: self.num_heads,
+            num_experts: self.num_experts,
+            encoder_sparse_step: self.encoder_sparse_step,
+            relative_attention_num_buckets: self.relative_attention_num_buckets,
+            relative_attention_max_distance: self.relative_attention_max_distance,
+            layer_norm_epsilon: self.layer_norm_epsilon,
+            expert_capacity: None,
+            router_bias: self.router_bias,
+            dense_act_fn: Act::from_hf(&self.dense_act_fn)?,
+            num_labels,
+        })
+    }
+
+    /// Whether encoder block `i` is sparse: transformers' rule `i % step == 1 || step == 1`,
+    /// applied even when `num_sparse_encoder_layers` is 0 (then `step = num_layers`, and block 1
+    /// is sparse when there are at least 2 blocks: a quirk of transformers that checkpoints
+    /// follow).
+    pub fn is_sparse(&self, i: i64) -> bool {
+        self.encoder_sparse_step > 0
+            && (i % self.encoder_sparse_step == 1 || self.encoder_sparse_step == 1)
+    }
+}
+
+/// `OlmoeConfig`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HfOlmoeConfig {
+    /// Vocabulary size.
+    pub vocab_size: i64,
+    /// Hidden size.
+    pub hidden_size: i64,
+    /// Expert FFN inner size.
+    pub intermediate_size: i64,
+    /// Decoder layers.
+    pub num_hidden_layers: i64,
+    /// Query heads.
+    pub num_attention_heads: i64,
+    /// Key/value heads (defaults to the query heads).
+    pub num_key_value_heads: i64,
+    /// Experts per layer.
+    pub num_experts: i64,
+    /// Experts per token (top-k).
+    pub num_experts_per_tok: i64,
+    /// Whether the top-k gate weights are renormalized to sum to 1.
+    pub norm_topk_prob: bool,
+    /// RoPE base θ (`rope_parameters.rope_theta` or `rope_theta`).
+    pub rope_theta: f64,
+    /// RMS norm ε.
+    pub rms_norm_eps: f64,
+    /// Maximum positions.
+    pub max_position_embeddings: i64,
+    /// Bias on q/k/v/o projections.
+    pub attention_bias: bool,
+    /// Clamp of q/k/v, if any.
+    pub clip_qkv: Option<f64>,
+    /// RMS norms on the projected queries and keys (always on in OLMoE: `q_norm` over the
+    /// hidden size, `k_norm` over `num_key_value_heads · head_dim`).
+    pub qk_norm: bool,
+    /// Expert activation (`silu`).
+    pub hidden_act: String,
+    /// Whether `lm_head` is tied to `model.embed_tokens`.
+    pub tie_word_embeddings: bool,
+    /// Padding token id.
+    pub pad_token_id: Option<i64>,
+}
+
+impl HfOlmoeConfig {
+    /// Reads a `config.json` (or a directory's).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let (text, label) = read(path.as_ref())?;
+        Self::from_json_str(&text, &label)
+    }
+
+    /// Parses config JSON.
+    pub fn from_json_str(text: &str, label: &str) -> Result<Self> {
+        Self::from_fields(&Fields::parse(text, label)?)
+    }
+
+    fn from_fields(f: &Fields) -> Result<Self> {
+        f.check_type("olmoe")?;
+        let hidden_size = f.size("hidden_size")?;
+        let heads = f.size("num_attention_heads")?;
+        if hidden_size % heads != 0 {
+            return Err(f.err(
+                "num_attention_heads",
+                format!("hidden_size {hidden_size} is not a multiple of {heads} heads"),
+            ));
+        }
+        let kv = f.size_or("num_key_value_heads", heads)?;
+        if heads % kv != 0 {
+            return Err(f.err(
+                "num_key_value_heads",
+                format!("{heads} query heads are not a multiple of {kv} key/value heads"),
+            ));
+        }
+        let num_experts = f.size("num_experts")?;
+        let top_k = f.size("num_experts_per_tok")?;
+        if top_k > num_experts {
+            return Err(f.err(
+                "num_experts_per_tok",
+                format!("{top_k} exceeds num_experts = {num_experts}"),
+            ));
+        }
+        // transformers 5: rope_parameters {rope_type, rope_theta}; older: top-level rope_theta
+        // and rope_scaling (only unscaled RoPE is supported).
+        let mut rope_theta = f.float_opt("rope_theta")?;
+        if let Some(rp) = f.get("rope_parameters") {
+            let obj = rp.as_object().ok_or_else(|| {
+                f.err("rope_parameters", format!("expected an object, found {rp}"))
+            })?;
+            if let Some(t) = obj.get("rope_type").filter(|v| !v.is_null()) {
+                if t.as_str() != Some("default") {
+                    return Err(f.err(
+                        "rope_parameters.rope_type",
+                        format!("{t} is not supported (only \"default\")"),
+                    ));
+                }
+            }
+            if let Some(t) = obj.get("rope_theta").filter(|v| !v.is_null()) {
+                rope_theta = Some(t.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                    f.err(
+                        "rope_parameters.rope_theta",
+                        format!("expected a finite number, found {t}"),
+                    )
+                })?);
+            }
+        }
+        if let Some(rs) = f.get("rope_scaling") {
+            return Err(f.err(
+                "rope_scaling",
+                format!("{rs} is not supported (only unscaled RoPE)"),
+            ));
+        }
+        let rope_theta = rope_theta.unwrap_or(10000.0);
+        if rope_theta <= 0.0 {
+            return Err(f.err(
+                "rope_theta",
+                format!("must be positive, found {rope_theta}"),
+            ));
+        }
+        let clip_qkv = f.float_opt("clip_qkv")?;
+        if let Some(c) = clip_qkv {
+            if c <= 0.0 {
+                return Err(f.err("clip_qkv", format!("must be positive, found {c}")));
+            }
+        }
+        let hidden_act = f.string_or("hidden_act", "silu")?;
+        let hidden_act = f.one_of("hidden_act", hidden_act, &["silu"])?;
+        Ok(Self {
+            vocab_size: f.size("vocab_size")?,
+            hidden_size,
+            intermediate_size: f.size("intermediate_size")?,
+            num_hidden_layers: f.size("num_hidden_layers")?,
+            num_attention_heads: heads,
+            num_key_value_heads: kv,
+            num_experts,
+            num_experts_per_tok: top_k,
+            norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
+            rope_theta,
+            rms_norm_eps: f.positive_or("rms_norm_eps", 1e-5)?,
+            max_position_embeddings: f.size_or("max_position_embeddings", 4096)?,
+            attention_bias: f.bool_or("attention_bias", false)?,
+            clip_qkv,
+            qk_norm: true,
+            hidden_act,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            pad_token_id: f.int_opt("pad_token_id")?,
+        })
+    }
+
+    /// The model configuration of [`crate::OlmoeDecoder`] with `head`.
+    pub fn to_model_config(&self, head: DecoderHead) -> Result<crate::OlmoeConfig> {
+        Ok(crate::OlmoeConfig {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            hidden_act: Act::from_hf(&self.hidden_act)?,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            attention_bias: self.attention_bias,
+            clip_qkv: self.clip_qkv,
+            num_experts_per_tok: self.num_experts_per_tok,
+            num_experts: self.num_experts,
+            norm_topk_prob: self.norm_topk_prob,
+            head,
+        })
+    }
+
+    /// Per-head size.
+    pub fn head_dim(&self) -> i64 {
+        self.hidden_size / self.num_attention_heads
+    }
+}
+
+/// `GPT2Config`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HfGpt2Config {
+    /// Vocabulary size.
+    pub vocab_size: i64,
+    /// Hidden size.
+    pub n_embd: i64,
+    /// Layers.
+    pub n_layer: i64,
+    /// Heads.
+    pub n_head: i64,
+    /// Maximum positions.
+    pub n_positions: i64,
+    /// MLP inner size (`n_inner`, or 4·n_embd when null).
+    pub n_inner: i64,
+    /// MLP activation (`gelu_new`, `gelu`, `relu`, `silu`).
+    pub activation_function: String,
+    /// Layer norm ε.
+    pub layer_norm_epsilon: f64,
+    /// Whether `lm_head` is tied to `transformer.wte` (true for GPT-2).
+    pub tie_word_embeddings: bool,
+    /// Attention scores divided by √head_dim (true for GPT-2).
+    pub scale_attn_weights: bool,
+    /// Attention scores additionally divided by the layer index + 1.
+    pub scale_attn_by_inverse_layer_idx: bool,
+    /// Upcast-and-reorder attention (numerics only).
+    pub reorder_and_upcast_attn: bool,
+}
+
+impl HfGpt2Config {
+    /// Reads a `config.json` (or a directory's).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let (text, label) = read(path.as_ref())?;
+        Self::from_json_str(&text, &label)
+    }
+
+    /// Parses config JSON.
+    pub fn from_json_str(text: &str, label: &str) -> Result<Self> {
+        Self::from_fields(&Fields::parse(text, label)?)
+    }
+
+    fn from_fields(f: &Fields) -> Result<Self> {
+        f.check_type("gpt2")?;
+        let n_embd = f.size("n_embd")?;
+        let n_head = f.size("n_head")?;
+        if n_embd % n_head != 0 {
+            return Err(f.err(
+                "n_head",
+                format!("n_embd {n_embd} is not a multiple of {n_head} heads"),
+            ));
+        }
+        let act = f.string_or("activation_function", "gelu_new")?;
+        let act = f.one_of(
+            "activation_function",
+            act,
+            &["gelu_new", "gelu", "relu", "silu", "gelu_pytorch_tanh"],
+        )?;
+        Ok(Self {
+            vocab_size: f.size("vocab_size")?,
+            n_embd,
+            n_layer: f.size("n_layer")?,
+            n_head,
+            n_positions: f.size("n_positions")?,
+            n_inner: f.size_or("n_inner", 4 * n_embd)?,
+            activation_function: act,
+            layer_norm_epsilon: f.positive_or("layer_norm_epsilon", 1e-5)?,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", true)?,
+            scale_attn_weights: f.bool_or("scale_attn_weights", true)?,
+            scale_attn_by_inverse_layer_idx: f.bool_or("scale_attn_by_inverse_layer_idx", false)?,
+            reorder_and_upcast_attn: f.bool_or("reorder_and_upcast_attn", false)?,
+        })
+    }
+}
+
+impl HfGpt2Config {
+    /// The model configuration of [`crate::Gpt2`] with `head`. Attention variants our model
+    /// does not implement (`scale_attn_weights = false`, `scale_attn_by_inverse_layer_idx`) are
+    /// an error rather than a silently different model.
+    pub fn to_model_config(&self, head: DecoderHead) -> Result<crate::Gpt2Config> {
+        if !self.scale_attn_weights || self.scale_attn_by_inverse_layer_idx {
+            return Err(ModelError::InvalidConfig(
+                "GPT-2 with scale_attn_weights = false or scale_attn_by_inverse_layer_idx = true is not supported"
+                    .into(),
+            ));
+        }
+        if !self.tie_word_embeddings && head == DecoderHead::LanguageModel {
+            return Err(ModelError::InvalidConfig(
+                "GPT-2 language-model head untied from wte (tie_word_embeddings = false) is not supported".into(),
+            ));
+        }
+        Ok(crate::Gpt2Config {
+            vocab_size: self.vocab_size,
+            n_positions: self.n_positions,
+            n_embd: self.n_embd,
+            n_layer: self.n_layer,
+            n_head: self.n_head,
+            n_inner: self.n_inner,
+            activation_function: Act::from_hf(&self.activation_function)?,
+            layer_norm_epsilon: self.layer_norm_epsilon,
+            head,
+        })
+    }
+}

@@ -1,0 +1,412 @@
+//! Parity with Hugging Face transformers 5.23.0: the tiny random SwitchTransformers encoder,
+//! OLMoE and GPT-2 checkpoints in `fixtures/models/` (built by `fixtures/models/generate.py`)
+//! load into our models and reproduce transformers' outputs on fixed inputs to 1e-4, router
+//! decisions included; and the fixtures' `config.json` files parse, with typed errors for bad
+//! configs.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use raptor_models::checkpoint::{
+    LoadOptions, Pretrained, load_gpt2, load_olmoe, load_switch_encoder, read_safetensors,
+};
+use raptor_models::hf_config::{HfConfig, HfGpt2Config, HfOlmoeConfig, HfSwitchConfig};
+use raptor_models::{Batch, DecoderHead, ForwardCtx, Model, ModelError};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+const TOL: f64 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/models")
+        .join(name)
+}
+
+fn read_map(path: PathBuf) -> HashMap<String, Tensor> {
+    read_safetensors(path).unwrap().into_iter().collect()
+}
+
+/// Inputs and reference outputs of a fixture.
+fn io(name: &str) -> (Batch, HashMap<String, Tensor>) {
+    let dir = fixture(name);
+    let mut inputs = read_map(dir.join("inputs.safetensors"));
+    let batch = Batch {
+        input_ids: inputs.remove("input_ids").unwrap(),
+        attention_mask: inputs.remove("attention_mask").unwrap(),
+        labels: None,
+    };
+    (batch, read_map(dir.join("outputs.safetensors")))
+}
+
+/// Largest |a − b| over valid positions (`mask` `[B, T]`; `a`, `b` `[B, T, ...]`).
+fn max_diff_valid(a: &Tensor, b: &Tensor, mask: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    let d = (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs();
+    let d = d.flatten(2, -1).amax([2i64].as_slice(), false); // [B, T]
+    (d * mask.to_kind(Kind::Double)).max().double_value(&[])
+}
+
+fn exact_load() -> LoadOptions {
+    LoadOptions::strict()
+}
+
+#[test]
+fn fixture_configs_parse() {
+    let HfConfig::Switch(s) = HfConfig::from_file(fixture("switch_encoder")).unwrap() else {
+        panic!("not switch")
+    };
+    // The generator's config (see fixtures/models/generate.py).
+    assert_eq!(
+        (
+            s.vocab_size,
+            s.d_model,
+            s.d_kv,
+            s.d_ff,
+            s.num_layers,
+            s.num_heads,
+            s.num_experts
+        ),
+        (128, 32, 8, 64, 4, 4, 4)
+    );
+    assert_eq!(
+        (
+            s.num_sparse_encoder_layers,
+            s.encoder_sparse_step,
+            s.expert_capacity
+        ),
+        (2, 2, 8)
+    );
+    assert_eq!(
+        (
+            s.relative_attention_num_buckets,
+            s.relative_attention_max_distance
+        ),
+        (8, 16)
+    );
+    assert_eq!(s.dense_act_fn, "relu");
+    assert_eq!(
+        (0..4).filter(|&i| s.is_sparse(i)).collect::<Vec<_>>(),
+        vec![1, 3]
+    );
+
+    let HfConfig::Olmoe(o) = HfConfig::from_file(fixture("olmoe")).unwrap() else {
+        panic!("not olmoe")
+    };
+    assert_eq!(
+        (
+            o.hidden_size,
+            o.intermediate_size,
+            o.num_hidden_layers,
+            o.num_attention_heads,
+            o.num_key_value_heads
+        ),
+        (32, 16, 2, 4, 2)
+    );
+    assert_eq!(
+        (o.num_experts, o.num_experts_per_tok, o.norm_topk_prob),
+        (4, 2, false)
+    );
+    assert_eq!(
+        (o.rope_theta, o.rms_norm_eps, o.qk_norm),
+        (10000.0, 1e-5, true)
+    );
+
+    let HfConfig::Gpt2(g) = HfConfig::from_file(fixture("gpt2")).unwrap() else {
+        panic!("not gpt2")
+    };
+    assert_eq!(
+        (
+            g.vocab_size,
+            g.n_embd,
+            g.n_layer,
+            g.n_head,
+            g.n_positions,
+            g.n_inner
+        ),
+        (128, 32, 2, 4, 32, 128)
+    );
+    assert_eq!(g.activation_function, "gelu_new");
+    assert!(g.tie_word_embeddings);
+}
+
+#[test]
+fn older_config_forms_and_defaults() {
+    // Pre-transformers-5 OLMoE config: top-level rope_theta, no rope_parameters.
+    let o = HfOlmoeConfig::from_json_str(
+        r#"{"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
+            "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "num_experts": 64, "num_experts_per_tok": 8, "rope_theta": 10000.0, "rope_scaling": null,
+            "clip_qkv": null, "norm_topk_prob": false, "rms_norm_eps": 1e-05}"#,
+        "<olmoe-1b-7b>",
+    )
+    .unwrap();
+    assert_eq!(
+        (o.rope_theta, o.head_dim(), o.clip_qkv),
+        (10000.0, 128, None)
+    );
+    // switch-base-8's encoder settings, with encoder_sparse_step absent (computed).
+    let s = HfSwitchConfig::from_json_str(
+        r#"{"vocab_size": 32128, "d_model": 768, "d_kv": 64, "d_ff": 3072, "num_layers": 12,
+            "num_heads": 12, "num_experts": 8, "num_sparse_encoder_layers": 6, "expert_capacity": 64}"#,
+        "<switch-base-8>",
+    )
+    .unwrap();
+    assert_eq!(s.encoder_sparse_step, 2);
+    assert_eq!((0..12).filter(|&i| s.is_sparse(i)).count(), 6);
+    assert_eq!(
+        (s.layer_norm_epsilon, s.relative_attention_num_buckets),
+        (1e-6, 32)
+    );
+    // GPT-2 with n_inner null.
+    let g = HfGpt2Config::from_json_str(
+        r#"{"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": null}"#,
+        "<gpt2>",
+    )
+    .unwrap();
+    assert_eq!(g.n_inner, 3072);
+}
+
+fn config_err(r: Result<impl std::fmt::Debug, ModelError>) -> (String, String) {
+    match r {
+        Err(ModelError::HfConfig { field, why, .. }) => (field, why),
+        other => panic!("expected HfConfig error, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_configs_are_typed_errors_naming_the_field() {
+    let gpt2 = |extra: &str| {
+        format!(
+            r#"{{"vocab_size": 100, "n_positions": 16, "n_embd": 32, "n_layer": 2, "n_head": 4{extra}}}"#
+        )
+    };
+    assert!(HfGpt2Config::from_json_str(&gpt2(""), "t").is_ok());
+    let (f, _) = config_err(HfGpt2Config::from_json_str(
+        r#"{"vocab_size": 100, "n_positions": 16, "n_layer": 2, "n_head": 4}"#,
+        "t",
+    ));
+    assert_eq!(f, "n_embd");
+    let (f, why) = config_err(HfGpt2Config::from_json_str(
+        &gpt2(r#", "n_head": 5"#).replace(r#""n_head": 4, "#, ""),
+        "t",
+    ));
+    assert_eq!(f, "n_head", "{why}");
+    let (f, _) = config_err(HfGpt2Config::from_json_str(
+        &gpt2(r#", "layer_norm_epsilon": -1"#),
+        "t",
+    ));
+    assert_eq!(f, "layer_norm_epsilon");
+    let (f, _) = config_err(HfGpt2Config::from_json_str(
+        &gpt2(r#", "activation_function": "mish""#),
+        "t",
+    ));
+    assert_eq!(f, "activation_function");
+    let (f, _) = config_err(HfGpt2Config::from_json_str(
+        &gpt2(r#", "model_type": "olmoe""#),
+        "t",
+    ));
+    assert_eq!(f, "model_type");
+    let (f, _) = config_err(HfGpt2Config::from_json_str(
+        r#"{"vocab_size": "many", "n_positions": 16, "n_embd": 32, "n_layer": 2, "n_head": 4}"#,
+        "t",
+    ));
+    assert_eq!(f, "vocab_size");
+    let (f, _) = config_err(HfGpt2Config::from_json_str("[1, 2]", "t"));
+    assert_eq!(f, "(file)");
+    let (f, _) = config_err(HfGpt2Config::from_json_str("{ nope", "t"));
+    assert_eq!(f, "(file)");
+
+    let olmoe = |extra: &str| {
+        format!(
+            r#"{{"vocab_size": 100, "hidden_size": 32, "intermediate_size": 16, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_experts": 4, "num_experts_per_tok": 2{extra}}}"#
+        )
+    };
+    assert!(HfOlmoeConfig::from_json_str(&olmoe(""), "t").is_ok());
+    let (f, _) = config_err(HfOlmoeConfig::from_json_str(
+        &olmoe(r#", "num_key_value_heads": 3"#),
+        "t",
+    ));
+    assert_eq!(f, "num_key_value_heads");
+    let (f, _) = config_err(HfOlmoeConfig::from_json_str(
+        &olmoe("").replace(r#""num_experts_per_tok": 2"#, r#""num_experts_per_tok": 5"#),
+        "t",
+    ));
+    assert_eq!(f, "num_experts_per_tok");
+    let (f, _) = config_err(HfOlmoeConfig::from_json_str(
+        &olmoe(r#", "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}"#),
+        "t",
+    ));
+    assert_eq!(f, "rope_parameters.rope_type");
+    let (f, _) = config_err(HfOlmoeConfig::from_json_str(
+        &olmoe(r#", "rope_scaling": {"type": "linear", "factor": 2.0}"#),
+        "t",
+    ));
+    assert_eq!(f, "rope_scaling");
+
+    let (f, _) = config_err(HfSwitchConfig::from_json_str(
+        r#"{"vocab_size": 100, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 4, "num_heads": 4,
+            "num_experts": 4, "num_sparse_encoder_layers": 2, "encoder_sparse_step": 3}"#,
+        "t",
+    ));
+    assert_eq!(f, "encoder_sparse_step");
+    let (f, _) = config_err(HfSwitchConfig::from_json_str(
+        r#"{"vocab_size": 100, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 4, "num_heads": 4,
+            "num_experts": 0}"#,
+        "t",
+    ));
+    assert_eq!(f, "num_experts");
+    let (f, _) = config_err(HfConfig::from_json_str(r#"{"model_type": "llama"}"#, "t"));
+    assert_eq!(f, "model_type");
+    assert!(matches!(
+        HfConfig::from_file(fixture("absent-dir")),
+        Err(ModelError::Io { .. })
+    ));
+}
+
+fn load_switch() -> Pretrained<raptor_models::SwitchEncoder> {
+    let HfConfig::Switch(c) = HfConfig::from_file(fixture("switch_encoder")).unwrap() else {
+        panic!()
+    };
+    // A d_model-way head; set to the identity below, so the logits are the pooled hidden state.
+    let p = load_switch_encoder(
+        fixture("switch_encoder"),
+        c.d_model,
+        Device::Cpu,
+        &exact_load(),
+    )
+    .unwrap();
+    assert!(p.report.unexpected.is_empty());
+    assert_eq!(
+        p.report.missing,
+        vec![
+            "classifier.bias".to_string(),
+            "classifier.weight".to_string()
+        ]
+    );
+    let vars = p.model.var_store().variables();
+    tch::no_grad(|| {
+        let d = c.d_model;
+        vars["classifier.weight"]
+            .shallow_clone()
+            .copy_(&Tensor::eye(d, (Kind::Float, Device::Cpu)));
+        let _ = vars["classifier.bias"].shallow_clone().zero_();
+    });
+    p
+}
+
+#[test]
+fn switch_encoder_matches_transformers() {
+    let p = load_switch();
+    let (batch, reference) = io("switch_encoder");
+    let mut ctx = ForwardCtx::new(false);
+    ctx.collect_routing = true;
+    let pooled = tch::no_grad(|| p.model.forward(&batch, &mut ctx)).unwrap();
+    let expect = &reference["pooled_mean"];
+    assert_eq!(pooled.size(), expect.size());
+    let diff = (pooled - expect).abs().max().double_value(&[]);
+    assert!(
+        diff < TOL,
+        "pooled last hidden state differs from transformers by {diff}"
+    );
+
+    // Router decisions: our top-1 expert = argmax of transformers' router logits.
+    assert_eq!(ctx.routing.len(), 2);
+    for (i, r) in ctx.routing.iter().enumerate() {
+        let logits = &reference[&format!("router_logits.{i}")]; // [B, T, E]
+        let want = logits.argmax(-1, false);
+        let got = r.indices.select(-1, 0);
+        let valid = batch.attention_mask.to_kind(Kind::Bool);
+        assert!(
+            want.masked_select(&valid).equal(&got.masked_select(&valid)),
+            "layer {i}: experts differ"
+        );
+        let probs = logits
+            .softmax(-1, Kind::Float)
+            .amax([-1i64].as_slice(), false);
+        let gd = (r.weights.select(-1, 0) - probs)
+            .abs()
+            .masked_select(&valid)
+            .max()
+            .double_value(&[]);
+        assert!(gd < TOL, "layer {i}: gate weights differ by {gd}");
+    }
+}
+
+#[test]
+fn olmoe_matches_transformers() {
+    let p = load_olmoe(
+        fixture("olmoe"),
+        DecoderHead::LanguageModel,
+        Device::Cpu,
+        &exact_load(),
+    )
+    .unwrap();
+    assert!(p.report.missing.is_empty() && p.report.unexpected.is_empty());
+    let (batch, reference) = io("olmoe");
+    let mut ctx = ForwardCtx::new(false);
+    ctx.collect_routing = true;
+    let logits = tch::no_grad(|| p.model.forward(&batch, &mut ctx)).unwrap();
+    let diff = max_diff_valid(&logits, &reference["logits"], &batch.attention_mask);
+    assert!(diff < TOL, "logits differ from transformers by {diff}");
+
+    // Top-2 expert sets and gate weights (softmax probabilities, not renormalized).
+    assert_eq!(ctx.routing.len(), 2);
+    let (b, t) = (batch.input_ids.size()[0], batch.input_ids.size()[1]);
+    for (i, r) in ctx.routing.iter().enumerate() {
+        let logits = reference[&format!("router_logits.{i}")].reshape([b, t, -1]);
+        let (vals, idx) = logits.softmax(-1, Kind::Float).topk(2, -1, true, true);
+        let valid = batch
+            .attention_mask
+            .to_kind(Kind::Bool)
+            .unsqueeze(-1)
+            .expand([b, t, 2], false);
+        let (got_idx, _) = r.indices.sort(-1, false);
+        let (want_idx, order) = idx.sort(-1, false);
+        assert!(
+            got_idx
+                .masked_select(&valid)
+                .equal(&want_idx.masked_select(&valid)),
+            "layer {i}: expert sets differ"
+        );
+        let want_w = vals.gather(-1, &order, false);
+        let got_w = r.weights.gather(-1, &r.indices.sort(-1, false).1, false);
+        let gd = (got_w - want_w)
+            .abs()
+            .masked_select(&valid)
+            .max()
+            .double_value(&[]);
+        assert!(gd < TOL, "layer {i}: gate weights differ by {gd}");
+    }
+}
+
+#[test]
+fn gpt2_matches_transformers() {
+    let p = load_gpt2(
+        fixture("gpt2"),
+        DecoderHead::LanguageModel,
+        Device::Cpu,
+        &exact_load(),
+    )
+    .unwrap();
+    assert!(p.report.missing.is_empty() && p.report.unexpected.is_empty());
+    assert_eq!(p.report.transposed.len(), 8);
+    let (batch, reference) = io("gpt2");
+    let mut ctx = ForwardCtx::new(false);
+    let logits = tch::no_grad(|| p.model.forward(&batch, &mut ctx)).unwrap();
+    let diff = max_diff_valid(&logits, &reference["logits"], &batch.attention_mask);
+    assert!(diff < TOL, "logits differ from transformers by {diff}");
+}
+
+#[test]
+fn wrong_model_type_directory_is_a_config_error() {
+    match load_gpt2(
+        fixture("olmoe"),
+        DecoderHead::LanguageModel,
+        Device::Cpu,
+        &exact_load(),
+    ) {
+        Err(ModelError::HfConfig { field, .. }) => assert_eq!(field, "model_type"),
+        other => panic!("expected a config error, got {:?}", other.map(|_| ())),
+    }
+}
