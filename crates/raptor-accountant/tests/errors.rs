@@ -1,0 +1,219 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Bad input gives typed errors carrying the offending value, never a panic or a number.
+
+use raptor_accountant::{
+    AccountantError as E, Accuracy, Composition, Ledger, ParallelGroup, PlanRequest, PrvAccountant,
+    RdpAccountant, Stream, SubsampledGaussian, calibrate_sigma, plan_budget,
+};
+
+fn comp() -> Composition {
+    Composition::single(SubsampledGaussian::new(0.01, 1.0).unwrap(), 100).unwrap()
+}
+
+#[test]
+fn invalid_mechanisms() {
+    assert_eq!(
+        SubsampledGaussian::new(0.0, 1.0),
+        Err(E::InvalidSamplingRate(0.0))
+    );
+    assert_eq!(
+        SubsampledGaussian::new(1.5, 1.0),
+        Err(E::InvalidSamplingRate(1.5))
+    );
+    assert_eq!(
+        SubsampledGaussian::new(-0.1, 1.0),
+        Err(E::InvalidSamplingRate(-0.1))
+    );
+    assert!(
+        matches!(SubsampledGaussian::new(f64::NAN, 1.0), Err(E::InvalidSamplingRate(v)) if v.is_nan())
+    );
+    assert_eq!(
+        SubsampledGaussian::new(0.1, 0.0),
+        Err(E::InvalidNoiseMultiplier(0.0))
+    );
+    assert_eq!(
+        SubsampledGaussian::new(0.1, -2.0),
+        Err(E::InvalidNoiseMultiplier(-2.0))
+    );
+    assert_eq!(
+        SubsampledGaussian::new(0.1, f64::INFINITY),
+        Err(E::InvalidNoiseMultiplier(f64::INFINITY))
+    );
+    assert!(
+        matches!(SubsampledGaussian::new(0.1, f64::NAN), Err(E::InvalidNoiseMultiplier(v)) if v.is_nan())
+    );
+}
+
+#[test]
+fn invalid_counts_and_compositions() {
+    let m = SubsampledGaussian::new(0.01, 1.0).unwrap();
+    assert_eq!(Composition::single(m, 0), Err(E::InvalidCount(0)));
+    assert!(matches!(
+        Composition::single(m, 2_000_000_000),
+        Err(E::TooManySteps(..))
+    ));
+    let acc = PrvAccountant::default();
+    assert_eq!(
+        acc.epsilon(&Composition::new(), 1e-5),
+        Err(E::EmptyComposition)
+    );
+    assert_eq!(
+        acc.delta(&Composition::new(), 1.0),
+        Err(E::EmptyComposition)
+    );
+    assert_eq!(
+        RdpAccountant::default().epsilon(&Composition::new(), 1e-5),
+        Err(E::EmptyComposition)
+    );
+    assert_eq!(ParallelGroup::new(vec![]), Err(E::EmptyParallelGroup));
+    assert_eq!(
+        ParallelGroup::new(vec![Composition::new()]),
+        Err(E::EmptyComposition)
+    );
+}
+
+#[test]
+fn invalid_delta_and_epsilon() {
+    let acc = PrvAccountant::default();
+    for d in [0.0, 1.0, -1e-5, 2.0] {
+        assert_eq!(acc.epsilon(&comp(), d), Err(E::InvalidDelta(d)));
+        assert_eq!(
+            RdpAccountant::default().epsilon(&comp(), d),
+            Err(E::InvalidDelta(d))
+        );
+    }
+    assert!(matches!(acc.epsilon(&comp(), f64::NAN), Err(E::InvalidDelta(v)) if v.is_nan()));
+    assert_eq!(acc.delta(&comp(), -1.0), Err(E::InvalidEpsilon(-1.0)));
+    assert_eq!(
+        acc.delta(&comp(), f64::INFINITY),
+        Err(E::InvalidEpsilon(f64::INFINITY))
+    );
+    assert!(matches!(acc.delta(&comp(), f64::NAN), Err(E::InvalidEpsilon(v)) if v.is_nan()));
+}
+
+#[test]
+fn invalid_accuracy_and_orders() {
+    assert!(matches!(
+        PrvAccountant::new(Accuracy::relative(0.0)),
+        Err(E::InvalidAccuracy { .. })
+    ));
+    assert!(matches!(
+        PrvAccountant::new(Accuracy::absolute(f64::NAN)),
+        Err(E::InvalidAccuracy { .. })
+    ));
+    assert!(matches!(
+        PrvAccountant::new(Accuracy::relative(0.01).with_delta_error_rel(1.0)),
+        Err(E::InvalidAccuracy {
+            name: "delta_error_rel",
+            ..
+        })
+    ));
+    assert_eq!(
+        RdpAccountant::with_orders(vec![2.0, 1.0]),
+        Err(E::InvalidOrder(1.0))
+    );
+}
+
+#[test]
+fn too_fine_a_grid_is_a_typed_error_with_a_remedy() {
+    let acc = PrvAccountant::new(Accuracy::absolute(1e-7).with_max_points(1 << 16)).unwrap();
+    let c = Composition::single(SubsampledGaussian::new(0.25, 0.6).unwrap(), 10_000).unwrap();
+    match acc.epsilon(&c, 1e-5) {
+        Err(E::GridTooLarge {
+            needed,
+            limit,
+            suggested_eps_error,
+            ..
+        }) => {
+            assert!(needed > limit as u64);
+            assert!(suggested_eps_error > 1e-7);
+            let msg = acc.epsilon(&c, 1e-5).unwrap_err().to_string();
+            assert!(
+                msg.contains("coarser accuracy") && msg.contains("RDP"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected GridTooLarge, got {other:?}"),
+    }
+}
+
+#[test]
+fn calibration_and_planning_errors() {
+    let acc = PrvAccountant::default();
+    assert_eq!(
+        calibrate_sigma(-1.0, 1e-5, 0.01, 100, &acc).unwrap_err(),
+        E::InvalidEpsilon(-1.0)
+    );
+    assert_eq!(
+        calibrate_sigma(0.0, 1e-5, 0.01, 100, &acc).unwrap_err(),
+        E::InvalidEpsilon(0.0)
+    );
+    assert_eq!(
+        calibrate_sigma(1.0, 1e-5, 0.0, 100, &acc).unwrap_err(),
+        E::InvalidSamplingRate(0.0)
+    );
+    assert_eq!(
+        calibrate_sigma(1.0, 1e-5, 0.01, 0, &acc).unwrap_err(),
+        E::InvalidCount(0)
+    );
+    assert_eq!(
+        calibrate_sigma(1.0, 1.0, 0.01, 10, &acc).unwrap_err(),
+        E::InvalidDelta(1.0)
+    );
+    let req = PlanRequest {
+        epsilon: 1.0,
+        delta: 1e-5,
+        rho: 1.0,
+        shared: Stream {
+            q: 0.01,
+            steps: 100,
+        },
+        expert: Stream {
+            q: 0.01,
+            steps: 100,
+        },
+        layers: 1,
+    };
+    assert_eq!(plan_budget(&req, &acc).unwrap_err(), E::InvalidRho(1.0));
+    assert_eq!(
+        plan_budget(
+            &PlanRequest {
+                rho: 0.5,
+                layers: 0,
+                ..req
+            },
+            &acc
+        )
+        .unwrap_err(),
+        E::InvalidLayers(0)
+    );
+    assert_eq!(
+        plan_budget(
+            &PlanRequest {
+                rho: 0.5,
+                shared: Stream { q: 2.0, steps: 1 },
+                ..req
+            },
+            &acc
+        )
+        .unwrap_err(),
+        E::InvalidSamplingRate(2.0)
+    );
+}
+
+#[test]
+fn ledger_rejects_bad_records() {
+    let mut l = Ledger::new();
+    assert_eq!(
+        l.step_many(SubsampledGaussian::new(0.01, 1.0).unwrap(), 0),
+        Err(E::InvalidCount(0))
+    );
+    assert!(l.epsilon(1e-5, &PrvAccountant::default()).is_err());
+    // A serialized record with an invalid mechanism or count is refused on load.
+    let bad =
+        r#"{"history":[{"mechanism":{"sampling_rate":1.5,"noise_multiplier":1.0},"count":3}]}"#;
+    assert!(serde_json::from_str::<Ledger>(bad).is_err());
+    let zero =
+        r#"{"history":[{"mechanism":{"sampling_rate":0.5,"noise_multiplier":1.0},"count":0}]}"#;
+    assert!(serde_json::from_str::<Ledger>(zero).is_err());
+}

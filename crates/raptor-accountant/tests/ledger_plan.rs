@@ -1,0 +1,67 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The ledger and RAPTOR's budget plans.
+
+use raptor_accountant::{
+    Accuracy, Composition, Ledger, PlanRequest, PrvAccountant, Stream, SubsampledGaussian,
+    plan_budget,
+};
+
+#[test]
+fn ledger_compresses_and_round_trips() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
+    let s = SubsampledGaussian::new(0.01, 1.2).unwrap();
+    let e = SubsampledGaussian::new(0.01, 2.0).unwrap();
+    let mut l = Ledger::new();
+    for i in 0..300 {
+        l.step(s).unwrap();
+        if i % 3 == 0 {
+            l.step(e).unwrap();
+        }
+    }
+    assert_eq!(l.len(), 400);
+    assert_eq!(l.history().len(), 2);
+    assert_eq!(l.history()[0].count.get(), 300);
+    let json = serde_json::to_string(&l).unwrap();
+    let back: Ledger = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, l);
+    let direct = Composition::single(s, 300).unwrap().with(e, 100).unwrap();
+    assert_eq!(
+        l.epsilon(1e-5, &acc).unwrap(),
+        acc.epsilon(&direct, 1e-5).unwrap()
+    );
+    let spent = l.epsilon(1e-5, &acc).unwrap().upper;
+    assert!(!l.would_exceed(s, spent * 1.1, 1e-5, &acc).unwrap());
+    assert!(l.would_exceed(s, spent * 0.9, 1e-5, &acc).unwrap());
+}
+
+#[test]
+fn budget_plans_meet_the_budget_and_joint_needs_less_noise() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
+    let req = PlanRequest {
+        epsilon: 4.0,
+        delta: 1e-5,
+        rho: 0.9,
+        shared: Stream {
+            q: 0.02,
+            steps: 500,
+        },
+        expert: Stream {
+            q: 0.02,
+            steps: 500,
+        },
+        layers: 2,
+    };
+    let p = plan_budget(&req, &acc).unwrap();
+    // additive: each stream meets its share; the sum of shares meets ε
+    assert!(p.additive.shared.epsilon_alone <= 0.9 * 4.0);
+    assert!(p.additive.expert.epsilon_alone <= 0.1 * 4.0 / 2.0);
+    assert!(p.additive.epsilon_claimed <= 4.0);
+    // composing the additive plan's σ's in one PRV spends less than claimed
+    assert!(p.additive.epsilon_composed.upper <= p.additive.epsilon_claimed);
+    // joint: the composed bound meets ε, with the documented variance ratio
+    assert!(p.joint.epsilon_composed.upper <= 4.0);
+    let r = (p.joint.expert.sigma / p.joint.shared.sigma).powi(2);
+    assert!((r / p.variance_ratio - 1.0).abs() < 1e-9);
+    // the joint plan needs less noise on the shared stream than the additive plan
+    assert!(p.joint.shared.sigma < p.additive.shared.sigma, "{p:?}");
+}

@@ -1,0 +1,137 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Properties: monotonicity in T, q and 1/σ; calibration meets its target; parallel ≤ sequential.
+
+use proptest::prelude::*;
+use raptor_accountant::{
+    Accuracy, Composition, ParallelGroup, PrvAccountant, RdpAccountant, SIGMA_TOLERANCE,
+    SubsampledGaussian, calibrate_sigma,
+};
+
+fn acc() -> PrvAccountant {
+    PrvAccountant::new(Accuracy::relative(0.02)).unwrap()
+}
+
+fn eps(q: f64, s: f64, t: u64) -> raptor_accountant::EpsilonBounds {
+    acc()
+        .epsilon(
+            &Composition::single(SubsampledGaussian::new(q, s).unwrap(), t).unwrap(),
+            1e-5,
+        )
+        .unwrap()
+}
+
+/// true(a) ≤ true(b) must be consistent with the certified bounds, and the estimates must be
+/// ordered up to the accuracy band.
+fn assert_ordered(a: raptor_accountant::EpsilonBounds, b: raptor_accountant::EpsilonBounds) {
+    assert!(a.lower <= b.upper, "{a:?} !<= {b:?}");
+    assert!(
+        a.estimate <= b.estimate + (b.upper - b.lower) + 1e-9,
+        "{a:?} !<= {b:?}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    #[test]
+    fn monotone_in_steps(q in 0.005f64..0.2, s in 0.8f64..4.0, t in 1u64..500, k in 2u64..4) {
+        assert_ordered(eps(q, s, t), eps(q, s, t * k));
+        let r1 = RdpAccountant::default().epsilon(&Composition::single(SubsampledGaussian::new(q, s).unwrap(), t).unwrap(), 1e-5).unwrap();
+        let r2 = RdpAccountant::default().epsilon(&Composition::single(SubsampledGaussian::new(q, s).unwrap(), t * k).unwrap(), 1e-5).unwrap();
+        prop_assert!(r1.epsilon <= r2.epsilon + 1e-12);
+    }
+
+    #[test]
+    fn monotone_in_q(q in 0.005f64..0.2, s in 0.8f64..4.0, t in 1u64..500, f in 1.5f64..4.0) {
+        assert_ordered(eps(q, s, t), eps((q * f).min(1.0), s, t));
+    }
+
+    #[test]
+    fn monotone_in_inverse_sigma(q in 0.005f64..0.2, s in 0.8f64..4.0, t in 1u64..500, f in 1.2f64..3.0) {
+        assert_ordered(eps(q, s * f, t), eps(q, s, t));
+    }
+
+    #[test]
+    fn calibrated_sigma_meets_target(target in 0.5f64..8.0, q in 0.005f64..0.1, t in 10u64..400) {
+        let a = acc();
+        let c = calibrate_sigma(target, 1e-5, q, t, &a).unwrap();
+        prop_assert!(c.epsilon.upper <= target, "{c:?}");
+        // An independent re-evaluation agrees.
+        let again = eps(q, c.sigma, t);
+        prop_assert!(again.upper <= target, "{again:?}");
+        // Not wastefully conservative: 1 % less noise would not be certified.
+        prop_assert!(c.relative_bracket <= SIGMA_TOLERANCE || c.sigma <= 0.011);
+        let less = eps(q, c.sigma * 0.99, t);
+        prop_assert!(less.upper > target * 0.999, "{less:?} at {}", c.sigma * 0.99);
+    }
+
+    #[test]
+    fn parallel_costs_at_most_sequential(q in 0.01f64..0.1, s in 1.0f64..3.0, t in 10u64..300, k in 2usize..5) {
+        let member = Composition::single(SubsampledGaussian::new(q, s).unwrap(), t).unwrap();
+        let mut seq = Composition::new();
+        for _ in 0..k {
+            seq.push(SubsampledGaussian::new(q, s).unwrap(), t).unwrap();
+        }
+        let par = ParallelGroup::new(vec![member.clone(); k]).unwrap().into_composition();
+        let a = acc();
+        let (p, sq, m) = (a.epsilon(&par, 1e-5).unwrap(), a.epsilon(&seq, 1e-5).unwrap(), a.epsilon(&member, 1e-5).unwrap());
+        prop_assert!(p.lower <= sq.upper);
+        prop_assert!(p.upper < sq.upper);
+        // identical members: the group costs exactly one member
+        prop_assert_eq!(p, m);
+    }
+}
+
+#[test]
+fn heterogeneous_parallel_takes_the_worst_member() {
+    let a = acc();
+    let weak = Composition::single(SubsampledGaussian::new(0.02, 4.0).unwrap(), 200).unwrap();
+    let strong = Composition::single(SubsampledGaussian::new(0.02, 1.0).unwrap(), 200).unwrap();
+    let par = ParallelGroup::new(vec![weak.clone(), strong.clone()])
+        .unwrap()
+        .into_composition();
+    let (p, s, w) = (
+        a.epsilon(&par, 1e-5).unwrap(),
+        a.epsilon(&strong, 1e-5).unwrap(),
+        a.epsilon(&weak, 1e-5).unwrap(),
+    );
+    assert_eq!(p.upper, s.upper.max(w.upper));
+    // sequential shared stream followed by the parallel layer = worst member composed with shared
+    let shared = SubsampledGaussian::new(0.01, 1.5).unwrap();
+    let run = Composition::single(shared, 300)
+        .unwrap()
+        .then_parallel(ParallelGroup::new(vec![weak, strong]).unwrap());
+    let worst = Composition::single(shared, 300)
+        .unwrap()
+        .with(SubsampledGaussian::new(0.02, 1.0).unwrap(), 200)
+        .unwrap();
+    let (r, wst) = (
+        a.epsilon(&run, 1e-5).unwrap(),
+        a.epsilon(&worst, 1e-5).unwrap(),
+    );
+    assert_eq!(r.upper, wst.upper);
+}
+
+#[test]
+fn heterogeneous_composition_is_tighter_than_adding_epsilons() {
+    let a = acc();
+    let m1 = SubsampledGaussian::new(0.01, 1.0).unwrap();
+    let m2 = SubsampledGaussian::new(0.05, 2.0).unwrap();
+    let both = a
+        .epsilon(
+            &Composition::single(m1, 1000)
+                .unwrap()
+                .with(m2, 1000)
+                .unwrap(),
+            1e-5,
+        )
+        .unwrap();
+    let e1 = a
+        .epsilon(&Composition::single(m1, 1000).unwrap(), 0.5e-5)
+        .unwrap();
+    let e2 = a
+        .epsilon(&Composition::single(m2, 1000).unwrap(), 0.5e-5)
+        .unwrap();
+    assert!(both.upper < e1.upper + e2.upper);
+    assert!(both.upper >= e1.lower.max(e2.lower));
+}
