@@ -1,1 +1,31 @@
-//! raptor-muon: see the crate README.
+//! raptor-muon: Newton–Schulz orthogonalization, Muon momentum and the DP-MuonBC bias
+//! correction (SPEC §5). See the crate README for usage, benchmarks and limits.
+//!
+//! - [`ns`]: Newton–Schulz (Keller's quintic and the Taylor family `p_κ`), pure Rust on faer,
+//!   with symmetric (one-triangle) Gram products.
+//! - [`momentum`]: heavy-ball, EMA and Nesterov momentum, lr adjustment, weight decay, [`Muon`].
+//! - [`bc`]: DP-MuonBC — exact buffer noise variance and the antithetic bias correction.
+//! - [`diagnostics`]: Monte Carlo bias of plain vs corrected directions.
+//! - [`reference`]: slow SVD-based references (polar factor, NS applied to singular values).
+//! - `tch_backend` (feature `tch`): the same Newton–Schulz on libtorch tensors (CPU/CUDA, f32/bf16).
+
+pub mod bc;
+pub mod diagnostics;
+pub mod error;
+pub mod momentum;
+pub mod ns;
+pub mod reference;
+
+pub use bc::{
+    BcConfig, BcOutput, Fallback, NoiseSpec, bias_corrected_direction, buffer_noise_variance,
+    probe_rng_os, probe_rng_seeded,
+};
+pub use error::MuonError;
+pub use momentum::{LrAdjust, MomentumForm, Muon, MuonConfig, momentum_update};
+pub use ns::{
+    Normalization, NsConfig, NsPolynomial, NsWorkspace, newton_schulz, newton_schulz_slice,
+    newton_schulz_with,
+};
+
+/// Re-export of the faer version used in the public API (`faer::Mat`, `faer::MatRef`).
+pub use faer;

@@ -1,0 +1,434 @@
+//! Newton–Schulz orthogonalization (pure Rust, faer matrix products).
+//!
+//! `f(M)`: orient `M` so that rows ≤ cols (transpose tall matrices), normalize, apply
+//! `X ← (d₀ I + Σ_{j≥1} d_j A^j) X` with `A = X Xᵀ` for `steps` iterations, transpose back.
+//! Keller Jordan's quintic has `(d₀, d₁, d₂) = (a, b, c)`; the Taylor family `p_κ` is expanded
+//! into powers of `A` (see [`NsPolynomial::coefficients_in_a`]).
+//!
+//! Speed: `A = X Xᵀ` and every power of `A` are symmetric, so only their lower triangle is
+//! computed (faer's triangular `matmul` with a `TriangularLower` destination, which dispatches to
+//! a lower-triangle-only GEMM kernel), then mirrored. Per step on an `m × n` wide matrix this
+//! costs `m²n + (deg−1)m³ + 2m²n` flops instead of `2m²n + 2(deg−1)m³ + 2m²n`.
+
+use faer::linalg::matmul::triangular::{self, BlockStructure};
+use faer::{Accum, Mat, MatMut, MatRef, Par};
+
+use crate::error::{MuonError, check_param};
+
+/// Keller Jordan's quintic coefficients `(a, b, c)` (also `torch.optim.Muon`'s defaults).
+pub const KELLER_COEFFICIENTS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
+
+/// The `eps` of Keller's / torch's normalization `X / (‖X‖_F + eps)`.
+pub const KELLER_EPS: f32 = 1e-7;
+
+/// Largest supported Taylor degree κ (the expansion into powers of `A` loses precision beyond).
+pub const MAX_KAPPA: usize = 12;
+
+/// Largest supported number of iterations.
+pub const MAX_STEPS: usize = 10_000;
+
+/// The matrix polynomial applied at each Newton–Schulz iteration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NsPolynomial {
+    /// `X ← aX + (bA + cA²)X` (Keller Jordan's tuned quintic; does not converge to the polar
+    /// factor, it pushes singular values into roughly `[0.7, 1.2]`).
+    Keller {
+        /// Coefficient of `X`.
+        a: f32,
+        /// Coefficient of `A X`.
+        b: f32,
+        /// Coefficient of `A² X`.
+        c: f32,
+    },
+    /// `Y ← p_κ(Y Yᵀ) Y` with `p_κ(λ) = Σ_{s≤κ} (2s)!/(4^s (s!)²) (1−λ)^s`, the degree-κ Taylor
+    /// polynomial of `λ^{-1/2}` at 1 (converges to the polar factor for singular values in
+    /// `(0, √3)` when κ = 1, and in `(0, 1]` for every κ).
+    Taylor {
+        /// Degree κ ≥ 1.
+        kappa: usize,
+    },
+}
+
+impl NsPolynomial {
+    /// Keller's quintic with the standard coefficients.
+    pub fn keller() -> Self {
+        let (a, b, c) = KELLER_COEFFICIENTS;
+        NsPolynomial::Keller { a, b, c }
+    }
+
+    /// Coefficients `d_j` such that one iteration is `X ← Σ_j d_j A^j X` (`A = X Xᵀ`).
+    ///
+    /// ```
+    /// use raptor_muon::NsPolynomial;
+    /// // p₂(λ) = (15 − 10λ + 3λ²)/8
+    /// let d = NsPolynomial::Taylor { kappa: 2 }.coefficients_in_a();
+    /// assert!((d[0] - 15.0 / 8.0).abs() < 1e-12);
+    /// assert!((d[1] + 10.0 / 8.0).abs() < 1e-12);
+    /// assert!((d[2] - 3.0 / 8.0).abs() < 1e-12);
+    /// ```
+    pub fn coefficients_in_a(&self) -> Vec<f64> {
+        match *self {
+            NsPolynomial::Keller { a, b, c } => vec![a as f64, b as f64, c as f64],
+            NsPolynomial::Taylor { kappa } => {
+                let c = taylor_coefficients(kappa);
+                // (1−λ)^s = Σ_j C(s, j) (−λ)^j
+                let mut d = vec![0.0f64; kappa + 1];
+                for (s, &cs) in c.iter().enumerate() {
+                    let mut binom = 1.0f64; // C(s, 0)
+                    for (j, dj) in d.iter_mut().enumerate().take(s + 1) {
+                        let sign = if j % 2 == 0 { 1.0 } else { -1.0 };
+                        *dj += cs * binom * sign;
+                        binom = binom * (s - j) as f64 / (j + 1) as f64;
+                    }
+                }
+                d
+            }
+        }
+    }
+
+    /// The scalar map one iteration applies to each singular value: `σ ↦ σ·Σ_j d_j σ^{2j}`.
+    pub fn apply_scalar(&self, sigma: f64) -> f64 {
+        let d = self.coefficients_in_a();
+        let l = sigma * sigma;
+        let mut acc = 0.0f64;
+        for &dj in d.iter().rev() {
+            acc = acc * l + dj;
+        }
+        sigma * acc
+    }
+}
+
+/// Taylor coefficients `c_s = (2s)!/(4^s (s!)²)` for `s = 0..=kappa` (1, 1/2, 3/8, 5/16, …).
+///
+/// ```
+/// let c = raptor_muon::ns::taylor_coefficients(3);
+/// assert_eq!(c, vec![1.0, 0.5, 0.375, 0.3125]);
+/// ```
+pub fn taylor_coefficients(kappa: usize) -> Vec<f64> {
+    let mut c = Vec::with_capacity(kappa + 1);
+    let mut cs = 1.0f64;
+    c.push(cs);
+    for s in 1..=kappa {
+        cs *= (2 * s - 1) as f64 / (2 * s) as f64;
+        c.push(cs);
+    }
+    c
+}
+
+/// How the (oriented) matrix is scaled before the iterations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Normalization {
+    /// `X / (‖X‖_F + eps)` (Keller Jordan; torch.optim.Muon clamps instead, `X / max(‖X‖_F, eps)`,
+    /// which differs by at most `eps` in the denominator).
+    FrobeniusPlusEps {
+        /// The additive epsilon (default [`KELLER_EPS`]).
+        eps: f32,
+    },
+    /// `Y / max(1, ‖Y‖_F)` (the DP-Muon analysis; no rescaling when ‖Y‖_F ≤ 1).
+    MaxOneFrobenius,
+}
+
+/// A complete Newton–Schulz configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NsConfig {
+    /// Polynomial applied at each iteration.
+    pub polynomial: NsPolynomial,
+    /// Number of iterations (`q`).
+    pub steps: usize,
+    /// Pre-scaling.
+    pub normalization: Normalization,
+}
+
+impl Default for NsConfig {
+    fn default() -> Self {
+        Self::keller()
+    }
+}
+
+impl NsConfig {
+    /// torch.optim.Muon's NS: Keller's quintic, 5 steps, `X / (‖X‖_F + 1e-7)`.
+    pub fn keller() -> Self {
+        NsConfig {
+            polynomial: NsPolynomial::keller(),
+            steps: 5,
+            normalization: Normalization::FrobeniusPlusEps { eps: KELLER_EPS },
+        }
+    }
+
+    /// The DP-Muon analysis form: `p_κ`, `q` steps, `Y / max(1, ‖Y‖_F)`.
+    pub fn taylor(kappa: usize, q: usize) -> Self {
+        NsConfig {
+            polynomial: NsPolynomial::Taylor { kappa },
+            steps: q,
+            normalization: Normalization::MaxOneFrobenius,
+        }
+    }
+
+    /// Check the hyper-parameters.
+    pub fn validate(&self) -> Result<(), MuonError> {
+        check_param(
+            "steps",
+            self.steps as f64,
+            self.steps <= MAX_STEPS,
+            "number of Newton-Schulz steps must be at most 10000",
+        )?;
+        match self.polynomial {
+            NsPolynomial::Keller { a, b, c } => {
+                for (name, v) in [("a", a), ("b", b), ("c", c)] {
+                    check_param(name, v as f64, v.is_finite(), "coefficient must be finite")?;
+                }
+            }
+            NsPolynomial::Taylor { kappa } => check_param(
+                "kappa",
+                kappa as f64,
+                (1..=MAX_KAPPA).contains(&kappa),
+                "Taylor degree must be in 1..=12",
+            )?,
+        }
+        if let Normalization::FrobeniusPlusEps { eps } = self.normalization {
+            check_param(
+                "eps",
+                eps as f64,
+                eps > 0.0,
+                "normalization eps must be > 0",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The scale factor applied to a matrix of Frobenius norm `norm`.
+    pub fn scale_for_norm(&self, norm: f64) -> f64 {
+        match self.normalization {
+            Normalization::FrobeniusPlusEps { eps } => 1.0 / (norm + eps as f64),
+            Normalization::MaxOneFrobenius => 1.0 / norm.max(1.0),
+        }
+    }
+
+    /// Flop count of one call on a `rows × cols` matrix with the symmetric (one-triangle)
+    /// products this crate uses, and with full products (what libtorch does).
+    /// Returns `(ours, full)`.
+    pub fn flops(&self, rows: usize, cols: usize) -> (f64, f64) {
+        let m = rows.min(cols) as f64;
+        let n = rows.max(cols) as f64;
+        let deg = (self.polynomial.coefficients_in_a().len() - 1) as f64;
+        let q = self.steps as f64;
+        let ours = q * (m * m * n + (deg - 1.0) * m * m * m + 2.0 * m * m * n);
+        let full = q * (2.0 * m * m * n + 2.0 * (deg - 1.0) * m * m * m + 2.0 * m * m * n);
+        (ours, full)
+    }
+}
+
+/// Frobenius norm of a column-major matrix, accumulated in f64.
+pub(crate) fn frobenius(x: MatRef<'_, f32>) -> f64 {
+    let mut s = 0.0f64;
+    for j in 0..x.ncols() {
+        for i in 0..x.nrows() {
+            let v = x[(i, j)] as f64;
+            s += v * v;
+        }
+    }
+    s.sqrt()
+}
+
+fn check_finite_mat(what: &'static str, x: MatRef<'_, f32>) -> Result<(), MuonError> {
+    for j in 0..x.ncols() {
+        for i in 0..x.nrows() {
+            let v = x[(i, j)];
+            if !v.is_finite() {
+                return Err(MuonError::NonFinite {
+                    what,
+                    index: j * x.nrows() + i,
+                    value: v,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parallelism for products of this size (rayon below this is pure overhead).
+fn par_for(m: usize, n: usize) -> Par {
+    if m * m * n >= 64 * 64 * 64 {
+        Par::rayon(0)
+    } else {
+        Par::Seq
+    }
+}
+
+/// Copy the lower triangle onto the upper one.
+fn mirror_lower(mut a: MatMut<'_, f32>) {
+    let m = a.nrows();
+    for j in 0..m {
+        for i in 0..j {
+            a[(i, j)] = a[(j, i)];
+        }
+    }
+}
+
+/// `dst ← lower(lhs · rhs)`, mirrored to a full symmetric matrix (caller guarantees symmetry).
+fn sym_product(dst: &mut Mat<f32>, lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>, par: Par) {
+    triangular::matmul(
+        dst.as_mut(),
+        BlockStructure::TriangularLower,
+        Accum::Replace,
+        lhs,
+        BlockStructure::Rectangular,
+        rhs,
+        BlockStructure::Rectangular,
+        1.0f32,
+        par,
+    );
+    mirror_lower(dst.as_mut());
+}
+
+/// Reusable buffers for [`newton_schulz_into`] on a fixed oriented shape `m × n` (`m ≤ n`).
+#[derive(Debug, Clone)]
+pub struct NsWorkspace {
+    a: Mat<f32>,
+    t: Mat<f32>,
+    u: Mat<f32>,
+    y: Mat<f32>,
+}
+
+impl NsWorkspace {
+    /// Buffers for matrices of shape `rows × cols` (either orientation).
+    pub fn new(rows: usize, cols: usize) -> Self {
+        let m = rows.min(cols);
+        let n = rows.max(cols);
+        NsWorkspace {
+            a: Mat::zeros(m, m),
+            t: Mat::zeros(m, m),
+            u: Mat::zeros(m, m),
+            y: Mat::zeros(m, n),
+        }
+    }
+
+    fn fit(&mut self, m: usize, n: usize) {
+        if self.a.nrows() != m || self.y.ncols() != n {
+            *self = NsWorkspace::new(m, n);
+        }
+    }
+}
+
+/// Run the iterations in place on a wide (`m ≤ n`), already normalized `x`.
+fn iterate_wide(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace) {
+    let (m, n) = (x.nrows(), x.ncols());
+    ws.fit(m, n);
+    let par = par_for(m, n);
+    let d: Vec<f32> = cfg
+        .polynomial
+        .coefficients_in_a()
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let deg = d.len() - 1;
+    let NsWorkspace { a, t, u, y } = ws;
+    for _ in 0..cfg.steps {
+        // A = X Xᵀ (lower triangle only, then mirrored).
+        sym_product(a, x.as_ref(), x.transpose(), par);
+        // T = Σ_{j≥0} d_j A^j by Horner: T = d_deg A + d_{deg−1} I, then T ← A T + d_j I.
+        for jj in 0..m {
+            for ii in 0..m {
+                t[(ii, jj)] = d[deg] * a[(ii, jj)];
+            }
+            t[(jj, jj)] += d[deg - 1];
+        }
+        for j in (0..deg.saturating_sub(1)).rev() {
+            sym_product(u, a.as_ref(), t.as_ref(), par);
+            std::mem::swap(t, u);
+            for jj in 0..m {
+                t[(jj, jj)] += d[j];
+            }
+        }
+        // X ← T X.
+        faer::linalg::matmul::matmul(
+            y.as_mut(),
+            Accum::Replace,
+            t.as_ref(),
+            x.as_ref(),
+            1.0f32,
+            par,
+        );
+        std::mem::swap(x, y);
+    }
+}
+
+/// Newton–Schulz orthogonalization of a faer matrix (any orientation). Returns `f(M)`.
+///
+/// ```
+/// use faer::Mat;
+/// use raptor_muon::{NsConfig, newton_schulz};
+/// let m = Mat::<f32>::from_fn(3, 5, |i, j| (i as f32 + 1.0) * 0.1 + if i == j { 1.0 } else { 0.0 });
+/// let o = newton_schulz(m.as_ref(), &NsConfig::taylor(2, 30)).unwrap();
+/// // O Oᵀ ≈ I (the polar factor of M)
+/// let g = &o * o.transpose();
+/// for i in 0..3 { for j in 0..3 {
+///     let want = if i == j { 1.0 } else { 0.0 };
+///     assert!((g[(i, j)] - want).abs() < 1e-4);
+/// }}
+/// ```
+pub fn newton_schulz(m: MatRef<'_, f32>, cfg: &NsConfig) -> Result<Mat<f32>, MuonError> {
+    let mut ws = NsWorkspace::new(m.nrows(), m.ncols());
+    newton_schulz_with(m, cfg, &mut ws)
+}
+
+/// [`newton_schulz`] with caller-provided buffers (no `m × m` allocations per call).
+pub fn newton_schulz_with(
+    m: MatRef<'_, f32>,
+    cfg: &NsConfig,
+    ws: &mut NsWorkspace,
+) -> Result<Mat<f32>, MuonError> {
+    cfg.validate()?;
+    let (r, c) = (m.nrows(), m.ncols());
+    if r == 0 || c == 0 {
+        return Err(MuonError::EmptyMatrix { rows: r, cols: c });
+    }
+    check_finite_mat("newton_schulz input", m)?;
+    let tall = r > c;
+    let mut x: Mat<f32> = if tall {
+        m.transpose().to_owned()
+    } else {
+        m.to_owned()
+    };
+    let scale = cfg.scale_for_norm(frobenius(x.as_ref())) as f32;
+    for j in 0..x.ncols() {
+        for v in x.col_as_slice_mut(j) {
+            *v *= scale;
+        }
+    }
+    iterate_wide(&mut x, cfg, ws);
+    Ok(if tall { x.transpose().to_owned() } else { x })
+}
+
+/// Newton–Schulz on a row-major `rows × cols` slice. Returns `f(M)` row-major.
+///
+/// ```
+/// use raptor_muon::{NsConfig, newton_schulz_slice};
+/// let m = vec![2.0f32, 0.0, 0.0, 0.5]; // diag(2, 0.5)
+/// let o = newton_schulz_slice(&m, 2, 2, &NsConfig::taylor(2, 40)).unwrap();
+/// assert!((o[0] - 1.0).abs() < 1e-5 && (o[3] - 1.0).abs() < 1e-5);
+/// ```
+pub fn newton_schulz_slice(
+    data: &[f32],
+    rows: usize,
+    cols: usize,
+    cfg: &NsConfig,
+) -> Result<Vec<f32>, MuonError> {
+    crate::error::check_shape("newton_schulz input", data.len(), rows, cols)?;
+    // A row-major rows×cols buffer is the column-major cols×rows matrix Mᵀ, and
+    // f(Mᵀ) = f(M)ᵀ, so the column-major result is f(M) in row-major order.
+    let mt = MatRef::from_column_major_slice(data, cols, rows);
+    let o = newton_schulz(mt, cfg)?;
+    Ok(to_col_major_vec(o.as_ref()))
+}
+
+/// Column-major contents of a matrix.
+pub(crate) fn to_col_major_vec(x: MatRef<'_, f32>) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.nrows() * x.ncols());
+    for j in 0..x.ncols() {
+        for i in 0..x.nrows() {
+            out.push(x[(i, j)]);
+        }
+    }
+    out
+}
