@@ -15,6 +15,30 @@
 //! The slice kernel is fused: each record's rows are read from memory once; the norm is
 //! computed and the scaled row accumulated while the row is still in cache (see the crate
 //! README for measured throughput against libtorch's two-pass norm-then-mv).
+//!
+//! # Example
+//!
+//! ```
+//! use raptor_clip::{Block, Group, Grouping, Privatizer, PublicDenominator, clip_blocks};
+//! # fn main() -> Result<(), raptor_clip::ClipError> {
+//! let (b, shared_w, expert_w) = (3, 4, 2);
+//! let shared = vec![0.1f32; b * shared_w]; // B × 4 per-example gradients of the shared stream
+//! let expert = vec![0.5f32; b * expert_w]; // B × 2 of expert 0 (zero rows for non-owned records)
+//! let blocks = [Block::new("attn.lora", &shared, shared_w), Block::new("expert0", &expert, expert_w)];
+//! let grouping = Grouping::Grouped {
+//!     groups: vec![Group::new("shared", vec![0]), Group::new("expert0", vec![1])],
+//!     bounds: vec![1.0, 0.5],
+//! };
+//! let residual_weights = [1.0, 0.3, 0.0]; // weight-then-clip
+//! let clipped = clip_blocks(&blocks, &grouping, Some(&residual_weights))?;
+//! let mut privatizer = Privatizer::new(1.1)?; // σ; ChaCha20 seeded from the OS
+//! let shared_release = privatizer.release_group(&clipped, 0, PublicDenominator::new(64.0)?)?;
+//! let expert_release = privatizer.release_group(&clipped, 1, PublicDenominator::new(16.0)?)?;
+//! assert_eq!(shared_release.blocks[0].values.len(), 4);
+//! assert_eq!(expert_release.sensitivity, 0.5);
+//! # Ok(())
+//! # }
+//! ```
 
 mod error;
 mod kernel;

@@ -1,0 +1,95 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Clip-and-sum throughput: raptor-clip's fused slice kernel beside libtorch's two-pass
+//! (norms, then a matrix-vector product) on the same data, plus a STREAM-like read of the same
+//! bytes (the physical reference). Flat (one bound) and grouped (a shared block of P/2 and four
+//! expert blocks of P/8, each group its own bound) for B ∈ {64, 256, 1024}, P ∈ {1e4, 1e5, 1e6};
+//! combinations above 1.1 GB of gradients are skipped to keep the run short on a 24 GiB box.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use raptor_clip::{Block, Group, Grouping, clip_blocks, clip_rows, stream_read_sum, tensor};
+use tch::Tensor;
+
+/// Deterministic pseudo-random fill (xorshift), row norms spread around the bound.
+fn fill(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.01
+        })
+        .collect()
+}
+
+const MAX_BYTES: usize = 1_100_000_000;
+
+fn sizes() -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    for &p in &[10_000usize, 100_000, 1_000_000] {
+        for &b in &[64usize, 256, 1024] {
+            if b * p * 4 <= MAX_BYTES {
+                v.push((b, p));
+            }
+        }
+    }
+    v
+}
+
+fn bench_flat(c: &mut Criterion) {
+    let mut group = c.benchmark_group("clip_flat");
+    group.sample_size(10).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    for (b, p) in sizes() {
+        let data = fill(b * p, (b * p) as u64);
+        let bound = 0.5 * (p as f64).sqrt() * 0.01 / 12f64.sqrt() * 2.0;
+        let t = Tensor::from_slice(&data).reshape([b as i64, p as i64]);
+        group.throughput(Throughput::Bytes((b * p * 4) as u64));
+        let id = format!("B{b}_P{p}");
+        group.bench_function(BenchmarkId::new("raptor_fused", &id), |bch| {
+            bch.iter(|| black_box(clip_rows(black_box(&data), p, bound, None).unwrap()))
+        });
+        group.bench_function(BenchmarkId::new("libtorch_two_pass", &id), |bch| {
+            bch.iter(|| black_box(tensor::clip_rows(black_box(&t), bound, None).unwrap()))
+        });
+        group.bench_function(BenchmarkId::new("stream_read", &id), |bch| {
+            bch.iter(|| black_box(stream_read_sum(black_box(&data))))
+        });
+    }
+    group.finish();
+}
+
+fn bench_grouped(c: &mut Criterion) {
+    let mut group = c.benchmark_group("clip_grouped");
+    group.sample_size(10).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    for (b, p) in sizes() {
+        let widths = [p / 2, p / 8, p / 8, p / 8, p - p / 2 - 3 * (p / 8)];
+        let data: Vec<Vec<f32>> = widths.iter().enumerate().map(|(k, &w)| fill(b * w, k as u64 + 7)).collect();
+        let names = ["shared", "e0", "e1", "e2", "e3"];
+        let blocks: Vec<Block<'_>> = (0..5).map(|k| Block::new(names[k], &data[k], widths[k])).collect();
+        let grouping = Grouping::Grouped {
+            groups: (0..5).map(|k| Group::new(names[k], vec![k])).collect(),
+            bounds: widths.iter().map(|&w| (w as f64).sqrt() * 0.0029).collect(),
+        };
+        let tensors: Vec<Tensor> =
+            (0..5).map(|k| Tensor::from_slice(&data[k]).reshape([b as i64, widths[k] as i64])).collect();
+        let tb: Vec<(&str, &Tensor)> = (0..5).map(|k| (names[k], &tensors[k])).collect();
+        group.throughput(Throughput::Bytes((b * p * 4) as u64));
+        let id = format!("B{b}_P{p}");
+        group.bench_function(BenchmarkId::new("raptor_fused", &id), |bch| {
+            bch.iter(|| black_box(clip_blocks(black_box(&blocks), &grouping, None).unwrap()))
+        });
+        group.bench_function(BenchmarkId::new("libtorch_two_pass", &id), |bch| {
+            bch.iter(|| black_box(tensor::clip_blocks(black_box(&tb), &grouping, None).unwrap()))
+        });
+        group.bench_function(BenchmarkId::new("stream_read", &id), |bch| {
+            bch.iter(|| black_box(data.iter().map(|d| stream_read_sum(d)).sum::<f32>()))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_flat, bench_grouped);
+criterion_main!(benches);
