@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+mod kernels;
+
 /// Everything a part needs to know about the run.
 #[derive(Debug, Clone)]
 pub struct Context {
@@ -61,7 +63,7 @@ impl Table {
 type Part = fn(&Context) -> anyhow::Result<Vec<Table>>;
 
 fn parts() -> Vec<(&'static str, Part)> {
-    vec![("environment", environment)]
+    vec![("environment", environment), ("kernels", kernels::tables)]
 }
 
 /// Run every part (or those named in `only`), print and write the tables. Returns the tables.
