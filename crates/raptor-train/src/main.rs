@@ -33,6 +33,14 @@ enum Command {
         #[arg(long = "only")]
         only: Vec<String>,
     },
+    /// Owner statistics and layer selection for router outputs of a public corpus (JSON lines).
+    Routing(cli::routing::RoutingArgs),
+    /// ε of a composition of Poisson-subsampled Gaussian mechanisms (PRV bounds and RDP).
+    Account(cli::account::AccountArgs),
+    /// σ for a target (ε, δ) at sampling rate q over T steps.
+    Calibrate(cli::account::CalibrateArgs),
+    /// RAPTOR budget plans (additive and joint split) for the shared and expert streams.
+    Plan(cli::account::PlanArgs),
 }
 
 fn main() {
@@ -42,6 +50,10 @@ fn main() {
         Command::Reproduce { out, root, quick, only } => {
             reproduce::run(&reproduce::Context { root, out, quick }, &only).map(|_| ())
         }
+        Command::Routing(args) => cli::routing::run(args),
+        Command::Account(args) => cli::account::run_account(args),
+        Command::Calibrate(args) => cli::account::run_calibrate(args),
+        Command::Plan(args) => cli::account::run_plan(args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -9,7 +9,10 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+mod accountant;
 mod kernels;
+mod muon;
+mod routing;
 
 /// Everything a part needs to know about the run.
 #[derive(Debug, Clone)]
@@ -63,7 +66,13 @@ impl Table {
 type Part = fn(&Context) -> anyhow::Result<Vec<Table>>;
 
 fn parts() -> Vec<(&'static str, Part)> {
-    vec![("environment", environment), ("kernels", kernels::tables)]
+    vec![
+        ("environment", environment),
+        ("accountant", accountant::tables),
+        ("routing", routing::tables),
+        ("kernels", kernels::tables),
+        ("muon", muon::tables),
+    ]
 }
 
 /// Run every part (or those named in `only`), print and write the tables. Returns the tables.
