@@ -838,7 +838,7 @@ pub fn load_named(
 }
 
 /// Options of [`save_var_store`] / [`save_named`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SaveOptions {
     /// Convert floating-point tensors to this kind (e.g. `Kind::BFloat16`); None keeps kinds.
     pub kind: Option<Kind>,
@@ -846,16 +846,6 @@ pub struct SaveOptions {
     pub metadata: HashMap<String, String>,
     /// Variables not to write (patterns), e.g. `*.lora_A.weight` to save only the base model.
     pub skip: Vec<String>,
-}
-
-impl Default for SaveOptions {
-    fn default() -> Self {
-        Self {
-            kind: None,
-            metadata: HashMap::new(),
-            skip: vec![],
-        }
-    }
 }
 
 /// Saves a [`VarStore`] as one safetensors file in the layout's Hugging Face form. Returns the
@@ -904,10 +894,10 @@ pub fn save_named(
             }
             t = t.f_t_copy()?;
         }
-        if let Some(k) = opts.kind {
-            if is_float_kind(t.f_kind()?) {
-                t = t.f_to_kind(k)?;
-            }
+        if let Some(k) = opts.kind
+            && is_float_kind(t.f_kind()?)
+        {
+            t = t.f_to_kind(k)?;
         }
         out.push((name.clone(), t));
     }

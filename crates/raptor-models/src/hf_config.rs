@@ -512,13 +512,13 @@ impl HfOlmoeConfig {
             let obj = rp.as_object().ok_or_else(|| {
                 f.err("rope_parameters", format!("expected an object, found {rp}"))
             })?;
-            if let Some(t) = obj.get("rope_type").filter(|v| !v.is_null()) {
-                if t.as_str() != Some("default") {
-                    return Err(f.err(
-                        "rope_parameters.rope_type",
-                        format!("{t} is not supported (only \"default\")"),
-                    ));
-                }
+            if let Some(t) = obj.get("rope_type").filter(|v| !v.is_null())
+                && t.as_str() != Some("default")
+            {
+                return Err(f.err(
+                    "rope_parameters.rope_type",
+                    format!("{t} is not supported (only \"default\")"),
+                ));
             }
             if let Some(t) = obj.get("rope_theta").filter(|v| !v.is_null()) {
                 rope_theta = Some(t.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
@@ -543,10 +543,10 @@ impl HfOlmoeConfig {
             ));
         }
         let clip_qkv = f.float_opt("clip_qkv")?;
-        if let Some(c) = clip_qkv {
-            if c <= 0.0 {
-                return Err(f.err("clip_qkv", format!("must be positive, found {c}")));
-            }
+        if let Some(c) = clip_qkv
+            && c <= 0.0
+        {
+            return Err(f.err("clip_qkv", format!("must be positive, found {c}")));
         }
         let hidden_act = f.string_or("hidden_act", "silu")?;
         let hidden_act = f.one_of("hidden_act", hidden_act, &["silu"])?;

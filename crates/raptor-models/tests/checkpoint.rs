@@ -1,7 +1,7 @@
 //! safetensors checkpoints: round trips, Hugging Face layouts (GPT-2 Conv1D transposition, tied
 //! weights, optional prefixes, shards), dtype conversion, strict/lenient reports, and typed
 //! errors for missing, unexpected, wrong-shape, wrong-dtype and corrupt input.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use proptest::prelude::*;
 use raptor_models::ModelError;

@@ -3,7 +3,7 @@
 //! load into our models and reproduce transformers' outputs on fixed inputs to 1e-4, router
 //! decisions included; and the fixtures' `config.json` files parse, with typed errors for bad
 //! configs.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use raptor_models::checkpoint::{
     LoadOptions, Pretrained, load_gpt2, load_olmoe, load_switch_encoder, read_safetensors,
