@@ -6,7 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use raptor_models::checkpoint::{
-    LoadOptions, Pretrained, load_gpt2, load_olmoe, load_switch_encoder, read_safetensors,
+    LoadOptions, Pretrained, SafetensorsFile, SaveOptions, load_gpt2, load_olmoe,
+    load_switch_encoder, read_safetensors, save_var_store,
 };
 use raptor_models::hf_config::{HfConfig, HfGpt2Config, HfOlmoeConfig, HfSwitchConfig};
 use raptor_models::{Batch, DecoderHead, ForwardCtx, Model, ModelError};
@@ -409,4 +410,54 @@ fn wrong_model_type_directory_is_a_config_error() {
         Err(ModelError::HfConfig { field, .. }) => assert_eq!(field, "model_type"),
         other => panic!("expected a config error, got {:?}", other.map(|_| ())),
     }
+}
+
+#[test]
+fn saving_loaded_models_gives_back_the_hf_files() {
+    // Load each transformers checkpoint into our model and save it again in its HF layout: the
+    // same tensor names, shapes, dtypes and bytes as the file transformers wrote (GPT-2's
+    // Conv1D weights transposed back, no tied duplicates; our classification head skipped).
+    let dir = std::env::temp_dir().join(format!("raptor-hf-resave-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let skip_head = SaveOptions {
+        skip: vec!["classifier.*".into()],
+        ..SaveOptions::default()
+    };
+    let switch = load_switch();
+    let olmoe = load_olmoe(
+        fixture("olmoe"),
+        DecoderHead::LanguageModel,
+        Device::Cpu,
+        &exact_load(),
+    )
+    .unwrap();
+    let gpt2 = load_gpt2(
+        fixture("gpt2"),
+        DecoderHead::LanguageModel,
+        Device::Cpu,
+        &exact_load(),
+    )
+    .unwrap();
+    let cases: [(&str, &dyn Model, &raptor_models::hf_config::HfConfig); 3] = [
+        ("switch_encoder", &switch.model, &switch.config),
+        ("olmoe", &olmoe.model, &olmoe.config),
+        ("gpt2", &gpt2.model, &gpt2.config),
+    ];
+    for (name, model, config) in cases {
+        let out = dir.join(format!("{name}.safetensors"));
+        save_var_store(model.var_store(), &out, &config.layout(), &skip_head).unwrap();
+        let (orig, again) = (
+            SafetensorsFile::open(fixture(name).join("model.safetensors")).unwrap(),
+            SafetensorsFile::open(&out).unwrap(),
+        );
+        assert_eq!(orig.names(), again.names(), "{name}");
+        for n in orig.names() {
+            assert_eq!(orig.dtype(&n), again.dtype(&n), "{name}: {n}");
+            assert!(
+                orig.tensor(&n).unwrap().equal(&again.tensor(&n).unwrap()),
+                "{name}: {n}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
