@@ -94,6 +94,9 @@ pub enum ModelError {
         /// What is wrong.
         why: String,
     },
+    /// An error from a `raptor-clip` kernel (e.g. a non-finite per-example norm).
+    #[error("clipping kernel: {0}")]
+    Clip(#[from] raptor_clip::ClipError),
     /// An error from `raptor-routing` while building routing statistics.
     #[error("routing: {0}")]
     Routing(String),

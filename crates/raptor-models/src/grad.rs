@@ -17,6 +17,10 @@
 
 use crate::error::{ModelError, Result};
 use crate::tape::{Part, Rows, Site, Tape};
+use raptor_clip::linear::{
+    NormMethod, clip_coefficients, ghost_cost, linear_per_example_sq_norms_with,
+    linear_weighted_grad_sum, materialized_cost,
+};
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 
@@ -249,16 +253,20 @@ impl PerSampleGrads {
         if let Some(d) = direct {
             return Ok(d.f_reshape([b, -1])?.f_square()?.f_sum_dim_intlist(1, false, None::<Kind>)?);
         }
-        // Single linear use: ghost or materialized by cost.
+        // Single linear use: raptor-clip's ghost or materialized kernel, by cost (materialized
+        // only while B·in·out stays under a memory cap).
         if factor_uses.len() == 1 {
             let (s, p) = self.part(factor_uses[0]);
             if let Part::Weight { a, .. } = p {
                 let a3 = self.a3(s, a)?;
                 let (t, din, dout) = (a3.size()[1], a3.size()[2], s.g3.size()[2]);
-                if t * (din + dout) > din * dout && b * din * dout <= MATERIALIZE_MAX_ELEMS {
-                    let gb = s.g3.f_transpose(1, 2)?.f_bmm(&a3)?;
-                    return Ok(gb.f_square()?.f_sum_dim_intlist([1i64, 2].as_slice(), false, None::<Kind>)?);
-                }
+                let cheaper = materialized_cost(b, t, din, dout) < ghost_cost(b, t, din, dout);
+                let method = if cheaper && b * din * dout <= MATERIALIZE_MAX_ELEMS {
+                    NormMethod::Materialized
+                } else {
+                    NormMethod::Ghost
+                };
+                return Ok(linear_per_example_sq_norms_with(&a3, &s.g3, None, method)?);
             }
         }
         let a3s: Vec<Option<Tensor>> = factor_uses
@@ -324,6 +332,9 @@ impl PerSampleGrads {
                 Rows::Routed { rec } => s.g.f_mul(&c.f_index_select(0, rec)?.f_unsqueeze(1)?)?,
             };
             let term = match p {
+                Part::Weight { a, .. } if matches!(s.site.rows, Rows::Dense) => {
+                    linear_weighted_grad_sum(&self.a3(s, a)?, &s.g3, &c, None)?
+                }
                 Part::Weight { a, .. } => {
                     let dout = s.g.size().last().copied().unwrap_or(1);
                     let din = a.size().last().copied().unwrap_or(1);
@@ -463,11 +474,10 @@ impl PerSampleGrads {
     }
 }
 
-/// Clip factors `min(1, C / ‖g_b‖)` from squared norms (1 where the norm is 0).
+/// Clip factors `min(1, C / (‖g_b‖ + 1e-12))` from squared norms (raptor-clip's
+/// `clip_coefficients`, so the slice and tensor paths agree).
 pub fn clip_factors(sq_norms: &Tensor, bound: f64) -> Result<Tensor> {
-    let norm = sq_norms.f_sqrt()?;
-    let safe = norm.f_clamp_min(f64::MIN_POSITIVE)?;
-    Ok(safe.f_reciprocal()?.f_mul_scalar(bound)?.f_clamp_max(1.0)?)
+    Ok(clip_coefficients(sq_norms, bound, None)?.f_to_kind(sq_norms.kind())?)
 }
 
 /// Assignment of parameters to caller-named groups (e.g. `shared`, `expert[3,5]`).

@@ -32,7 +32,7 @@ pub use model::{
     trainable_params,
 };
 pub use gpt2::{Gpt2, Gpt2Config};
-pub use moe::RouterOutput;
+pub use moe::{RouterOutput, collect_routing, owner_tensors};
 pub use olmoe::{DecoderHead, OlmoeConfig, OlmoeDecoder};
 pub use switch::{SwitchConfig, SwitchEncoder};
 pub use tape::Tape;

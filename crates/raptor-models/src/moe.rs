@@ -104,3 +104,71 @@ pub(crate) fn check_owners(layer: usize, owners: &Tensor, b: i64, num_experts: i
     }
     Ok(())
 }
+
+impl RouterOutput {
+    /// Appends this batch's router decisions to a `raptor_routing::LayerRouting` (created with
+    /// the model's number of experts and top-k).
+    pub fn push_into(&self, layer: &mut raptor_routing::LayerRouting) -> Result<()> {
+        let w = self.weights.f_to_kind(Kind::Float)?;
+        layer
+            .push_tensors(&self.indices, &w, &self.mask)
+            .map_err(|e| ModelError::Routing(e.to_string()))
+    }
+}
+
+/// Runs the model (no grad, natural routing, no owner masks) over `batches` and collects every
+/// sparse layer's decisions into one `raptor_routing::LayerRouting` per layer, records in
+/// order, ready for `raptor_routing::owner_map` and the routing statistics.
+pub fn collect_routing<'a, M, I>(
+    model: &M,
+    batches: I,
+) -> Result<std::collections::BTreeMap<usize, raptor_routing::LayerRouting>>
+where
+    M: crate::Model + ?Sized,
+    I: IntoIterator<Item = &'a crate::Batch>,
+{
+    let (e, k) = (model.num_experts(), model.top_k());
+    let mut out = std::collections::BTreeMap::new();
+    for l in model.sparse_layers() {
+        out.insert(
+            l,
+            raptor_routing::LayerRouting::new(e as usize, k as usize)
+                .map_err(|err| ModelError::Routing(err.to_string()))?,
+        );
+    }
+    for batch in batches {
+        let mut ctx = ForwardCtx::new(false);
+        ctx.collect_routing = true;
+        let _ = tch::no_grad(|| model.forward(batch, &mut ctx))?;
+        for r in &ctx.routing {
+            let layer = out.get_mut(&r.layer).ok_or_else(|| ModelError::Routing(format!(
+                "router output for layer {} which is not a sparse layer",
+                r.layer
+            )))?;
+            r.push_into(layer)?;
+        }
+    }
+    Ok(out)
+}
+
+/// Owner maps (gate-weighted or token-count plurality, `raptor_routing::owner_map`) of every
+/// sparse layer over `batches`, as `[N]` i64 tensors on `device` for [`ForwardCtx::owners`]
+/// (slice them per batch with `narrow`).
+pub fn owner_tensors<'a, M, I>(
+    model: &M,
+    batches: I,
+    rule: raptor_routing::OwnerRule,
+    device: tch::Device,
+) -> Result<std::collections::BTreeMap<usize, Tensor>>
+where
+    M: crate::Model + ?Sized,
+    I: IntoIterator<Item = &'a crate::Batch>,
+{
+    let mut out = std::collections::BTreeMap::new();
+    for (l, routing) in collect_routing(model, batches)? {
+        let map = raptor_routing::owner_map(&routing, rule);
+        let v: Vec<i64> = map.owners().iter().map(|&o| i64::from(o)).collect();
+        out.insert(l, Tensor::f_from_slice(&v)?.f_to(device)?);
+    }
+    Ok(out)
+}

@@ -136,3 +136,15 @@ fn decoder_bad_input() {
     let ok = Batch::from_records(&[vec![1, 2], vec![3, 4]], 0, None, Device::Cpu).unwrap();
     assert!(matches!(o.forward(&ok, &mut ctx), Err(ModelError::InvalidOwners { layer: 0, .. })));
 }
+
+#[test]
+fn f32_decoders_match_reference_to_1e5() {
+    tch::manual_seed(5);
+    let o = OlmoeDecoder::new(OlmoeConfig::tiny(DecoderHead::LanguageModel), Device::Cpu).unwrap();
+    perturb(&o, 0.05);
+    let w1 = check_exact(&o, &lm_batch(o.vocab_size()), &BTreeMap::new(), 1e-5);
+    let g = Gpt2::new(Gpt2Config::tiny(DecoderHead::LanguageModel), Device::Cpu).unwrap();
+    perturb(&g, 0.05);
+    let w2 = check_exact(&g, &lm_batch(g.vocab_size()), &BTreeMap::new(), 1e-5);
+    eprintln!("f32 worst relative error: olmoe {w1:e}, gpt2 {w2:e}");
+}
