@@ -466,15 +466,25 @@ impl HfLayout {
         out
     }
 
-    /// Whether checkpoint tensor `name` is a stored copy of a tied weight (e.g. an old GPT-2
-    /// file that has both `lm_head.weight` and `wte.weight`).
-    fn is_tied_alias(&self, name: &str) -> bool {
-        self.tied.iter().any(|(alias, _)| {
-            alias == name
+    /// When checkpoint tensor `name` is the alias of a tied weight (e.g. an old GPT-2 file that
+    /// stores both `lm_head.weight` and `wte.weight`), the source's name in `available`.
+    fn tied_source_in(&self, name: &str, available: &BTreeSet<String>) -> Option<String> {
+        self.tied.iter().find_map(|(alias, source)| {
+            let matches = alias == name
                 || self
                     .optional_prefixes
                     .iter()
-                    .any(|p| alias.strip_prefix(p.as_str()) == Some(name))
+                    .any(|p| alias.strip_prefix(p.as_str()) == Some(name));
+            if !matches {
+                return None;
+            }
+            std::iter::once(source.clone())
+                .chain(
+                    self.optional_prefixes
+                        .iter()
+                        .filter_map(|p| source.strip_prefix(p.as_str()).map(str::to_string)),
+                )
+                .find(|s| available.contains(s))
         })
     }
 }
@@ -719,12 +729,18 @@ pub fn load_named(
         }
     }
     let used: BTreeSet<&str> = plan.iter().map(|p| p.file_name.as_str()).collect();
-    report.unexpected = available
-        .iter()
-        .filter(|n| !used.contains(n.as_str()))
-        .filter(|n| !any_match(&layout.ignore_unexpected, n) && !layout.is_tied_alias(n))
-        .cloned()
-        .collect();
+    // Unused tensors: ignored by the layout, stored copies of a tied weight (checked equal to
+    // their source below), or unexpected.
+    let mut alias_checks: Vec<(String, String)> = Vec::new();
+    for n in available.iter().filter(|n| !used.contains(n.as_str())) {
+        if any_match(&layout.ignore_unexpected, n) {
+            continue;
+        }
+        match layout.tied_source_in(n, &available) {
+            Some(src) => alias_checks.push((n.clone(), src)),
+            None => report.unexpected.push(n.clone()),
+        }
+    }
     if !missing_fatal.is_empty() {
         return Err(ModelError::MissingTensors {
             path: label,
@@ -736,6 +752,38 @@ pub fn load_named(
             path: label,
             names: report.unexpected,
         });
+    }
+
+    let read_one = |name: &str| -> Result<Tensor> {
+        match (&single, &ckpt.weight_map) {
+            (Some(f), _) => f.tensor(name),
+            (None, Some(map)) => {
+                let fi = map.get(name).copied().unwrap_or(0);
+                SafetensorsFile::open(&ckpt.files[fi])?.tensor(name)
+            }
+            (None, None) => Err(ModelError::MissingTensors {
+                path: label.clone(),
+                names: vec![name.to_string()],
+            }),
+        }
+    };
+    for (alias, src) in alias_checks {
+        let (a, b) = (read_one(&alias)?, read_one(&src)?);
+        let same = a.size() == b.size()
+            && a.f_to_kind(Kind::Double)?
+                .f_equal(&b.f_to_kind(Kind::Double)?)
+                .unwrap_or(false);
+        if !same {
+            if opts.mode == LoadMode::Strict {
+                return Err(ModelError::UnexpectedTensors {
+                    path: label,
+                    names: vec![format!(
+                        "{alias} (differs from {src}, to which this layout ties it)"
+                    )],
+                });
+            }
+            report.unexpected.push(alias);
+        }
     }
 
     // Read, check and convert everything before writing anything.

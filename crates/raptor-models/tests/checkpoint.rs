@@ -200,17 +200,41 @@ fn tied_lm_head_is_stored_once_and_loaded_from_wte() {
     )
     .unwrap();
     assert!(written.contains(&"lm_head.weight".to_string()));
-    // ... and a file holding both (old GPT-2 checkpoints) loads strictly into a store without a
-    // head: the stored alias is not "unexpected".
+    // A file holding both (old GPT-2 checkpoints) loads strictly into a store without a head
+    // when the stored head equals wte ...
+    let both = dir.join("both.safetensors");
+    let gpt2 = HfLayout::gpt2();
+    let named: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .map(|(k, t)| {
+            let t = if gpt2
+                .transposed
+                .iter()
+                .any(|p| raptor_models::checkpoint::glob_match(p, &k))
+            {
+                t.tr().contiguous()
+            } else {
+                t
+            };
+            (k, t)
+        })
+        .collect();
+    write_safetensors(&both, &named, None).unwrap();
     let vs4 = gpt2_store(ZERO, false);
-    let r = load_var_store(
-        &vs4,
-        dir.join("untied.safetensors"),
-        &HfLayout::gpt2(),
-        &LoadOptions::exact(),
-    )
-    .unwrap();
+    let r = load_var_store(&vs4, &both, &gpt2, &LoadOptions::exact()).unwrap();
     assert!(r.unexpected.is_empty());
+    // ... but an untied head that differs from wte is not silently dropped.
+    let untied = dir.join("untied.safetensors");
+    let vs5 = gpt2_store(ZERO, false);
+    match load_var_store(&vs5, &untied, &gpt2, &LoadOptions::exact()).unwrap_err() {
+        ModelError::UnexpectedTensors { names, .. } => {
+            assert!(names[0].starts_with("lm_head.weight"), "{names:?}")
+        }
+        other => panic!("unexpected error {other}"),
+    }
+    let r = load_var_store(&vs5, &untied, &gpt2, &LoadOptions::lenient()).unwrap();
+    assert_eq!(r.unexpected, vec!["lm_head.weight".to_string()]);
     std::fs::remove_dir_all(&dir).ok();
 }
 
