@@ -166,7 +166,21 @@ fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
             cargo().args(["test", "--workspace", "--all-targets", "--no-fail-fast"]),
         )?;
     }
-    run_step("cargo test --doc", cargo().args(["test", "--workspace", "--doc"]))?;
+    // rustdoc links doc tests in a temporary folder, out of reach of the `$ORIGIN` rpath.
+    let lib = root.join("target").join("libtorch").join("lib");
+    let ld = match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(old) if !old.is_empty() => {
+            let mut v = lib.into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => lib.into_os_string(),
+    };
+    run_step(
+        "cargo test --doc",
+        cargo().args(["test", "--workspace", "--doc"]).env("LD_LIBRARY_PATH", ld),
+    )?;
     eprintln!("\nall checks passed in {:.0} s", start.elapsed().as_secs_f64());
     Ok(())
 }
