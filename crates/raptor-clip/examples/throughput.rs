@@ -1,10 +1,14 @@
-//! Quick throughput check of the fused slice kernel against a STREAM-like read of the same
-//! bytes: `cargo run --release -p raptor-clip --example throughput [B P]`.
+//! Throughput of the fused slice kernel against a STREAM-like read of the same bytes and (with
+//! `--features tch`) libtorch's two-pass clip-and-sum, flat and grouped:
+//! `cargo run --release -p raptor-clip --features tch --example throughput [B P]`.
+//! Prints a Markdown table (GB = 1e9 bytes of gradient read; median of 7 runs).
 
 use std::time::Instant;
 
-fn fill(n: usize) -> Vec<f32> {
-    let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+use raptor_clip::{Block, ClipError, Group, Grouping, clip_blocks, clip_rows, stream_read_sum};
+
+fn fill(n: usize, seed: u64) -> Vec<f32> {
+    let mut s: u64 = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
             s ^= s << 13;
@@ -15,20 +19,33 @@ fn fill(n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn median(mut f: impl FnMut(), reps: usize) -> f64 {
-    f();
-    let mut v: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
+fn median(mut f: impl FnMut() -> Result<(), ClipError>, reps: usize) -> Result<f64, ClipError> {
+    f()?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_secs_f64());
+    }
     v.sort_by(f64::total_cmp);
-    v[reps / 2]
+    Ok(v[reps / 2])
 }
 
-fn main() -> Result<(), raptor_clip::ClipError> {
+fn row(kind: &str, b: usize, p: usize, ours: f64, torch: Option<f64>, read: f64) {
+    let gb = (b * p * 4) as f64 / 1e9;
+    let (o, r) = (gb / ours, gb / read);
+    let (t, ratio) = match torch {
+        Some(t) => (format!("{:.1}", gb / t), format!("{:.2}", t / ours)),
+        None => ("-".into(), "-".into()),
+    };
+    println!(
+        "| {kind} | {b} | {p:.0e} | {:.0} | {o:.1} | {t} | {r:.1} | {ratio} | {:.2} |",
+        gb * 1e3,
+        read / ours
+    );
+}
+
+fn main() -> Result<(), ClipError> {
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -38,40 +55,80 @@ fn main() -> Result<(), raptor_clip::ClipError> {
     } else {
         vec![
             (64, 10_000),
+            (256, 10_000),
+            (1024, 10_000),
+            (64, 100_000),
             (256, 100_000),
             (1024, 100_000),
             (64, 1_000_000),
             (256, 1_000_000),
         ]
     };
-    for (b, p) in sizes {
-        let data = fill(b * p);
+    let reps = 7;
+    println!(
+        "| form | B | P | MB | fused GB/s | libtorch GB/s | read GB/s | fused / libtorch | fused / read |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &(b, p) in &sizes {
+        let data = fill(b * p, (b * p) as u64);
         let bound = (p as f64).sqrt() * 0.0029;
-        let gb = (b * p * 4) as f64 / 1e9;
-        let mut err = None;
-        let t_fused = median(
-            || {
-                if let Err(e) = raptor_clip::clip_rows(&data, p, bound, None) {
-                    err = Some(e);
-                }
-            },
-            7,
-        );
-        if let Some(e) = err {
-            return Err(e);
-        }
+        let t_ours = median(|| clip_rows(&data, p, bound, None).map(|_| ()), reps)?;
         let t_read = median(
             || {
-                std::hint::black_box(raptor_clip::stream_read_sum(&data));
+                std::hint::black_box(stream_read_sum(&data));
+                Ok(())
             },
-            7,
-        );
-        println!(
-            "B={b:5} P={p:8}  fused {:6.1} GB/s  read {:6.1} GB/s  fused/read {:.2}",
-            gb / t_fused,
-            gb / t_read,
-            t_read / t_fused
-        );
+            reps,
+        )?;
+        #[cfg(feature = "tch")]
+        let t_torch = {
+            let t = tch::Tensor::from_slice(&data).reshape([b as i64, p as i64]);
+            Some(median(
+                || raptor_clip::tensor::clip_rows(&t, bound, None).map(|_| ()),
+                reps,
+            )?)
+        };
+        #[cfg(not(feature = "tch"))]
+        let t_torch = None;
+        row("flat", b, p, t_ours, t_torch, t_read);
+    }
+    for &(b, p) in &sizes {
+        let widths = [p / 2, p / 8, p / 8, p / 8, p - p / 2 - 3 * (p / 8)];
+        let data: Vec<Vec<f32>> = widths
+            .iter()
+            .enumerate()
+            .map(|(k, &w)| fill(b * w, k as u64 + 7))
+            .collect();
+        let names = ["shared", "e0", "e1", "e2", "e3"];
+        let blocks: Vec<Block<'_>> = (0..5)
+            .map(|k| Block::new(names[k], &data[k], widths[k]))
+            .collect();
+        let grouping = Grouping::Grouped {
+            groups: (0..5).map(|k| Group::new(names[k], vec![k])).collect(),
+            bounds: widths.iter().map(|&w| (w as f64).sqrt() * 0.0029).collect(),
+        };
+        let t_ours = median(|| clip_blocks(&blocks, &grouping, None).map(|_| ()), reps)?;
+        let t_read = median(
+            || {
+                std::hint::black_box(data.iter().map(|d| stream_read_sum(d)).sum::<f32>());
+                Ok(())
+            },
+            reps,
+        )?;
+        #[cfg(feature = "tch")]
+        let t_torch = {
+            let ts: Vec<tch::Tensor> = (0..5)
+                .map(|k| tch::Tensor::from_slice(&data[k]).reshape([b as i64, widths[k] as i64]))
+                .collect();
+            let tb: Vec<(&str, &tch::Tensor)> = (0..5).map(|k| (names[k], &ts[k])).collect();
+            Some(median(
+                || raptor_clip::tensor::clip_blocks(&tb, &grouping, None).map(|_| ()),
+                reps,
+            )?)
+        };
+        #[cfg(not(feature = "tch"))]
+        let t_torch = None;
+        row("grouped (5 groups)", b, p, t_ours, t_torch, t_read);
     }
     Ok(())
 }
