@@ -27,5 +27,10 @@ pub use ns::{
     newton_schulz_with,
 };
 
+#[cfg(feature = "tch")]
+pub mod tch_backend;
+#[cfg(feature = "tch")]
+pub use tch_backend::{TchPrecision, newton_schulz_tch};
+
 /// Re-export of the faer version used in the public API (`faer::Mat`, `faer::MatRef`).
 pub use faer;
