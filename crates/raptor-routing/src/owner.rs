@@ -139,20 +139,25 @@ pub fn record_owner(
     Ok(owner_map(&layer, rule).owners[0])
 }
 
-/// Conversion of a stored weight to `f32`.
+/// Stored weights, converted to `f32` one record at a time.
 trait Weight: Copy + Sync {
-    fn to_f32(self) -> f32;
+    /// `out[i] = src[i] as f32` (`out.len() == src.len()`).
+    fn convert(src: &[Self], out: &mut Vec<f32>);
 }
 impl Weight for f32 {
     #[inline]
-    fn to_f32(self) -> f32 {
-        self
+    fn convert(src: &[Self], out: &mut Vec<f32>) {
+        out.clear();
+        out.extend_from_slice(src);
     }
 }
 impl Weight for f16 {
     #[inline]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
+    fn convert(src: &[Self], out: &mut Vec<f32>) {
+        use half::slice::HalfFloatSliceExt;
+        out.clear();
+        out.resize(src.len(), 0.0);
+        src.convert_to_f32_slice(out);
     }
 }
 
@@ -170,13 +175,13 @@ where
         .into_par_iter()
         .with_min_len(256)
         .map_init(
-            || vec![0f64; e],
-            |scores, r| owner_of(layer, ids, w, rule, r, scores),
+            || (vec![0f64; e], Vec::new()),
+            |(scores, wbuf), r| owner_of(layer, ids, w, rule, r, scores, wbuf),
         )
         .collect()
 }
 
-/// Owner of record `r`. `scores` is all-zero on entry and on exit.
+/// Owner of record `r`. `scores` is all-zero on entry and on exit; `wbuf` is scratch.
 #[inline]
 fn owner_of<I, W>(
     layer: &LayerRouting,
@@ -185,6 +190,7 @@ fn owner_of<I, W>(
     rule: OwnerRule,
     r: usize,
     scores: &mut [f64],
+    wbuf: &mut Vec<f32>,
 ) -> u32
 where
     I: Copy + Into<u32>,
@@ -193,20 +199,30 @@ where
     let k = layer.top_k();
     let (start, end) = (layer.offsets[r], layer.offsets[r + 1]);
     let valid = |pos: usize| (layer.mask[pos / 64] >> (pos % 64)) & 1 == 1;
+    let rec_ids = &ids[start * k..end * k];
+    W::convert(&w[start * k..end * k], wbuf);
+    let rec_w: &[f32] = wbuf;
     // Accumulate.
-    for pos in (start..end).filter(|&p| valid(p)) {
-        let base = pos * k;
-        let (ids_t, w_t) = (&ids[base..base + k], &w[base..base + k]);
-        match rule {
-            OwnerRule::GateWeighted => {
-                for (&i, &x) in ids_t.iter().zip(w_t) {
-                    scores[i.into() as usize] += f64::from(x.to_f32());
-                }
+    match rule {
+        // Padding tokens are stored as (expert 0, weight +0.0) and adding +0.0 leaves every
+        // score unchanged, so the gate-weighted sum needs no mask test.
+        OwnerRule::GateWeighted => {
+            for (&i, &x) in rec_ids.iter().zip(rec_w) {
+                scores[i.into() as usize] += f64::from(x);
             }
-            OwnerRule::TokenCount => {
-                let mut best = (ids_t[0].into(), w_t[0].to_f32());
+        }
+        OwnerRule::TokenCount => {
+            for (t, (ids_t, w_t)) in rec_ids
+                .chunks_exact(k)
+                .zip(rec_w.chunks_exact(k))
+                .enumerate()
+            {
+                if !valid(start + t) {
+                    continue;
+                }
+                let mut best = (ids_t[0].into(), w_t[0]);
                 for (&i, &x) in ids_t.iter().zip(w_t).skip(1) {
-                    let (i, x) = (i.into(), x.to_f32());
+                    let i = i.into();
                     if x > best.1 || (x == best.1 && i < best.0) {
                         best = (i, x);
                     }
