@@ -146,6 +146,8 @@ fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
         )?;
     }
     architecture_invariant()?;
+    // Benches and examples are compiled (and linted) by clippy --all-targets above; running
+    // criterion benches in test mode would only time them once in the debug profile.
     if has_nextest() {
         run_step(
             "cargo nextest run (all tests)",
@@ -153,7 +155,9 @@ fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
                 "nextest",
                 "run",
                 "--workspace",
-                "--all-targets",
+                "--lib",
+                "--bins",
+                "--tests",
                 "--no-fail-fast",
                 "--final-status-level",
                 "slow",
@@ -163,7 +167,7 @@ fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
         eprintln!("(cargo-nextest not found: using cargo test)");
         run_step(
             "cargo test (all tests)",
-            cargo().args(["test", "--workspace", "--all-targets", "--no-fail-fast"]),
+            cargo().args(["test", "--workspace", "--lib", "--bins", "--tests", "--no-fail-fast"]),
         )?;
     }
     // rustdoc links doc tests in a temporary folder, out of reach of the `$ORIGIN` rpath.
