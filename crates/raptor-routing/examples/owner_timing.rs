@@ -8,6 +8,16 @@ use std::time::Instant;
 use raptor_routing::synth::{SynthSpec, generate, zipf_profile};
 use raptor_routing::{LayerRouting, OwnerRule, RoutingError, WeightPrecision, owner_map};
 
+/// User + system CPU time of this process in seconds (Linux `/proc/self/stat`, 100 Hz ticks);
+/// 0 elsewhere.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
 fn main() -> Result<(), RoutingError> {
     let spec = SynthSpec {
         num_records: 100_000,
@@ -38,6 +48,7 @@ fn main() -> Result<(), RoutingError> {
         let mut best = f64::INFINITY;
         let mut total = 0.0;
         let reps = 10;
+        let cpu0 = cpu_seconds();
         for _ in 0..reps {
             let t = Instant::now();
             std::hint::black_box(owner_map(l, rule));
@@ -45,10 +56,12 @@ fn main() -> Result<(), RoutingError> {
             best = best.min(s);
             total += s;
         }
+        let cpu = (cpu_seconds() - cpu0) / reps as f64;
         println!(
-            "{name}: mean {:.1} ms, best {:.1} ms ({threads} threads, {} MB)",
+            "{name}: wall mean {:.1} ms, best {:.1} ms; CPU {:.1} ms per map ({threads} threads, {} MB)",
             total / reps as f64 * 1e3,
             best * 1e3,
+            cpu * 1e3,
             l.heap_bytes() >> 20
         );
     }
