@@ -67,7 +67,9 @@ impl Batch {
         let shape = [b as i64, t as i64];
         Ok(Self {
             input_ids: Tensor::f_from_slice(&ids)?.f_reshape(shape)?.f_to(device)?,
-            attention_mask: Tensor::f_from_slice(&mask)?.f_reshape(shape)?.f_to(device)?,
+            attention_mask: Tensor::f_from_slice(&mask)?
+                .f_reshape(shape)?
+                .f_to(device)?,
             labels: match labels {
                 Some(l) => Some(Tensor::f_from_slice(l)?.f_to(device)?),
                 None => None,
@@ -140,7 +142,9 @@ impl Batch {
                 if m == 1 && valid != p {
                     return Err(ModelError::InvalidMask {
                         record: r,
-                        why: format!("valid token at position {p} after padding (records must be right-padded)"),
+                        why: format!(
+                            "valid token at position {p} after padding (records must be right-padded)"
+                        ),
                     });
                 }
                 if id < 0 || id >= vocab_size {
@@ -218,13 +222,19 @@ pub fn per_record_loss(logits: &Tensor, batch: &Batch, task: Task) -> Result<Ten
                     why: "language modelling needs at least two tokens per record".into(),
                 });
             }
-            let lp = logits.f_narrow(1, 0, t - 1)?.f_log_softmax(-1, None::<Kind>)?;
+            let lp = logits
+                .f_narrow(1, 0, t - 1)?
+                .f_log_softmax(-1, None::<Kind>)?;
             let targets = batch.input_ids.f_narrow(1, 1, t - 1)?;
             let valid = batch
                 .attention_mask
                 .f_narrow(1, 1, t - 1)?
                 .f_to_kind(lp.kind())?;
-            let counts: Vec<f64> = Vec::try_from(valid.f_sum_dim_intlist(1, false, Kind::Double)?.f_to(Device::Cpu)?)?;
+            let counts: Vec<f64> = Vec::try_from(
+                valid
+                    .f_sum_dim_intlist(1, false, Kind::Double)?
+                    .f_to(Device::Cpu)?,
+            )?;
             if let Some(r) = counts.iter().position(|&c| c == 0.0) {
                 return Err(ModelError::EmptyRecord {
                     record: r,
@@ -235,7 +245,9 @@ pub fn per_record_loss(logits: &Tensor, batch: &Batch, task: Task) -> Result<Ten
                 .f_gather(2, &targets.f_unsqueeze(2)?, false)?
                 .f_squeeze_dim(2)?
                 .f_neg()?;
-            let sum = nll.f_mul(&valid)?.f_sum_dim_intlist(1, false, None::<Kind>)?;
+            let sum = nll
+                .f_mul(&valid)?
+                .f_sum_dim_intlist(1, false, None::<Kind>)?;
             Ok(sum.f_div(&valid.f_sum_dim_intlist(1, false, None::<Kind>)?)?)
         }
     }

@@ -118,7 +118,14 @@ impl Gpt2 {
                 attn_proj: Linear::new(&vs, &format!("{p}.attn.c_proj"), d, d, true, proj_std)?,
                 ln_2: LayerNorm::new(&vs, &format!("{p}.ln_2"), d, cfg.layer_norm_epsilon)?,
                 c_fc: Linear::new(&vs, &format!("{p}.mlp.c_fc"), d, cfg.n_inner, true, std)?,
-                mlp_proj: Linear::new(&vs, &format!("{p}.mlp.c_proj"), cfg.n_inner, d, true, proj_std)?,
+                mlp_proj: Linear::new(
+                    &vs,
+                    &format!("{p}.mlp.c_proj"),
+                    cfg.n_inner,
+                    d,
+                    true,
+                    proj_std,
+                )?,
             });
         }
         let ln_f = LayerNorm::new(&vs, "transformer.ln_f", d, cfg.layer_norm_epsilon)?;
@@ -144,14 +151,21 @@ impl Gpt2 {
         &self.cfg
     }
 
-    fn attention(&self, blk: &Block, x: &Tensor, mask: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
+    fn attention(
+        &self,
+        blk: &Block,
+        x: &Tensor,
+        mask: &Tensor,
+        ctx: &mut ForwardCtx,
+    ) -> Result<Tensor> {
         let size = x.size();
         let (b, t, d) = (size[0], size[1], size[2]);
         let h = self.cfg.n_head;
         let hd = d / h;
         let qkv = blk.c_attn.forward(x, ctx)?;
         let parts = qkv.f_split(d, -1)?;
-        let heads = |y: &Tensor| -> Result<Tensor> { Ok(y.f_reshape([b, t, h, hd])?.f_transpose(1, 2)?) };
+        let heads =
+            |y: &Tensor| -> Result<Tensor> { Ok(y.f_reshape([b, t, h, hd])?.f_transpose(1, 2)?) };
         let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
         let scores = q
             .f_matmul(&k.f_transpose(2, 3)?)?
@@ -229,7 +243,10 @@ impl Model for Gpt2 {
         let (b, t) = (batch.batch_size(), batch.seq_len());
         if t > self.cfg.n_positions {
             return Err(ModelError::ShapeMismatch {
-                what: format!("sequence length (at most n_positions = {})", self.cfg.n_positions),
+                what: format!(
+                    "sequence length (at most n_positions = {})",
+                    self.cfg.n_positions
+                ),
                 expected: vec![b, self.cfg.n_positions],
                 got: vec![b, t],
             });
@@ -248,7 +265,10 @@ impl Model for Gpt2 {
             let n = blk.ln_1.forward(&h, ctx)?;
             h = h.f_add(&self.attention(blk, &n, &mask, ctx)?)?;
             let n = blk.ln_2.forward(&h, ctx)?;
-            let a = self.cfg.activation_function.apply(&blk.c_fc.forward(&n, ctx)?)?;
+            let a = self
+                .cfg
+                .activation_function
+                .apply(&blk.c_fc.forward(&n, ctx)?)?;
             h = h.f_add(&blk.mlp_proj.forward(&a, ctx)?)?;
         }
         let h = self.ln_f.forward(&h, ctx)?;

@@ -92,7 +92,11 @@ impl PerSampleGrads {
         let mut sites = Vec::with_capacity(gs.len());
         let mut uses: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
         for (i, (site, g)) in tape.sites.into_iter().zip(gs).enumerate() {
-            let g = if g.defined() { g } else { site.z.f_zeros_like()? };
+            let g = if g.defined() {
+                g
+            } else {
+                site.z.f_zeros_like()?
+            };
             let (g3, pad) = match &site.rows {
                 Rows::Dense => {
                     let g3 = if g.dim() == 4 {
@@ -179,7 +183,12 @@ impl PerSampleGrads {
     }
 
     /// (u, v) factors with grad = Σ_t u_t v_tᵀ.
-    fn factors<'a>(&self, s: &'a GradSite, p: &'a Part, a3: &'a Option<Tensor>) -> Result<(Factor<'a>, Factor<'a>)> {
+    fn factors<'a>(
+        &self,
+        s: &'a GradSite,
+        p: &'a Part,
+        a3: &'a Option<Tensor>,
+    ) -> Result<(Factor<'a>, Factor<'a>)> {
         match (p, a3) {
             (Part::Weight { .. }, Some(a)) => Ok((Factor::Dense(&s.g3), Factor::Dense(a))),
             (Part::Embedding { ids, .. }, _) => Ok((Factor::OneHot(ids), Factor::Dense(&s.g3))),
@@ -206,7 +215,11 @@ impl PerSampleGrads {
             }
             (Factor::Dense(_), Factor::OneHot(_)) => self.gram(y, x)?.f_transpose(1, 2)?,
             (Factor::Ones(t), Factor::Ones(s)) => {
-                let dev = self.sites.first().map(|s| s.g.device()).unwrap_or(tch::Device::Cpu);
+                let dev = self
+                    .sites
+                    .first()
+                    .map(|s| s.g.device())
+                    .unwrap_or(tch::Device::Cpu);
                 Tensor::f_ones([b, *t, *s], (self.kind, dev))?
             }
             _ => {
@@ -222,7 +235,9 @@ impl PerSampleGrads {
         let uses = self
             .uses
             .get(param)
-            .ok_or_else(|| ModelError::UnknownParameter { param: param.into() })?;
+            .ok_or_else(|| ModelError::UnknownParameter {
+                param: param.into(),
+            })?;
         let b = self.batch_size;
         // Direct parts: sum per-record grads.
         let mut direct: Option<Tensor> = None;
@@ -231,9 +246,9 @@ impl PerSampleGrads {
             let (s, p) = self.part(u);
             match p {
                 Part::Gain { .. } | Part::Buckets { .. } => {
-                    let d = self.direct(s, p)?.ok_or_else(|| {
-                        ModelError::InvalidConfig("internal: direct part".into())
-                    })?;
+                    let d = self
+                        .direct(s, p)?
+                        .ok_or_else(|| ModelError::InvalidConfig("internal: direct part".into()))?;
                     direct = Some(match direct {
                         Some(acc) => acc.f_add(&d)?,
                         None => d,
@@ -251,7 +266,11 @@ impl PerSampleGrads {
             )));
         }
         if let Some(d) = direct {
-            return Ok(d.f_reshape([b, -1])?.f_square()?.f_sum_dim_intlist(1, false, None::<Kind>)?);
+            return Ok(d.f_reshape([b, -1])?.f_square()?.f_sum_dim_intlist(
+                1,
+                false,
+                None::<Kind>,
+            )?);
         }
         // Single linear use: raptor-clip's ghost or materialized kernel, by cost (materialized
         // only while B·in·out stays under a memory cap).
@@ -301,7 +320,10 @@ impl PerSampleGrads {
     }
 
     fn device(&self) -> tch::Device {
-        self.sites.first().map(|s| s.g.device()).unwrap_or(tch::Device::Cpu)
+        self.sites
+            .first()
+            .map(|s| s.g.device())
+            .unwrap_or(tch::Device::Cpu)
     }
 
     /// `Σ_b coeffs[b] · G_b` for parameter `param` (`coeffs` `[B]`), in the parameter's shape.
@@ -310,7 +332,9 @@ impl PerSampleGrads {
         let uses = self
             .uses
             .get(param)
-            .ok_or_else(|| ModelError::UnknownParameter { param: param.into() })?;
+            .ok_or_else(|| ModelError::UnknownParameter {
+                param: param.into(),
+            })?;
         if coeffs.size() != [self.batch_size] {
             return Err(ModelError::ShapeMismatch {
                 what: format!("clip coefficients for {param}"),
@@ -345,14 +369,17 @@ impl PerSampleGrads {
                 }
                 Part::Bias { .. } => {
                     let dout = s.g.size().last().copied().unwrap_or(1);
-                    scaled_g.f_reshape([-1, dout])?.f_sum_dim_intlist(0, false, None::<Kind>)?
+                    scaled_g
+                        .f_reshape([-1, dout])?
+                        .f_sum_dim_intlist(0, false, None::<Kind>)?
                 }
                 Part::Gain { n, .. } => {
                     let d = n.size().last().copied().unwrap_or(1);
-                    scaled_g
-                        .f_mul(n)?
-                        .f_reshape([-1, d])?
-                        .f_sum_dim_intlist(0, false, None::<Kind>)?
+                    scaled_g.f_mul(n)?.f_reshape([-1, d])?.f_sum_dim_intlist(
+                        0,
+                        false,
+                        None::<Kind>,
+                    )?
                 }
                 Part::Embedding { ids, vocab, .. } => {
                     let d = s.g.size().last().copied().unwrap_or(1);
@@ -363,9 +390,9 @@ impl PerSampleGrads {
                     )?
                 }
                 Part::Buckets { .. } => {
-                    let per = self.direct(s, p)?.ok_or_else(|| {
-                        ModelError::InvalidConfig("internal: direct part".into())
-                    })?;
+                    let per = self
+                        .direct(s, p)?
+                        .ok_or_else(|| ModelError::InvalidConfig("internal: direct part".into()))?;
                     let mut shape = vec![self.batch_size];
                     shape.extend(std::iter::repeat_n(1, per.dim().saturating_sub(1)));
                     per.f_mul(&c.f_reshape(shape.as_slice())?)?
@@ -377,7 +404,9 @@ impl PerSampleGrads {
                 None => term,
             });
         }
-        acc.ok_or_else(|| ModelError::UnknownParameter { param: param.into() })
+        acc.ok_or_else(|| ModelError::UnknownParameter {
+            param: param.into(),
+        })
     }
 
     /// Clips per record by group and returns the clipped, weighted sums of all parameters.
@@ -431,7 +460,9 @@ impl PerSampleGrads {
         }
         let factor = |sq: &Tensor, bound: f64| -> Result<Tensor> {
             if !(bound.is_finite() && bound > 0.0) {
-                return Err(ModelError::InvalidClip(format!("bound {bound} must be finite and > 0")));
+                return Err(ModelError::InvalidClip(format!(
+                    "bound {bound} must be finite and > 0"
+                )));
             }
             Ok(clip_factors(sq, bound)?)
         };

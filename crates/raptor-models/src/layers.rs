@@ -223,10 +223,18 @@ impl Linear {
             vs,
             &format!("{name}.weight"),
             &[out_dim, in_dim],
-            Init::Randn { mean: 0.0, stdev: std },
+            Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
         )?;
         let bias = if bias {
-            Some(new_var(vs, &format!("{name}.bias"), &[out_dim], Init::Const(0.0))?)
+            Some(new_var(
+                vs,
+                &format!("{name}.bias"),
+                &[out_dim],
+                Init::Const(0.0),
+            )?)
         } else {
             None
         };
@@ -249,7 +257,13 @@ impl Linear {
     }
 
     /// Adds a LoRA adapter (variables `{name}.lora_A.weight`, `{name}.lora_B.weight`).
-    pub(crate) fn attach_lora(&mut self, vs: &VarStore, r: i64, alpha: f64, dropout: f64) -> Result<()> {
+    pub(crate) fn attach_lora(
+        &mut self,
+        vs: &VarStore,
+        r: i64,
+        alpha: f64,
+        dropout: f64,
+    ) -> Result<()> {
         if self.lora.is_some() {
             return Err(ModelError::InvalidConfig(format!(
                 "{} already has a LoRA adapter",
@@ -263,7 +277,10 @@ impl Linear {
             vs,
             &format!("{}.lora_A.weight", self.name),
             &[r, fan_in],
-            Init::Uniform { lo: -bound, up: bound },
+            Init::Uniform {
+                lo: -bound,
+                up: bound,
+            },
         )?;
         let b = new_var(
             vs,
@@ -326,7 +343,11 @@ impl Linear {
             z = owner_masked(&z, m)?;
         }
         if let Some(l) = &self.lora {
-            if ctx.lora_disabled.iter().any(|p| name_matches(&self.name, p)) {
+            if ctx
+                .lora_disabled
+                .iter()
+                .any(|p| name_matches(&self.name, p))
+            {
                 return Ok(z);
             }
             let xd = if ctx.train && l.dropout > 0.0 {
@@ -471,7 +492,10 @@ impl Embedding {
                 vs,
                 &format!("{name}.weight"),
                 &[vocab, dim],
-                Init::Randn { mean: 0.0, stdev: std },
+                Init::Randn {
+                    mean: 0.0,
+                    stdev: std,
+                },
             )?,
         })
     }

@@ -9,29 +9,29 @@
 /// `libtorch_cuda.so`). When true, `tch::Cuda::is_available()` reports the GPU at run time.
 pub const CUDA_LINKED: bool = cfg!(raptor_cuda_linked);
 
-pub mod checkpoint;
-pub mod hf_config;
-pub mod tokenizer;
 mod batch;
+pub mod checkpoint;
 mod error;
 mod gpt2;
 mod grad;
+pub mod hf_config;
 mod layers;
 mod model;
 mod moe;
 mod olmoe;
 mod switch;
 mod tape;
+pub mod tokenizer;
 
 pub use batch::{Batch, Task, per_record_loss};
 pub use error::{ModelError, Result};
+pub use gpt2::{Gpt2, Gpt2Config};
 pub use grad::{ClipOutput, ClipPolicy, ParamGroups, PerSampleGrads, clip_factors};
 pub use layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, Lora, RmsNorm, name_matches};
 pub use model::{
     LoraConfig, Model, PrivateStep, PrivateStepOutput, attach_lora, freeze_all, set_trainable,
     trainable_params,
 };
-pub use gpt2::{Gpt2, Gpt2Config};
 pub use moe::{RouterOutput, collect_routing, owner_tensors};
 pub use olmoe::{DecoderHead, OlmoeConfig, OlmoeDecoder};
 pub use switch::{SwitchConfig, SwitchEncoder};

@@ -96,11 +96,17 @@ pub fn attach_lora<M: Model + ?Sized>(model: &mut M, cfg: &LoraConfig) -> Result
 
 /// Sets `requires_grad` of every variable whose name matches one of `patterns` (routers stay
 /// frozen whatever the pattern); returns the names changed.
-pub fn set_trainable<M: Model + ?Sized>(model: &M, patterns: &[&str], trainable: bool) -> Result<Vec<String>> {
+pub fn set_trainable<M: Model + ?Sized>(
+    model: &M,
+    patterns: &[&str],
+    trainable: bool,
+) -> Result<Vec<String>> {
     let routers = model.router_params();
     let mut names = Vec::new();
     for (name, t) in model.var_store().variables() {
-        if patterns.iter().any(|p| name_matches(&name, p)) && !(trainable && routers.contains(&name)) {
+        if patterns.iter().any(|p| name_matches(&name, p))
+            && !(trainable && routers.contains(&name))
+        {
             let _ = t.f_set_requires_grad(trainable)?;
             names.push(name);
         }

@@ -18,7 +18,6 @@ pub struct RouterOutput {
     pub mask: Tensor,
 }
 
-
 /// Runs `expert(e, x_e, rows, owner_mask, ctx)` on the tokens routed to each expert and sums
 /// the gate-weighted outputs. `x` `[B, T, d]`, `sel`/`gate` `[B, T, k]`, `keep` optional
 /// `[B, T, k]` bool (capacity), `owners` optional `[B]` i64.
@@ -96,7 +95,11 @@ pub(crate) fn check_owners(layer: usize, owners: &Tensor, b: i64, num_experts: i
         });
     }
     let v: Vec<i64> = Vec::try_from(owners.f_to(tch::Device::Cpu)?)?;
-    if let Some((r, &e)) = v.iter().enumerate().find(|(_, e)| **e < 0 || **e >= num_experts) {
+    if let Some((r, &e)) = v
+        .iter()
+        .enumerate()
+        .find(|(_, e)| **e < 0 || **e >= num_experts)
+    {
         return Err(ModelError::InvalidOwners {
             layer,
             why: format!("record {r} owned by expert {e}, outside [0, {num_experts})"),
@@ -141,10 +144,12 @@ where
         ctx.collect_routing = true;
         let _ = tch::no_grad(|| model.forward(batch, &mut ctx))?;
         for r in &ctx.routing {
-            let layer = out.get_mut(&r.layer).ok_or_else(|| ModelError::Routing(format!(
-                "router output for layer {} which is not a sparse layer",
-                r.layer
-            )))?;
+            let layer = out.get_mut(&r.layer).ok_or_else(|| {
+                ModelError::Routing(format!(
+                    "router output for layer {} which is not a sparse layer",
+                    r.layer
+                ))
+            })?;
             r.push_into(layer)?;
         }
     }

@@ -166,7 +166,9 @@ impl OlmoeDecoder {
             || cfg.num_attention_heads % cfg.num_key_value_heads != 0
             || cfg.head_dim() % 2 != 0
         {
-            return Err(ModelError::InvalidConfig(format!("bad attention sizes in {cfg:?}")));
+            return Err(ModelError::InvalidConfig(format!(
+                "bad attention sizes in {cfg:?}"
+            )));
         }
         if cfg.num_experts_per_tok < 1 || cfg.num_experts_per_tok > cfg.num_experts {
             return Err(ModelError::InvalidConfig(format!(
@@ -187,9 +189,30 @@ impl OlmoeDecoder {
             for e in 0..cfg.num_experts {
                 let ep = format!("{p}.mlp.experts.{e}");
                 experts.push([
-                    Linear::new(&vs, &format!("{ep}.gate_proj"), d, cfg.intermediate_size, false, std)?,
-                    Linear::new(&vs, &format!("{ep}.up_proj"), d, cfg.intermediate_size, false, std)?,
-                    Linear::new(&vs, &format!("{ep}.down_proj"), cfg.intermediate_size, d, false, std)?,
+                    Linear::new(
+                        &vs,
+                        &format!("{ep}.gate_proj"),
+                        d,
+                        cfg.intermediate_size,
+                        false,
+                        std,
+                    )?,
+                    Linear::new(
+                        &vs,
+                        &format!("{ep}.up_proj"),
+                        d,
+                        cfg.intermediate_size,
+                        false,
+                        std,
+                    )?,
+                    Linear::new(
+                        &vs,
+                        &format!("{ep}.down_proj"),
+                        cfg.intermediate_size,
+                        d,
+                        false,
+                        std,
+                    )?,
                 ]);
             }
             layers.push(Layer {
@@ -200,14 +223,28 @@ impl OlmoeDecoder {
                 o: Linear::new(&vs, &format!("{a}.o_proj"), d, d, cfg.attention_bias, std)?,
                 q_norm: RmsNorm::new(&vs, &format!("{a}.q_norm"), d, cfg.rms_norm_eps)?,
                 k_norm: RmsNorm::new(&vs, &format!("{a}.k_norm"), kvd, cfg.rms_norm_eps)?,
-                post_ln: RmsNorm::new(&vs, &format!("{p}.post_attention_layernorm"), d, cfg.rms_norm_eps)?,
-                gate: Linear::new(&vs, &format!("{p}.mlp.gate"), d, cfg.num_experts, false, std)?,
+                post_ln: RmsNorm::new(
+                    &vs,
+                    &format!("{p}.post_attention_layernorm"),
+                    d,
+                    cfg.rms_norm_eps,
+                )?,
+                gate: Linear::new(
+                    &vs,
+                    &format!("{p}.mlp.gate"),
+                    d,
+                    cfg.num_experts,
+                    false,
+                    std,
+                )?,
                 experts,
             });
         }
         let norm = RmsNorm::new(&vs, "model.norm", d, cfg.rms_norm_eps)?;
         let head = match cfg.head {
-            DecoderHead::LanguageModel => Linear::new(&vs, "lm_head", d, cfg.vocab_size, false, std)?,
+            DecoderHead::LanguageModel => {
+                Linear::new(&vs, "lm_head", d, cfg.vocab_size, false, std)?
+            }
             DecoderHead::Classification { num_labels } => {
                 Linear::new(&vs, "score", d, num_labels, false, std)?
             }
@@ -243,10 +280,21 @@ impl OlmoeDecoder {
         Ok((emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?))
     }
 
-    fn attention(&self, l: &Layer, x: &Tensor, mask: &Tensor, cs: &(Tensor, Tensor), ctx: &mut ForwardCtx) -> Result<Tensor> {
+    fn attention(
+        &self,
+        l: &Layer,
+        x: &Tensor,
+        mask: &Tensor,
+        cs: &(Tensor, Tensor),
+        ctx: &mut ForwardCtx,
+    ) -> Result<Tensor> {
         let size = x.size();
         let (b, t) = (size[0], size[1]);
-        let (h, kvh, hd) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim());
+        let (h, kvh, hd) = (
+            self.cfg.num_attention_heads,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim(),
+        );
         let mut q = l.q_norm.forward(&l.q.forward(x, ctx)?, ctx)?;
         let mut k = l.k_norm.forward(&l.k.forward(x, ctx)?, ctx)?;
         let mut v = l.v.forward(x, ctx)?;
@@ -276,11 +324,21 @@ impl OlmoeDecoder {
             .f_mul_scalar((hd as f64).powf(-0.5))?
             .f_add(mask)?;
         let attn = scores.f_softmax(-1, None::<Kind>)?;
-        let out = attn.f_matmul(&v)?.f_transpose(1, 2)?.f_reshape([b, t, h * hd])?;
+        let out = attn
+            .f_matmul(&v)?
+            .f_transpose(1, 2)?
+            .f_reshape([b, t, h * hd])?;
         l.o.forward(&out, ctx)
     }
 
-    fn moe(&self, li: usize, l: &Layer, x: &Tensor, mask: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
+    fn moe(
+        &self,
+        li: usize,
+        l: &Layer,
+        x: &Tensor,
+        mask: &Tensor,
+        ctx: &mut ForwardCtx,
+    ) -> Result<Tensor> {
         let logits = l.gate.forward(x, &mut ForwardCtx::new(false))?;
         let probs = logits.f_softmax(-1, None::<Kind>)?;
         let (mut w, sel) = probs.f_topk(self.cfg.num_experts_per_tok, -1, true, true)?;
@@ -300,12 +358,21 @@ impl OlmoeDecoder {
             check_owners(li, o, x.size()[0], self.cfg.num_experts)?;
         }
         let act = self.cfg.hidden_act;
-        dispatch(x, &sel, &w, None, self.cfg.num_experts, owners.as_ref(), ctx, |e, xe, rows, m, ctx| {
-            let [g, u, dn] = &l.experts[e];
-            let gv = act.apply(&g.forward_rows(xe, ctx, rows, m)?)?;
-            let uv = u.forward_rows(xe, ctx, rows, m)?;
-            dn.forward_rows(&gv.f_mul(&uv)?, ctx, rows, m)
-        })
+        dispatch(
+            x,
+            &sel,
+            &w,
+            None,
+            self.cfg.num_experts,
+            owners.as_ref(),
+            ctx,
+            |e, xe, rows, m, ctx| {
+                let [g, u, dn] = &l.experts[e];
+                let gv = act.apply(&g.forward_rows(xe, ctx, rows, m)?)?;
+                let uv = u.forward_rows(xe, ctx, rows, m)?;
+                dn.forward_rows(&gv.f_mul(&uv)?, ctx, rows, m)
+            },
+        )
     }
 }
 
@@ -370,7 +437,10 @@ impl Model for OlmoeDecoder {
     }
 
     fn router_params(&self) -> Vec<String> {
-        self.layers.iter().map(|l| format!("{}.weight", l.gate.name)).collect()
+        self.layers
+            .iter()
+            .map(|l| format!("{}.weight", l.gate.name))
+            .collect()
     }
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
@@ -388,9 +458,9 @@ impl Model for OlmoeDecoder {
         let h = self.norm.forward(&h, ctx)?;
         match self.cfg.head {
             DecoderHead::LanguageModel => self.head.forward(&h, ctx),
-            DecoderHead::Classification { .. } => {
-                self.head.forward(&last_valid(&h, &batch.attention_mask)?, ctx)
-            }
+            DecoderHead::Classification { .. } => self
+                .head
+                .forward(&last_valid(&h, &batch.attention_mask)?, ctx),
         }
     }
 }

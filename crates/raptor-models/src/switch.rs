@@ -159,7 +159,10 @@ impl SwitchEncoder {
                 &vs,
                 "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
                 &[cfg.relative_attention_num_buckets, cfg.num_heads],
-                Init::Randn { mean: 0.0, stdev: (d as f64).powf(-0.5) },
+                Init::Randn {
+                    mean: 0.0,
+                    stdev: (d as f64).powf(-0.5),
+                },
             )?,
         };
         let mut blocks = Vec::new();
@@ -168,29 +171,102 @@ impl SwitchEncoder {
             let att = format!("{p}.layer.0.SelfAttention");
             let ffn = if cfg.is_sparse(i) {
                 let mlp = format!("{p}.layer.1.mlp");
-                let router = Linear::new(&vs, &format!("{mlp}.router.classifier"), d, cfg.num_experts, cfg.router_bias, 1.0)?;
+                let router = Linear::new(
+                    &vs,
+                    &format!("{mlp}.router.classifier"),
+                    d,
+                    cfg.num_experts,
+                    cfg.router_bias,
+                    1.0,
+                )?;
                 let mut experts = Vec::new();
                 for e in 0..cfg.num_experts {
                     let ep = format!("{mlp}.experts.expert_{e}");
                     experts.push((
-                        Linear::new(&vs, &format!("{ep}.wi"), d, cfg.d_ff, false, (d as f64).powf(-0.5))?,
-                        Linear::new(&vs, &format!("{ep}.wo"), cfg.d_ff, d, false, (d as f64).powf(-0.5))?,
+                        Linear::new(
+                            &vs,
+                            &format!("{ep}.wi"),
+                            d,
+                            cfg.d_ff,
+                            false,
+                            (d as f64).powf(-0.5),
+                        )?,
+                        Linear::new(
+                            &vs,
+                            &format!("{ep}.wo"),
+                            cfg.d_ff,
+                            d,
+                            false,
+                            (d as f64).powf(-0.5),
+                        )?,
                     ));
                 }
                 Ffn::Sparse { router, experts }
             } else {
                 Ffn::Dense {
-                    wi: Linear::new(&vs, &format!("{p}.layer.1.mlp.wi"), d, cfg.d_ff, false, (d as f64).powf(-0.5))?,
-                    wo: Linear::new(&vs, &format!("{p}.layer.1.mlp.wo"), cfg.d_ff, d, false, (cfg.d_ff as f64).powf(-0.5))?,
+                    wi: Linear::new(
+                        &vs,
+                        &format!("{p}.layer.1.mlp.wi"),
+                        d,
+                        cfg.d_ff,
+                        false,
+                        (d as f64).powf(-0.5),
+                    )?,
+                    wo: Linear::new(
+                        &vs,
+                        &format!("{p}.layer.1.mlp.wo"),
+                        cfg.d_ff,
+                        d,
+                        false,
+                        (cfg.d_ff as f64).powf(-0.5),
+                    )?,
                 }
             };
             blocks.push(Block {
-                ln0: RmsNorm::new(&vs, &format!("{p}.layer.0.layer_norm"), d, cfg.layer_norm_epsilon)?,
-                q: Linear::new(&vs, &format!("{att}.q"), d, inner, false, ((d * cfg.d_kv) as f64).powf(-0.5))?,
-                k: Linear::new(&vs, &format!("{att}.k"), d, inner, false, (d as f64).powf(-0.5))?,
-                v: Linear::new(&vs, &format!("{att}.v"), d, inner, false, (d as f64).powf(-0.5))?,
-                o: Linear::new(&vs, &format!("{att}.o"), inner, d, false, (inner as f64).powf(-0.5))?,
-                ln1: RmsNorm::new(&vs, &format!("{p}.layer.1.layer_norm"), d, cfg.layer_norm_epsilon)?,
+                ln0: RmsNorm::new(
+                    &vs,
+                    &format!("{p}.layer.0.layer_norm"),
+                    d,
+                    cfg.layer_norm_epsilon,
+                )?,
+                q: Linear::new(
+                    &vs,
+                    &format!("{att}.q"),
+                    d,
+                    inner,
+                    false,
+                    ((d * cfg.d_kv) as f64).powf(-0.5),
+                )?,
+                k: Linear::new(
+                    &vs,
+                    &format!("{att}.k"),
+                    d,
+                    inner,
+                    false,
+                    (d as f64).powf(-0.5),
+                )?,
+                v: Linear::new(
+                    &vs,
+                    &format!("{att}.v"),
+                    d,
+                    inner,
+                    false,
+                    (d as f64).powf(-0.5),
+                )?,
+                o: Linear::new(
+                    &vs,
+                    &format!("{att}.o"),
+                    inner,
+                    d,
+                    false,
+                    (inner as f64).powf(-0.5),
+                )?,
+                ln1: RmsNorm::new(
+                    &vs,
+                    &format!("{p}.layer.1.layer_norm"),
+                    d,
+                    cfg.layer_norm_epsilon,
+                )?,
                 ffn,
             });
         }
@@ -250,17 +326,27 @@ impl SwitchEncoder {
         Ok(buckets)
     }
 
-    fn attention(&self, blk: &Block, x: &Tensor, bias: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
+    fn attention(
+        &self,
+        blk: &Block,
+        x: &Tensor,
+        bias: &Tensor,
+        ctx: &mut ForwardCtx,
+    ) -> Result<Tensor> {
         let size = x.size();
         let (b, t) = (size[0], size[1]);
         let (h, dk) = (self.cfg.num_heads, self.cfg.d_kv);
-        let split = |y: Tensor| -> Result<Tensor> { Ok(y.f_reshape([b, t, h, dk])?.f_transpose(1, 2)?) };
+        let split =
+            |y: Tensor| -> Result<Tensor> { Ok(y.f_reshape([b, t, h, dk])?.f_transpose(1, 2)?) };
         let q = split(blk.q.forward(x, ctx)?)?;
         let k = split(blk.k.forward(x, ctx)?)?;
         let v = split(blk.v.forward(x, ctx)?)?;
         let scores = q.f_matmul(&k.f_transpose(2, 3)?)?.f_add(bias)?;
         let attn = scores.f_softmax(-1, None::<Kind>)?;
-        let out = attn.f_matmul(&v)?.f_transpose(1, 2)?.f_reshape([b, t, h * dk])?;
+        let out = attn
+            .f_matmul(&v)?
+            .f_transpose(1, 2)?
+            .f_reshape([b, t, h * dk])?;
         blk.o.forward(&out, ctx)
     }
 
@@ -413,7 +499,10 @@ impl Model for SwitchEncoder {
             .f_unsqueeze(0)?;
         let pos = if ctx.recording() && self.rel_bias.weight.requires_grad() {
             // Per-record copy so that its gradient is per record.
-            let pb = values.f_expand([b, -1, -1, -1], false)?.f_contiguous()?.f_mul_scalar(1.0)?;
+            let pb = values
+                .f_expand([b, -1, -1, -1], false)?
+                .f_contiguous()?
+                .f_mul_scalar(1.0)?;
             let parts = vec![Part::Buckets {
                 param: format!("{}.weight", self.rel_bias.name),
                 buckets: buckets.shallow_clone(),

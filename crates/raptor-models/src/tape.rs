@@ -30,7 +30,11 @@ pub(crate) enum Part {
     /// `z = w ⊙ n (+ ...)`: per-record grad `Σ_t g_t ⊙ n_t`.
     Gain { param: String, n: Tensor },
     /// `z = W[ids]`: per-record grad `Σ_t e_{id_t} g_tᵀ` (`[V, d]`).
-    Embedding { param: String, ids: Tensor, vocab: i64 },
+    Embedding {
+        param: String,
+        ids: Tensor,
+        vocab: i64,
+    },
     /// T5 relative bias: `z[b, h, q, k] = W[bucket[q, k], h]`, per-record grad over buckets.
     Buckets {
         param: String,

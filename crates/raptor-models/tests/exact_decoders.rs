@@ -7,8 +7,8 @@ mod common;
 
 use common::*;
 use raptor_models::{
-    Batch, DecoderHead, ForwardCtx, Gpt2, Gpt2Config, LoraConfig, Model, ModelError,
-    OlmoeConfig, OlmoeDecoder, attach_lora, freeze_all, set_trainable, trainable_params,
+    Batch, DecoderHead, ForwardCtx, Gpt2, Gpt2Config, LoraConfig, Model, ModelError, OlmoeConfig,
+    OlmoeDecoder, attach_lora, freeze_all, set_trainable, trainable_params,
 };
 use std::collections::BTreeMap;
 use tch::{Device, Kind, Tensor};
@@ -20,17 +20,27 @@ fn lm_batch(vocab: i64) -> Batch {
 }
 
 fn cls_batch(vocab: i64) -> Batch {
-    Batch::from_records(&records(&[5, 1, 3, 5], vocab, 9), 0, Some(&[1, 0, 1, 0]), Device::Cpu)
-        .unwrap()
+    Batch::from_records(
+        &records(&[5, 1, 3, 5], vocab, 9),
+        0,
+        Some(&[1, 0, 1, 0]),
+        Device::Cpu,
+    )
+    .unwrap()
 }
 
 #[test]
 fn olmoe_lm_full_finetune_topk2_with_padding_is_exact() {
     tch::manual_seed(1);
-    let mut m = OlmoeDecoder::new(OlmoeConfig::tiny(DecoderHead::LanguageModel), Device::Cpu).unwrap();
+    let mut m =
+        OlmoeDecoder::new(OlmoeConfig::tiny(DecoderHead::LanguageModel), Device::Cpu).unwrap();
     m.var_store_mut().double();
     perturb(&m, 0.05);
-    assert!(!trainable_params(&m).iter().any(|n| n.ends_with("mlp.gate.weight")));
+    assert!(
+        !trainable_params(&m)
+            .iter()
+            .any(|n| n.ends_with("mlp.gate.weight"))
+    );
     check_exact(&m, &lm_batch(m.vocab_size()), &BTreeMap::new(), TOL);
 }
 
@@ -47,7 +57,11 @@ fn olmoe_norm_topk_lora_owner_masks_classification_is_exact() {
         r: 2,
         alpha: 4.0,
         dropout: 0.0,
-        targets: vec!["self_attn.q_proj".into(), "self_attn.v_proj".into(), "*.experts.*_proj".into()],
+        targets: vec![
+            "self_attn.q_proj".into(),
+            "self_attn.v_proj".into(),
+            "*.experts.*_proj".into(),
+        ],
     };
     attach_lora(&mut m, &lora).unwrap();
     set_trainable(&m, &["score", "q_norm"], true).unwrap();
@@ -60,17 +74,24 @@ fn olmoe_norm_topk_lora_owner_masks_classification_is_exact() {
     assert_eq!(ctx.routing.len(), 2);
     assert_eq!(ctx.routing[0].indices.size(), vec![4, 5, 3]);
     // norm_topk_prob: gate weights sum to one per token.
-    let s = ctx.routing[0].weights.sum_dim_intlist(-1, false, Kind::Double);
+    let s = ctx.routing[0]
+        .weights
+        .sum_dim_intlist(-1, false, Kind::Double);
     assert!((s - 1.0).abs().max().double_value(&[]) < 1e-12);
-    let owners: BTreeMap<usize, Tensor> =
-        [(0usize, Tensor::from_slice(&[0i64, 3, 1, 3])), (1, Tensor::from_slice(&[2i64, 2, 0, 1]))].into();
+    let owners: BTreeMap<usize, Tensor> = [
+        (0usize, Tensor::from_slice(&[0i64, 3, 1, 3])),
+        (1, Tensor::from_slice(&[2i64, 2, 0, 1])),
+    ]
+    .into();
     check_exact(&m, &b, &owners, TOL);
     // Leak test: non-owners contribute exactly zero to each expert.
     let eng = engine(&m, &b, &owners);
     let mut checked = 0;
     for p in eng.params() {
         let parts: Vec<&str> = p.split('.').collect();
-        let Some(i) = parts.iter().position(|s| *s == "experts") else { continue };
+        let Some(i) = parts.iter().position(|s| *s == "experts") else {
+            continue;
+        };
         let layer: usize = parts[2].parse().unwrap();
         let e: i64 = parts[i + 1].parse().unwrap();
         let own = Vec::<i64>::try_from(&owners[&layer]).unwrap();
@@ -98,12 +119,20 @@ fn gpt2_lm_full_finetune_tied_head_is_exact() {
 #[test]
 fn gpt2_lora_classification_is_exact() {
     tch::manual_seed(4);
-    let mut m =
-        Gpt2::new(Gpt2Config::tiny(DecoderHead::Classification { num_labels: 2 }), Device::Cpu).unwrap();
+    let mut m = Gpt2::new(
+        Gpt2Config::tiny(DecoderHead::Classification { num_labels: 2 }),
+        Device::Cpu,
+    )
+    .unwrap();
     freeze_all(&m).unwrap();
     attach_lora(
         &mut m,
-        &LoraConfig { r: 4, alpha: 8.0, dropout: 0.0, targets: vec!["attn.c_attn".into(), "mlp.c_fc".into()] },
+        &LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: vec!["attn.c_attn".into(), "mlp.c_fc".into()],
+        },
     )
     .unwrap();
     set_trainable(&m, &["score", "ln_f"], true).unwrap();
@@ -130,11 +159,19 @@ fn decoder_bad_input() {
     let bad = Batch::from_records(&[vec![1, 2], vec![3, -1]], 0, None, Device::Cpu).unwrap();
     assert!(matches!(
         o.forward(&bad, &mut ForwardCtx::new(false)),
-        Err(ModelError::TokenOutOfRange { record: 1, position: 1, id: -1, .. })
+        Err(ModelError::TokenOutOfRange {
+            record: 1,
+            position: 1,
+            id: -1,
+            ..
+        })
     ));
     let mut ctx = ForwardCtx::new(false).with_owners(0, Tensor::from_slice(&[0i64, 9]));
     let ok = Batch::from_records(&[vec![1, 2], vec![3, 4]], 0, None, Device::Cpu).unwrap();
-    assert!(matches!(o.forward(&ok, &mut ctx), Err(ModelError::InvalidOwners { layer: 0, .. })));
+    assert!(matches!(
+        o.forward(&ok, &mut ctx),
+        Err(ModelError::InvalidOwners { layer: 0, .. })
+    ));
 }
 
 #[test]

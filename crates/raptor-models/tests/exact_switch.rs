@@ -84,9 +84,15 @@ fn lora_with_owner_masks_is_exact_and_does_not_leak() {
         Device::Cpu,
     )
     .unwrap();
-    assert_eq!(via_routing.keys().collect::<Vec<_>>(), owners.keys().collect::<Vec<_>>());
+    assert_eq!(
+        via_routing.keys().collect::<Vec<_>>(),
+        owners.keys().collect::<Vec<_>>()
+    );
     for (l, o) in &owners {
-        assert_eq!(Vec::<i64>::try_from(o).unwrap(), Vec::<i64>::try_from(&via_routing[l]).unwrap());
+        assert_eq!(
+            Vec::<i64>::try_from(o).unwrap(),
+            Vec::<i64>::try_from(&via_routing[l]).unwrap()
+        );
     }
     check_exact(&m, &b, &owners, TOL);
 
@@ -95,16 +101,25 @@ fn lora_with_owner_masks_is_exact_and_does_not_leak() {
     let bsz = b.batch_size();
     let mut checked = 0;
     for p in eng.params() {
-        let Some((layer, e)) = expert_of(&p) else { continue };
+        let Some((layer, e)) = expert_of(&p) else {
+            continue;
+        };
         let own = Vec::<i64>::try_from(&owners[&layer]).unwrap();
         let sq = Vec::<f64>::try_from(eng.sq_norms(&p).unwrap()).unwrap();
         for r in 0..bsz as usize {
             if own[r] != e {
                 assert_eq!(sq[r], 0.0, "{p}: non-owner record {r} leaks");
-                let onehot = Tensor::zeros([bsz], (Kind::Double, Device::Cpu))
-                    .index_fill(0, &Tensor::from_slice(&[r as i64]), 1.0);
+                let onehot = Tensor::zeros([bsz], (Kind::Double, Device::Cpu)).index_fill(
+                    0,
+                    &Tensor::from_slice(&[r as i64]),
+                    1.0,
+                );
                 let g = eng.weighted_sum(&p, &onehot).unwrap();
-                assert_eq!(g.abs().max().double_value(&[]), 0.0, "{p}: record {r} leaks");
+                assert_eq!(
+                    g.abs().max().double_value(&[]),
+                    0.0,
+                    "{p}: record {r} leaks"
+                );
                 checked += 1;
             }
         }
@@ -114,12 +129,17 @@ fn lora_with_owner_masks_is_exact_and_does_not_leak() {
     let eng2 = engine(&m, &b, &BTreeMap::new());
     let mut touched = false;
     for p in eng2.params() {
-        let Some((layer, e)) = expert_of(&p) else { continue };
+        let Some((layer, e)) = expert_of(&p) else {
+            continue;
+        };
         let own = Vec::<i64>::try_from(&owners[&layer]).unwrap();
         let sq = Vec::<f64>::try_from(eng2.sq_norms(&p).unwrap()).unwrap();
         touched |= (0..bsz as usize).any(|r| own[r] != e && sq[r] > 0.0);
     }
-    assert!(touched, "routing never sends a token to a non-owning expert: leak test is vacuous");
+    assert!(
+        touched,
+        "routing never sends a token to a non-owning expert: leak test is vacuous"
+    );
 }
 
 fn expert_of(p: &str) -> Option<(usize, i64)> {
@@ -166,7 +186,11 @@ fn role_wise_and_global_clipping_match_the_reference() {
         r: 2,
         alpha: 4.0,
         dropout: 0.0,
-        targets: vec!["SelfAttention.q".into(), "SelfAttention.v".into(), "*.experts.*.w".into()],
+        targets: vec![
+            "SelfAttention.q".into(),
+            "SelfAttention.v".into(),
+            "*.experts.*.w".into(),
+        ],
     };
     attach_lora(&mut m, &cfg).unwrap();
     set_trainable(&m, &["classifier"], true).unwrap();
@@ -185,14 +209,41 @@ fn role_wise_and_global_clipping_match_the_reference() {
         bounds.insert(g.to_string(), if g == "shared" { 0.05 } else { 0.02 });
     }
     let owners = BTreeMap::new();
-    check_clip(&m, &b, &owners, &groups, &ClipPolicy::RoleWise(bounds.clone()), &BTreeMap::new(), 1e-9);
-    check_clip(&m, &b, &owners, &groups, &ClipPolicy::Global(0.05), &BTreeMap::new(), 1e-9);
+    check_clip(
+        &m,
+        &b,
+        &owners,
+        &groups,
+        &ClipPolicy::RoleWise(bounds.clone()),
+        &BTreeMap::new(),
+        1e-9,
+    );
+    check_clip(
+        &m,
+        &b,
+        &owners,
+        &groups,
+        &ClipPolicy::Global(0.05),
+        &BTreeMap::new(),
+        1e-9,
+    );
     // Weighted before clipping (RAPTOR residual weights) on every expert group.
     let mut weights = BTreeMap::new();
     for g in bounds.keys().filter(|g| g.starts_with("expert")) {
-        weights.insert(g.clone(), Tensor::from_slice(&[0.5f64, 1.0, 0.0, 0.25, 0.9]));
+        weights.insert(
+            g.clone(),
+            Tensor::from_slice(&[0.5f64, 1.0, 0.0, 0.25, 0.9]),
+        );
     }
-    check_clip(&m, &b, &owners, &groups, &ClipPolicy::RoleWise(bounds), &weights, 1e-9);
+    check_clip(
+        &m,
+        &b,
+        &owners,
+        &groups,
+        &ClipPolicy::RoleWise(bounds),
+        &weights,
+        1e-9,
+    );
 }
 
 #[test]
@@ -212,9 +263,15 @@ fn capacity_is_rejected_for_private_training() {
     cfg.expert_capacity = Some(2);
     let m = SwitchEncoder::new(cfg, Device::Cpu).unwrap();
     let err = PrivateStep::new(&m).unwrap_err();
-    assert!(matches!(err, ModelError::CapacityInPrivateTraining { capacity: 2 }));
+    assert!(matches!(
+        err,
+        ModelError::CapacityInPrivateTraining { capacity: 2 }
+    ));
     let msg = err.to_string();
-    assert!(msg.contains("depend on the other records in the batch"), "{msg}");
+    assert!(
+        msg.contains("depend on the other records in the batch"),
+        "{msg}"
+    );
     // Capacity still works for inference: output shape fine, and some token is dropped.
     let b = batch(m.vocab_size());
     let logits = m.forward(&b, &mut ForwardCtx::new(false)).unwrap();
@@ -227,11 +284,19 @@ fn bad_input_is_a_typed_error_naming_the_record() {
     let recs = vec![vec![1, 2, 3], vec![4, 99, 1]];
     let b = Batch::from_records(&recs, 0, Some(&[0, 1]), Device::Cpu).unwrap();
     match m.forward(&b, &mut ForwardCtx::new(false)) {
-        Err(ModelError::TokenOutOfRange { record: 1, position: 1, id: 99, .. }) => {}
+        Err(ModelError::TokenOutOfRange {
+            record: 1,
+            position: 1,
+            id: 99,
+            ..
+        }) => {}
         other => panic!("unexpected {other:?}"),
     }
     let empty = Batch::from_records(&[vec![1], vec![]], 0, None, Device::Cpu);
-    assert!(matches!(empty, Err(ModelError::EmptyRecord { record: 1, .. })));
+    assert!(matches!(
+        empty,
+        Err(ModelError::EmptyRecord { record: 1, .. })
+    ));
     // All-zero mask on record 0.
     let b2 = Batch {
         input_ids: Tensor::from_slice(&[1i64, 2, 3, 4]).reshape([2, 2]),
@@ -256,7 +321,11 @@ fn bad_input_is_a_typed_error_naming_the_record() {
     let b4 = Batch::from_records(&[vec![1, 2]], 0, Some(&[7]), Device::Cpu).unwrap();
     assert!(matches!(
         m.per_record_loss(&b4, &mut ForwardCtx::new(false)),
-        Err(ModelError::LabelOutOfRange { record: 0, label: 7, .. })
+        Err(ModelError::LabelOutOfRange {
+            record: 0,
+            label: 7,
+            ..
+        })
     ));
     // Owner map of the wrong length.
     let b5 = Batch::from_records(&[vec![1, 2], vec![3]], 0, Some(&[0, 1]), Device::Cpu).unwrap();
@@ -281,7 +350,9 @@ fn full_finetune_experts_with_owner_masks_is_exact_and_does_not_leak() {
     let eng = engine(&m, &b, &owners);
     let mut checked = 0;
     for p in eng.params() {
-        let Some((layer, e)) = expert_of(&p) else { continue };
+        let Some((layer, e)) = expert_of(&p) else {
+            continue;
+        };
         let own = Vec::<i64>::try_from(&owners[&layer]).unwrap();
         let sq = Vec::<f64>::try_from(eng.sq_norms(&p).unwrap()).unwrap();
         for (r, o) in own.iter().enumerate() {

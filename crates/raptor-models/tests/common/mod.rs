@@ -55,7 +55,11 @@ pub fn reference_grads<M: Model>(
         loss.backward();
         for (n, p) in &params {
             let g = p.grad();
-            let g = if g.defined() { g.copy() } else { p.zeros_like() };
+            let g = if g.defined() {
+                g.copy()
+            } else {
+                p.zeros_like()
+            };
             out.entry(n.clone()).or_default().push(g);
         }
     }
@@ -79,7 +83,11 @@ pub fn engine<M: Model>(
 }
 
 fn norm(t: &Tensor) -> f64 {
-    t.to_kind(Kind::Double).square().sum(Kind::Double).sqrt().double_value(&[])
+    t.to_kind(Kind::Double)
+        .square()
+        .sum(Kind::Double)
+        .sqrt()
+        .double_value(&[])
 }
 
 /// Checks every trainable parameter's per-record gradient and squared norm against the
@@ -101,34 +109,50 @@ pub fn check_exact<M: Model>(
         let any = per.iter().any(|g| norm(g) > 0.0);
         if !eng_params.contains(name) {
             // A trainable parameter unused in this pass: its reference must be zero.
-            assert!(!any, "{name}: engine has no gradient but the reference is nonzero");
+            assert!(
+                !any,
+                "{name}: engine has no gradient but the reference is nonzero"
+            );
             continue;
         }
         let sq = Vec::<f64>::try_from(eng.sq_norms(name).unwrap().to_kind(Kind::Double)).unwrap();
         for b in 0..bsz {
-            let onehot = Tensor::zeros([bsz], (Kind::Double, batch.input_ids.device()))
-                .index_fill(0, &Tensor::from_slice(&[b]), 1.0);
+            let onehot = Tensor::zeros([bsz], (Kind::Double, batch.input_ids.device())).index_fill(
+                0,
+                &Tensor::from_slice(&[b]),
+                1.0,
+            );
             let g = eng.weighted_sum(name, &onehot).unwrap();
             let r = &per[b as usize];
             assert_eq!(g.size(), r.size(), "{name}: shape");
             let rn = norm(r);
             let diff = norm(&(g.to_kind(Kind::Double) - r.to_kind(Kind::Double)));
             let rel = if rn > 0.0 { diff / rn } else { diff };
-            assert!(rel <= tol, "{name} record {b}: grad rel err {rel:e} (ref norm {rn:e})");
+            assert!(
+                rel <= tol,
+                "{name} record {b}: grad rel err {rel:e} (ref norm {rn:e})"
+            );
             let sq_ref = rn * rn;
             let sq_rel = if sq_ref > 0.0 {
                 (sq[b as usize] - sq_ref).abs() / sq_ref
             } else {
                 sq[b as usize].abs()
             };
-            assert!(sq_rel <= tol, "{name} record {b}: sq-norm rel err {sq_rel:e} ({} vs {sq_ref})", sq[b as usize]);
+            assert!(
+                sq_rel <= tol,
+                "{name} record {b}: sq-norm rel err {sq_rel:e} ({} vs {sq_ref})",
+                sq[b as usize]
+            );
             worst = worst.max(rel).max(sq_rel);
             if rn > 0.0 {
                 nonzero += 1;
             }
         }
     }
-    assert!(nonzero > 0, "all reference gradients are zero: the test would prove nothing");
+    assert!(
+        nonzero > 0,
+        "all reference gradients are zero: the test would prove nothing"
+    );
     worst
 }
 
@@ -157,7 +181,10 @@ pub fn check_clip<M: Model>(
         }
     }
     let w_of = |g: &str, b: usize| -> f64 {
-        weights.get(g).map(|w| w.double_value(&[b as i64])).unwrap_or(1.0)
+        weights
+            .get(g)
+            .map(|w| w.double_value(&[b as i64]))
+            .unwrap_or(1.0)
     };
     let mut fac: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     match policy {
@@ -177,12 +204,19 @@ pub fn check_clip<M: Model>(
         }
         ClipPolicy::Global(c) => {
             let tot: Vec<f64> = (0..bsz)
-                .map(|b| gsq.iter().map(|(g, v)| v[b] * w_of(g, b).powi(2)).sum::<f64>().sqrt())
+                .map(|b| {
+                    gsq.iter()
+                        .map(|(g, v)| v[b] * w_of(g, b).powi(2))
+                        .sum::<f64>()
+                        .sqrt()
+                })
                 .collect();
             for g in gsq.keys() {
                 fac.insert(
                     g.clone(),
-                    tot.iter().map(|&n| if n > 0.0 { (c / n).min(1.0) } else { 1.0 }).collect(),
+                    tot.iter()
+                        .map(|&n| if n > 0.0 { (c / n).min(1.0) } else { 1.0 })
+                        .collect(),
                 );
             }
         }
@@ -215,7 +249,11 @@ pub fn check_clip<M: Model>(
         let got = Vec::<f64>::try_from(out.group_sq_norms[g].to_kind(Kind::Double)).unwrap();
         for b in 0..bsz {
             let want = v[b] * w_of(g, b).powi(2);
-            let rel = if want > 0.0 { (got[b] - want).abs() / want } else { got[b].abs() };
+            let rel = if want > 0.0 {
+                (got[b] - want).abs() / want
+            } else {
+                got[b].abs()
+            };
             assert!(rel <= tol, "group {g} record {b}: sq norm rel err {rel:e}");
         }
     }
@@ -223,12 +261,16 @@ pub fn check_clip<M: Model>(
 
 /// Random right-padded records of lengths `lens`.
 pub fn records(lens: &[usize], vocab: i64, seed: u64) -> Vec<Vec<i64>> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     lens.iter()
         .map(|&l| {
             (0..l)
                 .map(|_| {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     ((s >> 33) % (vocab as u64 - 1)) as i64 + 1
                 })
                 .collect()
