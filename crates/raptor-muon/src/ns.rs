@@ -109,7 +109,7 @@ pub fn taylor_coefficients(kappa: usize) -> Vec<f64> {
     let mut cs = 1.0f64;
     c.push(cs);
     for s in 1..=kappa {
-        cs *= (2 * s - 1) as f64 / (2 * s) as f64;
+        cs = cs * (2 * s - 1) as f64 / (2 * s) as f64; // exact for small s
         c.push(cs);
     }
     c
