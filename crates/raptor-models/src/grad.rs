@@ -464,7 +464,7 @@ impl PerSampleGrads {
                     "bound {bound} must be finite and > 0"
                 )));
             }
-            Ok(clip_factors(sq, bound)?)
+            clip_factors(sq, bound)
         };
         let mut coeffs: BTreeMap<String, Tensor> = BTreeMap::new();
         match policy {
