@@ -10,7 +10,10 @@ use raptor_accountant::{Composition, PrvAccountant, SubsampledGaussian, calibrat
 fn bench(c: &mut Criterion) {
     let acc = PrvAccountant::default();
     let one = Composition::single(SubsampledGaussian::new(0.01, 1.0).unwrap(), 10_000).unwrap();
-    let two = one.clone().with(SubsampledGaussian::new(0.05, 2.0).unwrap(), 10_000).unwrap();
+    let two = one
+        .clone()
+        .with(SubsampledGaussian::new(0.05, 2.0).unwrap(), 10_000)
+        .unwrap();
     let mut g = c.benchmark_group("accountant");
     g.measurement_time(Duration::from_secs(3)).sample_size(10);
     g.bench_function("epsilon q=0.01 sigma=1 T=1e4 delta=1e-5", |b| {

@@ -4,8 +4,8 @@
 use anyhow::Context;
 use clap::Args;
 use raptor_accountant::{
-    Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, SubsampledGaussian, calibrate_sigma,
-    plan_budget,
+    Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, SubsampledGaussian,
+    calibrate_sigma, plan_budget,
 };
 use serde::Serialize;
 
@@ -98,8 +98,12 @@ pub fn run_account(args: AccountArgs) -> anyhow::Result<()> {
     for m in &mechs {
         comp.push(SubsampledGaussian::new(m.q, m.sigma)?, m.steps)?;
     }
-    let eps = accountant(args.eps_error)?.epsilon(&comp, args.delta).context("PRV accountant")?;
-    let rdp = RdpAccountant::default().epsilon(&comp, args.delta).context("RDP accountant")?;
+    let eps = accountant(args.eps_error)?
+        .epsilon(&comp, args.delta)
+        .context("PRV accountant")?;
+    let rdp = RdpAccountant::default()
+        .epsilon(&comp, args.delta)
+        .context("RDP accountant")?;
     if args.json {
         return super::print_json(&AccountOut {
             mechanisms: mechs,
@@ -110,7 +114,10 @@ pub fn run_account(args: AccountArgs) -> anyhow::Result<()> {
         });
     }
     for m in &mechs {
-        println!("mechanism: q = {}, sigma = {}, steps = {}", m.q, m.sigma, m.steps);
+        println!(
+            "mechanism: q = {}, sigma = {}, steps = {}",
+            m.q, m.sigma, m.steps
+        );
     }
     println!("delta: {:e}", args.delta);
     println!(
@@ -146,7 +153,13 @@ pub struct CalibrateArgs {
 
 /// Run `raptor calibrate`.
 pub fn run_calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
-    let c = calibrate_sigma(args.epsilon, args.delta, args.q, args.steps, &accountant(args.eps_error)?)?;
+    let c = calibrate_sigma(
+        args.epsilon,
+        args.delta,
+        args.q,
+        args.steps,
+        &accountant(args.eps_error)?,
+    )?;
     if args.json {
         return super::print_json(&c);
     }
@@ -155,7 +168,10 @@ pub fn run_calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
         "epsilon at sigma (PRV): upper {:.6} <= target {}  (estimate {:.6}, lower {:.6})",
         c.epsilon.upper, args.epsilon, c.epsilon.estimate, c.epsilon.lower
     );
-    println!("bisection: relative bracket {:.2e}, {} evaluations", c.relative_bracket, c.evaluations);
+    println!(
+        "bisection: relative bracket {:.2e}, {} evaluations",
+        c.relative_bracket, c.evaluations
+    );
     Ok(())
 }
 
@@ -204,7 +220,14 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
     }
     println!(
         "budget: epsilon = {}, delta = {:e}, rho = {}, layers = {}; shared q = {}, T = {}; expert q = {}, T = {}",
-        req.epsilon, req.delta, req.rho, req.layers, req.shared.q, req.shared.steps, req.expert.q, req.expert.steps
+        req.epsilon,
+        req.delta,
+        req.rho,
+        req.layers,
+        req.shared.q,
+        req.shared.steps,
+        req.expert.q,
+        req.expert.steps
     );
     let a = &p.additive;
     println!("(i) additive split (paper): each stream calibrated alone");
@@ -221,7 +244,10 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
         a.epsilon_claimed, a.epsilon_composed.upper
     );
     let j = &p.joint;
-    println!("(ii) joint split: sigma_e^2 / sigma_s^2 = {:.4} fixed by rho, composed PRV meets the budget", p.variance_ratio);
+    println!(
+        "(ii) joint split: sigma_e^2 / sigma_s^2 = {:.4} fixed by rho, composed PRV meets the budget",
+        p.variance_ratio
+    );
     println!("    shared: sigma {:.4}", j.shared.sigma);
     println!("    expert: sigma {:.4}", j.expert.sigma);
     println!(

@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use raptor_accountant::{
-    Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, SubsampledGaussian, plan_budget,
+    Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, SubsampledGaussian,
+    plan_budget,
 };
 
 use super::{Context, Table};
@@ -21,7 +22,8 @@ struct Golden {
 
 fn read_golden(ctx: &Context) -> anyhow::Result<Vec<Golden>> {
     let path = ctx.root.join("fixtures/accountant/golden.csv");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     for line in text.lines().filter(|l| !l.starts_with('#')).skip(1) {
         let f: Vec<&str> = line.split(',').collect();
@@ -46,13 +48,18 @@ fn composition(mechs: &str) -> anyhow::Result<Composition> {
         if v.len() != 3 {
             anyhow::bail!("bad mechanism {m:?}");
         }
-        c.push(SubsampledGaussian::new(v[0].parse()?, v[1].parse()?)?, v[2].parse()?)?;
+        c.push(
+            SubsampledGaussian::new(v[0].parse()?, v[1].parse()?)?,
+            v[2].parse()?,
+        )?;
     }
     Ok(c)
 }
 
 fn fmt(x: &str) -> String {
-    x.parse::<f64>().map(|v| format!("{v:.4}")).unwrap_or_else(|_| "—".into())
+    x.parse::<f64>()
+        .map(|v| format!("{v:.4}"))
+        .unwrap_or_else(|_| "—".into())
 }
 
 /// The tables.
@@ -63,7 +70,9 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let mut rows = Vec::new();
     let (mut within, mut compared, mut sound) = (0, 0, 0);
     for (i, g) in golden.iter().enumerate() {
-        if ctx.quick && !(i % 4 == 0 || g.name.starts_with("trap") || g.name.starts_with("two-stream")) {
+        if ctx.quick
+            && !(i % 4 == 0 || g.name.starts_with("trap") || g.name.starts_with("two-stream"))
+        {
             continue;
         }
         let comp = composition(&g.mechs)?;
@@ -72,7 +81,10 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let rdp = RdpAccountant::default().epsilon(&comp, g.delta)?;
         let dp_up: Option<f64> = g.cols[0].parse().ok();
-        let lowers: Vec<f64> = [&g.cols[1], &g.cols[2]].iter().filter_map(|s| s.parse().ok()).collect();
+        let lowers: Vec<f64> = [&g.cols[1], &g.cols[2]]
+            .iter()
+            .filter_map(|s| s.parse().ok())
+            .collect();
         if lowers.iter().all(|&l| e.upper >= l) {
             sound += 1;
         }
@@ -95,7 +107,11 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
             fmt(&g.cols[3]),
             fmt(&g.cols[4]),
             format!("{ms:.0}"),
-            if g.notes.is_empty() { String::new() } else { g.notes.clone() },
+            if g.notes.is_empty() {
+                String::new()
+            } else {
+                g.notes.clone()
+            },
         ]);
     }
     let columns = [
@@ -132,15 +148,25 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
 
     // Budget plans.
     let mut plan_rows = Vec::new();
-    let epsilons: &[f64] = if ctx.quick { &[1.0, 8.0] } else { &[1.0, 4.0, 8.0] };
+    let epsilons: &[f64] = if ctx.quick {
+        &[1.0, 8.0]
+    } else {
+        &[1.0, 4.0, 8.0]
+    };
     let plan_acc = PrvAccountant::new(Accuracy::relative(0.01))?;
     for &eps in epsilons {
         let req = PlanRequest {
             epsilon: eps,
             delta: 1e-5,
             rho: 0.9,
-            shared: Stream { q: 0.01, steps: 2000 },
-            expert: Stream { q: 0.01, steps: 2000 },
+            shared: Stream {
+                q: 0.01,
+                steps: 2000,
+            },
+            expert: Stream {
+                q: 0.01,
+                steps: 2000,
+            },
             layers: 2,
         };
         let p = plan_budget(&req, &plan_acc)?;
