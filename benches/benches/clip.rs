@@ -41,7 +41,10 @@ fn sizes() -> Vec<(usize, usize)> {
 
 fn bench_flat(c: &mut Criterion) {
     let mut group = c.benchmark_group("clip_flat");
-    group.sample_size(10).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
     for (b, p) in sizes() {
         let data = fill(b * p, (b * p) as u64);
         let bound = 0.5 * (p as f64).sqrt() * 0.01 / 12f64.sqrt() * 2.0;
@@ -63,18 +66,28 @@ fn bench_flat(c: &mut Criterion) {
 
 fn bench_grouped(c: &mut Criterion) {
     let mut group = c.benchmark_group("clip_grouped");
-    group.sample_size(10).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
     for (b, p) in sizes() {
         let widths = [p / 2, p / 8, p / 8, p / 8, p - p / 2 - 3 * (p / 8)];
-        let data: Vec<Vec<f32>> = widths.iter().enumerate().map(|(k, &w)| fill(b * w, k as u64 + 7)).collect();
+        let data: Vec<Vec<f32>> = widths
+            .iter()
+            .enumerate()
+            .map(|(k, &w)| fill(b * w, k as u64 + 7))
+            .collect();
         let names = ["shared", "e0", "e1", "e2", "e3"];
-        let blocks: Vec<Block<'_>> = (0..5).map(|k| Block::new(names[k], &data[k], widths[k])).collect();
+        let blocks: Vec<Block<'_>> = (0..5)
+            .map(|k| Block::new(names[k], &data[k], widths[k]))
+            .collect();
         let grouping = Grouping::Grouped {
             groups: (0..5).map(|k| Group::new(names[k], vec![k])).collect(),
             bounds: widths.iter().map(|&w| (w as f64).sqrt() * 0.0029).collect(),
         };
-        let tensors: Vec<Tensor> =
-            (0..5).map(|k| Tensor::from_slice(&data[k]).reshape([b as i64, widths[k] as i64])).collect();
+        let tensors: Vec<Tensor> = (0..5)
+            .map(|k| Tensor::from_slice(&data[k]).reshape([b as i64, widths[k] as i64]))
+            .collect();
         let tb: Vec<(&str, &Tensor)> = (0..5).map(|k| (names[k], &tensors[k])).collect();
         group.throughput(Throughput::Bytes((b * p * 4) as u64));
         let id = format!("B{b}_P{p}");

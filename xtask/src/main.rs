@@ -16,7 +16,12 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
 /// The core crates: they must not depend on tch with default features.
-const CORE_CRATES: [&str; 4] = ["raptor-accountant", "raptor-routing", "raptor-clip", "raptor-muon"];
+const CORE_CRATES: [&str; 4] = [
+    "raptor-accountant",
+    "raptor-routing",
+    "raptor-clip",
+    "raptor-muon",
+];
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
 /// libtorch venv's torch.
@@ -117,7 +122,9 @@ fn cargo() -> Command {
 fn run_step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {
     eprintln!("\n==> {name}");
     let start = Instant::now();
-    let status = cmd.status().with_context(|| format!("could not start {name}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {name}"))?;
     let secs = start.elapsed().as_secs_f64();
     if !status.success() {
         bail!("{name} failed ({status}) after {secs:.0} s");
@@ -139,10 +146,20 @@ fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
     eprintln!("==> setup");
     setup::setup(root, true)?;
     if !no_lint {
-        run_step("cargo fmt --check", cargo().args(["fmt", "--all", "--", "--check"]))?;
+        run_step(
+            "cargo fmt --check",
+            cargo().args(["fmt", "--all", "--", "--check"]),
+        )?;
         run_step(
             "cargo clippy",
-            cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+            cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
         )?;
     }
     architecture_invariant()?;
@@ -167,7 +184,14 @@ fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
         eprintln!("(cargo-nextest not found: using cargo test)");
         run_step(
             "cargo test (all tests)",
-            cargo().args(["test", "--workspace", "--lib", "--bins", "--tests", "--no-fail-fast"]),
+            cargo().args([
+                "test",
+                "--workspace",
+                "--lib",
+                "--bins",
+                "--tests",
+                "--no-fail-fast",
+            ]),
         )?;
     }
     // rustdoc links doc tests in a temporary folder, out of reach of the `$ORIGIN` rpath.
@@ -183,9 +207,14 @@ fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
     };
     run_step(
         "cargo test --doc",
-        cargo().args(["test", "--workspace", "--doc"]).env("LD_LIBRARY_PATH", ld),
+        cargo()
+            .args(["test", "--workspace", "--doc"])
+            .env("LD_LIBRARY_PATH", ld),
     )?;
-    eprintln!("\nall checks passed in {:.0} s", start.elapsed().as_secs_f64());
+    eprintln!(
+        "\nall checks passed in {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -199,7 +228,10 @@ fn architecture_invariant() -> anyhow::Result<()> {
             .output()
             .with_context(|| format!("cargo tree -p {krate}"))?;
         if !out.status.success() {
-            bail!("cargo tree -p {krate} failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "cargo tree -p {krate} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let tree = String::from_utf8_lossy(&out.stdout);
         let offenders: Vec<&str> = tree
@@ -247,7 +279,10 @@ fn fixtures(root: &Path, only: &[String]) -> anyhow::Result<()> {
     let python = venv.join("bin").join("python");
     if !python.exists() {
         eprintln!("fixtures: creating {}", venv.display());
-        let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?;
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()?;
         if !status.success() {
             bail!("python3 -m venv {} failed", venv.display());
         }
@@ -258,11 +293,21 @@ fn fixtures(root: &Path, only: &[String]) -> anyhow::Result<()> {
         .output()?;
     let site = PathBuf::from(String::from_utf8_lossy(&site.stdout).trim());
     let torch_site = lt.dir.parent().context("libtorch has no parent folder")?;
-    std::fs::write(site.join("raptor-torch.pth"), format!("{}\n", torch_site.display()))?;
+    std::fs::write(
+        site.join("raptor-torch.pth"),
+        format!("{}\n", torch_site.display()),
+    )?;
     run_step(
         "pip install reference packages",
         Command::new(&python)
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--progress-bar",
+                "off",
+            ])
             .args(FIXTURE_PACKAGES),
     )?;
     let mut scripts: Vec<PathBuf> = std::fs::read_dir(root.join("fixtures"))?
@@ -280,7 +325,10 @@ fn fixtures(root: &Path, only: &[String]) -> anyhow::Result<()> {
         if !only.is_empty() && !only.contains(&name) {
             continue;
         }
-        run_step(&format!("fixtures/{name}/generate.py"), Command::new(&python).arg(&script))?;
+        run_step(
+            &format!("fixtures/{name}/generate.py"),
+            Command::new(&python).arg(&script),
+        )?;
     }
     Ok(())
 }

@@ -87,7 +87,9 @@ fn check_version(dir: &Path, what: &str) -> anyhow::Result<String> {
              in a virtual environment), or unset {what} and run `cargo xtask setup`, which installs \
              one into {}.",
             dir.display(),
-            torch_venv().map(|p| p.display().to_string()).unwrap_or_default()
+            torch_venv()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
         ),
         None => bail!(
             "cannot tell the version of the libtorch at {what} = {} (no build-version or version.py).\n\
@@ -110,7 +112,10 @@ fn user_libtorch(root: &Path) -> Option<PathBuf> {
 
 fn python_torch_dir(python: &str) -> anyhow::Result<PathBuf> {
     let out = Command::new(python)
-        .args(["-c", "import torch, os; print(os.path.dirname(torch.__file__))"])
+        .args([
+            "-c",
+            "import torch, os; print(os.path.dirname(torch.__file__))",
+        ])
         .output()
         .with_context(|| format!("LIBTORCH_USE_PYTORCH is set but `{python}` could not be run"))?;
     if !out.status.success() {
@@ -331,7 +336,10 @@ fn target_dirs(root: &Path) -> Vec<PathBuf> {
 }
 
 fn link_into_workspace(root: &Path, libtorch: &Path) -> anyhow::Result<()> {
-    let nvidia = libtorch.parent().map(|p| p.join("nvidia")).filter(|p| p.is_dir());
+    let nvidia = libtorch
+        .parent()
+        .map(|p| p.join("nvidia"))
+        .filter(|p| p.is_dir());
     for t in target_dirs(root) {
         symlink(libtorch, &t.join("libtorch"))?;
         if let Some(nv) = &nvidia {
@@ -346,18 +354,36 @@ fn link_into_workspace(root: &Path, libtorch: &Path) -> anyhow::Result<()> {
 pub fn setup(root: &Path, verbose: bool) -> anyhow::Result<Libtorch> {
     let lt = if let Some(dir) = user_libtorch(root) {
         let v = check_version(&dir, "LIBTORCH")?;
-        Libtorch { origin: format!("LIBTORCH (yours), version {v}"), dir }
+        Libtorch {
+            origin: format!("LIBTORCH (yours), version {v}"),
+            dir,
+        }
     } else if std::env::var_os("LIBTORCH_USE_PYTORCH").is_some() {
-        let python = if std::env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
+        let python = if std::env::var_os("VIRTUAL_ENV").is_some() {
+            "python"
+        } else {
+            "python3"
+        };
         let dir = python_torch_dir(python)?;
         let v = check_version(&dir, "LIBTORCH_USE_PYTORCH's torch")?;
-        Libtorch { origin: format!("LIBTORCH_USE_PYTORCH ({python}), version {v}"), dir }
+        Libtorch {
+            origin: format!("LIBTORCH_USE_PYTORCH ({python}), version {v}"),
+            dir,
+        }
     } else {
         let venv = torch_venv()?;
         match venv_torch_dir(&venv) {
-            Some(dir) if libtorch_version(&dir).as_deref().map(base_version) == Some(TORCH_VERSION) => {
+            Some(dir)
+                if libtorch_version(&dir).as_deref().map(base_version) == Some(TORCH_VERSION) =>
+            {
                 let v = libtorch_version(&dir).unwrap_or_default();
-                Libtorch { origin: format!("already installed in {} (version {v}), nothing to download", venv.display()), dir }
+                Libtorch {
+                    origin: format!(
+                        "already installed in {} (version {v}), nothing to download",
+                        venv.display()
+                    ),
+                    dir,
+                }
             }
             found => {
                 if let Some(dir) = found {
@@ -369,14 +395,21 @@ pub fn setup(root: &Path, verbose: bool) -> anyhow::Result<Libtorch> {
                 }
                 let dir = install_torch(&venv)?;
                 let v = check_version(&dir, "the installed torch")?;
-                Libtorch { origin: format!("installed into {} (version {v})", venv.display()), dir }
+                Libtorch {
+                    origin: format!("installed into {} (version {v})", venv.display()),
+                    dir,
+                }
             }
         }
     };
     link_into_workspace(root, &lt.dir)?;
     if verbose {
         eprintln!("setup: libtorch {}", lt.origin);
-        eprintln!("setup: linked {} -> {}", root.join("target/libtorch").display(), lt.dir.display());
+        eprintln!(
+            "setup: linked {} -> {}",
+            root.join("target/libtorch").display(),
+            lt.dir.display()
+        );
         if lt.dir.join("lib").join("libtorch_cuda.so").exists() {
             eprintln!("setup: this libtorch has CUDA (libtorch_cuda.so): binaries force-link it");
         }

@@ -47,7 +47,10 @@ fn backward_matches_central_finite_differences() {
         let an = gb.double_value(&[i]);
         max_rel = max_rel.max((fd - an).abs() / an.abs().max(1e-3));
     }
-    assert!(max_rel < 1e-6, "autograd vs finite differences: max relative error {max_rel}");
+    assert!(
+        max_rel < 1e-6,
+        "autograd vs finite differences: max relative error {max_rel}"
+    );
     // The gradient is not trivially zero.
     assert!(gw.abs().sum(Kind::Double).double_value(&[]) > 1e-3);
 }
@@ -62,7 +65,11 @@ fn cuda_library_is_linked_when_libtorch_has_it() {
         loaded,
         raptor_models::CUDA_LINKED,
         "libtorch_cuda.so loaded = {loaded}, but the build {} force-link it",
-        if raptor_models::CUDA_LINKED { "meant to" } else { "did not" }
+        if raptor_models::CUDA_LINKED {
+            "meant to"
+        } else {
+            "did not"
+        }
     );
     if raptor_models::CUDA_LINKED && tch::Cuda::is_available() {
         // On a GPU machine the same build runs a kernel on the device.

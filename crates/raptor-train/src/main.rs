@@ -47,9 +47,12 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info(),
-        Command::Reproduce { out, root, quick, only } => {
-            reproduce::run(&reproduce::Context { root, out, quick }, &only).map(|_| ())
-        }
+        Command::Reproduce {
+            out,
+            root,
+            quick,
+            only,
+        } => reproduce::run(&reproduce::Context { root, out, quick }, &only).map(|_| ()),
         Command::Routing(args) => cli::routing::run(args),
         Command::Account(args) => cli::account::run_account(args),
         Command::Calibrate(args) => cli::account::run_calibrate(args),

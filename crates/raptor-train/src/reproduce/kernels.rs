@@ -45,7 +45,13 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let sizes: &[(usize, usize)] = if ctx.quick {
         &[(64, 10_000), (64, 100_000)]
     } else {
-        &[(64, 100_000), (256, 100_000), (1024, 100_000), (64, 1_000_000), (256, 1_000_000)]
+        &[
+            (64, 100_000),
+            (256, 100_000),
+            (1024, 100_000),
+            (64, 1_000_000),
+            (256, 1_000_000),
+        ]
     };
     let reps = if ctx.quick { 3 } else { 7 };
     let mut rows = Vec::new();
@@ -56,7 +62,12 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         // check both compute the same sum before timing
         let ours = raptor_clip::clip_rows(&data, p, bound, None)?;
         let theirs = Vec::<f32>::try_from(&libtorch_two_pass(&t, bound)?)?;
-        let num: f64 = ours.sum.iter().zip(&theirs).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+        let num: f64 = ours
+            .sum
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum();
         let den: f64 = theirs.iter().map(|a| f64::from(*a).powi(2)).sum();
         let rel = (num / den.max(1e-300)).sqrt();
         anyhow::ensure!(rel < 1e-4, "fused and libtorch sums differ: relative {rel}");
@@ -76,7 +87,9 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
             format!("{:.2}", g_ours / g_stream),
         ]);
     }
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     Ok(vec![Table {
         slug: "kernels-clip".into(),
         title: "Clip-and-sum throughput (flat, f32): fused vs libtorch two-pass vs STREAM-like read".into(),

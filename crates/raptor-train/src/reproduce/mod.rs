@@ -96,21 +96,36 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
         }
         all.extend(tables);
     }
-    let index: String = all.iter().map(Table::to_markdown).collect::<Vec<_>>().join("\n");
-    std::fs::write(ctx.out.join("README.md"), format!("# raptor reproduce\n\n{index}"))?;
+    let index: String = all
+        .iter()
+        .map(Table::to_markdown)
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(
+        ctx.out.join("README.md"),
+        format!("# raptor reproduce\n\n{index}"),
+    )?;
     Ok(all)
 }
 
 /// The environment the results came from.
 fn environment(_ctx: &Context) -> anyhow::Result<Vec<Table>> {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let rows = vec![
         vec!["raptor".into(), env!("CARGO_PKG_VERSION").into()],
         vec!["tch / libtorch".into(), "0.24.0 / 2.11.0".into()],
         vec!["CUDA linked".into(), raptor_models::CUDA_LINKED.to_string()],
-        vec!["CUDA available".into(), tch::Cuda::is_available().to_string()],
+        vec![
+            "CUDA available".into(),
+            tch::Cuda::is_available().to_string(),
+        ],
         vec!["CPU threads".into(), cores.to_string()],
-        vec!["OS / arch".into(), format!("{} / {}", std::env::consts::OS, std::env::consts::ARCH)],
+        vec![
+            "OS / arch".into(),
+            format!("{} / {}", std::env::consts::OS, std::env::consts::ARCH),
+        ],
     ];
     Ok(vec![Table {
         slug: "environment".into(),

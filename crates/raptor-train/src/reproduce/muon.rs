@@ -114,7 +114,7 @@ fn timing_table(ctx: &Context) -> anyhow::Result<Table> {
             Ok(())
         })?;
         let torch = best_of(reps, || {
-            torch_ns5(&t)?;
+            let _ = torch_ns5(&t)?;
             Ok(())
         })?;
         // agreement check on the same data
