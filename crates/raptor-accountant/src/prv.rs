@@ -17,7 +17,8 @@
 //!    `δ_Ỹ(ε + t) − η ≤ δ_Y(ε) ≤ δ_Ỹ(ε − t) + η`. The pmf of `Ỹ` is the integral of the hat
 //!    function against the law of `Y`, computed from the exact CDF (erfc) of the loss, with the
 //!    split inside each bin by cubic Hermite quadrature.
-//! 3. **FFT composition.** The characteristic functions of the grid pmfs are raised to their
+//! 3. **FFT composition.** The characteristic functions of the grid pmfs (real-to-complex
+//!    FFTs: only the `n/2 + 1` non-negative frequencies of the real pmfs) are raised to their
 //!    counts and multiplied, on a window `[K_lo, K_hi]` of the composed grid chosen by Chernoff
 //!    bounds (from the exact log-MGF of each grid pmf, coarsened upward) so that the mass outside
 //!    is at most `τ` on each side; the circular wrap-around then adds at most `2τ` of mass, which
@@ -32,8 +33,8 @@
 //!
 //! The grid step `h` follows from the requested ε accuracy `t`: `h = t / √(N·ln(1/η)/2)`.
 
-use rustfft::FftPlanner;
-use rustfft::num_complex::Complex64;
+use realfft::RealFftPlanner;
+use realfft::num_complex::Complex64;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{AccountantError, Result};
@@ -625,6 +626,7 @@ fn compose_direction(
     let h = plan.h;
     let eps_error = plan.t;
     let trace = std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some();
+    let t0 = std::time::Instant::now();
     let mut pmfs = Vec::with_capacity(parts.len());
     for (m, t) in parts {
         let loss = Loss {
@@ -666,24 +668,32 @@ fn compose_direction(
         );
     }
 
-    let mut planner = FftPlanner::<f64>::new();
-    let fwd = planner.plan_fft_forward(n);
-    let inv = planner.plan_fft_inverse(n);
+    let t1 = std::time::Instant::now();
+    // Real-to-complex FFTs: the grid pmfs are real, so only the n/2 + 1 non-negative
+    // frequencies are transformed, raised to their counts and multiplied.
+    let mut planner = RealFftPlanner::<f64>::new();
+    let r2c = planner.plan_fft_forward(n);
+    let c2r = planner.plan_fft_inverse(n);
+    let fft_err = |_| AccountantError::NumericalFailure("FFT composition");
+    let mut scratch = r2c.make_scratch_vec();
+    let mut buf = r2c.make_input_vec();
     let mut acc_spec: Option<Vec<Complex64>> = None;
     for (p, t) in &pmfs {
-        let mut buf = vec![Complex64::new(0.0, 0.0); n];
+        buf.iter_mut().for_each(|x| *x = 0.0);
         for (k, &v) in p.p.iter().enumerate() {
             let idx = (p.offset + k as i64).rem_euclid(n as i64) as usize;
-            buf[idx].re += v;
+            buf[idx] += v;
         }
-        fwd.process(&mut buf);
-        for z in buf.iter_mut() {
+        let mut spec = r2c.make_output_vec();
+        r2c.process_with_scratch(&mut buf, &mut spec, &mut scratch)
+            .map_err(fft_err)?;
+        for z in spec.iter_mut() {
             *z = cpow(*z, *t);
         }
         acc_spec = Some(match acc_spec {
-            None => buf,
+            None => spec,
             Some(mut a) => {
-                for (x, y) in a.iter_mut().zip(&buf) {
+                for (x, y) in a.iter_mut().zip(&spec) {
                     *x *= *y;
                 }
                 a
@@ -691,17 +701,31 @@ fn compose_direction(
         });
     }
     let mut spec = acc_spec.ok_or(AccountantError::EmptyComposition)?;
-    inv.process(&mut spec);
+    // The DC and Nyquist terms of a real sequence's spectrum are real (so are their powers);
+    // drop the round-off imaginary parts the inverse transform would reject.
+    if let Some(z) = spec.first_mut() {
+        z.im = 0.0;
+    }
+    if n.is_multiple_of(2)
+        && let Some(z) = spec.last_mut()
+    {
+        z.im = 0.0;
+    }
+    let mut out = c2r.make_output_vec();
+    let mut scratch = c2r.make_scratch_vec();
+    c2r.process_with_scratch(&mut spec, &mut out, &mut scratch)
+        .map_err(fft_err)?;
     let scale = 1.0 / n as f64;
     let mut w = vec![0.0_f64; n];
-    for (r, z) in spec.iter().enumerate() {
+    for (r, z) in out.iter().enumerate() {
         let s = k_lo + (r as i64 - k_lo).rem_euclid(n as i64);
         let i = (s - k_lo) as usize;
-        w[i] = z.re * scale;
+        w[i] = z * scale;
     }
     if w.iter().any(|x| !x.is_finite()) {
         return Err(AccountantError::NumericalFailure("FFT composition"));
     }
+    let t2 = std::time::Instant::now();
     let eh = (-h).exp();
     let omeh = -(-h).exp_m1();
     let mut a = vec![0.0_f64; n];
@@ -727,6 +751,14 @@ fn compose_direction(
     // L2 norm, accumulated over at most n entries as a random walk).
     let l2 = w.iter().map(|x| x * x).sum::<f64>().sqrt();
     let roundoff = 4.0 * f64::EPSILON * (n as f64).log2() * (n as f64).sqrt() * l2;
+    if trace {
+        eprintln!(
+            "{dir:?}: pmf+window {:?} fft {:?} tables {:?}",
+            t1 - t0,
+            t2 - t1,
+            t2.elapsed()
+        );
+    }
     let trunc_up: f64 = pmfs.iter().map(|(p, t)| t * p.trunc_upper).sum();
     let trunc_low: f64 = pmfs.iter().map(|(p, t)| t * p.trunc_lower).sum();
     Ok(ComposedDirection {
