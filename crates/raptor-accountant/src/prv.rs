@@ -33,6 +33,9 @@
 //!
 //! The grid step `h` follows from the requested ε accuracy `t`: `h = t / √(N·ln(1/η)/2)`.
 
+use std::sync::{Mutex, OnceLock};
+
+use rayon::prelude::*;
 use realfft::RealFftPlanner;
 use realfft::num_complex::Complex64;
 use serde::{Deserialize, Serialize};
@@ -357,6 +360,7 @@ fn build_pmf(
     // coarse compared with its spread (at least ~2048 sub-steps over the support).
     let sub = ((h * 2048.0 / (b - a).max(f64::MIN_POSITIVE)).ceil() as usize).clamp(1, 1 << 16);
     let bins: Vec<(f64, f64)> = (0..nbins)
+        .into_par_iter()
         .map(|j| {
             let upper = j >= switch;
             let y0 = edge(j);
@@ -671,9 +675,15 @@ fn compose_direction(
     let t1 = std::time::Instant::now();
     // Real-to-complex FFTs: the grid pmfs are real, so only the n/2 + 1 non-negative
     // frequencies are transformed, raised to their counts and multiplied.
-    let mut planner = RealFftPlanner::<f64>::new();
-    let r2c = planner.plan_fft_forward(n);
-    let c2r = planner.plan_fft_inverse(n);
+    let (r2c, c2r) = {
+        // Plans (twiddle tables) are cached across calls: planning costs more than a transform.
+        static PLANNER: OnceLock<Mutex<RealFftPlanner<f64>>> = OnceLock::new();
+        let mut planner = PLANNER
+            .get_or_init(|| Mutex::new(RealFftPlanner::new()))
+            .lock()
+            .map_err(|_| AccountantError::NumericalFailure("FFT planner lock"))?;
+        (planner.plan_fft_forward(n), planner.plan_fft_inverse(n))
+    };
     let fft_err = |_| AccountantError::NumericalFailure("FFT composition");
     let mut scratch = r2c.make_scratch_vec();
     let mut buf = r2c.make_input_vec();
