@@ -359,24 +359,41 @@ fn build_pmf(
     // Sub-steps per bin so that the in-bin quadrature resolves the law of Y even when h is
     // coarse compared with its spread (at least ~2048 sub-steps over the support).
     let sub = ((h * 2048.0 / (b - a).max(f64::MIN_POSITIVE)).ceil() as usize).clamp(1, 1 << 16);
+    // Tail value (in the mode of the bins starting there) and density at every bin edge,
+    // computed once and shared by the two bins meeting there.
+    let edge_vals: Vec<(f64, f64)> = (0..=nbins)
+        .into_par_iter()
+        .map(|e| {
+            let y = edge(e);
+            (loss.tail(y, e >= switch), loss.density(y))
+        })
+        .collect();
     let bins: Vec<(f64, f64)> = (0..nbins)
         .into_par_iter()
         .map(|j| {
             let upper = j >= switch;
             let y0 = edge(j);
             let y1 = edge(j + 1);
-            let v0 = loss.tail(y0, upper);
+            let (v0, d0) = edge_vals[j];
             let node = |y: f64| {
                 let v = loss.tail(y, upper);
                 (if upper { v0 - v } else { v - v0 }, loss.density(y))
+            };
+            // The right edge's stored tail is in this bin's mode except for the last bin below
+            // `switch`, whose right edge starts the first bin above it.
+            let right = if j + 1 == switch {
+                node(y1)
+            } else {
+                let (v1, d1) = edge_vals[j + 1];
+                (if upper { v0 - v1 } else { v1 - v0 }, d1)
             };
             // (G, density) at equally spaced nodes, G(y) = F(y) − F(y0).
             let mut nodes: Vec<(f64, f64)> = (0..=sub)
                 .map(|i| {
                     if i == 0 {
-                        (0.0, loss.density(y0))
+                        (0.0, d0)
                     } else if i == sub {
-                        node(y1)
+                        right
                     } else {
                         node(y0 + i as f64 * h / sub as f64)
                     }
