@@ -80,32 +80,7 @@ pub fn name_matches(name: &str, pattern: &str) -> bool {
     if !pattern.contains('*') {
         return name.contains(pattern);
     }
-    glob(name.as_bytes(), pattern.as_bytes())
-}
-
-fn glob(s: &[u8], p: &[u8]) -> bool {
-    let (mut si, mut pi) = (0usize, 0usize);
-    let (mut star, mut mark) = (None::<usize>, 0usize);
-    while si < s.len() {
-        if pi < p.len() && p[pi] != b'*' && p[pi] == s[si] {
-            si += 1;
-            pi += 1;
-        } else if pi < p.len() && p[pi] == b'*' {
-            star = Some(pi);
-            mark = si;
-            pi += 1;
-        } else if let Some(st) = star {
-            pi = st + 1;
-            mark += 1;
-            si = mark;
-        } else {
-            return false;
-        }
-    }
-    while pi < p.len() && p[pi] == b'*' {
-        pi += 1;
-    }
-    pi == p.len()
+    crate::checkpoint::glob_match(pattern, name)
 }
 
 /// Creates variable `name` (dot-separated, e.g. `encoder.block.0.layer.0.SelfAttention.q.weight`)
