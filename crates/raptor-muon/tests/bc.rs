@@ -13,84 +13,6 @@ use raptor_muon::{
     bias_corrected_direction, buffer_noise_variance, newton_schulz, probe_rng_os, probe_rng_seeded,
 };
 
-struct BiasResult {
-    plain: f64,
-    plain_se: f64,
-    bc: f64,
-    bc_se: f64,
-    diff: f64,
-    diff_se: f64,
-}
-
-/// Monte Carlo over the buffer noise: M̃ = M + sΞ. Returns the debiased norms of
-/// E[f(M̃)] − f(M) and E[O_BC] − f(M) with standard errors, and the paired difference of their
-/// squares D = ‖b_plain‖² − ‖b_bc‖² with its standard error (delta method on the same draws).
-fn bias(m: &Mat<f32>, s: f64, ns: &NsConfig, draws: usize, seed: u64) -> BiasResult {
-    let (r, c) = (m.nrows(), m.ncols());
-    let f = newton_schulz(m.as_ref(), ns).unwrap();
-    let mut rng = rng(seed);
-    let mut probe = probe_rng_seeded(seed ^ 0x9e37);
-    let d = r * c;
-    let mut plain = Vec::with_capacity(draws);
-    let mut corr = Vec::with_capacity(draws);
-    for _ in 0..draws {
-        let mt = Mat::<f32>::from_fn(r, c, |i, j| m[(i, j)] + s as f32 * normal(&mut rng));
-        let out =
-            bias_corrected_direction(mt.as_ref(), s, ns, &BcConfig::default(), &mut probe).unwrap();
-        let flat = |x: &Mat<f32>| -> Vec<f64> {
-            (0..c)
-                .flat_map(|j| (0..r).map(move |i| (i, j)))
-                .map(|(i, j)| x[(i, j)] as f64 - f[(i, j)] as f64)
-                .collect()
-        };
-        plain.push(flat(&out.plain));
-        corr.push(flat(&out.direction));
-    }
-    let n = draws as f64;
-    let stats = |xs: &[Vec<f64>]| -> (Vec<f64>, f64) {
-        let mut mean = vec![0.0; d];
-        for x in xs {
-            for k in 0..d {
-                mean[k] += x[k] / n;
-            }
-        }
-        let mut tr = 0.0;
-        for x in xs {
-            for k in 0..d {
-                tr += (x[k] - mean[k]).powi(2);
-            }
-        }
-        (mean, tr / (n - 1.0))
-    };
-    let (bp, trp) = stats(&plain);
-    let (bb, trb) = stats(&corr);
-    let sq = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>();
-    // ‖mean‖² over-estimates ‖bias‖² by tr(Cov)/N: subtract it.
-    let p2 = (sq(&bp) - trp / n).max(0.0);
-    let b2 = (sq(&bb) - trb / n).max(0.0);
-    // Per-draw linearizations of ‖b̂‖ and of D.
-    let proj = |xs: &[Vec<f64>], b: &[f64]| -> Vec<f64> {
-        xs.iter()
-            .map(|x| x.iter().zip(b).map(|(a, b)| a * b).sum())
-            .collect()
-    };
-    let sd = |v: &[f64]| {
-        let mu = v.iter().sum::<f64>() / n;
-        (v.iter().map(|x| (x - mu).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-    };
-    let zp = proj(&plain, &bp);
-    let zb = proj(&corr, &bb);
-    let zd: Vec<f64> = zp.iter().zip(&zb).map(|(a, b)| 2.0 * (a - b)).collect();
-    BiasResult {
-        plain: p2.sqrt(),
-        plain_se: sd(&zp) / sq(&bp).sqrt() / n.sqrt(),
-        bc: b2.sqrt(),
-        bc_se: sd(&zb) / sq(&bb).sqrt().max(1e-12) / n.sqrt(),
-        diff: p2 - b2,
-        diff_se: sd(&zd) / n.sqrt(),
-    }
-}
-
 /// THE DP-MuonBC bias test. Planted 6 × 10 matrix with singular values spread 8:1
 /// (0.6 … 0.075, ‖M‖_F ≈ 0.8), both NS variants, several noise levels, 6 000 seeded noise draws
 /// each, K = 1 antithetic pair, τ = s. Passes only if, at every level, the corrected direction's
@@ -119,27 +41,35 @@ fn bias_correction_reduces_bias_on_planted_matrices() {
     ];
     for (name, ns, levels) in cases {
         for (level, s) in levels.into_iter().enumerate() {
-            let b = bias(&m, s, &ns, 6000, 100 + level as u64);
+            let b = raptor_muon::diagnostics::bias_monte_carlo(
+                m.as_ref(),
+                s,
+                &ns,
+                &BcConfig::default(),
+                6000,
+                100 + level as u64,
+            )
+            .unwrap();
             eprintln!(
                 "{name} s={s}: plain {:.4} ± {:.4}, BC {:.4} ± {:.4}, D = {:.3e} ± {:.1e} (z = {:.1})",
                 b.plain,
                 b.plain_se,
-                b.bc,
-                b.bc_se,
-                b.diff,
-                b.diff_se,
-                b.diff / b.diff_se
+                b.corrected,
+                b.corrected_se,
+                b.diff_sq,
+                b.diff_sq_se,
+                b.diff_sq / b.diff_sq_se
             );
             assert!(
-                b.diff > 6.0 * b.diff_se,
+                b.diff_sq > 6.0 * b.diff_sq_se,
                 "{name} s={s}: D = {} not > 6 SE = {}",
-                b.diff,
-                6.0 * b.diff_se
+                b.diff_sq,
+                6.0 * b.diff_sq_se
             );
             assert!(
-                b.bc * 2.0 < b.plain,
+                b.corrected * 2.0 < b.plain,
                 "{name} s={s}: BC bias {} not 2x below plain {}",
-                b.bc,
+                b.corrected,
                 b.plain
             );
         }
