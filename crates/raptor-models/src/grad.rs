@@ -28,21 +28,92 @@ use tch::{Kind, Tensor};
 /// this many elements; otherwise use the ghost identity.
 const MATERIALIZE_MAX_ELEMS: i64 = 1 << 26;
 
-/// A site with its output gradient, rows padded per record to `[B, T, ·]`.
+/// Records are processed in chunks whose temporaries (Gram matrices, padded routed rows,
+/// materialized per-record gradients) stay under about this many elements.
+const CHUNK_ELEMS: i64 = 1 << 22;
+
+/// A site's output gradient (the op output `z` itself is dropped right after the backward).
 struct GradSite {
-    site: Site,
-    /// Output gradient in the site's own row layout.
+    rows: Rows,
+    parts: Vec<Part>,
+    /// Output gradient `∂L/∂z` in the site's own row layout.
     g: Tensor,
-    /// `[B, T, out]` (dense: reshaped; routed: padded).
-    g3: Tensor,
-    /// For routed sites: flat position `rec·Tmax + pos` of each row, and Tmax.
-    pad: Option<(Tensor, i64)>,
+    /// Routed sites: row offset of each record's rows (`B + 1` entries; rows sorted by record).
+    offsets: Option<Vec<i64>>,
+}
+
+impl GradSite {
+    /// Tokens per record: T for dense sites, the largest routed count for routed ones.
+    fn tokens(&self) -> i64 {
+        match &self.offsets {
+            Some(off) => off
+                .windows(2)
+                .map(|w| w[1] - w[0])
+                .max()
+                .unwrap_or(1)
+                .max(1),
+            None => {
+                let sz = self.g.size();
+                let b = sz.first().copied().unwrap_or(1).max(1);
+                let out = sz.last().copied().unwrap_or(1).max(1);
+                (self.g.numel() as i64 / (b * out)).max(1)
+            }
+        }
+    }
+
+    fn out_dim(&self) -> i64 {
+        self.g.size().last().copied().unwrap_or(1)
+    }
+
+    /// Rows of records `r0..r0+n` of `x` (`x` in the site's row layout: `[B, ...]` or
+    /// `[N, d]` routed rows), as `[n, T, d]` (routed rows zero-padded within the chunk).
+    fn chunk(&self, x: &Tensor, r0: i64, n: i64) -> Result<Tensor> {
+        let d = x.size().last().copied().unwrap_or(1);
+        match &self.offsets {
+            None => Ok(x.f_narrow(0, r0, n)?.f_reshape([n, -1, d])?),
+            Some(off) => {
+                let (lo, hi) = (off[r0 as usize], off[(r0 + n) as usize]);
+                let counts: Vec<i64> = (r0..r0 + n)
+                    .map(|r| off[r as usize + 1] - off[r as usize])
+                    .collect();
+                let tmax = counts.iter().copied().max().unwrap_or(1).max(1);
+                let mut pos = Vec::with_capacity((hi - lo) as usize);
+                for (i, &c) in counts.iter().enumerate() {
+                    pos.extend((0..c).map(|j| i as i64 * tmax + j));
+                }
+                let z = Tensor::f_zeros([n * tmax, d], (x.kind(), x.device()))?;
+                if hi == lo {
+                    return Ok(z.f_reshape([n, tmax, d])?);
+                }
+                let pos = Tensor::f_from_slice(&pos)?.f_to(x.device())?;
+                Ok(z.f_index_copy(0, &pos, &x.f_narrow(0, lo, hi - lo)?)?
+                    .f_reshape([n, tmax, d])?)
+            }
+        }
+    }
+
+    /// Output gradient scaled by per-record coefficients `c` (`[B]`), in the site's layout.
+    fn scaled_g(&self, c: &Tensor, b: i64) -> Result<Tensor> {
+        Ok(match &self.rows {
+            Rows::Dense => {
+                let mut shape = vec![b];
+                shape.extend(std::iter::repeat_n(1, self.g.dim().saturating_sub(1)));
+                self.g.f_mul(&c.f_reshape(shape.as_slice())?)?
+            }
+            Rows::Routed { rec } => self.g.f_mul(&c.f_index_select(0, rec)?.f_unsqueeze(1)?)?,
+        })
+    }
 }
 
 /// Per-record gradients of all trainable parameters used in one forward pass.
+///
+/// Holds, per recorded op, only `∂L/∂z` and what turns it into per-record gradients (input
+/// activations, ids); [`Self::into_clip`] frees each op's tensors as soon as its clipped sums
+/// are taken.
 pub struct PerSampleGrads {
     batch_size: i64,
     kind: Kind,
+    device: tch::Device,
     sites: Vec<GradSite>,
     /// param → (site, part) uses.
     uses: BTreeMap<String, Vec<(usize, usize)>>,
@@ -58,22 +129,16 @@ impl std::fmt::Debug for PerSampleGrads {
     }
 }
 
-enum Factor<'a> {
-    Dense(&'a Tensor),
-    OneHot(&'a Tensor),
+enum Factor {
+    Dense(Tensor),
+    OneHot(Tensor),
     Ones(i64),
-}
-
-fn pad_rows(x: &Tensor, pad: &(Tensor, i64), b: i64) -> Result<Tensor> {
-    let (pos, tmax) = pad;
-    let d = x.size()[1];
-    let z = Tensor::f_zeros([b * tmax, d], (x.kind(), x.device()))?;
-    Ok(z.f_index_copy(0, pos, x)?.f_reshape([b, *tmax, d])?)
 }
 
 impl PerSampleGrads {
     /// One backward pass of `loss` (a scalar: the sum over records of per-record losses) to
-    /// the outputs of every op recorded in `tape`; `batch_size` is B.
+    /// the outputs of every op recorded in `tape`; `batch_size` is B. The recorded outputs
+    /// are released as soon as the backward returns (only their gradients are kept).
     pub fn compute(tape: Tape, loss: &Tensor, batch_size: i64) -> Result<Self> {
         if loss.numel() != 1 {
             return Err(ModelError::ShapeMismatch {
@@ -83,50 +148,53 @@ impl PerSampleGrads {
             });
         }
         let kind = loss.kind();
-        let zs: Vec<&Tensor> = tape.sites.iter().map(|s| &s.z).collect();
+        let device = loss.device();
+        let mut zs = Vec::with_capacity(tape.sites.len());
+        let mut rest = Vec::with_capacity(tape.sites.len());
+        for Site { z, rows, parts } in tape.sites {
+            zs.push(z);
+            rest.push((rows, parts));
+        }
         let gs = if zs.is_empty() {
             Vec::new()
         } else {
-            Tensor::f_run_backward(&[loss], &zs, false, false)?
+            let refs: Vec<&Tensor> = zs.iter().collect();
+            Tensor::f_run_backward(&[loss], &refs, false, false)?
         };
         let mut sites = Vec::with_capacity(gs.len());
         let mut uses: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
-        for (i, (site, g)) in tape.sites.into_iter().zip(gs).enumerate() {
-            let g = if g.defined() {
-                g
-            } else {
-                site.z.f_zeros_like()?
-            };
-            let (g3, pad) = match &site.rows {
-                Rows::Dense => {
-                    let g3 = if g.dim() == 4 {
-                        g.shallow_clone()
-                    } else {
-                        let out = g.size().last().copied().unwrap_or(1);
-                        g.f_reshape([batch_size, -1, out])?
-                    };
-                    (g3, None)
-                }
+        for (i, ((z, (rows, parts)), g)) in zs.into_iter().zip(rest).zip(gs).enumerate() {
+            let g = if g.defined() { g } else { z.f_zeros_like()? };
+            drop(z);
+            let offsets = match &rows {
+                Rows::Dense => None,
                 Rows::Routed { rec } => {
-                    let counts = rec.f_bincount(None::<&Tensor>, batch_size)?;
-                    let tmax = counts.f_max()?.int64_value(&[]).max(1);
-                    let starts = counts.f_cumsum(0, Kind::Int64)?.f_sub(&counts)?;
-                    let n = rec.size()[0];
-                    let pos = Tensor::f_arange(n, (Kind::Int64, rec.device()))?
-                        .f_sub(&starts.f_index_select(0, rec)?)?
-                        .f_add(&rec.f_mul_scalar(tmax)?)?;
-                    let pad = (pos, tmax);
-                    (pad_rows(&g, &pad, batch_size)?, Some(pad))
+                    let counts: Vec<i64> = Vec::try_from(
+                        rec.f_bincount(None::<&Tensor>, batch_size)?
+                            .f_to(tch::Device::Cpu)?,
+                    )?;
+                    let mut off = Vec::with_capacity(counts.len() + 1);
+                    off.push(0i64);
+                    for c in counts.iter().take(batch_size as usize) {
+                        off.push(off.last().copied().unwrap_or(0) + c);
+                    }
+                    Some(off)
                 }
             };
-            for (j, p) in site.parts.iter().enumerate() {
+            for (j, p) in parts.iter().enumerate() {
                 uses.entry(p.param().to_string()).or_default().push((i, j));
             }
-            sites.push(GradSite { site, g, g3, pad });
+            sites.push(GradSite {
+                rows,
+                parts,
+                g,
+                offsets,
+            });
         }
         Ok(Self {
             batch_size,
             kind,
+            device,
             sites,
             uses,
         })
@@ -144,55 +212,66 @@ impl PerSampleGrads {
 
     fn part(&self, u: (usize, usize)) -> (&GradSite, &Part) {
         let s = &self.sites[u.0];
-        (s, &s.site.parts[u.1])
+        (s, &s.parts[u.1])
     }
 
-    /// Activation padded to `[B, T, in]`.
-    fn a3(&self, s: &GradSite, a: &Tensor) -> Result<Tensor> {
-        match &s.pad {
-            None => {
-                let d = a.size().last().copied().unwrap_or(1);
-                Ok(a.f_reshape([self.batch_size, -1, d])?)
-            }
-            Some(p) => pad_rows(a, p, self.batch_size),
-        }
+    fn uses_of(&self, param: &str) -> Result<&Vec<(usize, usize)>> {
+        self.uses
+            .get(param)
+            .ok_or_else(|| ModelError::UnknownParameter {
+                param: param.into(),
+            })
     }
 
-    /// Per-record gradient of a "direct" part, `[B, ...param shape]`, or None for factor parts.
-    fn direct(&self, s: &GradSite, p: &Part) -> Result<Option<Tensor>> {
+    /// Per-record gradient `[n, ...param shape]` of a "direct" part over records `r0..r0+n`.
+    fn direct(&self, s: &GradSite, p: &Part, r0: i64, n: i64) -> Result<Tensor> {
         Ok(match p {
-            Part::Gain { n, .. } => {
-                let n3 = self.a3(s, n)?;
-                Some(s.g3.f_mul(&n3)?.f_sum_dim_intlist(1, false, None::<Kind>)?)
-            }
-            Part::Bias { .. } => Some(s.g3.f_sum_dim_intlist(1, false, None::<Kind>)?),
+            Part::Gain { n: nt, .. } => s
+                .chunk(&s.g, r0, n)?
+                .f_mul(&s.chunk(nt, r0, n)?)?
+                .f_sum_dim_intlist(1, false, None::<Kind>)?,
+            Part::Bias { .. } => s
+                .chunk(&s.g, r0, n)?
+                .f_sum_dim_intlist(1, false, None::<Kind>)?,
             Part::Buckets {
                 buckets,
                 num_buckets,
                 ..
             } => {
-                // g [B, H, Tq, Tk] → [B, nb, H].
-                let sz = s.g.size();
-                let (b, h) = (sz[0], sz[1]);
-                let gq = s.g.f_permute([0, 2, 3, 1])?.f_reshape([b, -1, h])?;
-                let z = Tensor::f_zeros([b, *num_buckets, h], (s.g.kind(), s.g.device()))?;
-                Some(z.f_index_add(1, &buckets.f_reshape([-1])?, &gq)?)
+                // g [B, H, Tq, Tk] → [n, nb, H].
+                let h = s.g.size()[1];
+                let gq =
+                    s.g.f_narrow(0, r0, n)?
+                        .f_permute([0, 2, 3, 1])?
+                        .f_reshape([n, -1, h])?;
+                let z = Tensor::f_zeros([n, *num_buckets, h], (s.g.kind(), s.g.device()))?;
+                z.f_index_add(1, &buckets.f_reshape([-1])?, &gq)?
             }
-            Part::Weight { .. } | Part::Embedding { .. } => None,
+            Part::Weight { .. } | Part::Embedding { .. } => {
+                return Err(ModelError::InvalidConfig(format!(
+                    "internal: {} has no direct form",
+                    p.param()
+                )));
+            }
         })
     }
 
-    /// (u, v) factors with grad = Σ_t u_t v_tᵀ.
-    fn factors<'a>(
-        &self,
-        s: &'a GradSite,
-        p: &'a Part,
-        a3: &'a Option<Tensor>,
-    ) -> Result<(Factor<'a>, Factor<'a>)> {
-        match (p, a3) {
-            (Part::Weight { .. }, Some(a)) => Ok((Factor::Dense(&s.g3), Factor::Dense(a))),
-            (Part::Embedding { ids, .. }, _) => Ok((Factor::OneHot(ids), Factor::Dense(&s.g3))),
-            (Part::Bias { .. }, _) => Ok((Factor::Dense(&s.g3), Factor::Ones(s.g3.size()[1]))),
+    /// (u, v) factors over records `r0..r0+n` with grad = Σ_t u_t v_tᵀ.
+    fn factors(&self, s: &GradSite, p: &Part, r0: i64, n: i64) -> Result<(Factor, Factor)> {
+        match p {
+            Part::Weight { a, .. } => Ok((
+                Factor::Dense(s.chunk(&s.g, r0, n)?),
+                Factor::Dense(s.chunk(a, r0, n)?),
+            )),
+            Part::Embedding { ids, .. } => Ok((
+                Factor::OneHot(ids.f_narrow(0, r0, n)?.f_reshape([n, -1])?),
+                Factor::Dense(s.chunk(&s.g, r0, n)?),
+            )),
+            Part::Bias { .. } => {
+                let g3 = s.chunk(&s.g, r0, n)?;
+                let t = g3.size()[1];
+                Ok((Factor::Dense(g3), Factor::Ones(t)))
+            }
             _ => Err(ModelError::InvalidConfig(format!(
                 "internal: no factor form for {}",
                 p.param()
@@ -200,8 +279,7 @@ impl PerSampleGrads {
         }
     }
 
-    fn gram(&self, x: &Factor<'_>, y: &Factor<'_>) -> Result<Tensor> {
-        let b = self.batch_size;
+    fn gram(&self, x: &Factor, y: &Factor) -> Result<Tensor> {
         Ok(match (x, y) {
             (Factor::Dense(x), Factor::Dense(y)) => x.f_bmm(&y.f_transpose(1, 2)?)?,
             (Factor::OneHot(i), Factor::OneHot(j)) => i
@@ -209,18 +287,15 @@ impl PerSampleGrads {
                 .f_eq_tensor(&j.f_unsqueeze(1)?)?
                 .f_to_kind(self.kind)?,
             (Factor::OneHot(i), Factor::Dense(y)) => {
-                let (t, s) = (i.size()[1], y.size()[1]);
-                let idx = i.f_unsqueeze(1)?.f_expand([b, s, t], false)?;
+                let (n, t, s) = (i.size()[0], i.size()[1], y.size()[1]);
+                let idx = i.f_unsqueeze(1)?.f_expand([n, s, t], false)?;
                 y.f_gather(2, &idx, false)?.f_transpose(1, 2)?
             }
             (Factor::Dense(_), Factor::OneHot(_)) => self.gram(y, x)?.f_transpose(1, 2)?,
             (Factor::Ones(t), Factor::Ones(s)) => {
-                let dev = self
-                    .sites
-                    .first()
-                    .map(|s| s.g.device())
-                    .unwrap_or(tch::Device::Cpu);
-                Tensor::f_ones([b, *t, *s], (self.kind, dev))?
+                return Err(ModelError::InvalidConfig(format!(
+                    "internal: ones-by-ones factor ({t}, {s}) needs the chunk size"
+                )));
             }
             _ => {
                 return Err(ModelError::InvalidConfig(
@@ -230,34 +305,83 @@ impl PerSampleGrads {
         })
     }
 
-    /// Per-record squared L2 norms `[B]` of parameter `param`'s gradient.
+    /// Records per chunk for a parameter's norm computation (bounded temporaries: Gram
+    /// matrices, padded copies of routed rows, materialized per-record gradients).
+    fn chunk_records(&self, uses: &[(usize, usize)]) -> i64 {
+        let mut per_record = 1i64;
+        for &u in uses {
+            let (s, p) = self.part(u);
+            let t = s.tokens();
+            let out = s.out_dim();
+            let c = match p {
+                Part::Buckets { .. } => 2 * (s.g.numel() as i64 / self.batch_size.max(1)),
+                _ => {
+                    let din = match p {
+                        Part::Weight { a, .. } => a.size().last().copied().unwrap_or(1),
+                        _ => out,
+                    };
+                    let mut c = 3 * t * t;
+                    if s.offsets.is_some() {
+                        c += t * (din + out);
+                    }
+                    if din * out < t * (din + out) {
+                        c += din * out;
+                    }
+                    c
+                }
+            };
+            per_record = per_record.max(c);
+        }
+        (CHUNK_ELEMS / per_record).clamp(1, self.batch_size.max(1))
+    }
+
+    /// Per-record squared L2 norms `[B]` of parameter `param`'s gradient, computed in chunks
+    /// of records so that Gram matrices, padded routed rows and materialized per-record
+    /// gradients of the whole batch are never alive at once.
     pub fn sq_norms(&self, param: &str) -> Result<Tensor> {
-        let uses = self
-            .uses
-            .get(param)
-            .ok_or_else(|| ModelError::UnknownParameter {
-                param: param.into(),
-            })?;
+        let uses = self.uses_of(param)?;
         let b = self.batch_size;
+        let c = self.chunk_records(uses);
+        let mut outs = Vec::new();
+        let mut r0 = 0;
+        while r0 < b {
+            let n = c.min(b - r0);
+            outs.push(self.sq_norms_chunk(param, uses, r0, n)?);
+            r0 += n;
+        }
+        if outs.len() == 1 {
+            return outs.pop().ok_or_else(|| ModelError::UnknownParameter {
+                param: param.into(),
+            });
+        }
+        Ok(Tensor::f_cat(&outs, 0)?)
+    }
+
+    fn sq_norms_chunk(
+        &self,
+        param: &str,
+        uses: &[(usize, usize)],
+        r0: i64,
+        n: i64,
+    ) -> Result<Tensor> {
         // Direct parts: sum per-record grads.
         let mut direct: Option<Tensor> = None;
         let mut factor_uses = Vec::new();
         for &u in uses {
             let (s, p) = self.part(u);
-            match p {
-                Part::Gain { .. } | Part::Buckets { .. } => {
-                    let d = self
-                        .direct(s, p)?
-                        .ok_or_else(|| ModelError::InvalidConfig("internal: direct part".into()))?;
-                    direct = Some(match direct {
-                        Some(acc) => acc.f_add(&d)?,
-                        None => d,
-                    });
-                }
-                Part::Bias { .. } if uses.len() == 1 => {
-                    direct = self.direct(s, p)?;
-                }
-                _ => factor_uses.push(u),
+            let is_direct = match p {
+                Part::Gain { .. } | Part::Buckets { .. } => true,
+                Part::Bias { .. } => uses.len() == 1,
+                _ => false,
+            };
+            if is_direct {
+                let d = self.direct(s, p, r0, n)?;
+                direct = Some(match direct {
+                    Some(acc) => acc.f_add(&d)?,
+                    None => d,
+                });
+            } else {
+                factor_uses.push(u);
             }
         }
         if direct.is_some() && !factor_uses.is_empty() {
@@ -266,49 +390,52 @@ impl PerSampleGrads {
             )));
         }
         if let Some(d) = direct {
-            return Ok(d.f_reshape([b, -1])?.f_square()?.f_sum_dim_intlist(
+            return Ok(d.f_reshape([n, -1])?.f_square()?.f_sum_dim_intlist(
                 1,
                 false,
                 None::<Kind>,
             )?);
         }
         // Single linear use: raptor-clip's ghost or materialized kernel, by cost (materialized
-        // only while B·in·out stays under a memory cap).
+        // only while n·in·out stays under a memory cap).
         if factor_uses.len() == 1 {
             let (s, p) = self.part(factor_uses[0]);
             if let Part::Weight { a, .. } = p {
-                let a3 = self.a3(s, a)?;
-                let (t, din, dout) = (a3.size()[1], a3.size()[2], s.g3.size()[2]);
-                let cheaper = materialized_cost(b, t, din, dout) < ghost_cost(b, t, din, dout);
-                let method = if cheaper && b * din * dout <= MATERIALIZE_MAX_ELEMS {
+                let a3 = s.chunk(a, r0, n)?;
+                let g3 = s.chunk(&s.g, r0, n)?;
+                let (t, din, dout) = (a3.size()[1], a3.size()[2], g3.size()[2]);
+                let cheaper = materialized_cost(n, t, din, dout) < ghost_cost(n, t, din, dout);
+                let method = if cheaper && n * din * dout <= MATERIALIZE_MAX_ELEMS {
                     NormMethod::Materialized
                 } else {
                     NormMethod::Ghost
                 };
-                return Ok(linear_per_example_sq_norms_with(&a3, &s.g3, None, method)?);
+                return Ok(linear_per_example_sq_norms_with(&a3, &g3, None, method)?);
             }
         }
-        let a3s: Vec<Option<Tensor>> = factor_uses
+        let facs: Vec<(Factor, Factor)> = factor_uses
             .iter()
             .map(|&u| {
                 let (s, p) = self.part(u);
-                match p {
-                    Part::Weight { a, .. } => self.a3(s, a).map(Some),
-                    _ => Ok(None),
-                }
+                self.factors(s, p, r0, n)
             })
             .collect::<Result<_>>()?;
-        let mut total = Tensor::f_zeros([b], (self.kind, self.device()))?;
-        for i in 0..factor_uses.len() {
-            let (si, pi) = self.part(factor_uses[i]);
-            let (ui, vi) = self.factors(si, pi, &a3s[i])?;
-            for j in i..factor_uses.len() {
-                let (sj, pj) = self.part(factor_uses[j]);
-                let (uj, vj) = self.factors(sj, pj, &a3s[j])?;
-                let c = self
-                    .gram(&ui, &uj)?
-                    .f_mul(&self.gram(&vi, &vj)?)?
-                    .f_sum_dim_intlist([1i64, 2].as_slice(), false, None::<Kind>)?;
+        let mut total = Tensor::f_zeros([n], (self.kind, self.device))?;
+        for i in 0..facs.len() {
+            for j in i..facs.len() {
+                let (ui, vi) = &facs[i];
+                let (uj, vj) = &facs[j];
+                let gv = match (vi, vj) {
+                    (Factor::Ones(t), Factor::Ones(s)) => {
+                        Tensor::f_ones([n, *t, *s], (self.kind, self.device))?
+                    }
+                    _ => self.gram(vi, vj)?,
+                };
+                let c = self.gram(ui, uj)?.f_mul(&gv)?.f_sum_dim_intlist(
+                    [1i64, 2].as_slice(),
+                    false,
+                    None::<Kind>,
+                )?;
                 total = if i == j {
                     total.f_add(&c)?
                 } else {
@@ -319,22 +446,68 @@ impl PerSampleGrads {
         Ok(total)
     }
 
-    fn device(&self) -> tch::Device {
-        self.sites
-            .first()
-            .map(|s| s.g.device())
-            .unwrap_or(tch::Device::Cpu)
+    /// `Σ_b c[b] · (part p's per-record gradient)` for one use of a parameter.
+    fn part_sum(&self, s: &GradSite, p: &Part, c: &Tensor) -> Result<Tensor> {
+        let b = self.batch_size;
+        let dout = s.out_dim();
+        Ok(match p {
+            Part::Weight { a, .. } if matches!(s.rows, Rows::Dense) => {
+                let din = a.size().last().copied().unwrap_or(1);
+                linear_weighted_grad_sum(
+                    &a.f_reshape([b, -1, din])?,
+                    &s.g.f_reshape([b, -1, dout])?,
+                    c,
+                    None,
+                )?
+            }
+            Part::Weight { a, .. } => {
+                let din = a.size().last().copied().unwrap_or(1);
+                s.scaled_g(c, b)?
+                    .f_reshape([-1, dout])?
+                    .f_transpose(0, 1)?
+                    .f_mm(&a.f_reshape([-1, din])?)?
+            }
+            Part::Bias { .. } => s.scaled_g(c, b)?.f_reshape([-1, dout])?.f_sum_dim_intlist(
+                0,
+                false,
+                None::<Kind>,
+            )?,
+            Part::Gain { n, .. } => {
+                let d = n.size().last().copied().unwrap_or(1);
+                s.scaled_g(c, b)?
+                    .f_mul(n)?
+                    .f_reshape([-1, d])?
+                    .f_sum_dim_intlist(0, false, None::<Kind>)?
+            }
+            Part::Embedding { ids, vocab, .. } => {
+                Tensor::f_zeros([*vocab, dout], (s.g.kind(), s.g.device()))?.f_index_add(
+                    0,
+                    &ids.f_reshape([-1])?,
+                    &s.scaled_g(c, b)?.f_reshape([-1, dout])?,
+                )?
+            }
+            Part::Buckets {
+                buckets,
+                num_buckets,
+                ..
+            } => {
+                // Σ_b c_b g_b [H, Tq, Tk] → [nb, H].
+                let h = s.g.size()[1];
+                let gs = s
+                    .scaled_g(c, b)?
+                    .f_sum_dim_intlist(0, false, None::<Kind>)?
+                    .f_permute([1, 2, 0])?
+                    .f_reshape([-1, h])?;
+                Tensor::f_zeros([*num_buckets, h], (s.g.kind(), s.g.device()))?.f_index_add(
+                    0,
+                    &buckets.f_reshape([-1])?,
+                    &gs,
+                )?
+            }
+        })
     }
 
-    /// `Σ_b coeffs[b] · G_b` for parameter `param` (`coeffs` `[B]`), in the parameter's shape.
-    /// With a one-hot `coeffs` this is one record's gradient.
-    pub fn weighted_sum(&self, param: &str, coeffs: &Tensor) -> Result<Tensor> {
-        let uses = self
-            .uses
-            .get(param)
-            .ok_or_else(|| ModelError::UnknownParameter {
-                param: param.into(),
-            })?;
+    fn check_coeffs(&self, param: &str, coeffs: &Tensor) -> Result<Tensor> {
         if coeffs.size() != [self.batch_size] {
             return Err(ModelError::ShapeMismatch {
                 what: format!("clip coefficients for {param}"),
@@ -342,63 +515,18 @@ impl PerSampleGrads {
                 got: coeffs.size(),
             });
         }
-        let c = coeffs.f_to_kind(self.kind)?;
+        Ok(coeffs.f_to_kind(self.kind)?.f_to(self.device)?)
+    }
+
+    /// `Σ_b coeffs[b] · G_b` for parameter `param` (`coeffs` `[B]`), in the parameter's shape.
+    /// With a one-hot `coeffs` this is one record's gradient.
+    pub fn weighted_sum(&self, param: &str, coeffs: &Tensor) -> Result<Tensor> {
+        let uses = self.uses_of(param)?;
+        let c = self.check_coeffs(param, coeffs)?;
         let mut acc: Option<Tensor> = None;
         for &u in uses {
             let (s, p) = self.part(u);
-            // Row coefficients in the site's own layout.
-            let scaled_g = match &s.site.rows {
-                Rows::Dense => {
-                    let mut shape = vec![self.batch_size];
-                    shape.extend(std::iter::repeat_n(1, s.g.dim().saturating_sub(1)));
-                    s.g.f_mul(&c.f_reshape(shape.as_slice())?)?
-                }
-                Rows::Routed { rec } => s.g.f_mul(&c.f_index_select(0, rec)?.f_unsqueeze(1)?)?,
-            };
-            let term = match p {
-                Part::Weight { a, .. } if matches!(s.site.rows, Rows::Dense) => {
-                    linear_weighted_grad_sum(&self.a3(s, a)?, &s.g3, &c, None)?
-                }
-                Part::Weight { a, .. } => {
-                    let dout = s.g.size().last().copied().unwrap_or(1);
-                    let din = a.size().last().copied().unwrap_or(1);
-                    scaled_g
-                        .f_reshape([-1, dout])?
-                        .f_transpose(0, 1)?
-                        .f_mm(&a.f_reshape([-1, din])?)?
-                }
-                Part::Bias { .. } => {
-                    let dout = s.g.size().last().copied().unwrap_or(1);
-                    scaled_g
-                        .f_reshape([-1, dout])?
-                        .f_sum_dim_intlist(0, false, None::<Kind>)?
-                }
-                Part::Gain { n, .. } => {
-                    let d = n.size().last().copied().unwrap_or(1);
-                    scaled_g.f_mul(n)?.f_reshape([-1, d])?.f_sum_dim_intlist(
-                        0,
-                        false,
-                        None::<Kind>,
-                    )?
-                }
-                Part::Embedding { ids, vocab, .. } => {
-                    let d = s.g.size().last().copied().unwrap_or(1);
-                    Tensor::f_zeros([*vocab, d], (s.g.kind(), s.g.device()))?.f_index_add(
-                        0,
-                        &ids.f_reshape([-1])?,
-                        &scaled_g.f_reshape([-1, d])?,
-                    )?
-                }
-                Part::Buckets { .. } => {
-                    let per = self
-                        .direct(s, p)?
-                        .ok_or_else(|| ModelError::InvalidConfig("internal: direct part".into()))?;
-                    let mut shape = vec![self.batch_size];
-                    shape.extend(std::iter::repeat_n(1, per.dim().saturating_sub(1)));
-                    per.f_mul(&c.f_reshape(shape.as_slice())?)?
-                        .f_sum_dim_intlist(0, false, None::<Kind>)?
-                }
-            };
+            let term = self.part_sum(s, p, &c)?;
             acc = Some(match acc {
                 Some(x) => x.f_add(&term)?,
                 None => term,
@@ -409,31 +537,40 @@ impl PerSampleGrads {
         })
     }
 
-    /// Clips per record by group and returns the clipped, weighted sums of all parameters.
-    ///
-    /// `groups` maps every parameter to a caller-named group (an unassigned parameter is an
-    /// error); `weights` optionally gives per-record weights `[B]` in `[0, 1]` per group,
-    /// applied to the record's gradient before clipping (RAPTOR's residual weights).
-    pub fn clip(
+    /// Norms by group, clip factors and the per-parameter coefficients `factor · weight`.
+    #[allow(clippy::type_complexity)]
+    fn clip_coeffs(
         &self,
         groups: &ParamGroups,
         policy: &ClipPolicy,
         weights: &BTreeMap<String, Tensor>,
-    ) -> Result<ClipOutput> {
+    ) -> Result<(
+        BTreeMap<String, Tensor>,
+        BTreeMap<String, Tensor>,
+        BTreeMap<String, Tensor>,
+    )> {
         let b = self.batch_size;
-        let dev = self.device();
+        let dev = self.device;
         let mut group_sq: BTreeMap<String, Tensor> = BTreeMap::new();
         let mut members: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for p in self.uses.keys() {
             let g = groups
                 .group_of(p)
                 .ok_or_else(|| ModelError::UngroupedParameter { param: p.clone() })?;
-            let n = self.sq_norms(p)?;
-            let e = group_sq
-                .entry(g.to_string())
-                .or_insert(Tensor::f_zeros([b], (self.kind, dev))?);
-            *e = e.f_add(&n)?;
             members.entry(g.to_string()).or_default().push(p.clone());
+        }
+        // One parameter at a time (each one's temporaries are freed before the next).
+        for p in self.uses.keys() {
+            let g = groups
+                .group_of(p)
+                .ok_or_else(|| ModelError::UngroupedParameter { param: p.clone() })?;
+            let n = self.sq_norms(p)?;
+            match group_sq.get_mut(g) {
+                Some(e) => *e = e.f_add(&n)?,
+                None => {
+                    group_sq.insert(g.to_string(), n);
+                }
+            }
         }
         // Weights before clipping.
         let mut w: BTreeMap<String, Tensor> = BTreeMap::new();
@@ -466,14 +603,14 @@ impl PerSampleGrads {
             }
             clip_factors(sq, bound)
         };
-        let mut coeffs: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut factors: BTreeMap<String, Tensor> = BTreeMap::new();
         match policy {
             ClipPolicy::RoleWise(bounds) => {
                 for (g, sq) in &group_sq {
                     let c = bounds.get(g).ok_or_else(|| {
                         ModelError::InvalidClip(format!("no clipping bound for group {g}"))
                     })?;
-                    coeffs.insert(g.clone(), factor(sq, *c)?);
+                    factors.insert(g.clone(), factor(sq, *c)?);
                 }
             }
             ClipPolicy::Global(c) => {
@@ -483,23 +620,79 @@ impl PerSampleGrads {
                 }
                 let f = factor(&tot, *c)?;
                 for g in group_sq.keys() {
-                    coeffs.insert(g.clone(), f.shallow_clone());
+                    factors.insert(g.clone(), f.shallow_clone());
                 }
             }
         }
-        let mut sums = BTreeMap::new();
+        let mut param_coeffs = BTreeMap::new();
         for (g, ps) in &members {
-            let mut c = coeffs[g].shallow_clone();
+            let mut c = factors[g].f_to_kind(self.kind)?;
             if let Some(wt) = w.get(g) {
                 c = c.f_mul(wt)?;
             }
             for p in ps {
-                sums.insert(p.clone(), self.weighted_sum(p, &c)?);
+                param_coeffs.insert(p.clone(), c.shallow_clone());
             }
         }
+        Ok((group_sq, factors, param_coeffs))
+    }
+
+    /// Clips per record by group and returns the clipped, weighted sums of all parameters.
+    ///
+    /// `groups` maps every parameter to a caller-named group (an unassigned parameter is an
+    /// error); `weights` optionally gives per-record weights `[B]` in `[0, 1]` per group,
+    /// applied to the record's gradient before clipping (RAPTOR's residual weights).
+    /// Keeps `self` (see [`Self::into_clip`] for the memory-frugal form).
+    pub fn clip(
+        &self,
+        groups: &ParamGroups,
+        policy: &ClipPolicy,
+        weights: &BTreeMap<String, Tensor>,
+    ) -> Result<ClipOutput> {
+        let (group_sq_norms, clip_factors, coeffs) = self.clip_coeffs(groups, policy, weights)?;
+        let mut sums = BTreeMap::new();
+        for (p, c) in &coeffs {
+            sums.insert(p.clone(), self.weighted_sum(p, c)?);
+        }
         Ok(ClipOutput {
-            group_sq_norms: group_sq,
-            clip_factors: coeffs,
+            group_sq_norms,
+            clip_factors,
+            sums,
+        })
+    }
+
+    /// [`Self::clip`] consuming `self`: once the norms and clip factors are known, the recorded
+    /// ops are visited last-recorded first and each op's output gradient and activations are
+    /// freed as soon as its contribution to the clipped sums is added, so the peak memory is
+    /// that of the backward pass's results, not results plus sums plus temporaries.
+    pub fn into_clip(
+        mut self,
+        groups: &ParamGroups,
+        policy: &ClipPolicy,
+        weights: &BTreeMap<String, Tensor>,
+    ) -> Result<ClipOutput> {
+        let (group_sq_norms, clip_factors, coeffs) = self.clip_coeffs(groups, policy, weights)?;
+        let mut sums: BTreeMap<String, Tensor> = BTreeMap::new();
+        while let Some(s) = self.sites.pop() {
+            for p in &s.parts {
+                let c = coeffs
+                    .get(p.param())
+                    .ok_or_else(|| ModelError::UngroupedParameter {
+                        param: p.param().to_string(),
+                    })?;
+                let term = self.part_sum(&s, p, c)?;
+                match sums.get_mut(p.param()) {
+                    Some(acc) => *acc = acc.f_add(&term)?,
+                    None => {
+                        sums.insert(p.param().to_string(), term);
+                    }
+                }
+            }
+            drop(s);
+        }
+        Ok(ClipOutput {
+            group_sq_norms,
+            clip_factors,
             sums,
         })
     }

@@ -3,6 +3,8 @@
 use crate::error::{ModelError, Result};
 use crate::moe::RouterOutput;
 use crate::tape::{Part, Rows, Tape};
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 use std::collections::BTreeMap;
 use tch::nn::{Init, VarStore};
 use tch::{Kind, Tensor};
@@ -24,6 +26,15 @@ pub struct ForwardCtx {
     /// LoRA adapters whose linear name matches one of these patterns are switched off
     /// (their delta is skipped), e.g. RAPTOR's shared-only logits with expert LoRA disabled.
     pub lora_disabled: Vec<String>,
+    /// Seed of this step's LoRA dropout masks. Each record's mask at each adapter is drawn
+    /// from a generator keyed by (this seed, the record's id, the adapter's module name), so a
+    /// record gets the same mask whether it is run alone or in any batch. `None`: a seed is
+    /// drawn from libtorch's global generator at the first dropout of the pass (fresh masks
+    /// every step, reproducible under `tch::manual_seed`). Set a new seed per step.
+    pub dropout_seed: Option<u64>,
+    /// Ids of the batch's records (`[B]`, e.g. their indices in the dataset) keying their
+    /// dropout masks; `None`: their positions `0..B` in the batch.
+    pub record_ids: Option<Vec<u64>>,
 }
 
 impl ForwardCtx {
@@ -55,6 +66,82 @@ impl ForwardCtx {
         self.tape.take()
     }
 
+    /// LoRA dropout keep-mask (0/1, the kind of `x`) for the adapter of module `site` over
+    /// input rows `x` (`[B, ..., in]` or routed `[N, in]`). Record r's rows draw their mask
+    /// row-major from a ChaCha8 stream keyed by (seed, record id, site), so the mask of a
+    /// record's first rows does not depend on the batch it is in.
+    pub(crate) fn dropout_keep_mask(
+        &mut self,
+        site: &str,
+        x: &Tensor,
+        rows: RowSpec<'_>,
+        p: f64,
+    ) -> Result<Tensor> {
+        let seed = match self.dropout_seed {
+            Some(s) => s,
+            None => {
+                let s = Tensor::f_randint(i64::MAX, [1], (Kind::Int64, tch::Device::Cpu))?
+                    .f_int64_value(&[0])? as u64;
+                self.dropout_seed = Some(s);
+                s
+            }
+        };
+        let size = x.size();
+        let width = size.last().copied().unwrap_or(1).max(1);
+        // (record index in the batch, number of rows) runs, in row order.
+        let runs: Vec<(i64, i64)> = match rows {
+            RowSpec::Dense => {
+                let b = size.first().copied().unwrap_or(0);
+                let per = if b > 0 {
+                    x.numel() as i64 / (b * width)
+                } else {
+                    0
+                };
+                (0..b).map(|r| (r, per)).collect()
+            }
+            RowSpec::Routed(rec) => {
+                let rec: Vec<i64> = Vec::try_from(rec.f_to(tch::Device::Cpu)?)?;
+                let mut runs: Vec<(i64, i64)> = Vec::new();
+                for r in rec {
+                    match runs.last_mut() {
+                        Some((last, n)) if *last == r => *n += 1,
+                        _ => runs.push((r, 1)),
+                    }
+                }
+                runs
+            }
+        };
+        let site_key = fnv1a64(site.as_bytes());
+        let mut keep: Vec<f32> = Vec::with_capacity(x.numel());
+        for (r, n) in runs {
+            let id = match &self.record_ids {
+                Some(ids) => *ids
+                    .get(r as usize)
+                    .ok_or_else(|| ModelError::ShapeMismatch {
+                        what: "ForwardCtx::record_ids (one id per record of the batch)".into(),
+                        expected: vec![r + 1],
+                        got: vec![ids.len() as i64],
+                    })?,
+                None => r as u64,
+            };
+            let mut key = [0u8; 32];
+            key[..8].copy_from_slice(&seed.to_le_bytes());
+            key[8..16].copy_from_slice(&id.to_le_bytes());
+            key[16..24].copy_from_slice(&site_key.to_le_bytes());
+            key[24..].copy_from_slice(b"loradrop");
+            let mut rng = ChaCha8Rng::from_seed(key);
+            for _ in 0..n * width {
+                // 24 random bits → a uniform in [0, 1) exactly representable in f32.
+                let u = f64::from(rng.next_u32() >> 8) / f64::from(1u32 << 24);
+                keep.push(if u >= p { 1.0 } else { 0.0 });
+            }
+        }
+        Ok(Tensor::f_from_slice(&keep)?
+            .f_reshape(size.as_slice())?
+            .f_to_kind(x.kind())?
+            .f_to(x.device())?)
+    }
+
     pub(crate) fn recording(&self) -> bool {
         self.tape.is_some()
     }
@@ -64,6 +151,13 @@ impl ForwardCtx {
             t.push(z, rows, parts);
         }
     }
+}
+
+/// 64-bit FNV-1a hash (stable across runs and platforms).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Whether `name` matches `pattern`: a pattern with `*` is a glob over the whole name (`*`
@@ -326,7 +420,8 @@ impl Linear {
                 return Ok(z);
             }
             let xd = if ctx.train && l.dropout > 0.0 {
-                x.f_dropout(l.dropout, true)?
+                let keep = ctx.dropout_keep_mask(&self.name, x, rows, l.dropout)?;
+                x.f_mul(&keep)?.f_mul_scalar(1.0 / (1.0 - l.dropout))?
             } else {
                 x.shallow_clone()
             };

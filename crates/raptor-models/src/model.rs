@@ -141,6 +141,8 @@ pub fn trainable_params<M: Model + ?Sized>(model: &M) -> Vec<String> {
 #[derive(Debug)]
 pub struct PrivateStep<'m, M: Model + ?Sized> {
     model: &'m M,
+    dropout_seed: Option<u64>,
+    record_ids: Option<Vec<u64>>,
 }
 
 /// What one private step computed.
@@ -158,7 +160,27 @@ impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
         if let Some(capacity) = model.expert_capacity() {
             return Err(ModelError::CapacityInPrivateTraining { capacity });
         }
-        Ok(Self { model })
+        Ok(Self {
+            model,
+            dropout_seed: None,
+            record_ids: None,
+        })
+    }
+
+    /// Seeds this step's LoRA dropout masks ([`ForwardCtx::dropout_seed`]): record r's mask
+    /// at each adapter is a function of (seed, record id, adapter), so a single-record pass
+    /// with the same seed and id reproduces it. Without a seed, each call draws one from
+    /// libtorch's global generator.
+    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
+        self.dropout_seed = Some(seed);
+        self
+    }
+
+    /// Ids of the batch's records keying their dropout masks ([`ForwardCtx::record_ids`];
+    /// default: positions in the batch).
+    pub fn with_record_ids(mut self, ids: Vec<u64>) -> Self {
+        self.record_ids = Some(ids);
+        self
     }
 
     /// Forward in a recording context (`owners`: per sparse layer `[B]` owner experts),
@@ -170,6 +192,8 @@ impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
         train: bool,
     ) -> Result<(Tensor, PerSampleGrads)> {
         let mut ctx = ForwardCtx::private(train);
+        ctx.dropout_seed = self.dropout_seed;
+        ctx.record_ids = self.record_ids.clone();
         for (l, o) in owners {
             ctx.owners.insert(*l, o.shallow_clone());
         }
@@ -180,7 +204,8 @@ impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
         Ok((losses.f_detach()?, grads))
     }
 
-    /// [`Self::per_sample`] then [`PerSampleGrads::clip`].
+    /// [`Self::per_sample`] then [`PerSampleGrads::into_clip`] (each recorded op's tensors are
+    /// freed as soon as its clipped sums are taken).
     pub fn run(
         &self,
         batch: &Batch,
@@ -191,7 +216,7 @@ impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
         train: bool,
     ) -> Result<PrivateStepOutput> {
         let (losses, grads) = self.per_sample(batch, owners, train)?;
-        let clip = grads.clip(groups, policy, weights)?;
+        let clip = grads.into_clip(groups, policy, weights)?;
         Ok(PrivateStepOutput { losses, clip })
     }
 }

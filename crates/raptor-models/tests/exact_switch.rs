@@ -364,3 +364,88 @@ fn full_finetune_experts_with_owner_masks_is_exact_and_does_not_leak() {
     }
     assert!(checked > 0);
 }
+
+/// Switch with LoRA (dropout 0.3) on attention q/v, expert wi/wo (routed rows) and the dense
+/// FFN, plus the head, in f32.
+fn lora_dropout_model() -> SwitchEncoder {
+    tch::manual_seed(5);
+    let mut m = SwitchEncoder::new(SwitchConfig::tiny(), Device::Cpu).unwrap();
+    freeze_all(&m).unwrap();
+    let cfg = LoraConfig {
+        r: 3,
+        alpha: 6.0,
+        dropout: 0.3,
+        targets: vec![
+            "SelfAttention.q".into(),
+            "SelfAttention.v".into(),
+            "*.experts.*.w".into(),
+            "mlp.wi".into(),
+        ],
+    };
+    attach_lora(&mut m, &cfg).unwrap();
+    set_trainable(&m, &["classifier"], true).unwrap();
+    perturb(&m, 0.1);
+    m
+}
+
+#[test]
+fn lora_dropout_is_exact_per_record_in_f32() {
+    let m = lora_dropout_model();
+    let b = batch(m.vocab_size());
+    // Training mode, dropout p = 0.3: each record's masks are keyed by (step seed, record id,
+    // adapter), so the single-record loop draws exactly the masks the batch drew.
+    let worst = check_exact_seeded(&m, &b, &BTreeMap::new(), 1e-5, Some(42));
+    eprintln!("f32 LoRA dropout worst relative error: {worst:e}");
+}
+
+#[test]
+fn lora_dropout_masks_differ_across_records_and_steps() {
+    let m = lora_dropout_model();
+    // Five copies of one record: without dropout their gradients would be identical.
+    let recs = vec![records(&[6], m.vocab_size(), 3)[0].clone(); 5];
+    let b = Batch::from_records(&recs, 0, Some(&[1, 1, 1, 1, 1]), Device::Cpu).unwrap();
+    let param = "encoder.block.0.layer.0.SelfAttention.q.lora_A.weight";
+    let grads = |seed: Option<u64>| -> Vec<Tensor> {
+        let eng = engine_seeded(&m, &b, &BTreeMap::new(), seed);
+        (0..5)
+            .map(|r| {
+                let onehot = Tensor::zeros([5], (Kind::Float, Device::Cpu)).index_fill(
+                    0,
+                    &Tensor::from_slice(&[r as i64]),
+                    1.0,
+                );
+                eng.weighted_sum(param, &onehot).unwrap()
+            })
+            .collect()
+    };
+    let dist = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+    let no_drop = grads(None);
+    // The eval-mode gradients of the five copies are equal (the premise of the test)...
+    for g in &no_drop[1..] {
+        assert!(dist(g, &no_drop[0]) < 1e-6);
+    }
+    // ...with dropout, each copy (its own record id) gets its own mask,
+    let s1 = grads(Some(1));
+    for i in 0..5 {
+        for j in i + 1..5 {
+            assert!(
+                dist(&s1[i], &s1[j]) > 1e-4,
+                "records {i} and {j} share a mask"
+            );
+        }
+    }
+    // a new step seed gives new masks, and the same seed the same masks.
+    let s2 = grads(Some(2));
+    let s1_again = grads(Some(1));
+    for r in 0..5 {
+        assert!(
+            dist(&s1[r], &s2[r]) > 1e-4,
+            "record {r}: same mask at two steps"
+        );
+        assert_eq!(
+            dist(&s1[r], &s1_again[r]),
+            0.0,
+            "record {r}: not reproducible"
+        );
+    }
+}

@@ -27,6 +27,23 @@ pub fn reference_grads<M: Model>(
     batch: &Batch,
     owners: &BTreeMap<usize, Tensor>,
 ) -> BTreeMap<String, Vec<Tensor>> {
+    reference_grads_seeded(model, batch, owners, None)
+}
+
+/// Record ids used by the dropout tests (not the batch positions, so that the keying by id is
+/// what is tested).
+pub fn record_id(b: i64) -> u64 {
+    1000 + 7 * b as u64
+}
+
+/// [`reference_grads`]; with `dropout_seed`, in training mode (LoRA dropout on) with that step
+/// seed and record ids [`record_id`]: each record alone in its own pass.
+pub fn reference_grads_seeded<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    dropout_seed: Option<u64>,
+) -> BTreeMap<String, Vec<Tensor>> {
     let params: Vec<(String, Tensor)> = {
         let vars = model.var_store().variables();
         trainable_params(model)
@@ -40,7 +57,9 @@ pub fn reference_grads<M: Model>(
     let mut out: BTreeMap<String, Vec<Tensor>> = BTreeMap::new();
     for b in 0..batch.batch_size() {
         let sub = batch.narrow(b, 1).unwrap();
-        let mut ctx = ForwardCtx::new(false);
+        let mut ctx = ForwardCtx::new(dropout_seed.is_some());
+        ctx.dropout_seed = dropout_seed;
+        ctx.record_ids = Some(vec![record_id(b)]);
         for (l, o) in owners {
             ctx.owners.insert(*l, o.narrow(0, b, 1));
         }
@@ -78,8 +97,25 @@ pub fn engine<M: Model>(
     batch: &Batch,
     owners: &BTreeMap<usize, Tensor>,
 ) -> PerSampleGrads {
-    let step = PrivateStep::new(model).unwrap();
-    step.per_sample(batch, owners, false).unwrap().1
+    engine_seeded(model, batch, owners, None)
+}
+
+/// [`engine`]; with `dropout_seed`, in training mode with that step seed and ids [`record_id`].
+pub fn engine_seeded<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    dropout_seed: Option<u64>,
+) -> PerSampleGrads {
+    let mut step = PrivateStep::new(model)
+        .unwrap()
+        .with_record_ids((0..batch.batch_size()).map(record_id).collect());
+    if let Some(s) = dropout_seed {
+        step = step.with_dropout_seed(s);
+    }
+    step.per_sample(batch, owners, dropout_seed.is_some())
+        .unwrap()
+        .1
 }
 
 fn norm(t: &Tensor) -> f64 {
@@ -99,8 +135,20 @@ pub fn check_exact<M: Model>(
     owners: &BTreeMap<usize, Tensor>,
     tol: f64,
 ) -> f64 {
-    let reference = reference_grads(model, batch, owners);
-    let eng = engine(model, batch, owners);
+    check_exact_seeded(model, batch, owners, tol, None)
+}
+
+/// [`check_exact`]; with `dropout_seed`, in training mode (LoRA dropout on, see
+/// [`reference_grads_seeded`]).
+pub fn check_exact_seeded<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    tol: f64,
+    dropout_seed: Option<u64>,
+) -> f64 {
+    let reference = reference_grads_seeded(model, batch, owners, dropout_seed);
+    let eng = engine_seeded(model, batch, owners, dropout_seed);
     let bsz = batch.batch_size();
     let eng_params = eng.params();
     let mut worst = 0.0f64;
@@ -168,11 +216,27 @@ pub fn check_clip<M: Model>(
 ) {
     let reference = reference_grads(model, batch, owners);
     let eng = engine(model, batch, owners);
-    let out = eng.clip(groups, policy, weights).unwrap();
+    // The borrowing form and the consuming one (PrivateStep::run's) must agree with the loop.
+    let kept = eng.clip(groups, policy, weights).unwrap();
+    let consumed = eng.into_clip(groups, policy, weights).unwrap();
+    for out in [kept, consumed] {
+        check_clip_output(&reference, &out, batch, groups, policy, weights, tol);
+    }
+}
+
+fn check_clip_output(
+    reference: &BTreeMap<String, Vec<Tensor>>,
+    out: &raptor_models::ClipOutput,
+    batch: &Batch,
+    groups: &ParamGroups,
+    policy: &ClipPolicy,
+    weights: &BTreeMap<String, Tensor>,
+    tol: f64,
+) {
     let bsz = batch.batch_size() as usize;
     // Reference group norms (with weights).
     let mut gsq: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for (name, per) in &reference {
+    for (name, per) in reference {
         let g = groups.group_of(name).unwrap().to_string();
         let e = gsq.entry(g).or_insert(vec![0.0; bsz]);
         for b in 0..bsz {
@@ -222,7 +286,7 @@ pub fn check_clip<M: Model>(
         }
     }
     let mut clipped_any = false;
-    for (name, per) in &reference {
+    for (name, per) in reference {
         let g = groups.group_of(name).unwrap();
         let mut want = per[0].zeros_like().to_kind(Kind::Double);
         for (b, gb) in per.iter().enumerate() {
