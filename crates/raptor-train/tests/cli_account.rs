@@ -10,16 +10,21 @@ fn raptor(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-#[test]
-fn account_json_matches_the_library() {
-    let out = raptor(&[
-        "account", "--q", "0.01", "--sigma", "1", "--steps", "1000", "--delta", "1e-5", "--json",
-    ]);
+/// Fails the test with the program's stderr when it did not exit with success.
+fn assert_success(out: &std::process::Output) {
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn account_json_matches_the_library() {
+    let out = raptor(&[
+        "account", "--q", "0.01", "--sigma", "1", "--steps", "1000", "--delta", "1e-5", "--json",
+    ]);
+    assert_success(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let e = &v["epsilon"];
     let (up, est, low) = (
@@ -56,11 +61,7 @@ fn account_two_streams_and_text_output() {
         "--delta",
         "1e-5",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.contains("epsilon (PRV): upper") && text.contains("epsilon (RDP)"),
@@ -83,11 +84,7 @@ fn calibrate_and_plan() {
         "500",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["sigma"].as_f64().unwrap() > 0.3);
     assert!(v["epsilon"]["upper"].as_f64().unwrap() <= 2.0);
@@ -106,11 +103,7 @@ fn calibrate_and_plan() {
         "--layers",
         "1",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.contains("additive") && text.contains("joint"),
