@@ -572,68 +572,90 @@ impl PerSampleGrads {
                 }
             }
         }
-        // Weights before clipping.
+        // Weights before clipping: w_b ∈ [0, 1] per record (checked, typed error otherwise).
         let mut w: BTreeMap<String, Tensor> = BTreeMap::new();
-        for (g, sq) in group_sq.iter_mut() {
-            if let Some(wt) = weights.get(g) {
-                if wt.size() != [b] {
-                    return Err(ModelError::ShapeMismatch {
-                        what: format!("record weights of group {g}"),
-                        expected: vec![b],
-                        got: wt.size(),
-                    });
-                }
-                let wt = wt.f_to_kind(self.kind)?.f_to(dev)?;
-                *sq = sq.f_mul(&wt.f_square()?)?;
-                w.insert(g.clone(), wt);
-            }
-        }
-        for g in weights.keys() {
+        for (g, wt) in weights {
             if !group_sq.contains_key(g) {
                 return Err(ModelError::InvalidClip(format!(
                     "record weights given for group {g}, which has no trainable parameter in this pass"
                 )));
             }
-        }
-        let factor = |sq: &Tensor, bound: f64| -> Result<Tensor> {
-            if !(bound.is_finite() && bound > 0.0) {
+            if wt.size() != [b] {
+                return Err(ModelError::ShapeMismatch {
+                    what: format!("record weights of group {g}"),
+                    expected: vec![b],
+                    got: wt.size(),
+                });
+            }
+            let v: Vec<f64> = Vec::try_from(wt.f_to_kind(Kind::Double)?.f_to(tch::Device::Cpu)?)?;
+            if let Some((r, x)) = v
+                .iter()
+                .enumerate()
+                .find(|(_, x)| !(0.0..=1.0).contains(*x))
+            {
                 return Err(ModelError::InvalidClip(format!(
-                    "bound {bound} must be finite and > 0"
+                    "record weight {x} of record {r} in group {g} is outside [0, 1]"
                 )));
             }
-            clip_factors(sq, bound)
+            w.insert(g.clone(), wt.f_to_kind(self.kind)?.f_to(dev)?);
+        }
+        let check_bound = |bound: f64| -> Result<()> {
+            if bound.is_finite() && bound > 0.0 {
+                Ok(())
+            } else {
+                Err(ModelError::InvalidClip(format!(
+                    "bound {bound} must be finite and > 0"
+                )))
+            }
         };
+        // Reported norms are those of the weighted gradients w_b·g_b.
+        let mut weighted_sq: BTreeMap<String, Tensor> = BTreeMap::new();
+        for (g, sq) in &group_sq {
+            let v = match w.get(g) {
+                Some(wt) => sq.f_mul(&wt.f_square()?)?,
+                None => sq.shallow_clone(),
+            };
+            weighted_sq.insert(g.clone(), v);
+        }
         let mut factors: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut coeffs: BTreeMap<String, Tensor> = BTreeMap::new();
         match policy {
             ClipPolicy::RoleWise(bounds) => {
                 for (g, sq) in &group_sq {
-                    let c = bounds.get(g).ok_or_else(|| {
+                    let c = *bounds.get(g).ok_or_else(|| {
                         ModelError::InvalidClip(format!("no clipping bound for group {g}"))
                     })?;
-                    factors.insert(g.clone(), factor(sq, *c)?);
+                    check_bound(c)?;
+                    factors.insert(g.clone(), clip_factors(&weighted_sq[g], c)?);
+                    // raptor-clip's weight-then-clip coefficients w_b·min(1, C/(w_b‖g_b‖)).
+                    let coeff = clip_coefficients(sq, c, w.get(g))?.f_to_kind(self.kind)?;
+                    coeffs.insert(g.clone(), coeff);
                 }
             }
             ClipPolicy::Global(c) => {
+                check_bound(*c)?;
                 let mut tot = Tensor::f_zeros([b], (self.kind, dev))?;
-                for sq in group_sq.values() {
+                for sq in weighted_sq.values() {
                     tot = tot.f_add(sq)?;
                 }
-                let f = factor(&tot, *c)?;
+                let f = clip_factors(&tot, *c)?;
                 for g in group_sq.keys() {
+                    let coeff = match w.get(g) {
+                        Some(wt) => f.f_mul(wt)?,
+                        None => f.shallow_clone(),
+                    };
                     factors.insert(g.clone(), f.shallow_clone());
+                    coeffs.insert(g.clone(), coeff);
                 }
             }
         }
         let mut param_coeffs = BTreeMap::new();
         for (g, ps) in &members {
-            let mut c = factors[g].f_to_kind(self.kind)?;
-            if let Some(wt) = w.get(g) {
-                c = c.f_mul(wt)?;
-            }
             for p in ps {
-                param_coeffs.insert(p.clone(), c.shallow_clone());
+                param_coeffs.insert(p.clone(), coeffs[g].shallow_clone());
             }
         }
+        let group_sq = weighted_sq;
         Ok((group_sq, factors, param_coeffs))
     }
 

@@ -189,7 +189,7 @@ fn role_wise_and_global_clipping_match_the_reference() {
         targets: vec![
             "SelfAttention.q".into(),
             "SelfAttention.v".into(),
-            "*.experts.*.w".into(),
+            "*.experts.*.w*".into(),
         ],
     };
     attach_lora(&mut m, &cfg).unwrap();
@@ -235,15 +235,43 @@ fn role_wise_and_global_clipping_match_the_reference() {
             Tensor::from_slice(&[0.5f64, 1.0, 0.0, 0.25, 0.9]),
         );
     }
+    assert!(!weights.is_empty(), "no expert group to weight");
     check_clip(
         &m,
         &b,
         &owners,
         &groups,
-        &ClipPolicy::RoleWise(bounds),
+        &ClipPolicy::RoleWise(bounds.clone()),
         &weights,
         1e-9,
     );
+    check_clip(
+        &m,
+        &b,
+        &owners,
+        &groups,
+        &ClipPolicy::Global(0.05),
+        &weights,
+        1e-9,
+    );
+    // A weight outside [0, 1] is a typed error naming the group and the record.
+    let g = bounds
+        .keys()
+        .find(|g| g.starts_with("expert"))
+        .unwrap()
+        .clone();
+    let mut bad = BTreeMap::new();
+    bad.insert(
+        g.clone(),
+        Tensor::from_slice(&[0.5f64, 1.0, 1.5, 0.25, 0.9]),
+    );
+    let eng = engine(&m, &b, &owners);
+    for policy in [ClipPolicy::RoleWise(bounds), ClipPolicy::Global(0.05)] {
+        let err = eng.clip(&groups, &policy, &bad).unwrap_err();
+        assert!(matches!(err, ModelError::InvalidClip(_)), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("record 2") && msg.contains(&g), "{msg}");
+    }
 }
 
 #[test]
@@ -378,7 +406,7 @@ fn lora_dropout_model() -> SwitchEncoder {
         targets: vec![
             "SelfAttention.q".into(),
             "SelfAttention.v".into(),
-            "*.experts.*.w".into(),
+            "*.experts.*.w*".into(),
             "mlp.wi".into(),
         ],
     };
