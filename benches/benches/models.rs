@@ -5,7 +5,7 @@
 //! process (peak RSS with glibc's mmap threshold lowered so freed tensors leave the heap).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use criterion::{Criterion, criterion_group};
+use criterion::{Criterion, SamplingMode, criterion_group};
 use raptor_models::{
     Batch, ClipPolicy, ForwardCtx, Model, ParamGroups, PrivateStep, SwitchConfig, SwitchEncoder,
     trainable_params,
@@ -99,7 +99,10 @@ fn bench(c: &mut Criterion) {
     tch::set_num_threads(num_threads());
     let (m, b, g, p) = setup();
     let mut grp = c.benchmark_group("switch_step_d256_l4_e8_t64_b64");
-    grp.measurement_time(Duration::from_secs(5))
+    // One step takes ~0.5–1 s on 2 cores: flat sampling (one step per sample) keeps the whole
+    // bench (both modes + the memory children + the ratio line) at about a minute.
+    grp.sampling_mode(SamplingMode::Flat)
+        .measurement_time(Duration::from_secs(3))
         .sample_size(10)
         .warm_up_time(Duration::from_secs(1));
     grp.bench_function("non_private", |bch| bch.iter(|| non_private(&m, &b)));
@@ -107,6 +110,37 @@ fn bench(c: &mut Criterion) {
         bch.iter(|| private(&m, &b, &g, &p))
     });
     grp.finish();
+}
+
+/// Step-time ratio private / non-private from interleaved steps (load affects both alike):
+/// medians of `RAPTOR_MODELS_RATIO_REPS` (default 5) steps per mode.
+fn ratio_report() {
+    tch::set_num_threads(num_threads());
+    let (m, b, g, p) = setup();
+    let reps: usize = std::env::var("RAPTOR_MODELS_RATIO_REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5)
+        .max(1);
+    let _ = non_private(&m, &b);
+    let _ = private(&m, &b, &g, &p);
+    let (mut np, mut pr) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t0 = std::time::Instant::now();
+        let _ = non_private(&m, &b);
+        np.push(t0.elapsed().as_secs_f64());
+        let t0 = std::time::Instant::now();
+        let _ = private(&m, &b, &g, &p);
+        pr.push(t0.elapsed().as_secs_f64());
+    }
+    np.sort_by(|a, b| a.total_cmp(b));
+    pr.sort_by(|a, b| a.total_cmp(b));
+    let (n, q) = (np[reps / 2], pr[reps / 2]);
+    println!(
+        "step time (interleaved, median of {reps}): non_private {n:.3} s, private {q:.3} s, ratio {:.3} (min/min {:.3})",
+        q / n,
+        pr[0] / np[0]
+    );
 }
 
 fn num_threads() -> i32 {
@@ -203,4 +237,5 @@ fn main() {
     memory_report();
     benches();
     Criterion::default().configure_from_args().final_summary();
+    ratio_report();
 }
