@@ -185,3 +185,53 @@ fn f32_decoders_match_reference_to_1e5() {
     let w2 = check_exact(&g, &lm_batch(g.vocab_size()), &BTreeMap::new(), 1e-5);
     eprintln!("f32 worst relative error: olmoe {w1:e}, gpt2 {w2:e}");
 }
+
+#[test]
+fn f32_lora_dropout_decoders_are_exact_per_record() {
+    // Training mode with LoRA dropout 0.25: per-record masks keyed by (step seed, record id,
+    // adapter) are replayed by the single-record loop. OLMoE: experts' routed rows (top-2);
+    // GPT-2: dense rows with padding.
+    tch::manual_seed(6);
+    let mut o =
+        OlmoeDecoder::new(OlmoeConfig::tiny(DecoderHead::LanguageModel), Device::Cpu).unwrap();
+    freeze_all(&o).unwrap();
+    let cfg = |targets: Vec<String>| LoraConfig {
+        r: 3,
+        alpha: 6.0,
+        dropout: 0.25,
+        targets,
+    };
+    attach_lora(
+        &mut o,
+        &cfg(vec![
+            "self_attn.q_proj".into(),
+            "*.experts.*.up_proj".into(),
+        ]),
+    )
+    .unwrap();
+    perturb(&o, 0.1);
+    let w1 = check_exact_seeded(
+        &o,
+        &lm_batch(o.vocab_size()),
+        &BTreeMap::new(),
+        1e-5,
+        Some(9),
+    );
+    let mut g = Gpt2::new(
+        Gpt2Config::tiny(DecoderHead::Classification { num_labels: 2 }),
+        Device::Cpu,
+    )
+    .unwrap();
+    freeze_all(&g).unwrap();
+    attach_lora(&mut g, &cfg(vec!["attn.c_attn".into(), "mlp.c_fc".into()])).unwrap();
+    set_trainable(&g, &["score"], true).unwrap();
+    perturb(&g, 0.1);
+    let w2 = check_exact_seeded(
+        &g,
+        &cls_batch(g.vocab_size()),
+        &BTreeMap::new(),
+        1e-5,
+        Some(10),
+    );
+    eprintln!("f32 LoRA dropout worst relative error: olmoe {w1:e}, gpt2 {w2:e}");
+}
