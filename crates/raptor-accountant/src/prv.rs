@@ -654,25 +654,89 @@ fn chernoff_point(parts: &[(LogPmf, f64)], tau: f64, upper: bool) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // Composition.
 
+/// Spacing of the stored (A, C, D) checkpoints of a composed direction.
+const BLOCK: usize = 32;
+
 /// A composed PRV (one direction) on a window of the grid, ready for queries.
+///
+/// With `w_k` the composed grid pmf at grid index `k_lo + k`, the query tables are
+/// `A_i = Σ_{k ≥ i} w_k`, `C_i = Σ_{k > i} w_k (1 − e^{−(k−i)h})` (δ_w at ε = (k_lo + i)h) and
+/// `D_i = Σ_{k ≥ i} w_k e^{−(k−i)h}`, computed by the downward recurrence
+/// `A_i = A_{i+1} + w_i`, `C_i = (1 − e^{−h}) A_{i+1} + e^{−h} C_{i+1}`,
+/// `D_i = w_i + e^{−h} D_{i+1}`. Only every `BLOCK`-th triple is stored; any other one is
+/// recomputed from the checkpoint above it with the same floating-point operations, so the
+/// values are bit-identical to full tables (which would cost three fresh n-point arrays per
+/// direction and call).
 #[derive(Debug, Clone)]
 struct ComposedDirection {
     h: f64,
     k_lo: i64,
-    /// Suffix masses A_i = Σ_{k ≥ i} w_k.
-    a: Vec<f64>,
-    /// C_i = Σ_{k > i} w_k (1 − e^{−(k−i)h}) = δ_w at ε = (k_lo + i)h.
-    c: Vec<f64>,
-    /// D_i = Σ_{k ≥ i} w_k e^{−(k−i)h}.
-    d: Vec<f64>,
+    /// The composed grid pmf on the window.
+    w: Vec<f64>,
+    /// (A_i, C_i, D_i) at i = 0, BLOCK, 2·BLOCK, … (< n).
+    ck: Vec<(f64, f64, f64)>,
+    /// e^{−h}.
+    eh: f64,
+    /// 1 − e^{−h}.
+    omeh: f64,
     t: f64,
     extra_up: f64,
     extra_low: f64,
 }
 
 impl ComposedDirection {
+    /// Composed pmf `w` (window starting at grid index `k_lo`) → direction with checkpoints.
+    fn new(h: f64, k_lo: i64, w: Vec<f64>, t: f64, extra_up: f64, extra_low: f64) -> Self {
+        let mut out = Self {
+            h,
+            k_lo,
+            ck: Vec::with_capacity(w.len().div_ceil(BLOCK)),
+            w,
+            eh: (-h).exp(),
+            omeh: -(-h).exp_m1(),
+            t,
+            extra_up,
+            extra_low,
+        };
+        let n = out.n();
+        out.ck.resize(n.div_ceil(BLOCK), (0.0, 0.0, 0.0));
+        let mut st = (0.0, 0.0, 0.0);
+        for i in (0..n).rev() {
+            st = out.step(i, st);
+            if i % BLOCK == 0 {
+                out.ck[i / BLOCK] = st;
+            }
+        }
+        out
+    }
+
     fn n(&self) -> usize {
-        self.a.len()
+        self.w.len()
+    }
+
+    /// (A_k, C_k, D_k) from (A_{k+1}, C_{k+1}, D_{k+1}) (zeros above the window).
+    #[inline]
+    fn step(&self, k: usize, (a1, c1, d1): (f64, f64, f64)) -> (f64, f64, f64) {
+        let c = if k + 1 < self.n() {
+            self.omeh * a1 + self.eh * c1
+        } else {
+            0.0
+        };
+        (a1 + self.w[k], c, self.w[k] + self.eh * d1)
+    }
+
+    /// (A_i, C_i, D_i), recomputed from the checkpoint at or above i.
+    fn state(&self, i: usize) -> (f64, f64, f64) {
+        let m = i.div_ceil(BLOCK) * BLOCK;
+        let (mut st, top) = if m < self.n() {
+            (self.ck[m / BLOCK], m)
+        } else {
+            ((0.0, 0.0, 0.0), self.n())
+        };
+        for k in (i..top).rev() {
+            st = self.step(k, st);
+        }
+        st
     }
 
     /// δ_w(ε) of the windowed grid distribution.
@@ -689,28 +753,45 @@ impl ComposedDirection {
             (i as usize, j as f64 * self.h - eps)
         };
         let e = (-u).exp();
-        (self.a[i] * (1.0 - e) + e * self.c[i]).max(0.0)
+        let (a, c, _) = self.state(i);
+        (a * (1.0 - e) + e * c).max(0.0)
+    }
+
+    /// The first i with C_i ≤ target (C is non-increasing and C_{n−1} = 0 ≤ target), with
+    /// (A_i, C_i, D_i): binary search over the checkpoints, then a scan down the block.
+    fn first_below(&self, target: f64) -> (usize, (f64, f64, f64)) {
+        let n = self.n();
+        if self.ck[0].1 <= target {
+            return (0, self.ck[0]);
+        }
+        // First checkpoint j ≥ 1 with C ≤ target (ck.len() if none): ck[lo].C > target.
+        let (mut lo, mut hi) = (0usize, self.ck.len());
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if self.ck[mid].1 <= target {
+                hi = mid
+            } else {
+                lo = mid
+            }
+        }
+        let mut i = (hi * BLOCK).min(n - 1);
+        let mut st = self.state(i);
+        while i > lo * BLOCK + 1 {
+            let next = self.step(i - 1, st);
+            if next.1 > target {
+                break;
+            }
+            i -= 1;
+            st = next;
+        }
+        (i, st)
     }
 
     /// Smallest ε with δ_w(ε) ≤ target (−∞ if every ε qualifies).
     fn eps_w(&self, target: f64) -> f64 {
-        // C is non-increasing; find the first i with C_i ≤ target.
-        let (mut lo, mut hi) = (0usize, self.n() - 1);
-        if self.c[0] <= target {
-            hi = 0;
-        } else {
-            while hi - lo > 1 {
-                let mid = (lo + hi) / 2;
-                if self.c[mid] <= target {
-                    hi = mid
-                } else {
-                    lo = mid
-                }
-            }
-        }
-        let i = hi;
+        let (i, (a, _, d)) = self.first_below(target);
         let j = self.k_lo + i as i64;
-        let num = self.a[i] - target;
+        let num = a - target;
         if num <= 0.0 {
             return if i == 0 {
                 f64::NEG_INFINITY
@@ -718,7 +799,7 @@ impl ComposedDirection {
                 j as f64 * self.h - self.h
             };
         }
-        let ratio = self.d[i] / num;
+        let ratio = d / num;
         let mut u = ratio.ln().max(0.0);
         if i > 0 {
             u = u.min(self.h);
@@ -854,30 +935,19 @@ fn compose_direction(
         return Err(AccountantError::NumericalFailure("FFT composition"));
     }
     let t2 = std::time::Instant::now();
-    let eh = (-h).exp();
-    let omeh = -(-h).exp_m1();
-    let mut a = vec![0.0_f64; n];
-    let mut c = vec![0.0_f64; n];
-    let mut d = vec![0.0_f64; n];
-    let (mut sa, mut sd) = (0.0_f64, 0.0_f64);
-    let mut next_c = 0.0_f64;
-    for i in (0..n).rev() {
-        // C_i = (1 − e^{−h}) A_{i+1} + e^{−h} C_{i+1}
-        let ci = if i + 1 < n {
-            omeh * sa + eh * next_c
-        } else {
-            0.0
-        };
-        sa += w[i];
-        sd = w[i] + eh * sd;
-        a[i] = sa;
-        c[i] = ci;
-        d[i] = sd;
-        next_c = ci;
-    }
     // Round-off allowance of the FFT (statistical: ~ε_mach·log2(n) per entry relative to the
     // L2 norm, accumulated over at most n entries as a random walk).
     let roundoff = 4.0 * f64::EPSILON * (n as f64).log2() * (n as f64).sqrt() * l2.sqrt();
+    let trunc_up: f64 = pmfs.iter().map(|(p, t)| t * p.trunc_upper).sum();
+    let trunc_low: f64 = pmfs.iter().map(|(p, t)| t * p.trunc_lower).sum();
+    let composed = ComposedDirection::new(
+        h,
+        k_lo,
+        w,
+        plan.t,
+        plan.eta + trunc_up + 2.0 * plan.tau + roundoff,
+        plan.eta + trunc_low + 2.0 * plan.tau + roundoff,
+    );
     if trace {
         eprintln!(
             "{dir:?}: pmf {:?} window {:?} fft {:?} tables {:?}",
@@ -887,18 +957,7 @@ fn compose_direction(
             t2.elapsed()
         );
     }
-    let trunc_up: f64 = pmfs.iter().map(|(p, t)| t * p.trunc_upper).sum();
-    let trunc_low: f64 = pmfs.iter().map(|(p, t)| t * p.trunc_lower).sum();
-    Ok(ComposedDirection {
-        h,
-        k_lo,
-        a,
-        c,
-        d,
-        t: plan.t,
-        extra_up: plan.eta + trunc_up + 2.0 * plan.tau + roundoff,
-        extra_low: plan.eta + trunc_low + 2.0 * plan.tau + roundoff,
-    })
+    Ok(composed)
 }
 
 /// z^t for a complex z with |z| ≤ 1 (polar form); 0 where |z|^t underflows.
@@ -1319,6 +1378,62 @@ mod tests {
         for y in [-1.0, 0.0, 0.3, 1.5] {
             let want = norm_cdf((y - mu) * s);
             assert!((loss.tail(y, false) - want).abs() < 1e-14);
+        }
+    }
+
+    #[test]
+    fn checkpointed_tables_are_bit_identical_to_full_tables() {
+        for &(n, h) in &[
+            (1usize, 0.1),
+            (31, 0.05),
+            (32, 0.05),
+            (33, 0.05),
+            (1000, 1e-3),
+        ] {
+            // A positive pmf with a bump, plus round-off-like negative entries.
+            let w: Vec<f64> = (0..n)
+                .map(|i| {
+                    let x = (i as f64 - 0.4 * n as f64) / (0.1 * n as f64 + 1.0);
+                    (-0.5 * x * x).exp() + if i % 7 == 3 { -1e-17 } else { 0.0 }
+                })
+                .collect();
+            let total: f64 = w.iter().sum();
+            let w: Vec<f64> = w.iter().map(|x| x / total).collect();
+            let dir = ComposedDirection::new(h, -7, w.clone(), 0.01, 0.0, 0.0);
+            // The full tables, as computed before checkpointing.
+            let (eh, omeh) = ((-h).exp(), -(-h).exp_m1());
+            let (mut a, mut c, mut d) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+            let (mut sa, mut sd, mut next_c) = (0.0_f64, 0.0_f64, 0.0_f64);
+            for i in (0..n).rev() {
+                let ci = if i + 1 < n {
+                    omeh * sa + eh * next_c
+                } else {
+                    0.0
+                };
+                sa += w[i];
+                sd = w[i] + eh * sd;
+                (a[i], c[i], d[i]) = (sa, ci, sd);
+                next_c = ci;
+            }
+            for i in 0..n {
+                assert_eq!(dir.state(i), (a[i], c[i], d[i]), "n={n} i={i}");
+            }
+            for k in 0..200 {
+                let target = 10f64.powf(-12.0 * k as f64 / 199.0) * c[0].max(1e-300) * 1.5;
+                // Binary search on the full table.
+                let (mut lo, mut hi) = (0usize, n - 1);
+                if c[0] <= target {
+                    hi = 0;
+                } else {
+                    while hi - lo > 1 {
+                        let mid = (lo + hi) / 2;
+                        if c[mid] <= target { hi = mid } else { lo = mid }
+                    }
+                }
+                let (i, st) = dir.first_below(target);
+                assert_eq!(i, hi, "n={n} target={target:e}");
+                assert_eq!(st, (a[i], c[i], d[i]));
+            }
         }
     }
 
