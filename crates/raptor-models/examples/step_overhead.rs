@@ -4,6 +4,8 @@
 //! versus private (forward + one backward to op outputs + per-sample norms of every trainable
 //! parameter + role-wise clipped sums). Also measures peak memory of each step in a child
 //! process (peak RSS with glibc's mmap threshold lowered so freed tensors leave the heap).
+//! `REPS=n` sets the interleaved repetitions (default 7); `BREAKDOWN=1` adds where the private
+//! step's time goes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use raptor_models::{
@@ -142,6 +144,41 @@ fn timing() {
     );
 }
 
+/// Where the private step's time goes: forward alone (no grad), forward + backward (recording,
+/// `PrivateStep::per_sample`), then norms + clip + sums (`PerSampleGrads::into_clip`).
+fn breakdown() {
+    tch::set_num_threads(num_threads());
+    let (m, b, g, p) = setup();
+    let step = PrivateStep::new(&m).unwrap();
+    let (mut fwd, mut fb, mut clip) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..4 {
+        let t0 = std::time::Instant::now();
+        tch::no_grad(|| {
+            let _ = m.forward(&b, &mut ForwardCtx::new(true)).unwrap();
+        });
+        let t1 = std::time::Instant::now();
+        let (_, grads) = step.per_sample(&b, &BTreeMap::new(), true).unwrap();
+        let t2 = std::time::Instant::now();
+        let _ = grads.into_clip(&g, &p, &BTreeMap::new()).unwrap();
+        let t3 = std::time::Instant::now();
+        if i > 0 {
+            fwd.push((t1 - t0).as_secs_f64());
+            fb.push((t2 - t1).as_secs_f64());
+            clip.push((t3 - t2).as_secs_f64());
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    println!(
+        "private step breakdown (median of 3): forward without grad {:.3} s, forward + backward to op outputs {:.3} s, norms + clip + clipped sums {:.3} s",
+        med(&mut fwd),
+        med(&mut fb),
+        med(&mut clip)
+    );
+}
+
 fn num_threads() -> i32 {
     std::thread::available_parallelism()
         .map(|n| n.get() as i32)
@@ -233,4 +270,7 @@ fn main() {
     }
     memory_report();
     timing();
+    if std::env::var("BREAKDOWN").is_ok() {
+        breakdown();
+    }
 }
