@@ -201,6 +201,42 @@ pub fn check_exact_seeded<M: Model>(
         nonzero > 0,
         "all reference gradients are zero: the test would prove nothing"
     );
+    // The consuming clip (PrivateStep::run's path, which frees each op after its sums) over all
+    // parameters with one global bound: its sums are the loop's gradients clipped and summed.
+    let groups = ParamGroups::from_fn(eng_params.iter().cloned(), |_| Some("all".into()));
+    let tot: Vec<f64> = (0..bsz as usize)
+        .map(|b| {
+            eng_params
+                .iter()
+                .map(|n| norm(&reference[n][b]).powi(2))
+                .sum::<f64>()
+                .sqrt()
+        })
+        .collect();
+    let mut sorted = tot.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let bound = 0.5 * sorted[sorted.len() / 2] + 1e-30;
+    let out = eng
+        .into_clip(&groups, &ClipPolicy::Global(bound), &BTreeMap::new())
+        .unwrap();
+    for name in &eng_params {
+        let per = &reference[name];
+        let mut want = per[0].zeros_like().to_kind(Kind::Double);
+        for (b, gb) in per.iter().enumerate() {
+            let f = if tot[b] > 0.0 {
+                (bound / tot[b]).min(1.0)
+            } else {
+                1.0
+            };
+            want += gb.to_kind(Kind::Double) * f;
+        }
+        let got = out.sums[name].to_kind(Kind::Double);
+        let wn = norm(&want);
+        let diff = norm(&(got - &want));
+        let rel = if wn > 0.0 { diff / wn } else { diff };
+        assert!(rel <= tol, "{name}: into_clip sum rel err {rel:e}");
+        worst = worst.max(rel);
+    }
     worst
 }
 
