@@ -4,14 +4,24 @@
 //! `batch × width_k` matrix). Each block belongs to one group; the squared norm of record i in
 //! group g is the sum of the squared norms of its rows in the group's blocks.
 //!
-//! Schedule (B ≥ 2 × threads, the usual case): the records are split into one contiguous range
-//! per rayon thread; each thread keeps a private partial sum per block and, for each record in
-//! its range, (1) computes the squared norms of the record's rows (f64 accumulation, 8
-//! independent lanes), which brings the rows into cache, then (2) adds factor × row into its
-//! partial sums while the rows are still in L2 (or in the 32 MiB L3 for rows of millions of
-//! entries). Every gradient byte is read from memory once. The partials are then reduced in
-//! parallel over column ranges. With fewer records than 2 × threads, the kernel instead runs
-//! two passes parallel over columns (norms, then accumulation), which keeps all threads busy.
+//! Schedule: software-pipelined. A sweep over the columns of a step of R records does two
+//! things at once: it accumulates factor × row for the R records of step k (their rows are in
+//! cache: the previous sweep streamed them in) and it takes the squared norms of the R records
+//! of step k + 1 (streamed from memory now, with software prefetch). Memory streaming thus
+//! overlaps the in-cache work, every gradient byte is read from memory once, and the partial
+//! sums are read and written once per R records. Norms are accumulated in f64 (each f32 entry
+//! widened, so its square is exact), sums in f32.
+//!
+//! - Row pipeline ([`pipeline`], B ≥ 2 × threads and records small enough): the records are
+//!   split into one contiguous range per rayon thread with private partial sums (reduced in
+//!   parallel over column ranges at the end); R ∈ {8, 4, 2} is the largest whose per-thread
+//!   working set (2R + 1) × record bytes fits in L2 (768 KiB), else in 4 MiB of L3.
+//! - Column pipeline ([`column_pipeline`], otherwise: huge records or few of them): the whole
+//!   batch in steps of R ∈ {4, 2, 1} (working set ≤ 20 MiB, shared), each sweep parallel over
+//!   column chunks of 32 K entries, the sweep direction alternating between steps so that each
+//!   thread starts on the chunks it touched last.
+//!
+//! The inner sweep has an AVX2 + FMA version (intrinsics, chosen at run time) and a portable one.
 
 use rayon::prelude::*;
 
@@ -200,6 +210,441 @@ fn factors_for_record(
     Ok(total)
 }
 
+/// Per-thread cache budget for the working set of one row-pipeline step (the r records being
+/// accumulated, the r records being streamed in and the thread's partial sums).
+const ROW_L3_BUDGET_BYTES: usize = 4 << 20;
+/// Working sets up to this size stay in a core's 1 MiB L2.
+const L2_BUDGET_BYTES: usize = 3 << 18;
+/// Budget for the working set of the column pipeline, shared by all threads (32 MiB L3).
+const COL_L3_BUDGET_BYTES: usize = 20 << 20;
+
+/// Which schedule runs, and how many records per pipeline step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schedule {
+    /// One record range per thread ([`pipeline`]), `r` records per step.
+    Rows(usize),
+    /// The whole batch, each sweep parallel over column chunks ([`column_pipeline`]).
+    Columns(usize),
+}
+
+/// Pick the schedule for `batch` records of `rec_floats` entries on `threads` threads: the
+/// per-thread row pipeline with the largest r ∈ {8, 4, 2} whose working set (2r + 1) · record
+/// bytes fits in L2, else in a third of the L3, with at least two steps per thread; otherwise
+/// (huge records, or fewer than 2 records per thread) the column pipeline with the largest
+/// r ∈ {4, 2, 1} whose working set fits in the L3 budget.
+fn schedule(rec_floats: usize, batch: usize, threads: usize) -> Schedule {
+    let bytes = rec_floats.saturating_mul(4);
+    let fits = |r: usize, budget: usize| (2 * r + 1).saturating_mul(bytes) <= budget;
+    if batch >= 2 * threads {
+        let per = batch.div_ceil(threads);
+        for budget in [L2_BUDGET_BYTES, ROW_L3_BUDGET_BYTES] {
+            for r in [8usize, 4, 2] {
+                if fits(r, budget) && 2 * r <= per {
+                    return Schedule::Rows(r);
+                }
+            }
+        }
+    }
+    for r in [4usize, 2] {
+        if fits(r, COL_L3_BUDGET_BYTES) && 2 * r <= batch {
+            return Schedule::Columns(r);
+        }
+    }
+    Schedule::Columns(1)
+}
+
+/// Read-only context of one thread's record range.
+struct RangeCtx<'a, 'b> {
+    segs: &'b [Seg<'a>],
+    /// First record of the range.
+    start: usize,
+    ng: usize,
+    mode: BoundMode<'b>,
+    weights: Option<&'b [f64]>,
+    group_names: &'b (dyn Fn(usize) -> String + Sync),
+}
+
+/// The per-record outputs of one thread's range (local indices).
+struct Out<'a> {
+    norms: &'a mut [f64],
+    factors: &'a mut [f64],
+    totals: &'a mut [f64],
+}
+
+impl RangeCtx<'_, '_> {
+    /// Row of local record `li` in segment `s`.
+    #[inline]
+    fn row<'s>(&self, s: &Seg<'s>, li: usize) -> &'s [f32] {
+        let i = self.start + li;
+        &s.data[i * s.width..(i + 1) * s.width]
+    }
+
+    /// Norms and factors of local record `li` from its raw per-group squared norms.
+    fn finish(&self, li: usize, sq: &[f64], out: &mut Out<'_>) -> Result<(), ClipError> {
+        let ng = self.ng;
+        let i = self.start + li;
+        let w = self.weights.map_or(1.0, |w| w[i]);
+        out.totals[li] = factors_for_record(
+            i,
+            sq,
+            w,
+            self.mode,
+            self.group_names,
+            &mut out.norms[li * ng..(li + 1) * ng],
+            &mut out.factors[li * ng..(li + 1) * ng],
+        )?;
+        Ok(())
+    }
+
+    /// Norms of local records `lo..hi` on their own (pipeline fill, ragged last step).
+    fn norms_plain(&self, lo: usize, hi: usize, out: &mut Out<'_>) -> Result<(), ClipError> {
+        let mut sq = vec![0f64; self.ng];
+        for li in lo..hi {
+            sq.iter_mut().for_each(|v| *v = 0.0);
+            for s in self.segs {
+                sq[s.group] += sq_norm(self.row(s, li));
+            }
+            self.finish(li, &sq, out)?;
+        }
+        Ok(())
+    }
+
+    /// Accumulate local records `lo..hi` (factors known) into `part` on their own.
+    fn accumulate_plain(&self, lo: usize, hi: usize, factors: &[f64], part: &mut [Vec<f32>]) {
+        let ng = self.ng;
+        for (s, p) in self.segs.iter().zip(part.iter_mut()) {
+            let mut li = lo;
+            while li + 4 <= hi {
+                let f = |l: usize| factors[l * ng + s.group] as f32;
+                let a = [f(li), f(li + 1), f(li + 2), f(li + 3)];
+                let (r0, r1) = (self.row(s, li), self.row(s, li + 1));
+                let (r2, r3) = (self.row(s, li + 2), self.row(s, li + 3));
+                axpy4(p, a, r0, r1, r2, r3);
+                li += 4;
+            }
+            for l in li..hi {
+                let f = factors[l * ng + s.group];
+                if f != 0.0 {
+                    axpy(p, f as f32, self.row(s, l));
+                }
+            }
+        }
+    }
+}
+
+/// One thread's range, software-pipelined in steps of `R` records: a single sweep over the
+/// columns accumulates factor × row for the `R` records of step k (their rows are in cache since
+/// the previous sweep streamed them in) and the squared norms of the `R` records of step k + 1
+/// (streamed from memory now). Memory streaming thus overlaps the in-cache work, and the
+/// partial sums are read and written once per `R` records.
+fn pipeline<const R: usize>(
+    ctx: &RangeCtx<'_, '_>,
+    mut out: Out<'_>,
+) -> Result<Vec<Vec<f32>>, ClipError> {
+    let n = out.totals.len();
+    let ng = ctx.ng;
+    let mut part: Vec<Vec<f32>> = ctx.segs.iter().map(|s| vec![0f32; s.width]).collect();
+    let step_end = |k: usize| ((k + 1) * R).min(n);
+    let steps = n.div_ceil(R);
+    ctx.norms_plain(0, step_end(0), &mut out)?;
+    let mut sq = vec![0f64; R * ng];
+    for k in 0..steps {
+        let (lo, hi) = (k * R, step_end(k));
+        let next_hi = if k + 1 < steps { step_end(k + 1) } else { hi };
+        if hi - lo == R && next_hi - hi == R {
+            sq.iter_mut().for_each(|v| *v = 0.0);
+            for (s, p) in ctx.segs.iter().zip(part.iter_mut()) {
+                let a: [f32; R] =
+                    std::array::from_fn(|r| out.factors[(lo + r) * ng + s.group] as f32);
+                let cur: [&[f32]; R] = std::array::from_fn(|r| ctx.row(s, lo + r));
+                let next: [&[f32]; R] = std::array::from_fn(|r| ctx.row(s, hi + r));
+                let got = sweep::<R>(p, &a, &cur, &next);
+                for r in 0..R {
+                    sq[r * ng + s.group] += got[r];
+                }
+            }
+            for r in 0..R {
+                ctx.finish(hi + r, &sq[r * ng..(r + 1) * ng], &mut out)?;
+            }
+        } else {
+            ctx.norms_plain(hi, next_hi, &mut out)?;
+            ctx.accumulate_plain(lo, hi, out.factors, &mut part);
+        }
+    }
+    Ok(part)
+}
+
+/// Column chunk of the column-parallel pipeline: (segment, first column, its partial sums).
+type ColChunk<'p> = (usize, usize, &'p mut [f32]);
+
+/// Entries per column chunk of the column-parallel pipeline (128 KiB of f32).
+const COL_CHUNK: usize = 1 << 15;
+
+/// The whole batch, software-pipelined in steps of `R` records like [`pipeline`], each sweep
+/// parallel over column chunks (any thread may take any chunk: the rows sit in the shared L3).
+/// Used for records too large for per-thread pipelines (the working set (2R + 1) · record
+/// bytes is shared by all threads instead of per thread) and for batches smaller than twice
+/// the thread count. No per-thread partials: every column chunk has one owner per sweep.
+fn column_pipeline<const R: usize>(
+    ctx: &RangeCtx<'_, '_>,
+    mut out: Out<'_>,
+) -> Result<Vec<Vec<f32>>, ClipError> {
+    let n = out.totals.len();
+    let ng = ctx.ng;
+    let segs = ctx.segs;
+    let mut sums: Vec<Vec<f32>> = segs.iter().map(|s| vec![0f32; s.width]).collect();
+    let mut chunks: Vec<ColChunk<'_>> = Vec::new();
+    for (k, s) in sums.iter_mut().enumerate() {
+        for (c, p) in s.chunks_mut(COL_CHUNK).enumerate() {
+            chunks.push((k, c * COL_CHUNK, p));
+        }
+    }
+    let piece = |k: usize, lo: usize, len: usize, li: usize| {
+        let s = &segs[k];
+        let i = ctx.start + li;
+        &s.data[i * s.width + lo..i * s.width + lo + len]
+    };
+    // Squared norms of records lo..hi, parallel over chunks, summed in chunk order.
+    let norms_par = |lo: usize, hi: usize, out: &mut Out<'_>, chunks: &mut [ColChunk<'_>]| {
+        let parts: Vec<Vec<f64>> = chunks
+            .par_iter_mut()
+            .map(|(k, c0, p)| {
+                (lo..hi)
+                    .map(|li| sq_norm(piece(*k, *c0, p.len(), li)))
+                    .collect()
+            })
+            .collect();
+        let mut sq = vec![0f64; ng];
+        for li in lo..hi {
+            sq.iter_mut().for_each(|v| *v = 0.0);
+            for ((k, _, _), v) in chunks.iter().zip(&parts) {
+                sq[segs[*k].group] += v[li - lo];
+            }
+            ctx.finish(li, &sq, out)?;
+        }
+        Ok::<(), ClipError>(())
+    };
+    let steps = n.div_ceil(R);
+    let step_end = |k: usize| ((k + 1) * R).min(n);
+    norms_par(0, step_end(0), &mut out, &mut chunks)?;
+    let mut sq = vec![0f64; R * ng];
+    for k in 0..steps {
+        let (lo, hi) = (k * R, step_end(k));
+        let next_hi = if k + 1 < steps { step_end(k + 1) } else { hi };
+        let factors = &*out.factors;
+        // Alternate the sweep direction: each thread starts on the chunks touched last (the
+        // ones most likely still in cache) instead of the oldest ones.
+        chunks.reverse();
+        if hi - lo == R && next_hi - hi == R {
+            let parts: Vec<[f64; R]> = chunks
+                .par_iter_mut()
+                .map(|(k, c0, p)| {
+                    let (k, c0, len) = (*k, *c0, p.len());
+                    let g = segs[k].group;
+                    let a: [f32; R] = std::array::from_fn(|r| factors[(lo + r) * ng + g] as f32);
+                    let cur: [&[f32]; R] = std::array::from_fn(|r| piece(k, c0, len, lo + r));
+                    let next: [&[f32]; R] = std::array::from_fn(|r| piece(k, c0, len, hi + r));
+                    sweep::<R>(p, &a, &cur, &next)
+                })
+                .collect();
+            sq.iter_mut().for_each(|v| *v = 0.0);
+            for ((k, _, _), v) in chunks.iter().zip(&parts) {
+                for r in 0..R {
+                    sq[r * ng + segs[*k].group] += v[r];
+                }
+            }
+            for r in 0..R {
+                ctx.finish(hi + r, &sq[r * ng..(r + 1) * ng], &mut out)?;
+            }
+        } else {
+            chunks.par_iter_mut().for_each(|(k, c0, p)| {
+                let g = segs[*k].group;
+                for li in lo..hi {
+                    let f = factors[li * ng + g];
+                    if f != 0.0 {
+                        let row = piece(*k, *c0, p.len(), li);
+                        axpy(p, f as f32, row);
+                    }
+                }
+            });
+            if next_hi > hi {
+                norms_par(hi, next_hi, &mut out, &mut chunks)?;
+            }
+        }
+    }
+    drop(chunks);
+    Ok(sums)
+}
+
+/// Prefetch distance (bytes) ahead of the rows streamed from memory.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_BYTES: usize = 1024;
+
+/// One pipeline sweep: `p += Σ_r a[r] · cur[r]` (f32) and returns `‖next[r]‖²` for each r,
+/// accumulated in f64 (each f32 entry is widened, so its square is exact). All rows have
+/// `p.len()` entries.
+#[inline]
+fn sweep<const R: usize>(
+    p: &mut [f32],
+    a: &[f32; R],
+    cur: &[&[f32]; R],
+    next: &[&[f32]; R],
+) -> [f64; R] {
+    let n = p.len();
+    assert!(cur.iter().chain(next.iter()).all(|r| r.len() == n));
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above); all rows have p.len()
+        // entries (asserted above).
+        return unsafe { sweep_avx2::<R>(p, a, cur, next) };
+    }
+    sweep_portable::<R>(p, a, cur, next)
+}
+
+/// Portable version of [`sweep`] (8 f64 lanes per row).
+fn sweep_portable<const R: usize>(
+    p: &mut [f32],
+    a: &[f32; R],
+    cur: &[&[f32]; R],
+    next: &[&[f32]; R],
+) -> [f64; R] {
+    let n = p.len();
+    let mut acc = [[0f64; 8]; R];
+    let full = n - n % 8;
+    let mut k = 0;
+    while k < full {
+        for j in 0..8 {
+            let mut v = p[k + j];
+            for r in 0..R {
+                v += a[r] * cur[r][k + j];
+            }
+            p[k + j] = v;
+        }
+        for r in 0..R {
+            for j in 0..8 {
+                let x = f64::from(next[r][k + j]);
+                acc[r][j] += x * x;
+            }
+        }
+        k += 8;
+    }
+    let mut res = [0f64; R];
+    for r in 0..R {
+        let c = &acc[r];
+        res[r] = ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7]));
+    }
+    sweep_tail(p, a, cur, next, full, &mut res);
+    res
+}
+
+/// Scalar tail `k0..n` of a sweep (f64 norms).
+#[inline]
+fn sweep_tail<const R: usize>(
+    p: &mut [f32],
+    a: &[f32; R],
+    cur: &[&[f32]; R],
+    next: &[&[f32]; R],
+    k0: usize,
+    res: &mut [f64; R],
+) {
+    for k in k0..p.len() {
+        let mut v = p[k];
+        for r in 0..R {
+            v += a[r] * cur[r][k];
+        }
+        p[k] = v;
+        for r in 0..R {
+            let x = f64::from(next[r][k]);
+            res[r] += x * x;
+        }
+    }
+}
+
+/// AVX2 + FMA version of [`sweep`]: 32 entries (two cache lines) per row per iteration, entries
+/// of the streamed rows widened to f64 and their squares accumulated by FMA in up to four f64
+/// vectors per row; software prefetch of the streamed rows.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; every row must have `p.len()` entries.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sweep_avx2<const R: usize>(
+    p: &mut [f32],
+    a: &[f32; R],
+    cur: &[&[f32]; R],
+    next: &[&[f32]; R],
+) -> [f64; R] {
+    use std::arch::x86_64::*;
+    const W: usize = 32;
+    let n = p.len();
+    let full = n - n % W;
+    let pp = p.as_mut_ptr();
+    let cp: [*const f32; R] = std::array::from_fn(|r| cur[r].as_ptr());
+    let np: [*const f32; R] = std::array::from_fn(|r| next[r].as_ptr());
+    let av: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(a[r]));
+    let mut acc = [[_mm256_setzero_pd(); 4]; R];
+    // f64 accumulators in use per streamed row: enough independent FMA chains to hide the
+    // latency without spilling registers at large R.
+    let lanes = if R <= 2 {
+        4
+    } else if R <= 4 {
+        2
+    } else {
+        1
+    };
+    let mut k = 0;
+    while k < full {
+        // SAFETY (whole block): k + 32 ≤ n and every row has n entries; the prefetch addresses
+        // are computed with wrapping arithmetic and prefetches never fault.
+        unsafe {
+            for row in np {
+                let ahead = row
+                    .wrapping_add(k)
+                    .cast::<i8>()
+                    .wrapping_add(PREFETCH_BYTES);
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+            }
+            for j in 0..4 {
+                let o = k + 8 * j;
+                let mut v = _mm256_loadu_ps(pp.add(o));
+                for r in 0..R {
+                    v = _mm256_fmadd_ps(av[r], _mm256_loadu_ps(cp[r].add(o)), v);
+                }
+                _mm256_storeu_ps(pp.add(o), v);
+            }
+            for r in 0..R {
+                let x0 = _mm256_loadu_ps(np[r].add(k));
+                let x1 = _mm256_loadu_ps(np[r].add(k + 8));
+                let x2 = _mm256_loadu_ps(np[r].add(k + 16));
+                let x3 = _mm256_loadu_ps(np[r].add(k + 24));
+                for (j, x) in [x0, x1, x2, x3].into_iter().enumerate() {
+                    // f32 → f64 squares are exact; accumulate in `lanes` f64 vectors.
+                    let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+                    let hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x));
+                    let (u, v) = ((2 * j) % lanes, (2 * j + 1) % lanes);
+                    acc[r][u] = _mm256_fmadd_pd(lo, lo, acc[r][u]);
+                    acc[r][v] = _mm256_fmadd_pd(hi, hi, acc[r][v]);
+                }
+            }
+        }
+        k += W;
+    }
+    let mut res = [0f64; R];
+    for r in 0..R {
+        let mut lanes = [0f64; 4];
+        let t = _mm256_add_pd(
+            _mm256_add_pd(acc[r][0], acc[r][1]),
+            _mm256_add_pd(acc[r][2], acc[r][3]),
+        );
+        // SAFETY: `lanes` holds 4 f64.
+        unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), t) };
+        res[r] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+    }
+    sweep_tail(p, a, cur, next, full, &mut res);
+    res
+}
+
 /// Run the fused kernel. Shapes are assumed validated by the caller.
 pub(crate) fn fused_clip_sum(
     segs: &[Seg<'_>],
@@ -208,6 +653,22 @@ pub(crate) fn fused_clip_sum(
     mode: BoundMode<'_>,
     weights: Option<&[f64]>,
     group_names: &(dyn Fn(usize) -> String + Sync),
+) -> Result<Fused, ClipError> {
+    let threads = rayon::current_num_threads().max(1);
+    let rec_floats: usize = segs.iter().map(|s| s.width).sum();
+    let sched = schedule(rec_floats, batch, threads);
+    fused_with(segs, batch, n_groups, mode, weights, group_names, sched)
+}
+
+/// [`fused_clip_sum`] with a given schedule.
+fn fused_with(
+    segs: &[Seg<'_>],
+    batch: usize,
+    n_groups: usize,
+    mode: BoundMode<'_>,
+    weights: Option<&[f64]>,
+    group_names: &(dyn Fn(usize) -> String + Sync),
+    sched: Schedule,
 ) -> Result<Fused, ClipError> {
     let threads = rayon::current_num_threads().max(1);
     let mut norms = vec![0f64; batch * n_groups];
@@ -222,134 +683,81 @@ pub(crate) fn fused_clip_sum(
         });
     }
     let ng = n_groups;
-    if batch >= 2 * threads {
-        // Row partition: one contiguous range of records per thread, private partial sums.
-        let per = batch.div_ceil(threads);
-        let rec_floats: usize = segs.iter().map(|s| s.width).sum();
-        let partials: Vec<Result<Vec<Vec<f32>>, ClipError>> = norms
-            .par_chunks_mut(per * ng)
-            .zip(factors.par_chunks_mut(per * ng))
-            .zip(total_norms.par_chunks_mut(per))
-            .enumerate()
-            .map(|(t, ((norm_c, fac_c), tot_c))| {
-                let start = t * per;
-                let mut part: Vec<Vec<f32>> = segs.iter().map(|s| vec![0f32; s.width]).collect();
-                let mut sq = vec![0f64; ng];
-                // Small records: accumulate four at a time (one pass over the partial sum
-                // for four rows that are all still in L2).
-                let group_rows = if 16 * rec_floats <= (128 << 10) { 4 } else { 1 };
-                let n_local = tot_c.len();
-                let mut li0 = 0;
-                while li0 < n_local {
-                    let li1 = (li0 + group_rows).min(n_local);
-                    for li in li0..li1 {
-                        let i = start + li;
-                        sq.iter_mut().for_each(|v| *v = 0.0);
-                        for s in segs {
-                            sq[s.group] += sq_norm(&s.data[i * s.width..(i + 1) * s.width]);
-                        }
-                        let w = weights.map_or(1.0, |w| w[i]);
-                        tot_c[li] = factors_for_record(
-                            i,
-                            &sq,
-                            w,
-                            mode,
-                            group_names,
-                            &mut norm_c[li * ng..(li + 1) * ng],
-                            &mut fac_c[li * ng..(li + 1) * ng],
-                        )?;
+    let sums = match sched {
+        Schedule::Rows(r) => {
+            // One contiguous range of records per thread, private partial sums.
+            let per = batch.div_ceil(threads);
+            let partials: Vec<Result<Vec<Vec<f32>>, ClipError>> = norms
+                .par_chunks_mut(per * ng)
+                .zip(factors.par_chunks_mut(per * ng))
+                .zip(total_norms.par_chunks_mut(per))
+                .enumerate()
+                .map(|(t, ((norm_c, fac_c), tot_c))| {
+                    let ctx = RangeCtx {
+                        segs,
+                        start: t * per,
+                        ng,
+                        mode,
+                        weights,
+                        group_names,
+                    };
+                    let out = Out {
+                        norms: norm_c,
+                        factors: fac_c,
+                        totals: tot_c,
+                    };
+                    match r {
+                        8 => pipeline::<8>(&ctx, out),
+                        4 => pipeline::<4>(&ctx, out),
+                        2 => pipeline::<2>(&ctx, out),
+                        _ => pipeline::<1>(&ctx, out),
                     }
-                    for (s, p) in segs.iter().zip(part.iter_mut()) {
-                        let row = |li: usize| {
-                            let i = start + li;
-                            &s.data[i * s.width..(i + 1) * s.width]
-                        };
-                        if li1 - li0 == 4 {
-                            let f = |li: usize| fac_c[li * ng + s.group] as f32;
-                            let a = [f(li0), f(li0 + 1), f(li0 + 2), f(li0 + 3)];
-                            axpy4(p, a, row(li0), row(li0 + 1), row(li0 + 2), row(li0 + 3));
-                        } else {
-                            for li in li0..li1 {
-                                let f = fac_c[li * ng + s.group];
-                                if f != 0.0 {
-                                    axpy(p, f as f32, row(li));
-                                }
-                            }
-                        }
+                })
+                .collect();
+            let partials: Vec<Vec<Vec<f32>>> = partials.into_iter().collect::<Result<_, _>>()?;
+            // Reduce over column ranges in parallel.
+            const COLS: usize = 1 << 14;
+            let mut sums: Vec<Vec<f32>> = Vec::with_capacity(segs.len());
+            for (k, s) in segs.iter().enumerate() {
+                let mut out = vec![0f32; s.width];
+                out.par_chunks_mut(COLS).enumerate().for_each(|(c, o)| {
+                    let lo = c * COLS;
+                    let len = o.len();
+                    for p in &partials {
+                        add_into(o, &p[k][lo..lo + len]);
                     }
-                    li0 = li1;
-                }
-                Ok(part)
-            })
-            .collect();
-        let partials: Vec<Vec<Vec<f32>>> = partials.into_iter().collect::<Result<_, _>>()?;
-        // Reduce over column ranges in parallel.
-        const COLS: usize = 1 << 14;
-        let mut sums: Vec<Vec<f32>> = Vec::with_capacity(segs.len());
-        for (k, s) in segs.iter().enumerate() {
-            let mut out = vec![0f32; s.width];
-            out.par_chunks_mut(COLS).enumerate().for_each(|(c, o)| {
-                let lo = c * COLS;
-                let len = o.len();
-                for p in &partials {
-                    add_into(o, &p[k][lo..lo + len]);
-                }
-            });
-            sums.push(out);
-        }
-        Ok(Fused {
-            sums,
-            norms,
-            total_norms,
-            factors,
-        })
-    } else {
-        // Few records: norms parallel over column chunks, then accumulation parallel over
-        // column chunks.
-        const COLS: usize = 1 << 15;
-        let mut sq_all = vec![0f64; batch * ng];
-        for i in 0..batch {
-            for s in segs {
-                let row = &s.data[i * s.width..(i + 1) * s.width];
-                let v: f64 = row.par_chunks(COLS).map(sq_norm).sum();
-                sq_all[i * ng + s.group] += v;
+                });
+                sums.push(out);
             }
+            sums
         }
-        for i in 0..batch {
-            let w = weights.map_or(1.0, |w| w[i]);
-            total_norms[i] = factors_for_record(
-                i,
-                &sq_all[i * ng..(i + 1) * ng],
-                w,
+        Schedule::Columns(r) => {
+            let ctx = RangeCtx {
+                segs,
+                start: 0,
+                ng,
                 mode,
+                weights,
                 group_names,
-                &mut norms[i * ng..(i + 1) * ng],
-                &mut factors[i * ng..(i + 1) * ng],
-            )?;
+            };
+            let out = Out {
+                norms: &mut norms,
+                factors: &mut factors,
+                totals: &mut total_norms,
+            };
+            match r {
+                4 => column_pipeline::<4>(&ctx, out),
+                2 => column_pipeline::<2>(&ctx, out),
+                _ => column_pipeline::<1>(&ctx, out),
+            }?
         }
-        let mut sums: Vec<Vec<f32>> = Vec::with_capacity(segs.len());
-        for s in segs {
-            let mut out = vec![0f32; s.width];
-            out.par_chunks_mut(COLS).enumerate().for_each(|(c, o)| {
-                let lo = c * COLS;
-                let len = o.len();
-                for i in 0..batch {
-                    let f = factors[i * ng + s.group];
-                    if f != 0.0 {
-                        let row = &s.data[i * s.width + lo..i * s.width + lo + len];
-                        axpy(o, f as f32, row);
-                    }
-                }
-            });
-            sums.push(out);
-        }
-        Ok(Fused {
-            sums,
-            norms,
-            total_norms,
-            factors,
-        })
-    }
+    };
+    Ok(Fused {
+        sums,
+        norms,
+        total_norms,
+        factors,
+    })
 }
 
 /// A STREAM-like read of the same bytes: the parallel sum of all entries (f32 lanes), the
@@ -357,4 +765,271 @@ pub(crate) fn fused_clip_sum(
 pub fn stream_read_sum(data: &[f32]) -> f32 {
     const CH: usize = 1 << 16;
     data.par_chunks(CH).map(lane_sum).sum()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Every schedule the kernel can pick, with every step size.
+    const SCHEDULES: [Schedule; 7] = [
+        Schedule::Rows(1),
+        Schedule::Rows(2),
+        Schedule::Rows(4),
+        Schedule::Rows(8),
+        Schedule::Columns(1),
+        Schedule::Columns(2),
+        Schedule::Columns(4),
+    ];
+
+    /// Reference result: per-block sums, per-block Σ|terms| (the rounding scale), norms,
+    /// factors.
+    type RefOut = (Vec<Vec<f64>>, Vec<Vec<f64>>, Vec<f64>, Vec<f64>);
+
+    /// Slow per-record reference in f64.
+    fn reference(
+        segs: &[Seg<'_>],
+        batch: usize,
+        ng: usize,
+        mode: BoundMode<'_>,
+        weights: Option<&[f64]>,
+    ) -> RefOut {
+        let mut sums: Vec<Vec<f64>> = segs.iter().map(|s| vec![0.0; s.width]).collect();
+        let mut abs: Vec<Vec<f64>> = segs.iter().map(|s| vec![0.0; s.width]).collect();
+        let mut norms = vec![0.0; batch * ng];
+        let mut factors = vec![0.0; batch * ng];
+        for i in 0..batch {
+            let w = weights.map_or(1.0, |w| w[i]);
+            let mut sq = vec![0.0f64; ng];
+            for s in segs {
+                for &x in &s.data[i * s.width..(i + 1) * s.width] {
+                    sq[s.group] += f64::from(x) * f64::from(x);
+                }
+            }
+            let total = w * sq.iter().sum::<f64>().sqrt();
+            for g in 0..ng {
+                let n = w * sq[g].sqrt();
+                norms[i * ng + g] = n;
+                let c = match mode {
+                    BoundMode::PerGroup(b) => b[g],
+                    BoundMode::Joint(c) => c,
+                };
+                let m = match mode {
+                    BoundMode::PerGroup(_) => n,
+                    BoundMode::Joint(_) => total,
+                };
+                factors[i * ng + g] = w * if m > c { c / m } else { 1.0 };
+            }
+            for (k, s) in segs.iter().enumerate() {
+                let f = factors[i * ng + s.group];
+                for (j, &x) in s.data[i * s.width..(i + 1) * s.width].iter().enumerate() {
+                    sums[k][j] += f * f64::from(x);
+                    abs[k][j] += (f * f64::from(x)).abs();
+                }
+            }
+        }
+        (sums, abs, norms, factors)
+    }
+
+    fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(f)
+    }
+
+    /// Kinds of rows: random with spread norms, zeros, tiny entries (their squares would
+    /// underflow in f32), huge entries (their squares would overflow in f32).
+    fn row(rng: &mut ChaCha8Rng, width: usize, kind: u32) -> Vec<f32> {
+        let scale = match kind {
+            0 => 0.0,
+            1 => 1e-22,
+            2 => 1e21,
+            _ => 10f64.powf(rng.random_range(-2.0..2.0)) / (width as f64).sqrt(),
+        };
+        (0..width)
+            .map(|_| (rng.random_range(-1.0..1.0) * scale) as f32)
+            .collect()
+    }
+
+    /// Run every schedule on `widths` (block widths) × `batch`, grouped by `groups`, and check
+    /// sums, norms and factors against the reference.
+    fn check(widths: &[usize], groups: &[usize], batch: usize, kinds: &[u32], seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let ng = groups.iter().max().map_or(1, |g| g + 1);
+        let data: Vec<Vec<f32>> = widths
+            .iter()
+            .map(|&w| {
+                (0..batch)
+                    .flat_map(|i| row(&mut rng, w, kinds[i % kinds.len()]))
+                    .collect()
+            })
+            .collect();
+        let segs: Vec<Seg<'_>> = data
+            .iter()
+            .zip(widths)
+            .zip(groups)
+            .map(|((d, &width), &group)| Seg {
+                data: d,
+                width,
+                group,
+            })
+            .collect();
+        let bounds: Vec<f64> = (0..ng).map(|g| 0.5 + g as f64).collect();
+        let weights: Vec<f64> = (0..batch).map(|i| [1.0, 0.0, 0.37][i % 3]).collect();
+        let modes = [BoundMode::PerGroup(&bounds), BoundMode::Joint(0.8)];
+        for mode in modes {
+            for w in [None, Some(&weights[..])] {
+                let (sums, abs, norms, factors) = reference(&segs, batch, ng, mode, w);
+                for sched in SCHEDULES {
+                    for threads in [1, 2, 3] {
+                        let names = |g: usize| format!("g{g}");
+                        let got = in_pool(threads, || {
+                            fused_with(&segs, batch, ng, mode, w, &names, sched).unwrap()
+                        });
+                        let ctx = format!(
+                            "widths {widths:?} B={batch} kinds {kinds:?} {sched:?} t={threads}"
+                        );
+                        for (a, b) in got.norms.iter().zip(&norms) {
+                            assert!((a - b).abs() <= 1e-6 * b.abs(), "norm {a} vs {b}: {ctx}");
+                        }
+                        for (a, b) in got.factors.iter().zip(&factors) {
+                            assert!((a - b).abs() <= 1e-6 * b.abs(), "factor {a} vs {b}: {ctx}");
+                        }
+                        for k in 0..segs.len() {
+                            let num: f64 = got.sums[k]
+                                .iter()
+                                .zip(&sums[k])
+                                .map(|(&x, &y)| (f64::from(x) - y).powi(2))
+                                .sum::<f64>()
+                                .sqrt();
+                            let den: f64 = abs[k].iter().map(|y| y * y).sum::<f64>().sqrt();
+                            assert!(num <= 1e-6 * den, "sum {num} vs scale {den}: {ctx}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_schedule_matches_reference_on_edge_shapes() {
+        // B = 1, B < threads, ragged last steps, widths that are not multiples of the 32-entry
+        // vector step (tails), widths below one vector step.
+        for (n, &batch) in [1usize, 2, 3, 5, 9, 17].iter().enumerate() {
+            for (m, &w) in [1usize, 7, 31, 33, 64, 100].iter().enumerate() {
+                check(&[w], &[0], batch, &[3], (n * 10 + m) as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn zero_tiny_and_huge_rows() {
+        // zero rows, entries whose f32 squares would underflow (1e-22) or overflow (1e21), mixed
+        // with ordinary rows in every pipeline position.
+        check(&[97], &[0], 11, &[0, 3, 1, 3, 2], 7);
+        check(&[40, 3, 65], &[0, 1, 0], 9, &[3, 0, 2, 1], 8);
+    }
+
+    #[test]
+    fn groups_of_very_different_widths() {
+        // a 1-entry expert block beside a block spanning several column chunks
+        check(&[1, 70_001, 5, 33], &[1, 0, 2, 1], 5, &[3, 3, 0], 9);
+    }
+
+    #[test]
+    fn a_single_huge_row() {
+        check(&[300_007], &[0], 1, &[3], 10);
+    }
+
+    #[test]
+    fn non_finite_entries_are_errors_in_every_schedule() {
+        for bad in [f32::NAN, f32::INFINITY] {
+            for pos in [0usize, 3, 6] {
+                let mut d = vec![0.5f32; 7 * 40];
+                d[pos * 40 + 17] = bad;
+                let segs = [Seg {
+                    data: &d,
+                    width: 40,
+                    group: 0,
+                }];
+                for sched in SCHEDULES {
+                    let r = in_pool(2, || {
+                        fused_with(
+                            &segs,
+                            7,
+                            1,
+                            BoundMode::Joint(1.0),
+                            None,
+                            &|_| "g".into(),
+                            sched,
+                        )
+                    });
+                    match r {
+                        Err(ClipError::NonFinite { record, .. }) => assert_eq!(record, pos),
+                        other => panic!("{sched:?}: expected NonFinite, got {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The portable sweep (the fallback without AVX2) against f64 loops, every step size.
+    #[test]
+    fn portable_sweep_matches_reference() {
+        fn go<const R: usize>(rng: &mut ChaCha8Rng, n: usize) {
+            let rows: Vec<Vec<f32>> = (0..2 * R).map(|_| row(rng, n, 3)).collect();
+            let mut p: Vec<f32> = row(rng, n, 3);
+            let p0 = p.clone();
+            let a: [f32; R] = std::array::from_fn(|r| 0.25 + r as f32);
+            let cur: [&[f32]; R] = std::array::from_fn(|r| &rows[r][..]);
+            let next: [&[f32]; R] = std::array::from_fn(|r| &rows[R + r][..]);
+            let got = sweep_portable::<R>(&mut p, &a, &cur, &next);
+            for r in 0..R {
+                let want: f64 = next[r].iter().map(|&x| f64::from(x).powi(2)).sum();
+                assert!((got[r] - want).abs() <= 1e-12 * want, "R={R} n={n}");
+            }
+            for j in 0..n {
+                let want: f64 = f64::from(p0[j])
+                    + (0..R)
+                        .map(|r| f64::from(a[r]) * f64::from(cur[r][j]))
+                        .sum::<f64>();
+                let scale: f64 = f64::from(p0[j]).abs()
+                    + (0..R)
+                        .map(|r| (f64::from(a[r]) * f64::from(cur[r][j])).abs())
+                        .sum::<f64>();
+                assert!(
+                    (f64::from(p[j]) - want).abs() <= 1e-6 * scale,
+                    "R={R} n={n} j={j}"
+                );
+            }
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for n in [0usize, 1, 8, 31, 32, 33, 1000] {
+            go::<1>(&mut rng, n);
+            go::<2>(&mut rng, n);
+            go::<4>(&mut rng, n);
+            go::<8>(&mut rng, n);
+        }
+    }
+
+    #[test]
+    fn schedule_choice() {
+        // 40 KB records: row pipeline, 8 per step (17 records' working set in L2)
+        assert_eq!(schedule(10_000, 256, 2), Schedule::Rows(8));
+        // 400 KB records: 4 per step (3.6 MB per thread)
+        assert_eq!(schedule(100_000, 1024, 2), Schedule::Rows(4));
+        // 4 MB records: column pipeline, 2 per step (20 MB shared)
+        assert_eq!(schedule(1_000_000, 256, 2), Schedule::Columns(2));
+        // too few records for the row pipeline
+        assert_eq!(schedule(1000, 3, 2), Schedule::Columns(1));
+        assert_eq!(schedule(1000, 9, 2), Schedule::Rows(2));
+        assert_eq!(schedule(1000, 9, 8), Schedule::Columns(4));
+        // records too large even for two per step
+        assert_eq!(schedule(3_000_000, 64, 2), Schedule::Columns(1));
+    }
 }

@@ -133,11 +133,15 @@ fn flat_rows_match_reference_both_schedules() {
         (17, 1000),
         (64, 333),
         (9, 70_001),
+        // records above the per-thread cache budget: the column pipeline even for B ≥ 2 threads
+        (5, 600_001),
     ] {
         let rows = random_rows(&mut rng, batch, width);
         let r = reference(&[(rows.clone(), width)], &[0], 1, &[1.0], None, None);
-        // 4 threads: B < 8 takes the column schedule, B ≥ 8 the fused row schedule.
-        for threads in [1, 4] {
+        // 4 threads: B < 8 takes the column-parallel pipeline, B ≥ 8 the per-thread row
+        // pipeline (4, then 8 records per step as records get smaller), 2.4 MB records the
+        // column pipeline; 2 threads: B = 9 has 5 records per thread (ragged steps).
+        for threads in [1, 2, 4] {
             let out = in_pool(threads, || clip_rows(&rows, width, 1.0, None).unwrap());
             assert!(
                 sum_err(&out.sum, &r.sums[0], &r.abs_sums[0]) < 1e-6,
