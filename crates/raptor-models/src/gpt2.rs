@@ -282,7 +282,7 @@ impl Model for Gpt2 {
                         param: format!("{}.weight", self.wte.name),
                         a: h.f_detach()?,
                     }];
-                    ctx.record(&z, Rows::Dense, parts);
+                    return ctx.record(z, Rows::Dense, parts);
                 }
                 Ok(z)
             }

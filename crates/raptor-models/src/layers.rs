@@ -146,9 +146,11 @@ impl ForwardCtx {
         self.tape.is_some()
     }
 
-    pub(crate) fn record(&mut self, z: &Tensor, rows: Rows, parts: Vec<Part>) {
-        if let Some(t) = self.tape.as_mut() {
-            t.push(z, rows, parts);
+    /// Records op output `z` (when recording) and returns the tensor to use in its place.
+    pub(crate) fn record(&mut self, z: Tensor, rows: Rows, parts: Vec<Part>) -> Result<Tensor> {
+        match self.tape.as_mut() {
+            Some(t) => t.push(z, rows, parts),
+            None => Ok(z),
         }
     }
 }
@@ -404,7 +406,7 @@ impl Linear {
                     param: format!("{}.bias", self.name),
                 });
             }
-            ctx.record(&z, rows.rows(), parts);
+            z = ctx.record(z, rows.rows(), parts)?;
         }
         if let Some(m) = mask
             && (w_tr || b_tr)
@@ -425,21 +427,21 @@ impl Linear {
             } else {
                 x.shallow_clone()
             };
-            let u = xd.f_linear(&l.a, None::<&Tensor>)?;
+            let mut u = xd.f_linear(&l.a, None::<&Tensor>)?;
             if ctx.recording() && l.a.requires_grad() {
                 let parts = vec![Part::Weight {
                     param: format!("{}.lora_A.weight", self.name),
                     a: xd.f_detach()?,
                 }];
-                ctx.record(&u, rows.rows(), parts);
+                u = ctx.record(u, rows.rows(), parts)?;
             }
-            let v = u.f_linear(&l.b, None::<&Tensor>)?;
+            let mut v = u.f_linear(&l.b, None::<&Tensor>)?;
             if ctx.recording() && l.b.requires_grad() {
                 let parts = vec![Part::Weight {
                     param: format!("{}.lora_B.weight", self.name),
                     a: u.f_detach()?,
                 }];
-                ctx.record(&v, rows.rows(), parts);
+                v = ctx.record(v, rows.rows(), parts)?;
             }
             let mut delta = v.f_mul_scalar(l.scale)?;
             if let Some(m) = mask {
@@ -488,7 +490,7 @@ impl RmsNorm {
                 param: format!("{}.weight", self.name),
                 n: n.f_detach()?,
             }];
-            ctx.record(&y, Rows::Dense, parts);
+            return ctx.record(y, Rows::Dense, parts);
         }
         Ok(y)
     }
@@ -539,7 +541,7 @@ impl LayerNorm {
                     param: format!("{}.bias", self.name),
                 });
             }
-            ctx.record(&y, Rows::Dense, parts);
+            return ctx.record(y, Rows::Dense, parts);
         }
         Ok(y)
     }
@@ -583,7 +585,7 @@ impl Embedding {
                 ids: ids.shallow_clone(),
                 vocab: self.num_embeddings(),
             }];
-            ctx.record(&z, Rows::Dense, parts);
+            return ctx.record(z, Rows::Dense, parts);
         }
         Ok(z)
     }

@@ -498,18 +498,15 @@ impl Model for SwitchEncoder {
             .f_permute([2, 0, 1])?
             .f_unsqueeze(0)?;
         let pos = if ctx.recording() && self.rel_bias.weight.requires_grad() {
-            // Per-record copy so that its gradient is per record.
-            let pb = values
-                .f_expand([b, -1, -1, -1], false)?
-                .f_contiguous()?
-                .f_mul_scalar(1.0)?;
+            // Recorded per record (`[B, H, T, T]`, materialized by the recording's probe
+            // addition) so that its gradient is per record.
+            let pb = values.f_expand([b, -1, -1, -1], false)?;
             let parts = vec![Part::Buckets {
                 param: format!("{}.weight", self.rel_bias.name),
                 buckets: buckets.shallow_clone(),
                 num_buckets: self.cfg.relative_attention_num_buckets,
             }];
-            ctx.record(&pb, Rows::Dense, parts);
-            pb
+            ctx.record(pb, Rows::Dense, parts)?
         } else {
             values
         };

@@ -6,6 +6,7 @@
 //! the input activation of a linear map, the token ids of an embedding lookup, the normalized
 //! input of a norm gain, the bucket map of the T5 relative attention bias.
 
+use crate::error::Result;
 use tch::Tensor;
 
 /// How the rows of a site's output map to records.
@@ -58,6 +59,7 @@ impl Part {
 /// A recorded op output and the parameter uses that produced it.
 #[derive(Debug)]
 pub(crate) struct Site {
+    /// Handle whose gradient is `∂L/∂z` (a one-element probe expanded to `z`'s shape).
     pub(crate) z: Tensor,
     pub(crate) rows: Rows,
     pub(crate) parts: Vec<Part>,
@@ -71,14 +73,27 @@ pub struct Tape {
 }
 
 impl Tape {
-    pub(crate) fn push(&mut self, z: &Tensor, rows: Rows, parts: Vec<Part>) {
-        if !parts.is_empty() {
-            self.sites.push(Site {
-                z: z.shallow_clone(),
-                rows,
-                parts,
-            });
+    /// Records op output `z` and returns the tensor to use downstream in its place:
+    /// `z + p`, where `p` is a one-element zero leaf expanded to `z`'s shape. `∂L/∂p` (asked for
+    /// at `p`'s expand node) equals `∂L/∂z`, and holding `p` costs one element where holding
+    /// `z` would keep the op's whole output alive until the backward, even when autograd itself
+    /// would have freed it (outputs that feed only additions, activations saving their own
+    /// outputs, ...).
+    pub(crate) fn push(&mut self, z: Tensor, rows: Rows, parts: Vec<Part>) -> Result<Tensor> {
+        if parts.is_empty() {
+            return Ok(z);
         }
+        let ones = vec![1i64; z.dim()];
+        let leaf =
+            Tensor::f_zeros(ones.as_slice(), (z.kind(), z.device()))?.f_set_requires_grad(true)?;
+        let probe = leaf.f_expand(z.size(), false)?;
+        let out = z.f_add(&probe)?;
+        self.sites.push(Site {
+            z: probe,
+            rows,
+            parts,
+        });
+        Ok(out)
     }
 
     /// Number of recorded sites.

@@ -352,7 +352,10 @@ fn check_clip_output(
         let Some(got) = out.group_sq_norms.get(g) else {
             // A group none of whose parameters was used in this pass (an expert that got no
             // token): absent from the engine's output, zero in the loop's.
-            assert!(v.iter().all(|x| *x == 0.0), "group {g}: missing from the engine");
+            assert!(
+                v.iter().all(|x| *x == 0.0),
+                "group {g}: missing from the engine"
+            );
             continue;
         };
         let got = Vec::<f64>::try_from(got.to_kind(Kind::Double)).unwrap();
