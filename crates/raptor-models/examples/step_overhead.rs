@@ -171,6 +171,24 @@ fn breakdown() {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
+    // The two halves of the clip separately, through the public per-parameter API.
+    let (_, grads) = step.per_sample(&b, &BTreeMap::new(), true).unwrap();
+    let params = grads.params();
+    let ones = Tensor::ones([B as i64], (Kind::Float, Device::Cpu));
+    let t0 = std::time::Instant::now();
+    for q in &params {
+        let _ = grads.sq_norms(q).unwrap();
+    }
+    let t1 = std::time::Instant::now();
+    for q in &params {
+        let _ = grads.weighted_sum(q, &ones).unwrap();
+    }
+    let t2 = std::time::Instant::now();
+    println!(
+        "per-parameter norms (no Gram sharing) {:.3} s, weighted sums {:.3} s",
+        (t1 - t0).as_secs_f64(),
+        (t2 - t1).as_secs_f64()
+    );
     println!(
         "private step breakdown (median of 3): forward without grad {:.3} s, forward + backward to op outputs {:.3} s, norms + clip + clipped sums {:.3} s",
         med(&mut fwd),

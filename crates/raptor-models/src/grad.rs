@@ -335,6 +335,77 @@ impl PerSampleGrads {
         (CHUNK_ELEMS / per_record).clamp(1, self.batch_size.max(1))
     }
 
+    /// Ghost norms of the single-use dense linear weights that read one same input activation
+    /// (q, k, v of an attention block; LoRA A's of one input): each chunk's activation Gram
+    /// `a aᵀ` is computed once for all of them. Same formula as raptor-clip's ghost kernel.
+    fn shared_input_norms(&self) -> Result<BTreeMap<String, Tensor>> {
+        // (data pointer, sizes, strides) of the activation → (param, use) reading it.
+        type Key = (usize, Vec<i64>, Vec<i64>);
+        type Readers = Vec<(String, (usize, usize))>;
+        let b = self.batch_size;
+        let mut by_input: BTreeMap<Key, Readers> = BTreeMap::new();
+        for (p, uses) in &self.uses {
+            if uses.len() != 1 {
+                continue;
+            }
+            let (s, part) = self.part(uses[0]);
+            let Part::Weight { a, .. } = part else {
+                continue;
+            };
+            if s.offsets.is_some() {
+                continue;
+            }
+            let (t, din, dout) = (
+                s.tokens(),
+                a.size().last().copied().unwrap_or(1),
+                s.out_dim(),
+            );
+            if materialized_cost(b, t, din, dout) < ghost_cost(b, t, din, dout) {
+                continue;
+            }
+            let key = (a.data_ptr() as usize, a.size(), a.stride());
+            by_input.entry(key).or_default().push((p.clone(), uses[0]));
+        }
+        let mut out = BTreeMap::new();
+        for members in by_input.into_values().filter(|m| m.len() > 1) {
+            let c = members
+                .iter()
+                .map(|(_, u)| self.chunk_records(&[*u]))
+                .min()
+                .unwrap_or(1);
+            let mut per: Vec<Vec<Tensor>> = members.iter().map(|_| Vec::new()).collect();
+            let (s0, p0) = self.part(members[0].1);
+            let Part::Weight { a, .. } = p0 else {
+                continue;
+            };
+            let kind = match a.kind() {
+                Kind::Double => Kind::Double,
+                _ => Kind::Float,
+            };
+            let mut r0 = 0;
+            while r0 < b {
+                let n = c.min(b - r0);
+                let a3 = s0.chunk(a, r0, n)?.f_to_kind(kind)?;
+                let aa = a3.f_bmm(&a3.f_transpose(1, 2)?)?;
+                for (i, (_, u)) in members.iter().enumerate() {
+                    let s = &self.sites[u.0];
+                    let g3 = s.chunk(&s.g, r0, n)?.f_to_kind(kind)?;
+                    let gg = g3.f_bmm(&g3.f_transpose(1, 2)?)?;
+                    per[i].push(
+                        aa.f_mul(&gg)?
+                            .f_sum_dim_intlist([1i64, 2].as_slice(), false, None::<Kind>)?
+                            .f_clamp_min(0.0)?,
+                    );
+                }
+                r0 += n;
+            }
+            for ((p, _), v) in members.into_iter().zip(per) {
+                out.insert(p, Tensor::f_cat(&v, 0)?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Per-record squared L2 norms `[B]` of parameter `param`'s gradient, computed in chunks
     /// of records so that Gram matrices, padded routed rows and materialized per-record
     /// gradients of the whole batch are never alive at once.
@@ -559,12 +630,17 @@ impl PerSampleGrads {
                 .ok_or_else(|| ModelError::UngroupedParameter { param: p.clone() })?;
             members.entry(g.to_string()).or_default().push(p.clone());
         }
-        // One parameter at a time (each one's temporaries are freed before the next).
+        // One parameter at a time (each one's temporaries are freed before the next), except
+        // linear weights sharing an input, which share its Gram matrices.
+        let mut shared = self.shared_input_norms()?;
         for p in self.uses.keys() {
             let g = groups
                 .group_of(p)
                 .ok_or_else(|| ModelError::UngroupedParameter { param: p.clone() })?;
-            let n = self.sq_norms(p)?;
+            let n = match shared.remove(p) {
+                Some(n) => n,
+                None => self.sq_norms(p)?,
+            };
             match group_sq.get_mut(g) {
                 Some(e) => *e = e.f_add(&n)?,
                 None => {

@@ -477,3 +477,30 @@ fn lora_dropout_masks_differ_across_records_and_steps() {
         );
     }
 }
+
+#[test]
+fn shared_input_gram_norms_are_exact() {
+    // d_kv 8: q/k/v are [16, 16] maps over 7 tokens, for which the ghost norm is cheaper than
+    // materializing, so their norms share the activation Gram of their common input. One group
+    // per parameter: every group norm the clip reports is one parameter's, checked against the
+    // loop.
+    let m = model(SwitchConfig {
+        d_kv: 8,
+        ..SwitchConfig::tiny()
+    });
+    perturb(&m, 0.05);
+    let b = batch(m.vocab_size());
+    let names = trainable_params(&m);
+    let groups = ParamGroups::from_fn(names.iter().cloned(), |p| Some(p.to_string()));
+    let bounds = names.iter().map(|n| (n.clone(), 1e-3)).collect();
+    check_clip(
+        &m,
+        &b,
+        &BTreeMap::new(),
+        &groups,
+        &ClipPolicy::RoleWise(bounds),
+        &BTreeMap::new(),
+        TOL,
+    );
+    check_exact(&m, &b, &BTreeMap::new(), TOL);
+}
