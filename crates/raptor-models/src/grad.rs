@@ -13,13 +13,13 @@
 //! * embeddings: the same identity with one-hot factors (`1[id_t = id_t']`), including the
 //!   cross terms of a table used twice (GPT-2's tied LM head);
 //! * biases, norm gains, the T5 relative-bias table: per-record grads directly (small);
-//! * clipped sums `Σ_b c_b G_b` by one contraction over scaled output gradients (book-keeping).
+//! * clipped sums `Σ_b c_b G_b` by one contraction per op, the narrower of the activation and
+//!   the output gradient scaled by the record coefficients (book-keeping).
 
 use crate::error::{ModelError, Result};
 use crate::tape::{Part, Rows, Site, Tape};
 use raptor_clip::linear::{
-    NormMethod, clip_coefficients, ghost_cost, linear_per_example_sq_norms_with,
-    linear_weighted_grad_sum, materialized_cost,
+    NormMethod, clip_coefficients, ghost_cost, linear_per_example_sq_norms_with, materialized_cost,
 };
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
@@ -90,6 +90,20 @@ impl GradSite {
                     .f_reshape([n, tmax, d])?)
             }
         }
+    }
+
+    /// Per-row coefficients `[rows, 1]` from per-record ones `c` (`[B]`), rows as in
+    /// `g.reshape([-1, out])`.
+    fn row_coeffs(&self, c: &Tensor, b: i64) -> Result<Tensor> {
+        Ok(match &self.rows {
+            Rows::Dense => {
+                let rows = self.g.numel() as i64 / self.out_dim().max(1);
+                c.f_reshape([b, 1])?
+                    .f_expand([b, rows / b.max(1)], false)?
+                    .f_reshape([-1, 1])?
+            }
+            Rows::Routed { rec } => c.f_index_select(0, rec)?.f_unsqueeze(1)?,
+        })
     }
 
     /// Output gradient scaled by per-record coefficients `c` (`[B]`), in the site's layout.
@@ -522,27 +536,40 @@ impl PerSampleGrads {
         let b = self.batch_size;
         let dout = s.out_dim();
         Ok(match p {
-            Part::Weight { a, .. } if matches!(s.rows, Rows::Dense) => {
-                let din = a.size().last().copied().unwrap_or(1);
-                linear_weighted_grad_sum(
-                    &a.f_reshape([b, -1, din])?,
-                    &s.g.f_reshape([b, -1, dout])?,
-                    c,
-                    None,
-                )?
-            }
             Part::Weight { a, .. } => {
+                // One contraction Σ_rows c_row g_row a_rowᵀ (book-keeping), scaling the narrower
+                // of the two factors by the record coefficients.
                 let din = a.size().last().copied().unwrap_or(1);
-                s.scaled_g(c, b)?
-                    .f_reshape([-1, dout])?
-                    .f_transpose(0, 1)?
-                    .f_mm(&a.f_reshape([-1, din])?)?
+                let a2 = a.f_reshape([-1, din])?;
+                let g2 = s.g.f_reshape([-1, dout])?;
+                let rc = s.row_coeffs(c, b)?;
+                if din < dout {
+                    g2.f_transpose(0, 1)?.f_mm(&a2.f_mul(&rc)?)?
+                } else {
+                    g2.f_mul(&rc)?.f_transpose(0, 1)?.f_mm(&a2)?
+                }
+            }
+            Part::Bias { .. } if matches!(s.rows, Rows::Dense) => {
+                // Per-record sums first, then one [1, B] × [B, out] product.
+                let per =
+                    s.g.f_reshape([b, -1, dout])?
+                        .f_sum_dim_intlist(1, false, None::<Kind>)?;
+                c.f_reshape([1, b])?.f_mm(&per)?.f_reshape([dout])?
             }
             Part::Bias { .. } => s.scaled_g(c, b)?.f_reshape([-1, dout])?.f_sum_dim_intlist(
                 0,
                 false,
                 None::<Kind>,
             )?,
+            Part::Gain { n, .. } if matches!(s.rows, Rows::Dense) => {
+                let d = n.size().last().copied().unwrap_or(1);
+                let per = s.g.f_mul(n)?.f_reshape([b, -1, d])?.f_sum_dim_intlist(
+                    1,
+                    false,
+                    None::<Kind>,
+                )?;
+                c.f_reshape([1, b])?.f_mm(&per)?.f_reshape([d])?
+            }
             Part::Gain { n, .. } => {
                 let d = n.size().last().copied().unwrap_or(1);
                 s.scaled_g(c, b)?
