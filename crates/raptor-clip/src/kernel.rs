@@ -362,7 +362,7 @@ fn pipeline<const R: usize>(
                     std::array::from_fn(|r| out.factors[(lo + r) * ng + s.group] as f32);
                 let cur: [&[f32]; R] = std::array::from_fn(|r| ctx.row(s, lo + r));
                 let next: [&[f32]; R] = std::array::from_fn(|r| ctx.row(s, hi + r));
-                let got = sweep::<R>(p, &a, &cur, &next);
+                let got = sweep::<R>(p, &a, &cur, &next, false);
                 for r in 0..R {
                     sq[r * ng + s.group] += got[r];
                 }
@@ -448,7 +448,7 @@ fn column_pipeline<const R: usize>(
                     let a: [f32; R] = std::array::from_fn(|r| factors[(lo + r) * ng + g] as f32);
                     let cur: [&[f32]; R] = std::array::from_fn(|r| piece(k, c0, len, lo + r));
                     let next: [&[f32]; R] = std::array::from_fn(|r| piece(k, c0, len, hi + r));
-                    sweep::<R>(p, &a, &cur, &next)
+                    sweep::<R>(p, &a, &cur, &next, true)
                 })
                 .collect();
             sq.iter_mut().for_each(|v| *v = 0.0);
@@ -486,13 +486,17 @@ const PREFETCH_BYTES: usize = 1024;
 
 /// One pipeline sweep: `p += Σ_r a[r] · cur[r]` (f32) and returns `‖next[r]‖²` for each r,
 /// accumulated in f64 (each f32 entry is widened, so its square is exact). All rows have
-/// `p.len()` entries.
+/// `p.len()` entries. `cur_nta`: prefetch the `cur` rows (read for the last time) with the
+/// non-temporal hint, so that on eviction they do not displace the rows streamed in for the
+/// next sweep and the partial sums from the L3 (a gain for the column pipeline's multi-MB
+/// records; a loss where the rows are in L2).
 #[inline]
 fn sweep<const R: usize>(
     p: &mut [f32],
     a: &[f32; R],
     cur: &[&[f32]; R],
     next: &[&[f32]; R],
+    cur_nta: bool,
 ) -> [f64; R] {
     let n = p.len();
     assert!(cur.iter().chain(next.iter()).all(|r| r.len() == n));
@@ -500,8 +504,9 @@ fn sweep<const R: usize>(
     if has_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above); all rows have p.len()
         // entries (asserted above).
-        return unsafe { sweep_avx2::<R>(p, a, cur, next) };
+        return unsafe { sweep_avx2::<R>(p, a, cur, next, cur_nta) };
     }
+    let _ = cur_nta; // a hint only
     sweep_portable::<R>(p, a, cur, next)
 }
 
@@ -566,7 +571,8 @@ fn sweep_tail<const R: usize>(
 
 /// AVX2 + FMA version of [`sweep`]: 32 entries (two cache lines) per row per iteration, entries
 /// of the streamed rows widened to f64 and their squares accumulated by FMA in up to four f64
-/// vectors per row; software prefetch of the streamed rows.
+/// vectors per row; software prefetch of the streamed rows (and, with `cur_nta`, non-temporal
+/// prefetch of the accumulated rows).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA; every row must have `p.len()` entries.
@@ -577,6 +583,7 @@ unsafe fn sweep_avx2<const R: usize>(
     a: &[f32; R],
     cur: &[&[f32]; R],
     next: &[&[f32]; R],
+    cur_nta: bool,
 ) -> [f64; R] {
     use std::arch::x86_64::*;
     const W: usize = 32;
@@ -608,6 +615,16 @@ unsafe fn sweep_avx2<const R: usize>(
                     .wrapping_add(PREFETCH_BYTES);
                 _mm_prefetch::<_MM_HINT_T0>(ahead);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+            }
+            if cur_nta {
+                for row in cp {
+                    let ahead = row
+                        .wrapping_add(k)
+                        .cast::<i8>()
+                        .wrapping_add(PREFETCH_BYTES);
+                    _mm_prefetch::<_MM_HINT_NTA>(ahead);
+                    _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(64));
+                }
             }
             for j in 0..4 {
                 let o = k + 8 * j;
