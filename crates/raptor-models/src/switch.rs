@@ -480,6 +480,24 @@ impl Model for SwitchEncoder {
     }
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
+        let h = self.encode(batch, ctx)?;
+        let maskf = batch.attention_mask.f_to_kind(h.kind())?;
+        let m3 = maskf.f_unsqueeze(2)?;
+        let pooled = h
+            .f_mul(&m3)?
+            .f_sum_dim_intlist(1, false, None::<Kind>)?
+            .f_div(&m3.f_sum_dim_intlist(1, false, None::<Kind>)?)?;
+        self.classifier.forward(&pooled, ctx)
+    }
+}
+
+impl SwitchEncoder {
+    /// The encoder's last hidden state `[B, T, d_model]` (after the final RMS norm, before mean
+    /// pooling and the classification head): Hugging Face's `last_hidden_state`. Positions
+    /// outside the attention mask are computed but carry no meaning.
+    ///
+    /// Layers are recorded into `ctx` exactly as in [`Model::forward`], which calls this.
+    pub fn encode(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
         batch.validate(self.cfg.vocab_size, None)?;
         let ids = &batch.input_ids;
         let (b, t) = (batch.batch_size(), batch.seq_len());
@@ -526,12 +544,6 @@ impl Model for SwitchEncoder {
             };
             h = h.f_add(&f)?;
         }
-        let h = self.final_ln.forward(&h, ctx)?;
-        let m3 = maskf.f_unsqueeze(2)?;
-        let pooled = h
-            .f_mul(&m3)?
-            .f_sum_dim_intlist(1, false, None::<Kind>)?
-            .f_div(&m3.f_sum_dim_intlist(1, false, None::<Kind>)?)?;
-        self.classifier.forward(&pooled, ctx)
+        self.final_ln.forward(&h, ctx)
     }
 }

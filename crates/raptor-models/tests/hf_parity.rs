@@ -311,6 +311,21 @@ fn switch_encoder_matches_transformers() {
         "pooled last hidden state differs from transformers by {diff}"
     );
 
+    // Per token: the last hidden state at every valid position.
+    let hidden = tch::no_grad(|| p.model.encode(&batch, &mut ForwardCtx::new(false))).unwrap();
+    let expect = &reference["last_hidden_state"];
+    assert_eq!(hidden.size(), expect.size());
+    let valid = batch.attention_mask.to_kind(Kind::Bool).unsqueeze(-1);
+    let diff = (hidden - expect)
+        .abs()
+        .masked_select(&valid)
+        .max()
+        .double_value(&[]);
+    assert!(
+        diff < TOL,
+        "last hidden state differs from transformers by {diff} at some valid token"
+    );
+
     // Router decisions: our top-1 expert = argmax of transformers' router logits.
     assert_eq!(ctx.routing.len(), 2);
     for (i, r) in ctx.routing.iter().enumerate() {
