@@ -9,21 +9,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use raptor_clip::{Block, Group, Grouping, clip_blocks, clip_rows, stream_read_sum, tensor};
+use raptor_clip::workload::{GroupedWorkload, synthetic_gradients};
+use raptor_clip::{clip_blocks, clip_rows, stream_read_sum, tensor};
 use tch::Tensor;
-
-/// Deterministic pseudo-random fill (xorshift), row norms spread around the bound.
-fn fill(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.01
-        })
-        .collect()
-}
 
 const MAX_BYTES: usize = 1_100_000_000;
 
@@ -46,7 +34,7 @@ fn bench_flat(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(500));
     for (b, p) in sizes() {
-        let data = fill(b * p, (b * p) as u64);
+        let data = synthetic_gradients(b * p, (b * p) as u64);
         let bound = 0.5 * (p as f64).sqrt() * 0.01 / 12f64.sqrt() * 2.0;
         let t = Tensor::from_slice(&data).reshape([b as i64, p as i64]);
         group.throughput(Throughput::Bytes((b * p * 4) as u64));
@@ -71,20 +59,10 @@ fn bench_grouped(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(500));
     for (b, p) in sizes() {
-        let widths = [p / 2, p / 8, p / 8, p / 8, p - p / 2 - 3 * (p / 8)];
-        let data: Vec<Vec<f32>> = widths
-            .iter()
-            .enumerate()
-            .map(|(k, &w)| fill(b * w, k as u64 + 7))
-            .collect();
-        let names = ["shared", "e0", "e1", "e2", "e3"];
-        let blocks: Vec<Block<'_>> = (0..5)
-            .map(|k| Block::new(names[k], &data[k], widths[k]))
-            .collect();
-        let grouping = Grouping::Grouped {
-            groups: (0..5).map(|k| Group::new(names[k], vec![k])).collect(),
-            bounds: widths.iter().map(|&w| (w as f64).sqrt() * 0.0029).collect(),
-        };
+        let work = GroupedWorkload::new(b, p);
+        let (widths, data, names) = (work.widths, &work.data, GroupedWorkload::NAMES);
+        let blocks = work.blocks();
+        let grouping = work.grouping();
         let tensors: Vec<Tensor> = (0..5)
             .map(|k| Tensor::from_slice(&data[k]).reshape([b as i64, widths[k] as i64]))
             .collect();

@@ -5,21 +5,10 @@
 //! `cargo run --release -p raptor-clip --example cputime B P` (flat and grouped, as the bench),
 //! or `... --example cputime 0` for read bandwidth against buffer size (cache capacity).
 //! "cpu ratio read/fused" estimates the quiet-machine "read time / fused time".
-use raptor_clip::{Block, Group, Grouping, clip_blocks, clip_rows, stream_read_sum};
+use raptor_clip::workload::{GroupedWorkload, synthetic_gradients};
+use raptor_clip::{clip_blocks, clip_rows, stream_read_sum};
 use std::time::Instant;
 
-/// Deterministic pseudo-random fill (xorshift), as in the bench.
-fn fill(n: usize, seed: u64) -> Vec<f32> {
-    let mut s: u64 = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.01
-        })
-        .collect()
-}
 /// Nanoseconds on CPU of all threads of this process so far.
 fn cpu_ns() -> u64 {
     let mut t = 0;
@@ -50,7 +39,7 @@ fn main() {
         .collect();
     if a.len() == 1 {
         for mb in [1usize, 2, 4, 6, 8, 12, 16, 20, 24, 32, 64] {
-            let d = fill(mb << 18, 1);
+            let d = synthetic_gradients(mb << 18, 1);
             let (c, w) = meas(
                 || {
                     std::hint::black_box(stream_read_sum(&d));
@@ -80,7 +69,7 @@ fn main() {
     }
     let (b, p) = (a[0], a[1]);
     let reps = if b * p > 100_000_000 { 10 } else { 30 };
-    let data = fill(b * p, 3);
+    let data = synthetic_gradients(b * p, 3);
     let bound = (p as f64).sqrt() * 0.0029;
     let (cf, wf) = meas(
         || {
@@ -100,20 +89,10 @@ fn main() {
         wr / wf
     );
     drop(data);
-    let widths = [p / 2, p / 8, p / 8, p / 8, p - p / 2 - 3 * (p / 8)];
-    let data: Vec<Vec<f32>> = widths
-        .iter()
-        .enumerate()
-        .map(|(k, &w)| fill(b * w, k as u64 + 7))
-        .collect();
-    let names = ["shared", "e0", "e1", "e2", "e3"];
-    let blocks: Vec<Block<'_>> = (0..5)
-        .map(|k| Block::new(names[k], &data[k], widths[k]))
-        .collect();
-    let grouping = Grouping::Grouped {
-        groups: (0..5).map(|k| Group::new(names[k], vec![k])).collect(),
-        bounds: widths.iter().map(|&w| (w as f64).sqrt() * 0.0029).collect(),
-    };
+    let work = GroupedWorkload::new(b, p);
+    let data = &work.data;
+    let blocks = work.blocks();
+    let grouping = work.grouping();
     let (cf, wf) = meas(
         || {
             std::hint::black_box(clip_blocks(&blocks, &grouping, None).unwrap());

@@ -5,19 +5,8 @@
 
 use std::time::Instant;
 
-use raptor_clip::{Block, ClipError, Group, Grouping, clip_blocks, clip_rows, stream_read_sum};
-
-fn fill(n: usize, seed: u64) -> Vec<f32> {
-    let mut s: u64 = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.01
-        })
-        .collect()
-}
+use raptor_clip::workload::{GroupedWorkload, synthetic_gradients};
+use raptor_clip::{ClipError, clip_blocks, clip_rows, stream_read_sum};
 
 fn median(mut f: impl FnMut() -> Result<(), ClipError>, reps: usize) -> Result<f64, ClipError> {
     f()?;
@@ -70,7 +59,7 @@ fn main() -> Result<(), ClipError> {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for &(b, p) in &sizes {
-        let data = fill(b * p, (b * p) as u64);
+        let data = synthetic_gradients(b * p, (b * p) as u64);
         let bound = (p as f64).sqrt() * 0.0029;
         let t_ours = median(|| clip_rows(&data, p, bound, None).map(|_| ()), reps)?;
         let t_read = median(
@@ -93,20 +82,10 @@ fn main() -> Result<(), ClipError> {
         row("flat", b, p, t_ours, t_torch, t_read);
     }
     for &(b, p) in &sizes {
-        let widths = [p / 2, p / 8, p / 8, p / 8, p - p / 2 - 3 * (p / 8)];
-        let data: Vec<Vec<f32>> = widths
-            .iter()
-            .enumerate()
-            .map(|(k, &w)| fill(b * w, k as u64 + 7))
-            .collect();
-        let names = ["shared", "e0", "e1", "e2", "e3"];
-        let blocks: Vec<Block<'_>> = (0..5)
-            .map(|k| Block::new(names[k], &data[k], widths[k]))
-            .collect();
-        let grouping = Grouping::Grouped {
-            groups: (0..5).map(|k| Group::new(names[k], vec![k])).collect(),
-            bounds: widths.iter().map(|&w| (w as f64).sqrt() * 0.0029).collect(),
-        };
+        let work = GroupedWorkload::new(b, p);
+        let data = &work.data;
+        let blocks = work.blocks();
+        let grouping = work.grouping();
         let t_ours = median(|| clip_blocks(&blocks, &grouping, None).map(|_| ()), reps)?;
         let t_read = median(
             || {
@@ -118,9 +97,13 @@ fn main() -> Result<(), ClipError> {
         #[cfg(feature = "tch")]
         let t_torch = {
             let ts: Vec<tch::Tensor> = (0..5)
-                .map(|k| tch::Tensor::from_slice(&data[k]).reshape([b as i64, widths[k] as i64]))
+                .map(|k| {
+                    tch::Tensor::from_slice(&data[k]).reshape([b as i64, work.widths[k] as i64])
+                })
                 .collect();
-            let tb: Vec<(&str, &tch::Tensor)> = (0..5).map(|k| (names[k], &ts[k])).collect();
+            let tb: Vec<(&str, &tch::Tensor)> = (0..5)
+                .map(|k| (GroupedWorkload::NAMES[k], &ts[k]))
+                .collect();
             Some(median(
                 || raptor_clip::tensor::clip_blocks(&tb, &grouping, None).map(|_| ()),
                 reps,

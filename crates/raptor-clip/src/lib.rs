@@ -44,6 +44,7 @@ mod error;
 mod kernel;
 mod privatizer;
 mod slice;
+pub mod workload;
 
 #[cfg(feature = "tch")]
 pub mod linear;
