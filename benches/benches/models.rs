@@ -2,7 +2,9 @@
 //! batch 64; full fine-tuning of everything but the routers): non-private (forward + backward)
 //! versus private (forward + one backward to op outputs + per-sample norms of every trainable
 //! parameter + role-wise clipped sums). Also measures peak memory of each step in a child
-//! process (peak RSS with glibc's mmap threshold lowered so freed tensors leave the heap).
+//! process (peak RSS with glibc's mmap threshold lowered so freed tensors leave the heap), and
+//! ends with the private/non-private ratio from interleaved steps (`RAPTOR_MODELS_RATIO_REPS`,
+//! default 5). `RAPTOR_MODELS_BREAKDOWN=1` adds where the private step's time goes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{Criterion, SamplingMode, criterion_group};
@@ -143,6 +145,59 @@ fn ratio_report() {
     );
 }
 
+/// Where the private step's time goes: forward alone (no grad), forward + backward (recording,
+/// `PrivateStep::per_sample`), then norms + clip + sums (`PerSampleGrads::into_clip`).
+fn breakdown() {
+    tch::set_num_threads(num_threads());
+    let (m, b, g, p) = setup();
+    let step = PrivateStep::new(&m).unwrap();
+    let (mut fwd, mut fb, mut clip) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..4 {
+        let t0 = std::time::Instant::now();
+        tch::no_grad(|| {
+            let _ = m.forward(&b, &mut ForwardCtx::new(true)).unwrap();
+        });
+        let t1 = std::time::Instant::now();
+        let (_, grads) = step.per_sample(&b, &BTreeMap::new(), true).unwrap();
+        let t2 = std::time::Instant::now();
+        let _ = grads.into_clip(&g, &p, &BTreeMap::new()).unwrap();
+        let t3 = std::time::Instant::now();
+        if i > 0 {
+            fwd.push((t1 - t0).as_secs_f64());
+            fb.push((t2 - t1).as_secs_f64());
+            clip.push((t3 - t2).as_secs_f64());
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    // The two halves of the clip separately, through the public per-parameter API.
+    let (_, grads) = step.per_sample(&b, &BTreeMap::new(), true).unwrap();
+    let params = grads.params();
+    let ones = Tensor::ones([B as i64], (Kind::Float, Device::Cpu));
+    let t0 = std::time::Instant::now();
+    for q in &params {
+        let _ = grads.sq_norms(q).unwrap();
+    }
+    let t1 = std::time::Instant::now();
+    for q in &params {
+        let _ = grads.weighted_sum(q, &ones).unwrap();
+    }
+    let t2 = std::time::Instant::now();
+    println!(
+        "per-parameter norms (no Gram sharing) {:.3} s, weighted sums {:.3} s",
+        (t1 - t0).as_secs_f64(),
+        (t2 - t1).as_secs_f64()
+    );
+    println!(
+        "private step breakdown (median of 3): forward without grad {:.3} s, forward + backward to op outputs {:.3} s, norms + clip + clipped sums {:.3} s",
+        med(&mut fwd),
+        med(&mut fb),
+        med(&mut clip)
+    );
+}
+
 fn num_threads() -> i32 {
     std::thread::available_parallelism()
         .map(|n| n.get() as i32)
@@ -238,4 +293,7 @@ fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
     ratio_report();
+    if std::env::var_os("RAPTOR_MODELS_BREAKDOWN").is_some() {
+        breakdown();
+    }
 }
