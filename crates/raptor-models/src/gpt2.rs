@@ -191,17 +191,11 @@ impl Model for Gpt2 {
     }
 
     fn task(&self) -> Task {
-        match self.cfg.head {
-            DecoderHead::LanguageModel => Task::LanguageModel,
-            DecoderHead::Classification { .. } => Task::Classification,
-        }
+        self.cfg.head.task()
     }
 
     fn num_labels(&self) -> Option<i64> {
-        match self.cfg.head {
-            DecoderHead::LanguageModel => None,
-            DecoderHead::Classification { num_labels } => Some(num_labels),
-        }
+        self.cfg.head.num_labels()
     }
 
     fn sparse_layers(&self) -> Vec<usize> {

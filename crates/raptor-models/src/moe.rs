@@ -80,6 +80,33 @@ where
     Ok(out.f_reshape([b, t, d])?)
 }
 
+/// A sparse layer's bookkeeping after its router: pushes the [`RouterOutput`] when the context
+/// collects routing (gate weights detached), and returns the layer's owner map `[B]` from the
+/// context, checked against the batch size `b` and `num_experts`, if one is set.
+pub(crate) fn routing_and_owners(
+    ctx: &mut ForwardCtx,
+    layer: usize,
+    sel: &Tensor,
+    gate: &Tensor,
+    mask: &Tensor,
+    b: i64,
+    num_experts: i64,
+) -> Result<Option<Tensor>> {
+    if ctx.collect_routing {
+        ctx.routing.push(RouterOutput {
+            layer,
+            indices: sel.shallow_clone(),
+            weights: gate.f_detach()?,
+            mask: mask.shallow_clone(),
+        });
+    }
+    let owners = ctx.owners.get(&layer).map(Tensor::shallow_clone);
+    if let Some(o) = &owners {
+        check_owners(layer, o, b, num_experts)?;
+    }
+    Ok(owners)
+}
+
 /// Checks an owner map `[B]` against the batch and the number of experts.
 pub(crate) fn check_owners(layer: usize, owners: &Tensor, b: i64, num_experts: i64) -> Result<()> {
     if owners.size() != [b] {

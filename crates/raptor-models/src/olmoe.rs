@@ -11,7 +11,7 @@ use crate::batch::{Batch, Task};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, Linear, RmsNorm, mask_min};
 use crate::model::Model;
-use crate::moe::{RouterOutput, check_owners, dispatch};
+use crate::moe::{dispatch, routing_and_owners};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -25,6 +25,24 @@ pub enum DecoderHead {
         /// Number of classes.
         num_labels: i64,
     },
+}
+
+impl DecoderHead {
+    /// The loss this head trains with.
+    pub fn task(&self) -> Task {
+        match self {
+            DecoderHead::LanguageModel => Task::LanguageModel,
+            DecoderHead::Classification { .. } => Task::Classification,
+        }
+    }
+
+    /// Number of classes (`None` for the language-model head).
+    pub fn num_labels(&self) -> Option<i64> {
+        match self {
+            DecoderHead::LanguageModel => None,
+            DecoderHead::Classification { num_labels } => Some(*num_labels),
+        }
+    }
 }
 
 /// Configuration of [`OlmoeDecoder`] (field names follow Hugging Face `OlmoeConfig`).
@@ -345,18 +363,8 @@ impl OlmoeDecoder {
         if self.cfg.norm_topk_prob {
             w = w.f_div(&w.f_sum_dim_intlist(-1, true, None::<Kind>)?)?;
         }
-        if ctx.collect_routing {
-            ctx.routing.push(RouterOutput {
-                layer: li,
-                indices: sel.shallow_clone(),
-                weights: w.f_detach()?,
-                mask: mask.shallow_clone(),
-            });
-        }
-        let owners = ctx.owners.get(&li).map(Tensor::shallow_clone);
-        if let Some(o) = &owners {
-            check_owners(li, o, x.size()[0], self.cfg.num_experts)?;
-        }
+        let owners =
+            routing_and_owners(ctx, li, &sel, &w, mask, x.size()[0], self.cfg.num_experts)?;
         let act = self.cfg.hidden_act;
         dispatch(
             x,
@@ -390,17 +398,11 @@ impl Model for OlmoeDecoder {
     }
 
     fn task(&self) -> Task {
-        match self.cfg.head {
-            DecoderHead::LanguageModel => Task::LanguageModel,
-            DecoderHead::Classification { .. } => Task::Classification,
-        }
+        self.cfg.head.task()
     }
 
     fn num_labels(&self) -> Option<i64> {
-        match self.cfg.head {
-            DecoderHead::LanguageModel => None,
-            DecoderHead::Classification { num_labels } => Some(num_labels),
-        }
+        self.cfg.head.num_labels()
     }
 
     fn sparse_layers(&self) -> Vec<usize> {

@@ -12,7 +12,7 @@ use crate::batch::{Batch, Task};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, Linear, RmsNorm, mask_min, new_var};
 use crate::model::Model;
-use crate::moe::{RouterOutput, check_owners, dispatch};
+use crate::moe::{dispatch, routing_and_owners};
 use crate::tape::{Part, Rows};
 use tch::nn::{Init, VarStore};
 use tch::{Device, Kind, Tensor};
@@ -372,18 +372,15 @@ impl SwitchEncoder {
             }
             None => None,
         };
-        if ctx.collect_routing {
-            ctx.routing.push(RouterOutput {
-                layer,
-                indices: sel.shallow_clone(),
-                weights: gate.f_detach()?,
-                mask: mask.shallow_clone(),
-            });
-        }
-        let owners = ctx.owners.get(&layer).map(Tensor::shallow_clone);
-        if let Some(o) = &owners {
-            check_owners(layer, o, x.size()[0], self.cfg.num_experts)?;
-        }
+        let owners = routing_and_owners(
+            ctx,
+            layer,
+            &sel,
+            &gate,
+            mask,
+            x.size()[0],
+            self.cfg.num_experts,
+        )?;
         let act = self.cfg.dense_act_fn;
         dispatch(
             x,
