@@ -1302,6 +1302,32 @@ mod tests {
         }
     }
 
+    /// Both bounds are moved by the rounding shift t plus the in-bin split allowance N·1e-6·h,
+    /// in every direction of every composition (heterogeneous included).
+    #[test]
+    fn bounds_carry_the_split_bias_allowance() {
+        let comp = Composition::single(SubsampledGaussian::new(0.01, 1.0).unwrap(), 3_000)
+            .unwrap()
+            .with(SubsampledGaussian::new(0.05, 2.0).unwrap(), 1_000)
+            .unwrap();
+        let (t, delta_error) = (0.05, 1e-8);
+        let prv = PrvAccountant::default()
+            .compose(&comp, t, delta_error)
+            .unwrap();
+        assert_eq!(prv.dirs.len(), 2);
+        let n_steps = 4_000.0;
+        let h = t / (n_steps * (1.0 / (0.5 * delta_error)).ln() / 2.0).sqrt();
+        for d in &prv.dirs {
+            assert!((d.h - h).abs() <= 1e-15 * h);
+            let want = t + SPLIT_BIAS_PER_STEP * h * n_steps;
+            assert!(
+                (d.t - want).abs() <= 1e-15 * want && d.t > t,
+                "shift {} vs {want}",
+                d.t
+            );
+        }
+    }
+
     /// E[Y] by brute-force quadrature in x (the output space).
     fn mean_by_quadrature(loss: Loss) -> f64 {
         let s = loss.sigma;
