@@ -313,14 +313,11 @@ fn switch_encoder_matches_transformers() {
 
     // Per token: the last hidden state at every valid position.
     let hidden = tch::no_grad(|| p.model.encode(&batch, &mut ForwardCtx::new(false))).unwrap();
-    let expect = &reference["last_hidden_state"];
-    assert_eq!(hidden.size(), expect.size());
-    let valid = batch.attention_mask.to_kind(Kind::Bool).unsqueeze(-1);
-    let diff = (hidden - expect)
-        .abs()
-        .masked_select(&valid)
-        .max()
-        .double_value(&[]);
+    let diff = max_diff_valid(
+        &hidden,
+        &reference["last_hidden_state"],
+        &batch.attention_mask,
+    );
     assert!(
         diff < TOL,
         "last hidden state differs from transformers by {diff} at some valid token"
