@@ -25,6 +25,24 @@ use crate::olmoe::DecoderHead;
 use serde_json::{Map, Value};
 use std::path::Path;
 
+/// `from_file` and `from_json_str` of a per-model config type (parsed by its `from_fields`).
+macro_rules! config_io {
+    ($ty:ident) => {
+        impl $ty {
+            /// Reads a `config.json` (or a directory's).
+            pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+                let (text, label) = read(path.as_ref())?;
+                Self::from_json_str(&text, &label)
+            }
+
+            /// Parses config JSON; `label` names the source in errors.
+            pub fn from_json_str(text: &str, label: &str) -> Result<Self> {
+                Self::from_fields(&Fields::parse(text, label)?)
+            }
+        }
+    };
+}
+
 /// A parsed config of one of the supported model types.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub enum HfConfig {
@@ -302,18 +320,9 @@ pub struct HfSwitchConfig {
     pub pad_token_id: Option<i64>,
 }
 
+config_io!(HfSwitchConfig);
+
 impl HfSwitchConfig {
-    /// Reads a `config.json` (or a directory's).
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let (text, label) = read(path.as_ref())?;
-        Self::from_json_str(&text, &label)
-    }
-
-    /// Parses config JSON.
-    pub fn from_json_str(text: &str, label: &str) -> Result<Self> {
-        Self::from_fields(&Fields::parse(text, label)?)
-    }
-
     fn from_fields(f: &Fields) -> Result<Self> {
         f.check_type("switch_transformers")?;
         let num_layers = f.size("num_layers")?;
@@ -468,18 +477,9 @@ pub struct HfOlmoeConfig {
     pub pad_token_id: Option<i64>,
 }
 
+config_io!(HfOlmoeConfig);
+
 impl HfOlmoeConfig {
-    /// Reads a `config.json` (or a directory's).
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let (text, label) = read(path.as_ref())?;
-        Self::from_json_str(&text, &label)
-    }
-
-    /// Parses config JSON.
-    pub fn from_json_str(text: &str, label: &str) -> Result<Self> {
-        Self::from_fields(&Fields::parse(text, label)?)
-    }
-
     fn from_fields(f: &Fields) -> Result<Self> {
         f.check_type("olmoe")?;
         let hidden_size = f.size("hidden_size")?;
@@ -628,18 +628,9 @@ pub struct HfGpt2Config {
     pub reorder_and_upcast_attn: bool,
 }
 
+config_io!(HfGpt2Config);
+
 impl HfGpt2Config {
-    /// Reads a `config.json` (or a directory's).
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let (text, label) = read(path.as_ref())?;
-        Self::from_json_str(&text, &label)
-    }
-
-    /// Parses config JSON.
-    pub fn from_json_str(text: &str, label: &str) -> Result<Self> {
-        Self::from_fields(&Fields::parse(text, label)?)
-    }
-
     fn from_fields(f: &Fields) -> Result<Self> {
         f.check_type("gpt2")?;
         let n_embd = f.size("n_embd")?;
