@@ -9,6 +9,12 @@ pub enum AccountantError {
     /// The sampling rate must lie in (0, 1].
     #[error("sampling rate q = {0} is outside (0, 1]")]
     InvalidSamplingRate(f64),
+    /// A population to sample from must hold at least one record.
+    #[error("population size {0} must be at least 1")]
+    InvalidPopulation(usize),
+    /// The operating system's random generator failed.
+    #[error("the operating system's random generator failed: {0}")]
+    Rng(String),
     /// The noise multiplier must be positive and finite.
     #[error("noise multiplier sigma = {0} must be positive and finite")]
     InvalidNoiseMultiplier(f64),

@@ -9,6 +9,7 @@
 //! - [`calibrate_sigma`] and [`plan_budget`]: σ calibration on the certified upper bound and
 //!   RAPTOR's budget plans (additive and joint).
 //! - [`Ledger`]: a serializable record of the steps taken during training.
+//! - [`PoissonSampler`]: the per-record Bernoulli(q) sampling (CSPRNG) the accountants certify.
 //!
 //! ```
 //! use raptor_accountant::{Composition, PrvAccountant, SubsampledGaussian};
@@ -23,6 +24,7 @@ pub mod error;
 pub mod ledger;
 pub mod prv;
 pub mod rdp;
+pub mod sampling;
 mod special;
 pub mod types;
 
@@ -36,6 +38,7 @@ pub use prv::{
     Accuracy, ComposedPrv, DeltaBounds, Direction, EpsTolerance, EpsilonBounds, PrvAccountant,
 };
 pub use rdp::{RdpAccountant, RdpEpsilon};
+pub use sampling::PoissonSampler;
 pub use types::{
     Composition, Delta, Epsilon, MAX_TOTAL_STEPS, NoiseMultiplier, ParallelGroup, SamplingRate,
     Steps, SubsampledGaussian,
