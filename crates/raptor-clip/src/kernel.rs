@@ -1204,6 +1204,39 @@ mod tests {
     }
 
     #[test]
+    fn column_pipeline_runs_nested_inside_the_pool() {
+        // calls from inside rayon jobs (several at once, each broadcasting to the whole pool)
+        // must neither deadlock nor change the result
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let (batch, width) = (6usize, 2 * COL_CHUNK + 5);
+        let data: Vec<f32> = (0..batch).flat_map(|_| row(&mut rng, width, 3)).collect();
+        let segs = [Seg {
+            data: &data,
+            width,
+            group: 0,
+        }];
+        let run = || {
+            fused_with(
+                &segs,
+                batch,
+                1,
+                BoundMode::Joint(0.3),
+                None,
+                &|_| "g".into(),
+                Schedule::Columns(2),
+            )
+            .unwrap()
+            .sums
+        };
+        let want = in_pool(1, run);
+        for threads in [2, 3] {
+            let got: Vec<Vec<Vec<f32>>> =
+                in_pool(threads, || (0..8).into_par_iter().map(|_| run()).collect());
+            assert!(got.iter().all(|g| *g == want), "threads {threads}");
+        }
+    }
+
+    #[test]
     fn schedule_choice() {
         // 40 KB records: row pipeline, 8 per step (17 records' working set in L2)
         assert_eq!(schedule(10_000, 256, 2), Schedule::Rows(8));
