@@ -398,7 +398,8 @@ const COL_CHUNK: usize = 1 << 15;
 /// same core: no cache lines move between cores (they would cross the die when a machine
 /// places the two threads on different L3s; a work-stealing split was ≈ 25 % slower there).
 /// The per-chunk norms are combined in chunk order whatever thread computed them, so the
-/// result does not depend on the split.
+/// result does not depend on the split. A step needs every pool thread: in a pool busy with
+/// other long jobs it waits for them (calls from inside pool jobs are fine; tested).
 fn column_pipeline<const R: usize>(
     ctx: &RangeCtx<'_, '_>,
     mut out: Out<'_>,
