@@ -32,9 +32,8 @@ fn best(mut f: impl FnMut(), reps: usize) -> f64 {
 }
 
 /// Sum of squares (`square`) or sum with 16 f32 lanes; a stand-in for the norm: the same
-/// bytes, less work. Compiled for AVX2 + FMA (the kernel's own instruction set).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+/// bytes, less work.
+#[inline(always)]
 fn lanes(x: &[f32], square: bool) -> f32 {
     let mut acc = [0f32; 16];
     if square {
@@ -53,9 +52,8 @@ fn lanes(x: &[f32], square: bool) -> f32 {
     acc.iter().sum()
 }
 
-/// `p += Σ_r a[r] · rows[r]`, one pass over `p` (AVX2 + FMA).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+/// `p += Σ_r a[r] · rows[r]`, one pass over `p`.
+#[inline(always)]
 fn accumulate(p: &mut [f32], a: &[f32], rows: &[&[f32]]) {
     let n = p.len();
     match *rows {
@@ -85,22 +83,42 @@ fn accumulate(p: &mut [f32], a: &[f32], rows: &[&[f32]]) {
     }
 }
 
-/// [`lanes`], checked dispatch.
-fn sum_lanes(x: &[f32], square: bool) -> f32 {
-    assert!(
+/// [`lanes`] and [`accumulate`] compiled for AVX2 + FMA (the kernel's own instruction set).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #[target_feature(enable = "avx2,fma")]
+    pub fn lanes(x: &[f32], square: bool) -> f32 {
+        super::lanes(x, square)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn accumulate(p: &mut [f32], a: &[f32], rows: &[&[f32]]) {
+        super::accumulate(p, a, rows)
+    }
+
+    pub fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    );
-    // SAFETY: AVX2 and FMA are present (asserted just above).
-    unsafe { lanes(x, square) }
+    }
 }
 
-/// [`accumulate`], checked dispatch.
+/// [`lanes`], with AVX2 + FMA where the CPU has them.
+fn sum_lanes(x: &[f32], square: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        // SAFETY: AVX2 and FMA are present (checked just above).
+        return unsafe { avx2::lanes(x, square) };
+    }
+    lanes(x, square)
+}
+
+/// [`accumulate`], with AVX2 + FMA where the CPU has them.
 fn add_rows(p: &mut [f32], a: &[f32], rows: &[&[f32]]) {
-    assert!(
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    );
-    // SAFETY: AVX2 and FMA are present (asserted just above).
-    unsafe { accumulate(p, a, rows) }
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        // SAFETY: AVX2 and FMA are present (checked just above).
+        return unsafe { avx2::accumulate(p, a, rows) };
+    }
+    accumulate(p, a, rows)
 }
 
 /// Run `per_range` on one contiguous record range per thread.

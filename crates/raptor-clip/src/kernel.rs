@@ -1164,37 +1164,32 @@ mod tests {
         assert!(chunks.iter().all(|(_, _, p)| p[0] == 24.0));
     }
 
+    /// One block of `batch` random records of `width` entries.
+    fn random_block(seed: u64, batch: usize, width: usize) -> Vec<f32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..batch).flat_map(|_| row(&mut rng, width, 3)).collect()
+    }
+
+    /// The fused kernel on that block, one bound over all records, schedule `sched`.
+    fn joint_clip(data: &[f32], batch: usize, width: usize, sched: Schedule) -> Fused {
+        let segs = [Seg {
+            data,
+            width,
+            group: 0,
+        }];
+        let names = |_: usize| "g".to_string();
+        fused_with(&segs, batch, 1, BoundMode::Joint(0.3), None, &names, sched).unwrap()
+    }
+
     #[test]
     fn column_pipeline_result_does_not_depend_on_the_thread_count() {
         // 3 column chunks per row: the static split differs with 1, 2 and 3 threads, the
         // result must not (per-chunk sweeps are identical, norms are combined in chunk order)
-        let mut rng = ChaCha8Rng::seed_from_u64(12);
         let (batch, width) = (9usize, 2 * COL_CHUNK + 77);
-        let data: Vec<f32> = (0..batch).flat_map(|_| row(&mut rng, width, 3)).collect();
-        let segs = [Seg {
-            data: &data,
-            width,
-            group: 0,
-        }];
-        for sched in [
-            Schedule::Columns(1),
-            Schedule::Columns(2),
-            Schedule::Columns(4),
-        ] {
-            let run = |threads| {
-                in_pool(threads, || {
-                    fused_with(
-                        &segs,
-                        batch,
-                        1,
-                        BoundMode::Joint(0.3),
-                        None,
-                        &|_| "g".into(),
-                        sched,
-                    )
-                    .unwrap()
-                })
-            };
+        let data = random_block(12, batch, width);
+        for r in [1, 2, 4] {
+            let sched = Schedule::Columns(r);
+            let run = |threads| in_pool(threads, || joint_clip(&data, batch, width, sched));
             let one = run(1);
             for threads in [2, 3] {
                 let other = run(threads);
@@ -1208,27 +1203,9 @@ mod tests {
     fn column_pipeline_runs_nested_inside_the_pool() {
         // calls from inside rayon jobs (several at once, each broadcasting to the whole pool)
         // must neither deadlock nor change the result
-        let mut rng = ChaCha8Rng::seed_from_u64(13);
         let (batch, width) = (6usize, 2 * COL_CHUNK + 5);
-        let data: Vec<f32> = (0..batch).flat_map(|_| row(&mut rng, width, 3)).collect();
-        let segs = [Seg {
-            data: &data,
-            width,
-            group: 0,
-        }];
-        let run = || {
-            fused_with(
-                &segs,
-                batch,
-                1,
-                BoundMode::Joint(0.3),
-                None,
-                &|_| "g".into(),
-                Schedule::Columns(2),
-            )
-            .unwrap()
-            .sums
-        };
+        let data = random_block(13, batch, width);
+        let run = || joint_clip(&data, batch, width, Schedule::Columns(2)).sums;
         let want = in_pool(1, run);
         for threads in [2, 3] {
             let got: Vec<Vec<Vec<f32>>> =
