@@ -209,25 +209,7 @@ fn role_wise_and_global_clipping_match_the_reference() {
         bounds.insert(g.to_string(), if g == "shared" { 0.05 } else { 0.02 });
     }
     let owners = BTreeMap::new();
-    check_clip(
-        &m,
-        &b,
-        &owners,
-        &groups,
-        &ClipPolicy::RoleWise(bounds.clone()),
-        &BTreeMap::new(),
-        1e-9,
-    );
-    check_clip(
-        &m,
-        &b,
-        &owners,
-        &groups,
-        &ClipPolicy::Global(0.05),
-        &BTreeMap::new(),
-        1e-9,
-    );
-    // Weighted before clipping (RAPTOR residual weights) on every expert group.
+    // Unweighted, then weighted before clipping (RAPTOR residual weights) on every expert group.
     let mut weights = BTreeMap::new();
     for g in bounds.keys().filter(|g| g.starts_with("expert")) {
         weights.insert(
@@ -236,24 +218,14 @@ fn role_wise_and_global_clipping_match_the_reference() {
         );
     }
     assert!(!weights.is_empty(), "no expert group to weight");
-    check_clip(
-        &m,
-        &b,
-        &owners,
-        &groups,
-        &ClipPolicy::RoleWise(bounds.clone()),
-        &weights,
-        1e-9,
-    );
-    check_clip(
-        &m,
-        &b,
-        &owners,
-        &groups,
-        &ClipPolicy::Global(0.05),
-        &weights,
-        1e-9,
-    );
+    for w in [&BTreeMap::new(), &weights] {
+        for policy in [
+            ClipPolicy::RoleWise(bounds.clone()),
+            ClipPolicy::Global(0.05),
+        ] {
+            check_clip(&m, &b, &owners, &groups, &policy, w, 1e-9);
+        }
+    }
     // A weight outside [0, 1] is a typed error naming the group and the record.
     let g = bounds
         .keys()
