@@ -19,22 +19,26 @@ use clap::{Parser, Subcommand};
 
 /// The core crates (and the tch-free data and metrics crates): they must not depend on tch with
 /// default features.
-const CORE_CRATES: [&str; 5] = [
+const CORE_CRATES: [&str; 6] = [
     "raptor-accountant",
     "raptor-routing",
     "raptor-clip",
     "raptor-muon",
     "raptor-data",
+    "raptor-eval",
 ];
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
 /// libtorch venv's torch.
-const FIXTURE_PACKAGES: [&str; 5] = [
+const FIXTURE_PACKAGES: [&str; 8] = [
     "dp-accounting==0.6.0",
     "prv-accountant==0.2.0",
     "opacus==1.6.0",
     "transformers==5.23.0",
     "safetensors==0.8.0",
+    "sacrebleu==2.6.0",
+    "rouge-score==0.1.2",
+    "scipy==1.17.1",
 ];
 
 #[derive(Debug, Parser)]

@@ -1,0 +1,271 @@
+//! Properties and slow obvious references.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use raptor_eval::{
+    EvalError, audit, corpus_bleu, lcs_len, mean_ci, mia, nll_perplexity, rouge_l, wilson_interval,
+};
+
+/// LCS by enumerating every subsequence of the shorter sequence (exponential; tiny inputs only).
+fn lcs_brute(a: &[u8], b: &[u8]) -> usize {
+    let (s, t) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    let mut best = 0;
+    for mask in 0u32..(1 << s.len()) {
+        let sub: Vec<u8> = (0..s.len())
+            .filter(|i| mask >> i & 1 == 1)
+            .map(|i| s[i])
+            .collect();
+        let mut it = t.iter();
+        if sub.iter().all(|c| it.any(|x| x == c)) {
+            best = best.max(sub.len());
+        }
+    }
+    best
+}
+
+fn auc_brute(pos: &[f64], neg: &[f64]) -> f64 {
+    let mut w = 0.0;
+    for p in pos {
+        for n in neg {
+            w += if p > n {
+                1.0
+            } else if p == n {
+                0.5
+            } else {
+                0.0
+            };
+        }
+    }
+    w / (pos.len() * neg.len()) as f64
+}
+
+fn tpr_brute(pos: &[f64], neg: &[f64], alpha: f64) -> f64 {
+    // Every threshold in a fine grid over the score range and beyond.
+    let mut best = 0.0f64;
+    let mut ts: Vec<f64> = pos.iter().chain(neg).copied().collect();
+    ts.push(f64::INFINITY);
+    for t in ts {
+        let fpr = neg.iter().filter(|&&x| x >= t).count() as f64 / neg.len() as f64;
+        if fpr <= alpha {
+            best = best.max(pos.iter().filter(|&&x| x >= t).count() as f64 / pos.len() as f64);
+        }
+    }
+    best
+}
+
+proptest! {
+    #[test]
+    fn lcs_matches_brute_force(a in proptest::collection::vec(0u8..4, 0..10), b in proptest::collection::vec(0u8..4, 0..10)) {
+        prop_assert_eq!(lcs_len(&a, &b), lcs_brute(&a, &b));
+    }
+
+    #[test]
+    fn auc_and_tpr_match_brute_force(
+        pos in proptest::collection::vec(-5i32..5, 1..40),
+        neg in proptest::collection::vec(-5i32..5, 1..40),
+        alpha in 0.0f64..1.0,
+    ) {
+        // Small integer scores: many ties.
+        let pos: Vec<f64> = pos.into_iter().map(f64::from).collect();
+        let neg: Vec<f64> = neg.into_iter().map(f64::from).collect();
+        prop_assert!((mia::roc_auc(&pos, &neg).unwrap() - auc_brute(&pos, &neg)).abs() < 1e-12);
+        prop_assert_eq!(mia::tpr_at_fpr(&pos, &neg, alpha).unwrap(), tpr_brute(&pos, &neg, alpha));
+    }
+
+    #[test]
+    fn bleu_in_range_and_perfect_on_copies(words in proptest::collection::vec("[a-z]{1,5}", 4..20)) {
+        let s = words.join(" ");
+        let b = corpus_bleu(&[s.as_str()], &[vec![s.as_str()]]).unwrap();
+        prop_assert!((b.score - 100.0).abs() < 1e-9);
+        let half = words[..words.len() / 2].join(" ");
+        let b = corpus_bleu(&[half.as_str()], &[vec![s.as_str()]]).unwrap();
+        prop_assert!((0.0..100.0).contains(&b.score));
+        prop_assert!(b.brevity_penalty < 1.0);
+    }
+
+    #[test]
+    fn rouge_l_in_unit_interval(a in "[a-z ]{0,30}", b in "[a-z ]{0,30}") {
+        let s = rouge_l(&a, &b);
+        prop_assert!((0.0..=1.0).contains(&s.fmeasure));
+        // F is symmetric in its two arguments (P and R swap).
+        prop_assert!((s.fmeasure - rouge_l(&b, &a).fmeasure).abs() < 1e-12);
+    }
+
+    #[test]
+    fn p_value_monotone_in_epsilon(r in 1u64..200, frac in 0.0f64..=1.0, e1 in 0.0f64..5.0, e2 in 0.0f64..5.0, delta in 0.0f64..1e-3) {
+        let v = ((r as f64) * frac).round() as u64;
+        let (lo, hi) = if e1 <= e2 { (e1, e2) } else { (e2, e1) };
+        let p_lo = audit::p_value(1000, r, v, lo, delta).unwrap();
+        let p_hi = audit::p_value(1000, r, v, hi, delta).unwrap();
+        prop_assert!(p_lo <= p_hi + 1e-12, "{} > {}", p_lo, p_hi);
+        prop_assert!((0.0..=1.0).contains(&p_lo));
+    }
+
+    #[test]
+    fn bound_monotone_in_correct_guesses(r in 10u64..300, v in 0u64..300) {
+        let v = v.min(r - 1);
+        let a = audit::epsilon_lower_bound(1000, r, v, 1e-5, 0.95).unwrap();
+        let b = audit::epsilon_lower_bound(1000, r, v + 1, 1e-5, 0.95).unwrap();
+        prop_assert!(a <= b + 1e-9);
+        // The bound is the edge of rejection: just below it the null is rejected.
+        if a > 0.0 {
+            prop_assert!(audit::p_value(1000, r, v, a, 1e-5).unwrap() < 0.05);
+            prop_assert!(audit::p_value(1000, r, v, a + 1e-8, 1e-5).unwrap() >= 0.05);
+        }
+    }
+}
+
+/// The audit can fail, and is sound on a mechanism that truly is ε-DP: randomized response.
+#[test]
+fn audit_on_simulated_mechanisms() {
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(14);
+    let m = 10_000usize;
+    let included: Vec<bool> = (0..m).map(|_| rng.random::<bool>()).collect();
+    let grid = [(100, 100), (500, 500), (2000, 2000), (5000, 5000)];
+    // Broken mechanism (no noise, no clipping): scores reveal membership.
+    let leaky: Vec<f64> = included
+        .iter()
+        .map(|&b| if b { 1.0 } else { 0.0 } + rng.random::<f64>() * 0.1)
+        .collect();
+    let a = audit::audit_search(&leaky, &included, 1e-5, 0.95, &grid).unwrap();
+    assert!(a.epsilon_lower > 4.0, "a leaky run must be caught: {a:?}");
+    // Exactly ε-DP mechanism (randomized response with ε = 1 on each canary's bit); its
+    // score is the released bit plus a tiny tie-breaking jitter.
+    for eps in [1.0f64, 4.0] {
+        let q = eps.exp() / (1.0 + eps.exp());
+        let rr: Vec<f64> = included
+            .iter()
+            .map(|&b| {
+                let bit = if rng.random::<f64>() < q { b } else { !b };
+                f64::from(u8::from(bit)) + rng.random::<f64>() * 1e-3
+            })
+            .collect();
+        let a = audit::audit_search(&rr, &included, 1e-5, 0.95, &grid).unwrap();
+        assert!(
+            a.epsilon_lower <= eps,
+            "ε = {eps}: lower bound {} above the truth",
+            a.epsilon_lower
+        );
+        assert!(
+            a.epsilon_lower > 0.5 * eps,
+            "ε = {eps}: bound {} should be informative",
+            a.epsilon_lower
+        );
+    }
+}
+
+#[test]
+fn errors_and_undefined_values() {
+    assert!(mean_ci(&[0.7], 0.95).unwrap().half_width.is_nan());
+    assert_eq!(
+        mean_ci(&[0.7], 0.95).unwrap().to_string(),
+        "0.70 ± undefined (n = 1)"
+    );
+    assert_eq!(
+        mean_ci(&[0.5, 0.7], 0.95).unwrap().to_string(),
+        "0.60 ± 1.27"
+    );
+    assert_eq!(mean_ci(&[], 0.95), Err(EvalError::Empty { what: "values" }));
+    assert!(matches!(
+        mean_ci(&[1.0, f64::NAN], 0.95),
+        Err(EvalError::InvalidValue { index: 1, .. })
+    ));
+    assert!(matches!(
+        mean_ci(&[1.0], 1.0),
+        Err(EvalError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        wilson_interval(3, 2, 0.95),
+        Err(EvalError::InvalidCounts(_))
+    ));
+    assert!(matches!(
+        wilson_interval(0, 0, 0.95),
+        Err(EvalError::Empty { .. })
+    ));
+    assert!(matches!(
+        nll_perplexity(&[(1.0, 0)]),
+        Err(EvalError::Empty { .. })
+    ));
+    assert!(matches!(
+        nll_perplexity(&[(f64::INFINITY, 3)]),
+        Err(EvalError::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        audit::p_value(10, 5, 6, 1.0, 0.0),
+        Err(EvalError::InvalidCounts(_))
+    ));
+    assert!(matches!(
+        audit::p_value(10, 11, 6, 1.0, 0.0),
+        Err(EvalError::InvalidCounts(_))
+    ));
+    assert!(matches!(
+        audit::epsilon_lower_bound(10, 5, 5, 2.0, 0.95),
+        Err(EvalError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        audit::guesses(&[1.0, 2.0], &[true, false], 2, 1),
+        Err(EvalError::InvalidCounts(_))
+    ));
+    assert!(matches!(
+        audit::guesses(&[1.0, f64::NAN], &[true, false], 1, 1),
+        Err(EvalError::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        audit::audit_search(&[1.0], &[true], 0.0, 0.95, &[]),
+        Err(EvalError::Empty { .. })
+    ));
+    assert!(matches!(
+        mia::roc_auc(&[], &[1.0]),
+        Err(EvalError::Empty { .. })
+    ));
+    assert!(matches!(
+        mia::tpr_at_fpr(&[1.0], &[1.0], 1.5),
+        Err(EvalError::OutOfRange { .. })
+    ));
+    let no_refs: Vec<Vec<&str>> = vec![vec![]];
+    assert_eq!(
+        corpus_bleu(&["a"], &no_refs).unwrap_err(),
+        EvalError::NoReference { index: 0 }
+    );
+    assert!(matches!(
+        corpus_bleu(&["a", "b"], &[vec!["a"]]),
+        Err(EvalError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        raptor_eval::corpus_rouge_l::<&str, Vec<&str>, &str>(&[], &[]),
+        Err(EvalError::Empty { .. })
+    ));
+    assert!(matches!(
+        raptor_eval::accuracy(&[1], &[1, 2]),
+        Err(EvalError::LengthMismatch { .. })
+    ));
+}
+
+#[test]
+fn snapshot_of_rounded_values() {
+    let r6 = |x: f64| (x * 1e6).round() / 1e6;
+    let hyps = [
+        "The Eagle is a coffee shop near Burger King.",
+        "Aromi serves Thai food.",
+    ];
+    let refs = [
+        vec![
+            "The Eagle coffee shop is near Burger King.",
+            "Near Burger King is The Eagle, a coffee shop.",
+        ],
+        vec!["Aromi is a Thai restaurant."],
+    ];
+    let b = corpus_bleu(&hyps, &refs).unwrap();
+    let a = audit::epsilon_lower_bound(1000, 200, 170, 1e-5, 0.95).unwrap();
+    let ci = mean_ci(&[0.81, 0.84, 0.83], 0.95).unwrap();
+    let w = wilson_interval(90, 100, 0.95).unwrap();
+    let values = serde_json::json!({
+        "bleu": r6(b.score),
+        "rouge_l": r6(raptor_eval::corpus_rouge_l(&hyps, &refs).unwrap()),
+        "eps_lower_1000_200_170": r6(a),
+        "mean_ci": [r6(ci.mean), r6(ci.half_width)],
+        "wilson_90_100": [r6(w.lower), r6(w.upper)],
+    });
+    insta::assert_json_snapshot!(values);
+}
