@@ -46,3 +46,8 @@ pub use split::{Split, held_out_size, public_private_split, split_key, validatio
 pub use table::{
     Dataset, EmptyText, Format, MAX_TABLE_BYTES, Record, TableSpec, read_table, read_table_from,
 };
+
+/// The README's examples, compiled (and run where not `no_run`) as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -36,3 +36,8 @@ pub use bleu::{Bleu, BleuStats, bleu_from_stats, corpus_bleu, segment_stats, tok
 pub use error::EvalError;
 pub use rouge::{RougeScore, corpus_rouge_l, lcs_len, rouge_l, rouge_l_multi, tokenize_rouge};
 pub use stats::{MeanCi, Nll, ProportionCi, accuracy, mean_ci, nll_perplexity, wilson_interval};
+
+/// The README's examples, compiled (and run where not `no_run`) as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
