@@ -8,7 +8,7 @@
 //! ids are given, so ids are stable: a record skipped by [`EmptyText::Skip`] leaves a gap, and the
 //! id of every other record stays the same whatever the policy.
 //!
-//! **Formats.** CSV follows RFC 4180 (quoted fields may hold commas, quotes and newlines). TSV
+//! **Formats.** A UTF-8 byte-order mark at the start of a file is ignored. CSV follows RFC 4180 (quoted fields may hold commas, quotes and newlines). TSV
 //! is the plain tab-separated convention: no quoting, so a field can hold neither a tab nor a
 //! newline (a `"` is an ordinary character). JSONL is one JSON object per line; blank lines are
 //! ignored and do not count as records; a text field must be a string, a label field a string,
@@ -73,17 +73,33 @@ pub enum EmptyText {
 }
 
 /// Which columns of a table hold what.
+///
+/// Deserializes from a config section such as `{text = "sentence", label = "label"}`: only
+/// `text` is required, unknown fields are an error naming the field.
+///
+/// ```
+/// let spec: raptor_data::TableSpec =
+///     serde_json::from_str(r#"{"text": "sentence", "label": "y", "empty_text": "skip"}"#).unwrap();
+/// assert_eq!(spec.label.as_deref(), Some("y"));
+/// let err = serde_json::from_str::<raptor_data::TableSpec>(r#"{"text": "t", "lable": "y"}"#);
+/// assert!(err.unwrap_err().to_string().contains("unknown field `lable`"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TableSpec {
     /// The text column.
     pub text: String,
     /// An optional second text column (sentence-pair tasks).
+    #[serde(default)]
     pub text_pair: Option<String>,
     /// The label column; `None` for unlabelled (e.g. public) text.
+    #[serde(default)]
     pub label: Option<String>,
     /// The format; `None` means "from the file extension".
+    #[serde(default)]
     pub format: Option<Format>,
     /// Policy for empty texts.
+    #[serde(default)]
     pub empty_text: EmptyText,
 }
 
@@ -321,15 +337,21 @@ fn csv_error(path: &Path, e: &csv::Error) -> DataError {
 }
 
 fn find_column(headers: &csv::StringRecord, column: &str, path: &Path) -> Result<usize, DataError> {
-    headers
-        .iter()
-        .position(|h| h == column)
-        .ok_or_else(|| DataError::MissingColumn {
-            column: column.to_string(),
+    let mut found = headers.iter().enumerate().filter(|(_, h)| *h == column);
+    let first = found.next().map(|(i, _)| i);
+    if found.next().is_some() {
+        return Err(DataError::Malformed {
             path: path.to_path_buf(),
-            line: None,
-            available: headers.iter().map(str::to_string).collect(),
-        })
+            line: 1,
+            message: format!("column `{column}` appears more than once in the header"),
+        });
+    }
+    first.ok_or_else(|| DataError::MissingColumn {
+        column: column.to_string(),
+        path: path.to_path_buf(),
+        line: None,
+        available: headers.iter().map(str::to_string).collect(),
+    })
 }
 
 fn read_delimited<R: Read>(
@@ -405,7 +427,13 @@ fn read_jsonl<R: Read>(
             line,
             message,
         };
-        let text = std::str::from_utf8(&buf).map_err(|e| {
+        // A UTF-8 byte-order mark at the start of the file is not part of the data.
+        let bytes = if line == 1 {
+            buf.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&buf)
+        } else {
+            &buf
+        };
+        let text = std::str::from_utf8(bytes).map_err(|e| {
             malformed(format!(
                 "not valid UTF-8 (byte {} of the line)",
                 e.valid_up_to() + 1

@@ -204,3 +204,33 @@ fn select_keeps_file_order() {
     let sel = ds.select(&[2, 0, 99]);
     assert_eq!(sel.iter().map(|r| r.id).collect::<Vec<_>>(), vec![0, 2]);
 }
+
+#[test]
+fn byte_order_marks_and_crlf() {
+    let spec = TableSpec::new("text", Some("label"));
+    let ds = read_str("\u{feff}text,label\r\na,x\r\nb,y\r\n", Format::Csv, &spec).unwrap();
+    assert_eq!(ds.records[1].text, "b");
+    assert_eq!(ds.records[1].label.as_deref(), Some("y"));
+    let ds = read_str("\u{feff}text\tlabel\r\na\tx\r\n", Format::Tsv, &spec).unwrap();
+    assert_eq!(ds.records[0].label.as_deref(), Some("x"));
+    let ds = read_str(
+        "\u{feff}{\"text\": \"a\", \"label\": \"x\"}\r\n",
+        Format::Jsonl,
+        &spec,
+    )
+    .unwrap();
+    assert_eq!(ds.records[0].text, "a");
+}
+
+#[test]
+fn ambiguous_columns_are_errors() {
+    let spec = TableSpec::new("text", Some("label"));
+    let err = read_str("text,label,text\na,b,c\n", Format::Csv, &spec).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "mem, line 1: column `text` appears more than once in the header"
+    );
+    // A duplicated column that is not used is fine.
+    let ds = read_str("text,label,x,x\na,b,c,d\n", Format::Csv, &spec).unwrap();
+    assert_eq!(ds.len(), 1);
+}
