@@ -216,6 +216,33 @@ fn guesses_ranked(
     Ok(((k_plus + k_minus) as u64, (top + bottom) as u64))
 }
 
+/// A (k₊, k₋) grid that depends only on `m` (so it is fixed before any score is seen): for each
+/// fraction f in {1 %, 2 %, 5 %, 10 %, 20 %, 50 %} and `k = max(1, round(f·m/2))`, the symmetric
+/// pair (k, k) and the members-only pair (k, 0); duplicates removed, in that order. Empty for
+/// m < 2.
+///
+/// ```
+/// let g = raptor_eval::audit::default_grid(1000);
+/// assert_eq!(&g[..4], &[(5, 5), (5, 0), (10, 10), (10, 0)]);
+/// assert_eq!(g.last(), Some(&(250, 0)));
+/// assert!(g.iter().all(|&(a, b)| a + b <= 1000));
+/// ```
+pub fn default_grid(m: usize) -> Vec<(usize, usize)> {
+    let mut grid = Vec::new();
+    if m < 2 {
+        return grid;
+    }
+    for f in [0.01, 0.02, 0.05, 0.1, 0.2, 0.5] {
+        let k = ((f * m as f64 / 2.0).round() as usize).clamp(1, m / 2);
+        for pair in [(k, k), (k, 0)] {
+            if !grid.contains(&pair) {
+                grid.push(pair);
+            }
+        }
+    }
+    grid
+}
+
 /// The result of [`audit_search`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditResult {

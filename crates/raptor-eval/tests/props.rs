@@ -269,3 +269,26 @@ fn snapshot_of_rounded_values() {
     });
     insta::assert_json_snapshot!(values);
 }
+
+#[test]
+fn default_grid_is_valid_for_every_size() {
+    for m in 0..3000usize {
+        let g = audit::default_grid(m);
+        assert_eq!(g.is_empty(), m < 2, "m = {m}");
+        assert!(
+            g.iter().all(|&(a, b)| a >= 1 && a + b <= m),
+            "m = {m}: {g:?}"
+        );
+        let mut d = g.clone();
+        d.sort_unstable();
+        d.dedup();
+        assert_eq!(d.len(), g.len(), "m = {m}: duplicates");
+        if m >= 2 {
+            let scores: Vec<f64> = (0..m).map(|i| i as f64).collect();
+            let included: Vec<bool> = (0..m).map(|i| i % 3 == 0).collect();
+            if m % 500 == 0 {
+                audit::audit_search(&scores, &included, 1e-5, 0.95, &g).unwrap();
+            }
+        }
+    }
+}
