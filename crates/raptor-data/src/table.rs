@@ -183,6 +183,52 @@ impl Dataset {
         self.records.iter().map(|r| r.id).collect()
     }
 
+    /// Split into (training, validation) datasets by [`crate::validation_split`] of the record
+    /// ids: `round(fraction · n)` records go to validation. Both keep the file path and record
+    /// ids; `skipped` stays with the training side.
+    ///
+    /// ```
+    /// use raptor_data::{read_table_from, Format, TableSpec};
+    /// let csv = "text,label\na,x\nb,y\nc,x\nd,y\n";
+    /// let ds = read_table_from(csv.as_bytes(), "t.csv".as_ref(), Format::Csv, &TableSpec::new("text", Some("label")))?;
+    /// let (train, val) = ds.split_validation(0.25, 1)?;
+    /// assert_eq!((train.len(), val.len()), (3, 1));
+    /// # Ok::<(), raptor_data::DataError>(())
+    /// ```
+    pub fn split_validation(
+        &self,
+        fraction: f64,
+        seed: u64,
+    ) -> Result<(Dataset, Dataset), DataError> {
+        let s = crate::validation_split(&self.ids(), fraction, seed)?;
+        Ok(self.two_sides(&s))
+    }
+
+    /// Split into (private, public) datasets by [`crate::public_private_split`]:
+    /// `round(public_fraction · n)` records are public.
+    pub fn split_public(
+        &self,
+        public_fraction: f64,
+        seed: u64,
+    ) -> Result<(Dataset, Dataset), DataError> {
+        let s = crate::public_private_split(&self.ids(), public_fraction, seed)?;
+        Ok(self.two_sides(&s))
+    }
+
+    fn two_sides(&self, s: &crate::Split) -> (Dataset, Dataset) {
+        let kept = Dataset {
+            path: self.path.clone(),
+            records: self.select(&s.kept),
+            skipped: self.skipped.clone(),
+        };
+        let held_out = Dataset {
+            path: self.path.clone(),
+            records: self.select(&s.held_out),
+            skipped: Vec::new(),
+        };
+        (kept, held_out)
+    }
+
     /// The records whose ids are in `ids` (any order; unknown ids are ignored), in file order.
     pub fn select(&self, ids: &[usize]) -> Vec<Record> {
         let mut wanted = ids.to_vec();

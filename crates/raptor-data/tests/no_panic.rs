@@ -18,8 +18,16 @@ fn bytes_like(header: &'static str) -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
+/// Cases per target: 2,000 by default (under a second), `RAPTOR_FUZZ_CASES` for a long run.
+fn cases() -> u32 {
+    std::env::var("RAPTOR_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn tables(b in bytes_like("text,label\n"), raw in proptest::collection::vec(any::<u8>(), 0..200)) {

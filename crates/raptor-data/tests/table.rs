@@ -234,3 +234,23 @@ fn ambiguous_columns_are_errors() {
     let ds = read_str("text,label,x,x\na,b,c,d\n", Format::Csv, &spec).unwrap();
     assert_eq!(ds.len(), 1);
 }
+
+#[test]
+fn dataset_splits_match_the_id_splits() {
+    let rows: String = (0..50).map(|i| format!("t{i},l{}\n", i % 3)).collect();
+    let ds = read_str(
+        &format!("text,label\n{rows}"),
+        Format::Csv,
+        &TableSpec::new("text", Some("label")),
+    )
+    .unwrap();
+    let (train, val) = ds.split_validation(0.2, 9).unwrap();
+    let s = raptor_data::validation_split(&ds.ids(), 0.2, 9).unwrap();
+    assert_eq!(train.ids(), s.kept);
+    assert_eq!(val.ids(), s.held_out);
+    assert_eq!(val.len(), 10);
+    let (private, public) = ds.split_public(0.3, 9).unwrap();
+    assert_eq!(public.len(), 15);
+    assert_eq!(private.len() + public.len(), ds.len());
+    assert_ne!(public.ids(), val.ids());
+}
