@@ -30,6 +30,10 @@ use crate::EvalError;
 
 const MAX_ORDER: usize = 4;
 
+/// The part of sacrebleu's signature that [`corpus_bleu`] reproduces (print it beside scores;
+/// sacrebleu adds `nrefs:<n or var>` and `version:<its version>`).
+pub const SACREBLEU_SIGNATURE: &str = "case:mixed|eff:no|tok:13a|smooth:exp";
+
 struct Rules {
     punct: Regex,
     period_comma_before: Regex,

@@ -32,7 +32,9 @@ pub mod mia;
 mod rouge;
 mod stats;
 
-pub use bleu::{Bleu, BleuStats, bleu_from_stats, corpus_bleu, segment_stats, tokenize_13a};
+pub use bleu::{
+    Bleu, BleuStats, SACREBLEU_SIGNATURE, bleu_from_stats, corpus_bleu, segment_stats, tokenize_13a,
+};
 pub use error::EvalError;
 pub use rouge::{RougeScore, corpus_rouge_l, lcs_len, rouge_l, rouge_l_multi, tokenize_rouge};
 pub use stats::{MeanCi, Nll, ProportionCi, accuracy, mean_ci, nll_perplexity, wilson_interval};

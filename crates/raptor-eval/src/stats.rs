@@ -82,6 +82,23 @@ impl MeanCi {
     pub fn is_defined(&self) -> bool {
         self.half_width.is_finite()
     }
+
+    /// Whether the two intervals overlap (closed intervals); `None` when either is undefined.
+    ///
+    /// ```
+    /// use raptor_eval::mean_ci;
+    /// let a = mean_ci(&[0.80, 0.82, 0.84], 0.95)?;
+    /// let b = mean_ci(&[0.70, 0.71, 0.72], 0.95)?;
+    /// assert_eq!(a.overlaps(&b), Some(false));
+    /// assert_eq!(a.overlaps(&mean_ci(&[0.8], 0.95)?), None);
+    /// # Ok::<(), raptor_eval::EvalError>(())
+    /// ```
+    pub fn overlaps(&self, other: &MeanCi) -> Option<bool> {
+        if !self.is_defined() || !other.is_defined() {
+            return None;
+        }
+        Some(self.lower() <= other.upper() && other.lower() <= self.upper())
+    }
 }
 
 impl std::fmt::Display for MeanCi {
