@@ -365,6 +365,9 @@ impl<'a> Builder<'a> {
 }
 
 fn csv_error(path: &Path, e: &csv::Error) -> DataError {
+    if let csv::ErrorKind::Io(io) = e.kind() {
+        return DataError::io(path, io);
+    }
     let line = e.position().map(csv::Position::line).unwrap_or(0);
     let message = match e.kind() {
         csv::ErrorKind::UnequalLengths {

@@ -82,6 +82,16 @@ fn missing_file_names_the_file() {
     .unwrap_err();
     let msg = err.to_string();
     assert!(msg.starts_with("/nonexistent/train.csv: "), "{msg}");
+    // A folder is not a table: an I/O error naming it, not a parse error.
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("data.csv");
+    std::fs::create_dir(&sub).unwrap();
+    let err = read_table(&sub, &TableSpec::new("text", None)).unwrap_err();
+    assert!(matches!(err, DataError::Io { .. }), "{err}");
+    assert!(
+        err.to_string().starts_with(&sub.display().to_string()),
+        "{err}"
+    );
 }
 
 #[test]
