@@ -292,3 +292,24 @@ fn default_grid_is_valid_for_every_size() {
         }
     }
 }
+
+/// The stated confidence holds: on a mechanism that is exactly ε-DP (randomized response on each
+/// canary's coin), the 95 % lower bound exceeds the true ε in at most about 5 % of audits.
+#[test]
+fn false_alarm_rate_is_at_most_the_stated_level() {
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(2023);
+    let (eps, m, trials) = (1.0f64, 1000usize, 300);
+    let q = eps.exp() / (1.0 + eps.exp());
+    let mut above = 0;
+    for _ in 0..trials {
+        // All m canaries guessed (k₊ + k₋ = m): v ~ Binomial(m, q) exactly.
+        let v = (0..m).filter(|_| rng.random::<f64>() < q).count() as u64;
+        let e = audit::epsilon_lower_bound(m as u64, m as u64, v, 0.0, 0.95).unwrap();
+        if e > eps {
+            above += 1;
+        }
+    }
+    // Expected ≤ 15 of 300; 30 would be > 4 standard deviations above.
+    assert!(above <= 30, "{above} of {trials} audits claimed ε > {eps}");
+    println!("{above} of {trials} audits above the true ε");
+}
