@@ -228,10 +228,10 @@ pub fn read_dart_json_str(text: &str, name: &Path) -> Result<D2tDataset, DataErr
         line: e.line() as u64,
         message: format!("column {}: {e}", e.column()),
     })?;
-    let entry_error = |i: usize, message: String| DataError::Malformed {
+    let entry_error = |entry: usize, message: String| DataError::BadEntry {
         path: name.to_path_buf(),
-        line: 0,
-        message: format!("entry {i}: {message}"),
+        entry,
+        message,
     };
     let mut records = Vec::new();
     let mut skipped = 0;

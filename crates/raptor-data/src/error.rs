@@ -46,6 +46,16 @@ pub enum DataError {
         /// What is wrong.
         message: String,
     },
+    /// An entry of a JSON list (e.g. a DART record) is invalid.
+    #[error("{}, entry {entry}: {message}", path.display())]
+    BadEntry {
+        /// The file.
+        path: PathBuf,
+        /// 0-based index of the entry in the list.
+        entry: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// A record's text column is empty (or only whitespace).
     #[error("{}, line {line} (record {record}): column `{column}` is empty", path.display())]
     EmptyText {

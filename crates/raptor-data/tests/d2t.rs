@@ -73,7 +73,7 @@ fn dart_json_errors() {
     .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "dart.json, line 0: entry 0: triple 0 has 2 parts, expected 3"
+        "dart.json, entry 0: triple 0 has 2 parts, expected 3"
     );
     let err = read_dart_json_str(
         r#"[{"tripleset": [], "annotations": [{"source":"s","text":"t"}]}]"#,
