@@ -97,6 +97,16 @@ pub enum AccountantError {
     /// A parallel group needs at least one member.
     #[error("parallel group has no members")]
     EmptyParallelGroup,
+    /// A parallel step of a ledger group did not give one mechanism per member.
+    #[error("parallel group {group:?} has {expected} members, a step gave {got}")]
+    ParallelWidth {
+        /// The group's name.
+        group: String,
+        /// Members the group was created with.
+        expected: usize,
+        /// Mechanisms given.
+        got: usize,
+    },
     /// A numerical step failed (non-finite intermediate); the result would not be trustworthy.
     #[error("numerical failure in {0}; try a coarser accuracy or the RDP bound")]
     NumericalFailure(&'static str),

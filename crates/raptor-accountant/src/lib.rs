@@ -33,7 +33,7 @@ pub use calibrate::{
     calibrate_sigma, plan_budget,
 };
 pub use error::{AccountantError, Result};
-pub use ledger::Ledger;
+pub use ledger::{Ledger, LedgerEntry, ParallelEntry};
 pub use prv::{
     Accuracy, ComposedPrv, DeltaBounds, Direction, EpsTolerance, EpsilonBounds, PrvAccountant,
 };

@@ -401,8 +401,29 @@ fn normalize(v: Vec<(SubsampledGaussian, u64)>) -> Vec<(SubsampledGaussian, u64)
 /// # Ok::<(), raptor_accountant::AccountantError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "ParallelGroupRecord", into = "ParallelGroupRecord")]
 pub struct ParallelGroup {
     members: Vec<Composition>,
+}
+
+/// Serialized form of [`ParallelGroup`]; deserializing re-checks [`ParallelGroup::new`]'s rules
+/// (a group with no members would otherwise account as ε = 0).
+#[derive(Serialize, Deserialize)]
+struct ParallelGroupRecord {
+    members: Vec<Composition>,
+}
+
+impl TryFrom<ParallelGroupRecord> for ParallelGroup {
+    type Error = AccountantError;
+    fn try_from(r: ParallelGroupRecord) -> Result<Self> {
+        ParallelGroup::new(r.members)
+    }
+}
+
+impl From<ParallelGroup> for ParallelGroupRecord {
+    fn from(g: ParallelGroup) -> Self {
+        Self { members: g.members }
+    }
 }
 
 impl ParallelGroup {

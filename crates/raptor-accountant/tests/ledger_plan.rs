@@ -65,3 +65,55 @@ fn budget_plans_meet_the_budget_and_joint_needs_less_noise() {
     // the joint plan needs less noise on the shared stream than the additive plan
     assert!(p.joint.shared.sigma < p.additive.shared.sigma, "{p:?}");
 }
+
+#[test]
+fn parallel_groups_cost_the_worst_member_and_round_trip() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
+    let shared = SubsampledGaussian::new(0.02, 1.1).unwrap();
+    let quiet = SubsampledGaussian::new(0.02, 2.0).unwrap();
+    let loud = SubsampledGaussian::new(0.02, 1.0).unwrap();
+    let mut l = Ledger::new();
+    for _ in 0..40 {
+        l.step(shared).unwrap();
+        // member 2 is the worst (smallest sigma); the others are quieter
+        l.step_parallel("experts[layer 1]", &[quiet, quiet, loud, quiet])
+            .unwrap();
+    }
+    assert_eq!(l.len(), 80);
+    assert_eq!(l.releases(), 40 + 40 * 4);
+    // The group costs its worst member's history: shared ∘ 40 × loud.
+    let worst = Composition::single(shared, 40)
+        .unwrap()
+        .with(loud, 40)
+        .unwrap();
+    let sum_all = Composition::single(shared, 40)
+        .unwrap()
+        .with(loud, 40)
+        .unwrap()
+        .with(quiet, 120)
+        .unwrap();
+    let got = l.epsilon(1e-5, &acc).unwrap();
+    assert_eq!(got, acc.epsilon(&worst, 1e-5).unwrap());
+    assert!(got.upper < acc.epsilon(&sum_all, 1e-5).unwrap().upper);
+    // Round trip keeps the structure (a resumed run re-accounts the same thing).
+    let json = serde_json::to_string(&l).unwrap();
+    let back: Ledger = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, l);
+    assert_eq!(back.epsilon(1e-5, &acc).unwrap(), got);
+    // A step with another width is an error; so is an empty one.
+    assert!(l.step_parallel("experts[layer 1]", &[quiet; 3]).is_err());
+    assert!(l.step_parallel("experts[layer 3]", &[]).is_err());
+}
+
+#[test]
+fn ledger_and_parallel_group_reject_empty_groups_on_load() {
+    let bad = r#"{"history":[],"parallel":[{"group":"g","members":[],"steps":3}]}"#;
+    assert!(serde_json::from_str::<Ledger>(bad).is_err());
+    // member histories must match the group's step count
+    let m = r#"{"mechanism":{"sampling_rate":0.1,"noise_multiplier":1.0},"count":2}"#;
+    let short =
+        format!(r#"{{"history":[],"parallel":[{{"group":"g","members":[[{m}]],"steps":3}}]}}"#);
+    assert!(serde_json::from_str::<Ledger>(&short).is_err());
+    let group = r#"{"members":[]}"#;
+    assert!(serde_json::from_str::<raptor_accountant::ParallelGroup>(group).is_err());
+}

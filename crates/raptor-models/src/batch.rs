@@ -15,6 +15,10 @@ pub struct Batch {
     pub attention_mask: Tensor,
     /// Class labels `[B]` for classification.
     pub labels: Option<Tensor>,
+    /// Language modelling: `[B, T]` (i64, 0/1) marks the positions whose token is a training
+    /// target (e.g. the reference of a data-to-text record, not its prompt); `None`: every
+    /// valid position after the first. Position 0 is never a target.
+    pub loss_mask: Option<Tensor>,
 }
 
 impl Batch {
@@ -74,7 +78,49 @@ impl Batch {
                 Some(l) => Some(Tensor::f_from_slice(l)?.f_to(device)?),
                 None => None,
             },
+            loss_mask: None,
         })
+    }
+
+    /// Language modelling: only positions `p >= prompt_lens[r]` of record `r` are targets (the
+    /// loss of a data-to-text record is on its reference, not on its prompt). A record whose
+    /// prompt covers all its valid tokens is an error naming it.
+    pub fn with_prompt_lengths(mut self, prompt_lens: &[usize]) -> Result<Self> {
+        let (b, t) = (self.batch_size(), self.seq_len());
+        if prompt_lens.len() as i64 != b {
+            return Err(ModelError::ShapeMismatch {
+                what: "prompt lengths".into(),
+                expected: vec![b],
+                got: vec![prompt_lens.len() as i64],
+            });
+        }
+        let mask: Vec<i64> = Vec::try_from(
+            self.attention_mask
+                .f_to_kind(Kind::Int64)?
+                .f_to(Device::Cpu)?
+                .f_flatten(0, -1)?,
+        )?;
+        let mut lm = vec![0i64; mask.len()];
+        for (r, &pl) in prompt_lens.iter().enumerate() {
+            let mut any = false;
+            for p in pl.max(1)..t as usize {
+                let i = r * t as usize + p;
+                lm[i] = mask[i];
+                any |= mask[i] == 1;
+            }
+            if !any {
+                return Err(ModelError::EmptyRecord {
+                    record: r,
+                    why: format!("its prompt ({pl} tokens) leaves no target token"),
+                });
+            }
+        }
+        self.loss_mask = Some(
+            Tensor::f_from_slice(&lm)?
+                .f_reshape([b, t])?
+                .f_to(self.input_ids.device())?,
+        );
+        Ok(self)
     }
 
     /// Number of records B.
@@ -94,6 +140,10 @@ impl Batch {
             attention_mask: self.attention_mask.f_narrow(0, start, len)?,
             labels: match &self.labels {
                 Some(l) => Some(l.f_narrow(0, start, len)?),
+                None => None,
+            },
+            loss_mask: match &self.loss_mask {
+                Some(m) => Some(m.f_narrow(0, start, len)?),
                 None => None,
             },
         })
@@ -226,10 +276,13 @@ pub fn per_record_loss(logits: &Tensor, batch: &Batch, task: Task) -> Result<Ten
                 .f_narrow(1, 0, t - 1)?
                 .f_log_softmax(-1, None::<Kind>)?;
             let targets = batch.input_ids.f_narrow(1, 1, t - 1)?;
-            let valid = batch
+            let mut valid = batch
                 .attention_mask
                 .f_narrow(1, 1, t - 1)?
                 .f_to_kind(lp.kind())?;
+            if let Some(m) = &batch.loss_mask {
+                valid = valid.f_mul(&m.f_narrow(1, 1, t - 1)?.f_to_kind(lp.kind())?)?;
+            }
             let counts: Vec<f64> = Vec::try_from(
                 valid
                     .f_sum_dim_intlist(1, false, Kind::Double)?
@@ -238,7 +291,7 @@ pub fn per_record_loss(logits: &Tensor, batch: &Batch, task: Task) -> Result<Ten
             if let Some(r) = counts.iter().position(|&c| c == 0.0) {
                 return Err(ModelError::EmptyRecord {
                     record: r,
-                    why: "it has a single valid token, so no next-token target".into(),
+                    why: "it has no next-token target (a single valid token, or a prompt that covers it)".into(),
                 });
             }
             let nll = lp

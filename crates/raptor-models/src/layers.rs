@@ -77,6 +77,15 @@ impl ForwardCtx {
         rows: RowSpec<'_>,
         p: f64,
     ) -> Result<Tensor> {
+        if self.recording() && self.record_ids.is_none() {
+            // Keyed by batch position, a record's mask would depend on which other records
+            // were sampled before it: its sensitivity would no longer be its own.
+            return Err(ModelError::InvalidConfig(format!(
+                "LoRA dropout at {site} in private training needs the records' dataset ids \
+                 (PrivateStep::with_record_ids / ForwardCtx::record_ids), so that each record's \
+                 mask is its own; set dropout to 0 or pass the ids"
+            )));
+        }
         let seed = match self.dropout_seed {
             Some(s) => s,
             None => {

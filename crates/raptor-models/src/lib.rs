@@ -12,6 +12,7 @@ pub const CUDA_LINKED: bool = cfg!(raptor_cuda_linked);
 mod batch;
 pub mod checkpoint;
 mod error;
+pub mod generate;
 mod gpt2;
 mod grad;
 pub mod hf_config;

@@ -111,6 +111,60 @@ impl TextTokenizer for Gpt2Tokenizer {
     }
 }
 
+/// UTF-8 bytes as tokens: a tokenizer that depends on no data at all (id = byte + 3;
+/// `0` padding, `1` BOS, `2` EOS; vocabulary 259). The safe default for models trained from
+/// scratch on private records: a vocabulary learned from private text would itself leak it.
+///
+/// ```
+/// use raptor_models::tokenizer::{ByteTokenizer, TextTokenizer};
+/// let t = ByteTokenizer;
+/// let ids = t.encode("hé")?;
+/// assert_eq!(ids, vec![b'h' as u32 + 3, 0xc3 + 3, 0xa9 + 3]);
+/// assert_eq!(t.decode(&ids)?, "hé");
+/// # Ok::<(), raptor_models::ModelError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ByteTokenizer;
+
+impl ByteTokenizer {
+    /// Id of the first byte.
+    pub const OFFSET: u32 = 3;
+    /// Beginning-of-sequence id.
+    pub const BOS: u32 = 1;
+    /// End-of-sequence id.
+    pub const EOS: u32 = 2;
+}
+
+impl TextTokenizer for ByteTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(text.bytes().map(|b| u32::from(b) + Self::OFFSET).collect())
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        let mut bytes = Vec::with_capacity(ids.len());
+        for &i in ids {
+            match i {
+                0..=2 => {}
+                3..=258 => bytes.push((i - Self::OFFSET) as u8),
+                bad => {
+                    return Err(ModelError::Tokenizer(format!(
+                        "token id {bad} is out of range for the byte vocabulary of 259"
+                    )));
+                }
+            }
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn vocab_size(&self) -> usize {
+        259
+    }
+
+    fn pad_id(&self) -> u32 {
+        0
+    }
+}
+
 /// Subword model of a corpus-trained tokenizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CorpusModel {

@@ -302,6 +302,7 @@ fn bad_input_is_a_typed_error_naming_the_record() {
         input_ids: Tensor::from_slice(&[1i64, 2, 3, 4]).reshape([2, 2]),
         attention_mask: Tensor::from_slice(&[0i64, 0, 1, 1]).reshape([2, 2]),
         labels: Some(Tensor::from_slice(&[0i64, 1])),
+        loss_mask: None,
     };
     assert!(matches!(
         m.forward(&b2, &mut ForwardCtx::new(false)),
@@ -312,6 +313,7 @@ fn bad_input_is_a_typed_error_naming_the_record() {
         input_ids: Tensor::from_slice(&[1i64, 2, 3, 4]).reshape([2, 2]),
         attention_mask: Tensor::from_slice(&[1i64, 1, 1]).reshape([1, 3]),
         labels: None,
+        loss_mask: None,
     };
     assert!(matches!(
         m.forward(&b3, &mut ForwardCtx::new(false)),
@@ -475,4 +477,33 @@ fn shared_input_gram_norms_are_exact() {
         TOL,
     );
     check_exact(&m, &b, &BTreeMap::new(), TOL);
+}
+
+#[test]
+fn private_lora_dropout_without_record_ids_is_refused() {
+    let m = lora_dropout_model();
+    let b = batch(m.vocab_size());
+    // Keyed by batch position, a record's mask would depend on who else was sampled.
+    let err = PrivateStep::new(&m)
+        .unwrap()
+        .with_dropout_seed(3)
+        .per_sample(&b, &BTreeMap::new(), true)
+        .unwrap_err();
+    assert!(err.to_string().contains("record"), "{err}");
+    // With ids it runs; in eval mode (no dropout) ids are not needed.
+    let ids: Vec<u64> = (0..b.batch_size() as u64).map(|i| 1000 + i).collect();
+    assert!(
+        PrivateStep::new(&m)
+            .unwrap()
+            .with_dropout_seed(3)
+            .with_record_ids(ids)
+            .per_sample(&b, &BTreeMap::new(), true)
+            .is_ok()
+    );
+    assert!(
+        PrivateStep::new(&m)
+            .unwrap()
+            .per_sample(&b, &BTreeMap::new(), false)
+            .is_ok()
+    );
 }

@@ -35,6 +35,7 @@ fn io(name: &str) -> (Batch, HashMap<String, Tensor>) {
         input_ids: inputs.remove("input_ids").unwrap(),
         attention_mask: inputs.remove("attention_mask").unwrap(),
         labels: None,
+        loss_mask: None,
     };
     (batch, read_map(dir.join("outputs.safetensors")))
 }

@@ -33,6 +33,10 @@ enum Command {
         #[arg(long = "only")]
         only: Vec<String>,
     },
+    /// Train privately from a config file (RAPTOR, its baselines, DP-SGD/Adam/Muon/MuonBC).
+    Train(cli::train::TrainArgs),
+    /// Evaluate a run folder on a data file.
+    Eval(cli::train::EvalArgs),
     /// Owner statistics and layer selection for router outputs of a public corpus (JSON lines).
     Routing(cli::routing::RoutingArgs),
     /// ε of a composition of Poisson-subsampled Gaussian mechanisms (PRV bounds and RDP).
@@ -53,6 +57,8 @@ fn main() {
             quick,
             only,
         } => reproduce::run(&reproduce::Context { root, out, quick }, &only).map(|_| ()),
+        Command::Train(args) => cli::train::run_train(args),
+        Command::Eval(args) => cli::train::run_eval(args),
         Command::Routing(args) => cli::routing::run(args),
         Command::Account(args) => cli::account::run_account(args),
         Command::Calibrate(args) => cli::account::run_calibrate(args),

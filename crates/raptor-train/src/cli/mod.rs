@@ -5,6 +5,7 @@ use std::io::Write;
 
 pub mod account;
 pub mod routing;
+pub mod train;
 
 /// Exit code for bad input (invalid arguments, malformed files): errors go to stderr.
 pub const EXIT_BAD_INPUT: i32 = 2;

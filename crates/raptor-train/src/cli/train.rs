@@ -1,0 +1,178 @@
+//! `raptor train` and `raptor eval`: private fine-tuning from a config file, into a run folder.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::config::{DEFAULT_CONFIG, RunConfig};
+
+/// Train a model privately (or non-privately for the reference methods) from a config file.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainArgs {
+    /// The run configuration (TOML; `--print-default-config` shows every field).
+    #[arg(long, required_unless_present_any = ["print_default_config", "resume"])]
+    pub config: Option<PathBuf>,
+    /// Continue an interrupted run from its folder (its own config.toml is used).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Folder under which the run folder `<method>-<time>-<pid>` is created.
+    #[arg(long, default_value = "runs")]
+    pub runs_dir: PathBuf,
+    /// Print the commented default configuration and exit.
+    #[arg(long)]
+    pub print_default_config: bool,
+    /// Print the run record as one JSON object instead of a summary (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Evaluate a run on a data file.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvalArgs {
+    /// The run folder.
+    #[arg(long)]
+    pub run: PathBuf,
+    /// Records to evaluate (a table with the run's columns); default: the run's validation file.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `raptor train`.
+pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
+    if args.print_default_config {
+        print!("{DEFAULT_CONFIG}");
+        return Ok(());
+    }
+    let cfg = match (&args.config, &args.resume) {
+        (_, Some(_)) => RunConfig::default(),
+        (Some(p), None) => RunConfig::from_file(p)?,
+        (None, None) => anyhow::bail!("give --config <run.toml> or --resume <run folder>"),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let s = stop.clone();
+        // First signal: finish the current update, checkpoint, exit; the handler stays.
+        let _ = ctrlc_like(move || s.store(true, Ordering::SeqCst));
+    }
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} updates  {msg}  ({per_sec}, eta {eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    };
+    let mut eps_shown = String::from("eps -");
+    let mut progress =
+        |done: u64, total: u64, m: &crate::trainer::UpdateMetrics, eps: Option<f64>| {
+            bar.set_length(total);
+            bar.set_position(done);
+            if let Some(e) = eps {
+                eps_shown = format!("eps {e:.3}");
+            }
+            bar.set_message(format!("{eps_shown}  loss {:.4}  [{}]", m.loss, m.phase));
+        };
+    let result = crate::run::train(
+        &cfg,
+        &args.runs_dir,
+        args.resume.as_deref(),
+        &mut progress,
+        Some(stop),
+    );
+    bar.finish_and_clear();
+    let (dir, record) = result?;
+    if args.json {
+        return super::print_json(&record);
+    }
+    println!("run folder: {}", dir.display());
+    println!(
+        "method {}  records {}  updates {}  ({:.2} updates/s)",
+        record.method, record.train_records, record.updates, record.updates_per_second
+    );
+    match &record.epsilon {
+        Some(e) => println!(
+            "privacy: epsilon <= {:.4} (estimate {:.4}, lower {:.4}) at delta = {:e}, target {}",
+            e.upper, e.estimate, e.lower, e.delta, record.privacy_plan.epsilon
+        ),
+        None => println!("privacy: none (epsilon = infinity: a non-private reference method)"),
+    }
+    if let Some(ev) = &record.eval {
+        match ev.accuracy {
+            Some(a) => println!(
+                "validation: accuracy {a:.4}  loss {:.4}  ({} records)",
+                ev.loss, ev.records
+            ),
+            None => println!(
+                "validation: NLL {:.4}  perplexity {:.3}  ({} records)",
+                ev.loss,
+                ev.perplexity.unwrap_or(f64::NAN),
+                ev.records
+            ),
+        }
+    }
+    if let Some(g) = &record.generation {
+        println!(
+            "generation: BLEU {:.2}  ROUGE-L {:.2}  ({} sources, beams {})",
+            g.bleu, g.rouge_l, g.sources, g.beams
+        );
+    }
+    for n in &record.notes {
+        println!("note: {n}");
+    }
+    Ok(())
+}
+
+/// Runs `raptor eval`.
+pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+    let report = crate::run::eval_run(&args.run, args.data.as_deref())
+        .with_context(|| format!("evaluating {}", args.run.display()))?;
+    if args.json {
+        return super::print_json(&report);
+    }
+    if let Some(g) = &report.generation {
+        println!(
+            "BLEU {:.2}  ROUGE-L {:.2}  ({} sources, beams {})",
+            g.bleu, g.rouge_l, g.sources, g.beams
+        );
+    }
+    let m = report.metrics;
+    match m.accuracy {
+        Some(a) => println!(
+            "accuracy {a:.4}  loss {:.4}  ({} records)",
+            m.loss, m.records
+        ),
+        None => println!(
+            "NLL {:.4}  perplexity {:.3}  ({} records)",
+            m.loss,
+            m.perplexity.unwrap_or(f64::NAN),
+            m.records
+        ),
+    }
+    Ok(())
+}
+
+/// Installs a SIGINT/SIGTERM handler that calls `f` (once per signal).
+fn ctrlc_like(f: impl Fn() + Send + Sync + 'static) -> anyhow::Result<()> {
+    let flag = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGINT, flag.clone())?;
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, flag.clone())?;
+    std::thread::spawn(move || {
+        loop {
+            if flag.swap(false, Ordering::SeqCst) {
+                f();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,637 @@
+//! The run configuration (`run.toml`): every knob is a documented field with a default; unknown
+//! fields are an error that names them. The same struct backs the file, the builder in code and
+//! the resolved copy written into the run folder.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+
+/// A whole run: data, model, method, privacy target and training schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Where the records come from.
+    pub data: DataConfig,
+    /// The model to fine-tune.
+    pub model: ModelConfig,
+    /// The training method and its knobs.
+    pub method: MethodConfig,
+    /// The privacy target.
+    pub privacy: PrivacyConfig,
+    /// Batch size, steps, learning rate, clipping bounds, seed, device.
+    pub train: TrainConfig,
+    /// LoRA adapters (methods that train LoRA).
+    pub lora: LoraSettings,
+    /// Evaluation (generation for data-to-text).
+    pub eval: EvalConfig,
+}
+
+/// Evaluation settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Beam width of generation (1: greedy).
+    pub beams: usize,
+    /// Longest generated text (tokens).
+    pub max_new_tokens: usize,
+    /// Generate for at most this many distinct sources of the validation set (0: all).
+    pub max_sources: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            beams: 1,
+            max_new_tokens: 48,
+            max_sources: 200,
+        }
+    }
+}
+
+/// Data files and columns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `table` (CSV/TSV/JSONL with text and label columns), `e2e` (E2E-style CSV: `mr`, `ref`)
+    /// or `dart` (DART JSON, or WebNLG-style XML by extension).
+    pub format: String,
+    /// Training records (CSV, TSV or JSONL by extension). Relative paths are resolved against
+    /// the folder of the config file.
+    pub train: PathBuf,
+    /// Validation records; empty: `validation_fraction` of the training file is held out.
+    pub validation: Option<PathBuf>,
+    /// Fraction of the training file held out for validation when no validation file is given
+    /// (0 disables validation).
+    pub validation_fraction: f64,
+    /// Public records, used only for routing statistics and layer selection (never trained on).
+    pub public: Option<PathBuf>,
+    /// The text column.
+    pub text_column: String,
+    /// The label column (classification).
+    pub label_column: String,
+    /// Tokens kept per record (longer records are truncated).
+    pub max_length: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            format: "table".into(),
+            train: PathBuf::from("train.csv"),
+            validation: None,
+            validation_fraction: 0.1,
+            public: None,
+            text_column: "text".into(),
+            label_column: "label".into(),
+            max_length: 64,
+        }
+    }
+}
+
+/// Which model and tokenizer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Architecture: `switch` (MoE encoder classifier), `olmoe` (MoE decoder), `gpt2` (dense
+    /// decoder).
+    pub kind: ModelKind,
+    /// A Hugging Face model folder (config.json + safetensors); empty: a randomly initialized
+    /// model of the sizes below.
+    pub path: Option<PathBuf>,
+    /// Tokenizer: `bytes` (UTF-8 bytes, data-independent), `gpt2` (GPT-2 BPE), or a path to a
+    /// `tokenizer.json`. Never trained on private records.
+    pub tokenizer: String,
+    /// Hidden size of a from-scratch model.
+    pub d_model: i64,
+    /// Blocks of a from-scratch model.
+    pub layers: i64,
+    /// Attention heads of a from-scratch model.
+    pub heads: i64,
+    /// FFN inner size of a from-scratch model.
+    pub d_ff: i64,
+    /// Routed experts per sparse layer of a from-scratch MoE model.
+    pub experts: i64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            kind: ModelKind::Switch,
+            path: None,
+            tokenizer: "bytes".into(),
+            d_model: 32,
+            layers: 4,
+            heads: 2,
+            d_ff: 64,
+            experts: 4,
+        }
+    }
+}
+
+/// Supported architectures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// Switch-Transformers-style MoE encoder with a classification head.
+    Switch,
+    /// OLMoE-style MoE decoder (classification head on the last token).
+    Olmoe,
+    /// GPT-2 dense decoder (language modelling head).
+    Gpt2,
+}
+
+/// The method.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MethodConfig {
+    /// `raptor`, `dp-adam-lora`, `dp-adam-full`, `matched-scope`, `shared-only`,
+    /// `expert-only`, `lora`, `full` (MoE classifiers); `dp-sgd`, `dp-adam`, `dp-muon`,
+    /// `dp-muonbc`, `muon`, `adam` (decoders, and any model).
+    pub name: Method,
+    /// Sparse layer(s) RAPTOR trains: `entropy` (public-corpus routing entropy; the last sparse
+    /// layer without a public file), `first`, `last`, or a block index.
+    pub layer: String,
+    /// Owner rule: `gate-weighted` (default) or `token-count` plurality.
+    pub owner_rule: String,
+    /// Alternate shared and expert updates (RAPTOR); false: both streams from one sample.
+    pub alternate: bool,
+    /// Shared updates per cycle (alternating schedule).
+    pub shared_steps: u64,
+    /// Expert updates per cycle (alternating schedule).
+    pub expert_steps: u64,
+    /// Expert denominator: `expected-owner` (D_e = B/E) or `batch` (B).
+    pub expert_denominator: String,
+    /// Expert clipping: `role` (each stream its own bound) or `global` (one factor).
+    pub expert_clip: String,
+    /// Residual weight of the expert loss: `prob` (1 − p_shared(y|x)), `margin`, `none`.
+    pub residual: String,
+    /// Trainable scope of the dense-decoder methods: `full` or `lora`.
+    pub scope: String,
+    /// Muon momentum β.
+    pub muon_beta: f64,
+    /// Muon momentum form: `heavy-ball`, `ema`, `nesterov`.
+    pub muon_momentum: String,
+    /// Newton–Schulz polynomial: `keller` (quintic) or `taylor`.
+    pub ns_polynomial: String,
+    /// Newton–Schulz steps.
+    pub ns_steps: usize,
+    /// Taylor degree κ (for `taylor`).
+    pub ns_kappa: usize,
+    /// DP-MuonBC antithetic probe pairs K.
+    pub bc_probe_pairs: usize,
+    /// Learning rate of the Muon-updated matrices (the other parameters use `train.lr`).
+    pub muon_lr: f64,
+}
+
+impl Default for MethodConfig {
+    fn default() -> Self {
+        Self {
+            name: Method::Raptor,
+            layer: "entropy".into(),
+            owner_rule: "gate-weighted".into(),
+            alternate: true,
+            shared_steps: 1,
+            expert_steps: 1,
+            expert_denominator: "expected-owner".into(),
+            expert_clip: "role".into(),
+            residual: "prob".into(),
+            scope: "full".into(),
+            muon_beta: 0.95,
+            muon_momentum: "nesterov".into(),
+            ns_polynomial: "keller".into(),
+            ns_steps: 5,
+            ns_kappa: 2,
+            bc_probe_pairs: 1,
+            muon_lr: 0.02,
+        }
+    }
+}
+
+/// The training methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// RAPTOR: shared + per-expert streams.
+    Raptor,
+    /// Monolithic DP-Adam over all LoRA adapters and the head.
+    DpAdamLora,
+    /// Monolithic DP-Adam over all parameters except routers.
+    DpAdamFull,
+    /// RAPTOR's scope, one global clip and one σ (Baseline A).
+    MatchedScope,
+    /// RAPTOR's shared stream alone.
+    SharedOnly,
+    /// RAPTOR's expert streams alone.
+    ExpertOnly,
+    /// Non-private LoRA.
+    Lora,
+    /// Non-private full fine-tuning.
+    Full,
+    /// DP-SGD (flat clip, plain SGD).
+    DpSgd,
+    /// DP-Adam (flat clip, AdamW).
+    DpAdam,
+    /// DP-Muon (per-matrix clip, Muon on hidden matrices, AdamW on the rest).
+    DpMuon,
+    /// DP-Muon with the antithetic bias correction.
+    DpMuonbc,
+    /// Non-private Muon.
+    Muon,
+    /// Non-private AdamW.
+    Adam,
+}
+
+impl Method {
+    /// Whether the method is differentially private.
+    pub fn is_private(self) -> bool {
+        !matches!(
+            self,
+            Method::Lora | Method::Full | Method::Muon | Method::Adam
+        )
+    }
+
+    /// The name used in configs and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Raptor => "raptor",
+            Method::DpAdamLora => "dp-adam-lora",
+            Method::DpAdamFull => "dp-adam-full",
+            Method::MatchedScope => "matched-scope",
+            Method::SharedOnly => "shared-only",
+            Method::ExpertOnly => "expert-only",
+            Method::Lora => "lora",
+            Method::Full => "full",
+            Method::DpSgd => "dp-sgd",
+            Method::DpAdam => "dp-adam",
+            Method::DpMuon => "dp-muon",
+            Method::DpMuonbc => "dp-muonbc",
+            Method::Muon => "muon",
+            Method::Adam => "adam",
+        }
+    }
+
+    /// Methods that need an MoE model (owner maps, expert streams).
+    pub fn needs_experts(self) -> bool {
+        matches!(
+            self,
+            Method::Raptor | Method::MatchedScope | Method::SharedOnly | Method::ExpertOnly
+        )
+    }
+}
+
+/// The privacy target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrivacyConfig {
+    /// Total ε (> 0).
+    pub epsilon: f64,
+    /// Total δ; empty: 1/N rounded down to a power of ten.
+    pub delta: Option<f64>,
+    /// RAPTOR's budget split: `additive` (the paper's) or `joint` (one PRV, less noise).
+    pub split: String,
+    /// Share ρ of the budget for the shared stream.
+    pub rho: f64,
+    /// Relative accuracy of the PRV accountant.
+    pub accuracy: f64,
+}
+
+impl Default for PrivacyConfig {
+    fn default() -> Self {
+        Self {
+            epsilon: 8.0,
+            delta: None,
+            split: "additive".into(),
+            rho: 0.9,
+            accuracy: 0.01,
+        }
+    }
+}
+
+/// The optimization schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Expected batch size B (q = B/N).
+    pub batch_size: f64,
+    /// Epochs (updates = epochs · ceil(N/B)); ignored when `steps` is set.
+    pub epochs: f64,
+    /// Total number of updates (overrides `epochs`).
+    pub steps: Option<u64>,
+    /// Learning rate (AdamW / SGD).
+    pub lr: f64,
+    /// AdamW weight decay.
+    pub weight_decay: f64,
+    /// Warm-up updates (linear), then constant or cosine.
+    pub warmup_steps: u64,
+    /// Cosine decay to 0 after warm-up.
+    pub cosine: bool,
+    /// Clipping bound of the shared stream / of monolithic methods.
+    pub clip: f64,
+    /// Clipping bound of each expert stream (RAPTOR).
+    pub clip_expert: f64,
+    /// Records per forward pass (memory only; results do not depend on it).
+    pub micro_batch: usize,
+    /// Seed of model initialization.
+    pub seed: u64,
+    /// NOT PRIVATE: seed the Poisson sampler and the noise (reproducible experiments only).
+    pub insecure_seed: Option<u64>,
+    /// `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Evaluate every this many updates (0: only at the end).
+    pub eval_every: u64,
+    /// Write a checkpoint every this many updates (0: only at the end).
+    pub checkpoint_every: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 64.0,
+            epochs: 3.0,
+            steps: None,
+            lr: 2e-3,
+            weight_decay: 0.01,
+            warmup_steps: 0,
+            cosine: false,
+            clip: 1.0,
+            clip_expert: 1.0,
+            micro_batch: 64,
+            seed: 0,
+            insecure_seed: None,
+            device: "cpu".into(),
+            eval_every: 0,
+            checkpoint_every: 50,
+        }
+    }
+}
+
+/// LoRA settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSettings {
+    /// Rank r.
+    pub r: i64,
+    /// α (delta scaled by α/r).
+    pub alpha: f64,
+    /// Dropout on the adapter input (masks keyed by record id in private training).
+    pub dropout: f64,
+    /// Attention modules to adapt (patterns); empty: the model family's attention projections.
+    pub attention_targets: Vec<String>,
+}
+
+impl Default for LoraSettings {
+    fn default() -> Self {
+        Self {
+            r: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            attention_targets: Vec::new(),
+        }
+    }
+}
+
+impl RunConfig {
+    /// Reads a config file; relative data paths become relative to the file's folder.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        let mut cfg = Self::from_toml(&text).map_err(|e| match e {
+            TrainError::Config(msg) => TrainError::Config(format!("{}: {msg}", path.display())),
+            other => other,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.resolve_paths(base);
+        Ok(cfg)
+    }
+
+    /// Parses TOML text (errors name the unknown or malformed field).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| TrainError::Config(e.to_string()))
+    }
+
+    /// The config as TOML.
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string_pretty(self).map_err(|e| TrainError::Config(e.to_string()))
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.data.train);
+        if let Some(p) = self.data.validation.as_mut() {
+            fix(p);
+        }
+        if let Some(p) = self.data.public.as_mut() {
+            fix(p);
+        }
+        if let Some(p) = self.model.path.as_mut() {
+            fix(p);
+        }
+        if !matches!(self.model.tokenizer.as_str(), "bytes" | "gpt2") {
+            let p = base.join(&self.model.tokenizer);
+            if Path::new(&self.model.tokenizer).is_relative() {
+                self.model.tokenizer = p.to_string_lossy().into_owned();
+            }
+        }
+    }
+
+    /// Checks every value that does not need the data (the rest is checked when the data is
+    /// read: B ≤ N, labels, δ).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, why: String| Err(TrainError::Config(format!("{field}: {why}")));
+        let p = &self.privacy;
+        if self.method.name.is_private() && !(p.epsilon.is_finite() && p.epsilon > 0.0) {
+            return bad(
+                "privacy.epsilon",
+                format!("{} must be finite and > 0", p.epsilon),
+            );
+        }
+        if let Some(d) = p.delta
+            && !(d > 0.0 && d < 1.0)
+        {
+            return bad("privacy.delta", format!("{d} must be in (0, 1)"));
+        }
+        if !(p.rho > 0.0 && p.rho < 1.0) {
+            return bad("privacy.rho", format!("{} must be in (0, 1)", p.rho));
+        }
+        if !matches!(p.split.as_str(), "additive" | "joint") {
+            return bad(
+                "privacy.split",
+                format!("{:?} is not additive or joint", p.split),
+            );
+        }
+        let t = &self.train;
+        if !(t.batch_size.is_finite() && t.batch_size >= 1.0) {
+            return bad("train.batch_size", format!("{} must be >= 1", t.batch_size));
+        }
+        if t.steps == Some(0) || (t.steps.is_none() && !(t.epochs > 0.0 && t.epochs.is_finite())) {
+            return bad(
+                "train.steps / train.epochs",
+                "must give at least one update".into(),
+            );
+        }
+        for (f, v) in [
+            ("train.lr", t.lr),
+            ("train.clip", t.clip),
+            ("train.clip_expert", t.clip_expert),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(f, format!("{v} must be finite and > 0"));
+            }
+        }
+        if t.micro_batch == 0 {
+            return bad("train.micro_batch", "must be >= 1".into());
+        }
+        if !(0.0..1.0).contains(&self.lora.dropout) {
+            return bad(
+                "lora.dropout",
+                format!("{} must be in [0, 1)", self.lora.dropout),
+            );
+        }
+        if self.lora.r <= 0 {
+            return bad("lora.r", format!("{} must be >= 1", self.lora.r));
+        }
+        let m = &self.method;
+        for (f, v, ok) in [
+            (
+                "method.owner_rule",
+                &m.owner_rule,
+                &["gate-weighted", "token-count"][..],
+            ),
+            (
+                "method.expert_denominator",
+                &m.expert_denominator,
+                &["expected-owner", "batch"][..],
+            ),
+            (
+                "method.expert_clip",
+                &m.expert_clip,
+                &["role", "global"][..],
+            ),
+            (
+                "method.residual",
+                &m.residual,
+                &["prob", "margin", "none"][..],
+            ),
+            ("method.scope", &m.scope, &["full", "lora"][..]),
+            (
+                "method.muon_momentum",
+                &m.muon_momentum,
+                &["heavy-ball", "ema", "nesterov"][..],
+            ),
+            (
+                "method.ns_polynomial",
+                &m.ns_polynomial,
+                &["keller", "taylor"][..],
+            ),
+        ] {
+            if !ok.contains(&v.as_str()) {
+                return bad(f, format!("{v:?} is not one of {ok:?}"));
+            }
+        }
+        if m.alternate && (m.shared_steps == 0 || m.expert_steps == 0) {
+            return bad(
+                "method.shared_steps / expert_steps",
+                "must be >= 1 when alternating".into(),
+            );
+        }
+        if self.method.name.needs_experts() && self.model.kind == ModelKind::Gpt2 {
+            return bad(
+                "method.name",
+                format!(
+                    "{} needs an MoE model (switch or olmoe), not gpt2",
+                    m.name.name()
+                ),
+            );
+        }
+        if !(self.data.validation_fraction >= 0.0 && self.data.validation_fraction < 1.0) {
+            return bad(
+                "data.validation_fraction",
+                format!("{} must be in [0, 1)", self.data.validation_fraction),
+            );
+        }
+        if !matches!(self.data.format.as_str(), "table" | "e2e" | "dart") {
+            return bad(
+                "data.format",
+                format!("{:?} is not table, e2e or dart", self.data.format),
+            );
+        }
+        if self.data.format != "table" && self.model.kind != ModelKind::Gpt2 {
+            return bad(
+                "data.format",
+                "data-to-text needs a language model (model.kind = \"gpt2\")".into(),
+            );
+        }
+        if self.eval.beams == 0 {
+            return bad("eval.beams", "must be >= 1".into());
+        }
+        if self.data.max_length < 2 {
+            return bad("data.max_length", "must be >= 2".into());
+        }
+        crate::device::parse_device(&t.device)?;
+        Ok(())
+    }
+}
+
+/// δ = 1/N rounded down to a power of ten (the usual convention: δ < 1/N).
+pub fn default_delta(n: usize) -> f64 {
+    let n = n.max(2) as f64;
+    10f64.powf(-(n.log10().ceil()))
+}
+
+/// The commented default config printed by `raptor train --print-default-config`.
+pub const DEFAULT_CONFIG: &str = include_str!("default_config.toml");
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_text_parses_to_the_defaults() {
+        let parsed = RunConfig::from_toml(DEFAULT_CONFIG).unwrap();
+        assert_eq!(parsed, RunConfig::default());
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = RunConfig::from_toml("[train]\nbatchsize = 3\n").unwrap_err();
+        assert!(e.to_string().contains("batchsize"), "{e}");
+    }
+
+    #[test]
+    fn delta_default_is_below_one_over_n() {
+        assert_eq!(default_delta(1000), 1e-3);
+        assert_eq!(default_delta(1001), 1e-4);
+        assert_eq!(default_delta(12_750), 1e-5);
+        for n in [2usize, 9, 10, 11, 99, 12_345] {
+            assert!(default_delta(n) <= 1.0 / n as f64);
+        }
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        let mut c = RunConfig::default();
+        c.privacy.epsilon = 0.0;
+        assert!(c.validate().is_err());
+        let mut c = RunConfig::default();
+        c.method.residual = "probability".into();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("method.residual")
+        );
+        let mut c = RunConfig::default();
+        c.method.name = Method::Lora;
+        c.privacy.epsilon = 0.0;
+        assert!(c.validate().is_ok());
+    }
+}

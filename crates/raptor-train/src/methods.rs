@@ -1,0 +1,683 @@
+//! From a config to a [`Plan`]: the trainable scope of each method, the sparse layer RAPTOR
+//! trains, and the privacy plan (σ of every release from the target ε), all decided before
+//! training from public quantities only (N, B, the schedule; never a private count).
+
+use std::collections::BTreeMap;
+
+use raptor_accountant::{
+    Accuracy, PlanRequest, PrvAccountant, Stream as PlanStream, calibrate_sigma, plan_budget,
+};
+use raptor_models::{LoraConfig, Model, attach_lora, freeze_all, set_trainable};
+use serde::Serialize;
+
+use crate::config::{Method, ModelKind, RunConfig};
+use crate::error::{Result, TrainError};
+use crate::streams::{Charge, ClipGroup, Optim, Phase, Plan, ReleaseSpec, Residual};
+
+/// Names that tell a model family's parts apart.
+#[derive(Debug, Clone)]
+pub struct Family {
+    /// Model kind.
+    pub kind: ModelKind,
+}
+
+impl Family {
+    /// Attention projections that carry LoRA.
+    pub fn attention_targets(&self) -> Vec<String> {
+        let v: &[&str] = match self.kind {
+            ModelKind::Switch => &[
+                "SelfAttention.q",
+                "SelfAttention.k",
+                "SelfAttention.v",
+                "SelfAttention.o",
+            ],
+            ModelKind::Olmoe => &[
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+            ],
+            ModelKind::Gpt2 => &["attn.c_attn", "attn.c_proj"],
+        };
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Name prefix of routed expert `e` of sparse layer `l` (with the trailing dot).
+    pub fn expert_prefix(&self, l: usize, e: i64) -> String {
+        match self.kind {
+            ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.expert_{e}."),
+            _ => format!("model.layers.{l}.mlp.experts.{e}."),
+        }
+    }
+
+    /// LoRA target patterns of every routed expert of sparse layer `l`.
+    pub fn expert_targets(&self, l: usize) -> Vec<String> {
+        match self.kind {
+            ModelKind::Switch => ["wi", "wo"]
+                .iter()
+                .map(|p| format!("encoder.block.{l}.layer.1.mlp.experts.*.{p}"))
+                .collect(),
+            _ => ["gate_proj", "up_proj", "down_proj"]
+                .iter()
+                .map(|p| format!("model.layers.{l}.mlp.experts.*.{p}"))
+                .collect(),
+        }
+    }
+
+    /// Pattern matching every expert module of layer `l` (for switching their LoRA off).
+    pub fn expert_modules(&self, l: usize) -> String {
+        match self.kind {
+            ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.*"),
+            _ => format!("model.layers.{l}.mlp.experts.*"),
+        }
+    }
+
+    /// Parameter patterns of the task head (trained with the shared stream).
+    pub fn head_patterns(&self) -> Vec<&'static str> {
+        match self.kind {
+            ModelKind::Switch => vec!["classifier"],
+            _ => vec!["score"],
+        }
+    }
+
+    /// Whether a parameter is a "hidden matrix" (Muon-updated): 2-D, not an embedding, head
+    /// or adapter factor.
+    pub fn is_hidden_matrix(&self, name: &str, dims: usize) -> bool {
+        dims == 2
+            && ![
+                "wte",
+                "wpe",
+                "embed_tokens",
+                "shared.weight",
+                "relative_attention_bias",
+                "lm_head",
+                "score",
+                "classifier",
+                "lora_",
+            ]
+            .iter()
+            .any(|p| name.contains(p))
+    }
+}
+
+/// The privacy plan as recorded in the run record.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrivacyPlan {
+    /// Whether the method is private.
+    pub private: bool,
+    /// Target ε (∞ for non-private methods).
+    pub epsilon: f64,
+    /// δ.
+    pub delta: f64,
+    /// Sampling rate q = B/N.
+    pub q: f64,
+    /// Records N.
+    pub records: usize,
+    /// Expected batch B.
+    pub expected_batch: f64,
+    /// Total updates.
+    pub updates: u64,
+    /// Updates per phase.
+    pub phase_updates: BTreeMap<String, u64>,
+    /// σ per release kind (`shared`, `experts`, `all`).
+    pub sigmas: BTreeMap<String, f64>,
+    /// The plan's own certified ε (composed in one PRV over the planned schedule).
+    pub planned_epsilon: f64,
+    /// The budget split (RAPTOR) or `single`.
+    pub split: String,
+}
+
+/// What RAPTOR-family setup decided (public).
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerChoice {
+    /// The trained sparse layer.
+    pub layer: usize,
+    /// How it was chosen.
+    pub how: String,
+    /// Public routing statistics of every sparse layer (entropy, normalized entropy, χ², CV),
+    /// when a public corpus was given.
+    pub public_stats: Vec<serde_json::Value>,
+    /// Warnings of the selection.
+    pub warnings: Vec<String>,
+}
+
+/// Picks RAPTOR's sparse layer from the config and, for `entropy`, a public corpus's routing.
+pub fn choose_layer(
+    cfg: &RunConfig,
+    sparse: &[usize],
+    public: Option<&raptor_routing::PublicCorpus>,
+) -> Result<LayerChoice> {
+    let last = *sparse
+        .last()
+        .ok_or_else(|| TrainError::Config("the model has no sparse (MoE) layer".into()))?;
+    let spec = cfg.method.layer.as_str();
+    let simple = |layer: usize, how: &str| LayerChoice {
+        layer,
+        how: how.into(),
+        public_stats: Vec::new(),
+        warnings: Vec::new(),
+    };
+    match spec {
+        "first" => Ok(simple(sparse[0], "first sparse layer")),
+        "last" => Ok(simple(last, "last sparse layer")),
+        "entropy" => match public {
+            None => {
+                let mut c = simple(last, "no public corpus: last sparse layer");
+                c.warnings.push(
+                    "no public corpus given (data.public): defaulting to the last sparse layer"
+                        .into(),
+                );
+                Ok(c)
+            }
+            Some(corpus) => {
+                let sel = raptor_routing::select_layer(
+                    corpus,
+                    &raptor_routing::SelectionConfig {
+                        rule: owner_rule(cfg),
+                        ..Default::default()
+                    },
+                )?;
+                Ok(LayerChoice {
+                    layer: sel.layer,
+                    how: format!("highest public routing entropy ({:?})", sel.reason),
+                    public_stats: sel
+                        .stats
+                        .iter()
+                        .map(|(l, s)| {
+                            serde_json::json!({
+                                "layer": l,
+                                "entropy": s.entropy(),
+                                "normalized_entropy": s.normalized_entropy(),
+                                "chi2": s.chi2(),
+                                "load_cv": s.load_cv(),
+                            })
+                        })
+                        .collect(),
+                    warnings: sel.warnings.iter().map(|w| w.to_string()).collect(),
+                })
+            }
+        },
+        other => {
+            let l: usize = other.parse().map_err(|_| {
+                TrainError::Config(format!(
+                    "method.layer: {other:?} is not entropy, first, last or a block index"
+                ))
+            })?;
+            if !sparse.contains(&l) {
+                return Err(TrainError::Config(format!(
+                    "method.layer: block {l} is not a sparse layer (sparse layers: {sparse:?})"
+                )));
+            }
+            Ok(simple(l, "given in the config"))
+        }
+    }
+}
+
+/// The owner rule of the config.
+pub fn owner_rule(cfg: &RunConfig) -> raptor_routing::OwnerRule {
+    if cfg.method.owner_rule == "token-count" {
+        raptor_routing::OwnerRule::TokenCount
+    } else {
+        raptor_routing::OwnerRule::GateWeighted
+    }
+}
+
+/// Number of updates: `train.steps`, else ceil(epochs · N / B).
+pub fn total_updates(cfg: &RunConfig, n: usize) -> u64 {
+    match cfg.train.steps {
+        Some(s) => s,
+        None => ((cfg.train.epochs * n as f64 / cfg.train.batch_size).ceil() as u64).max(1),
+    }
+}
+
+fn lora_cfg(cfg: &RunConfig, targets: Vec<String>) -> LoraConfig {
+    LoraConfig {
+        r: cfg.lora.r,
+        alpha: cfg.lora.alpha,
+        dropout: cfg.lora.dropout,
+        targets,
+    }
+}
+
+/// Sets the method's trainable scope on `model`: LoRA adapters (attention of every block, plus
+/// the routed experts of RAPTOR's layer or of every sparse layer for the monolithic LoRA
+/// methods) with the head trainable, or everything but the routers for full fine-tuning.
+pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>) -> Result<()> {
+    let method = cfg.method.name;
+    let fam = Family {
+        kind: cfg.model.kind,
+    };
+    let att_targets = if cfg.lora.attention_targets.is_empty() {
+        fam.attention_targets()
+    } else {
+        cfg.lora.attention_targets.clone()
+    };
+    let sparse = model.sparse_layers();
+    let lora_scope = match method {
+        Method::Raptor
+        | Method::MatchedScope
+        | Method::SharedOnly
+        | Method::ExpertOnly
+        | Method::DpAdamLora
+        | Method::Lora => true,
+        Method::DpAdamFull | Method::Full => false,
+        _ => cfg.method.scope == "lora",
+    };
+    let mut expert_layers: Vec<usize> = Vec::new();
+    if method.needs_experts() {
+        let l = layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
+        expert_layers.push(l);
+    } else if matches!(method, Method::DpAdamLora | Method::Lora) {
+        expert_layers = sparse;
+    }
+    if lora_scope {
+        freeze_all(model)?;
+        let mut targets = att_targets;
+        for &l in &expert_layers {
+            targets.extend(fam.expert_targets(l));
+        }
+        attach_lora(model, &lora_cfg(cfg, targets))?;
+        let head: Vec<&str> = fam.head_patterns();
+        set_trainable(model, &head, true)?;
+    }
+    Ok(())
+}
+
+/// Sets up the trainable scope on `model` (LoRA attachment, freezing) and builds the plan.
+/// `n` is the number of private training records; `layer` RAPTOR's layer (MoE methods).
+pub fn build_plan(
+    cfg: &RunConfig,
+    model: &mut dyn Model,
+    n: usize,
+    layer: Option<usize>,
+) -> Result<(Plan, PrivacyPlan)> {
+    let method = cfg.method.name;
+    let fam = Family {
+        kind: cfg.model.kind,
+    };
+    let b = cfg.train.batch_size;
+    if b > n as f64 {
+        return Err(TrainError::Config(format!(
+            "train.batch_size: B = {b} is larger than the {n} training records (q = B/N must be <= 1)"
+        )));
+    }
+    let q = b / n as f64;
+    let delta = cfg
+        .privacy
+        .delta
+        .unwrap_or_else(|| crate::config::default_delta(n));
+    let updates = total_updates(cfg, n);
+    let e = model.num_experts();
+    let sparse = model.sparse_layers();
+    setup_scope(cfg, model, layer)?;
+    // Trainable names (and shapes) after the scope is set.
+    let shapes: BTreeMap<String, Vec<i64>> = model
+        .var_store()
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, t)| (n, t.size()))
+        .collect();
+    let names: Vec<String> = shapes.keys().cloned().collect();
+    if names.is_empty() {
+        return Err(TrainError::Config(
+            "the method leaves no trainable parameter".into(),
+        ));
+    }
+    // Owner-masked expert parameters must have an owner map: a role-wise policy over routed
+    // experts of a layer without one would let a record touch several expert streams.
+    let expert_of = |name: &str| -> Option<(usize, i64)> {
+        for &l in &sparse {
+            for x in 0..e {
+                if name.starts_with(&fam.expert_prefix(l, x)) {
+                    return Some((l, x));
+                }
+            }
+        }
+        None
+    };
+    let expert_names = |l: usize, x: i64| -> Vec<String> {
+        let p = fam.expert_prefix(l, x);
+        names
+            .iter()
+            .filter(|n| n.starts_with(&p))
+            .cloned()
+            .collect()
+    };
+    let shared_names: Vec<String> = names
+        .iter()
+        .filter(|n| expert_of(n).is_none())
+        .cloned()
+        .collect();
+    let private = method.is_private();
+    let acc = PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?;
+    let eps = cfg.privacy.epsilon;
+    let clip = cfg.train.clip;
+    let mut sigmas = BTreeMap::new();
+    let mut split = "single".to_string();
+    let mut planned_epsilon = f64::INFINITY;
+    let single_sigma = |t: u64| -> Result<(f64, f64)> {
+        let c = calibrate_sigma(eps, delta, q, t, &acc)?;
+        Ok((c.sigma, c.epsilon.upper))
+    };
+    let mut optim: Vec<(String, Optim)> = Vec::new();
+    let (phases, pattern): (Vec<Phase>, Vec<usize>) = match method {
+        Method::Raptor | Method::SharedOnly | Method::ExpertOnly => {
+            let l =
+                layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
+            let residual = match cfg.method.residual.as_str() {
+                "prob" => Residual::Prob,
+                "margin" => Residual::Margin,
+                _ => Residual::None,
+            };
+            let d_e = if cfg.method.expert_denominator == "batch" {
+                b
+            } else {
+                b / e as f64
+            };
+            let global = cfg.method.expert_clip == "global";
+            let shared_group = ClipGroup {
+                name: "shared".into(),
+                params: shared_names.clone(),
+                bound: clip,
+                weighted: false,
+                release: true,
+            };
+            let expert_groups: Vec<ClipGroup> = (0..e)
+                .map(|x| ClipGroup {
+                    name: format!("expert[{l},{x}]"),
+                    params: expert_names(l, x),
+                    bound: if global { clip } else { cfg.train.clip_expert },
+                    weighted: residual != Residual::None,
+                    release: true,
+                })
+                .collect();
+            if expert_groups.iter().any(|g| g.params.is_empty()) {
+                return Err(TrainError::Config(format!(
+                    "layer {l}: some routed experts have no trainable parameter"
+                )));
+            }
+            let shared_release = |sigma: f64| ReleaseSpec {
+                name: "shared".into(),
+                groups: vec!["shared".into()],
+                sigma,
+                denominator: b,
+                charge: Charge::Sequential,
+            };
+            let expert_releases = |sigma: f64| -> Vec<ReleaseSpec> {
+                (0..e)
+                    .map(|x| ReleaseSpec {
+                        name: format!("expert[{l},{x}]"),
+                        groups: vec![format!("expert[{l},{x}]")],
+                        sigma,
+                        denominator: d_e,
+                        charge: Charge::Parallel {
+                            group: format!("experts[layer {l}]"),
+                            member: x as usize,
+                        },
+                    })
+                    .collect()
+            };
+            let expert_phase = |sigma: f64, with_shared: bool| -> Phase {
+                let mut groups = expert_groups.clone();
+                let mut releases = expert_releases(sigma);
+                if with_shared {
+                    groups.push(shared_group.clone());
+                } else if global {
+                    // Global clipping: the factor is taken over shared + expert gradients,
+                    // but only the expert sums are released in this phase.
+                    let mut sg = shared_group.clone();
+                    sg.release = false;
+                    groups.push(sg);
+                }
+                if with_shared {
+                    releases.insert(0, shared_release(f64::NAN));
+                }
+                Phase {
+                    name: if with_shared {
+                        "all".into()
+                    } else {
+                        "experts".into()
+                    },
+                    groups,
+                    global_clip: if global { Some(clip) } else { None },
+                    releases,
+                    owner_layers: vec![l],
+                    residual,
+                    residual_disable: vec![fam.expert_modules(l)],
+                    private,
+                }
+            };
+            match method {
+                Method::SharedOnly => {
+                    let (s, pe) = single_sigma(updates)?;
+                    sigmas.insert("shared".into(), s);
+                    planned_epsilon = pe;
+                    let ph = Phase {
+                        name: "shared".into(),
+                        groups: vec![shared_group.clone()],
+                        global_clip: None,
+                        releases: vec![shared_release(s)],
+                        owner_layers: vec![],
+                        residual: Residual::None,
+                        residual_disable: vec![],
+                        private,
+                    };
+                    (vec![ph], vec![0])
+                }
+                Method::ExpertOnly => {
+                    let (s, pe) = single_sigma(updates)?;
+                    sigmas.insert("experts".into(), s);
+                    planned_epsilon = pe;
+                    (vec![expert_phase(s, false)], vec![0])
+                }
+                _ => {
+                    let alternate = cfg.method.alternate;
+                    let pattern: Vec<usize> = if alternate {
+                        let mut p = vec![0usize; cfg.method.shared_steps as usize];
+                        p.extend(std::iter::repeat_n(
+                            1usize,
+                            cfg.method.expert_steps as usize,
+                        ));
+                        p
+                    } else {
+                        vec![0]
+                    };
+                    let probe = Plan {
+                        phases: vec![],
+                        pattern: pattern.clone(),
+                        updates,
+                        q,
+                        expected_batch: b,
+                        optim: vec![],
+                    };
+                    let counts = if alternate {
+                        let mut c = vec![0u64; 2];
+                        let per = pattern.len() as u64;
+                        for (i, &p) in pattern.iter().enumerate() {
+                            c[p] += updates / per + u64::from((i as u64) < updates % per);
+                        }
+                        c
+                    } else {
+                        vec![updates, updates]
+                    };
+                    let _ = probe;
+                    let (ts, te) = (counts[0], counts[1]);
+                    if ts == 0 || te == 0 {
+                        return Err(TrainError::Config(format!(
+                            "train.steps = {updates} leaves a stream without updates (shared {ts}, expert {te})"
+                        )));
+                    }
+                    let (ss, se) = if private {
+                        let plans = plan_budget(
+                            &PlanRequest {
+                                epsilon: eps,
+                                delta,
+                                rho: cfg.privacy.rho,
+                                shared: PlanStream { q, steps: ts },
+                                expert: PlanStream { q, steps: te },
+                                layers: 1,
+                            },
+                            &acc,
+                        )?;
+                        split = cfg.privacy.split.clone();
+                        let p = if cfg.privacy.split == "joint" {
+                            plans.joint
+                        } else {
+                            plans.additive
+                        };
+                        planned_epsilon = p.epsilon_composed.upper;
+                        (p.shared.sigma, p.expert.sigma)
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    sigmas.insert("shared".into(), ss);
+                    sigmas.insert("experts".into(), se);
+                    if alternate {
+                        let shared_phase = Phase {
+                            name: "shared".into(),
+                            groups: vec![shared_group.clone()],
+                            global_clip: None,
+                            releases: vec![shared_release(ss)],
+                            owner_layers: vec![],
+                            residual: Residual::None,
+                            residual_disable: vec![],
+                            private,
+                        };
+                        (vec![shared_phase, expert_phase(se, false)], pattern)
+                    } else {
+                        let mut ph = expert_phase(se, true);
+                        ph.releases[0].sigma = ss;
+                        (vec![ph], pattern)
+                    }
+                }
+            }
+        }
+        _ => {
+            // One stream over the whole scope.
+            let (sigma, pe) = if private {
+                single_sigma(updates)?
+            } else {
+                (0.0, f64::INFINITY)
+            };
+            planned_epsilon = pe;
+            sigmas.insert("all".into(), sigma);
+            let per_matrix = matches!(method, Method::DpMuon | Method::DpMuonbc);
+            let mut groups = Vec::new();
+            if per_matrix {
+                let hidden: Vec<String> = names
+                    .iter()
+                    .filter(|n| fam.is_hidden_matrix(n, shapes[*n].len()))
+                    .cloned()
+                    .collect();
+                let rest: Vec<String> = names
+                    .iter()
+                    .filter(|n| !hidden.contains(n))
+                    .cloned()
+                    .collect();
+                let k = hidden.len() + usize::from(!rest.is_empty());
+                // Equal split: C_W = C/√K, so Δ = sqrt(Σ C_W²) = C.
+                let cw = clip / (k as f64).sqrt();
+                for h in &hidden {
+                    groups.push(ClipGroup {
+                        name: h.clone(),
+                        params: vec![h.clone()],
+                        bound: cw,
+                        weighted: false,
+                        release: true,
+                    });
+                }
+                if !rest.is_empty() {
+                    groups.push(ClipGroup {
+                        name: "rest".into(),
+                        params: rest,
+                        bound: cw,
+                        weighted: false,
+                        release: true,
+                    });
+                }
+            } else {
+                groups.push(ClipGroup {
+                    name: "all".into(),
+                    params: names.clone(),
+                    bound: clip,
+                    weighted: false,
+                    release: true,
+                });
+            }
+            let release = ReleaseSpec {
+                name: "all".into(),
+                groups: groups.iter().map(|g| g.name.clone()).collect(),
+                sigma,
+                denominator: b,
+                charge: if private {
+                    Charge::Sequential
+                } else {
+                    Charge::None
+                },
+            };
+            let ph = Phase {
+                name: "all".into(),
+                groups,
+                global_clip: None,
+                releases: vec![release],
+                owner_layers: vec![],
+                residual: Residual::None,
+                residual_disable: vec![],
+                private,
+            };
+            (vec![ph], vec![0])
+        }
+    };
+    // Non-private phases charge nothing.
+    let mut phases = phases;
+    if !private {
+        for ph in &mut phases {
+            for r in &mut ph.releases {
+                r.charge = Charge::None;
+                r.sigma = 0.0;
+            }
+        }
+    }
+    for n in &names {
+        let o = match method {
+            Method::DpSgd => Optim::Sgd,
+            Method::DpMuon | Method::Muon if fam.is_hidden_matrix(n, shapes[n].len()) => {
+                Optim::Muon
+            }
+            Method::DpMuonbc if fam.is_hidden_matrix(n, shapes[n].len()) => Optim::MuonBc,
+            _ => Optim::AdamW,
+        };
+        optim.push((n.clone(), o));
+    }
+    let plan = Plan {
+        phases,
+        pattern,
+        updates,
+        q,
+        expected_batch: b,
+        optim,
+    };
+    plan.check().map_err(TrainError::Config)?;
+    let counts = plan.phase_counts();
+    let phase_updates = plan
+        .phases
+        .iter()
+        .zip(&counts)
+        .map(|(p, c)| (p.name.clone(), *c))
+        .collect();
+    let privacy = PrivacyPlan {
+        private,
+        epsilon: if private { eps } else { f64::INFINITY },
+        delta,
+        q,
+        records: n,
+        expected_batch: b,
+        updates,
+        phase_updates,
+        sigmas,
+        planned_epsilon,
+        split,
+    };
+    Ok((plan, privacy))
+}

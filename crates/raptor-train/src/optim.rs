@@ -1,0 +1,365 @@
+//! Optimizers on released gradients (post-processing of each release: they never see a private
+//! gradient): AdamW, SGD, Muon and DP-MuonBC on tensors, one state per parameter (so every
+//! expert has its own AdamW state).
+
+use std::collections::BTreeMap;
+
+use raptor_muon::{
+    BcConfig, MomentumForm, NsConfig, TchPrecision, bias_corrected_direction, newton_schulz_tch,
+};
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::error::{Result, TrainError};
+use crate::streams::Optim;
+
+/// Optimizer hyper-parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimSettings {
+    /// Learning rate of AdamW / SGD.
+    pub lr: f64,
+    /// AdamW β₁, β₂, ε.
+    pub betas: (f64, f64),
+    /// AdamW ε.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Muon learning rate.
+    pub muon_lr: f64,
+    /// Muon momentum β.
+    pub muon_beta: f64,
+    /// Muon momentum form.
+    pub muon_form: MomentumForm,
+    /// Newton–Schulz configuration.
+    pub ns: NsConfig,
+    /// DP-MuonBC probe pairs.
+    pub bc_probe_pairs: usize,
+}
+
+/// Per-parameter optimizer state.
+#[derive(Debug)]
+struct State {
+    kind: Optim,
+    m: Option<Tensor>,
+    v: Option<Tensor>,
+    t: u64,
+    /// DP-MuonBC: running per-entry noise variance of what NS sees (public).
+    noise_var: f64,
+    /// DP-MuonBC (Nesterov): running noise variance of the EMA buffer.
+    buf_var: f64,
+}
+
+/// Serializable scalar part of the optimizer state (tensors go to safetensors).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct OptimScalars {
+    /// Per parameter: (steps, noise variance, buffer variance).
+    pub params: BTreeMap<String, (u64, f64, f64)>,
+}
+
+/// The optimizers of a run.
+#[derive(Debug)]
+pub struct Optimizers {
+    settings: OptimSettings,
+    states: BTreeMap<String, State>,
+    probe_rng: rand_chacha::ChaCha20Rng,
+}
+
+/// Per-entry noise of one release as DP-MuonBC needs it: std σΔ/D per coordinate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReleaseNoise {
+    /// σ·Δ / denominator.
+    pub std: f64,
+}
+
+impl Optimizers {
+    /// Optimizers for `params` (name → kind). `probe_seed`: DP-MuonBC probes from a seeded
+    /// generator (post-processing: does not affect privacy; reproducible), else the OS.
+    pub fn new(
+        settings: OptimSettings,
+        params: &[(String, Optim)],
+        probe_seed: Option<u64>,
+    ) -> Self {
+        use rand::SeedableRng;
+        let states = params
+            .iter()
+            .map(|(n, k)| {
+                (
+                    n.clone(),
+                    State {
+                        kind: *k,
+                        m: None,
+                        v: None,
+                        t: 0,
+                        noise_var: 0.0,
+                        buf_var: 0.0,
+                    },
+                )
+            })
+            .collect();
+        let probe_rng = match probe_seed {
+            Some(s) => raptor_muon::probe_rng_seeded(s),
+            None => rand_chacha::ChaCha20Rng::from_os_rng(),
+        };
+        Self {
+            settings,
+            states,
+            probe_rng,
+        }
+    }
+
+    /// One step of `param` along its released gradient `grad`; `lr_scale` multiplies every
+    /// learning rate (schedule); `noise` is the release's per-entry noise (DP-MuonBC).
+    pub fn step(
+        &mut self,
+        name: &str,
+        param: &mut Tensor,
+        grad: &Tensor,
+        lr_scale: f64,
+        noise: ReleaseNoise,
+    ) -> Result<()> {
+        let s = self.settings.clone();
+        let st = self
+            .states
+            .get_mut(name)
+            .ok_or_else(|| TrainError::Run(format!("no optimizer state for {name}")))?;
+        st.t += 1;
+        let g = grad.f_to_kind(param.kind())?;
+        let lr = s.lr * lr_scale;
+        tch::no_grad(|| -> Result<()> {
+            match st.kind {
+                Optim::Sgd => {
+                    let _ = param.f_sub_(&g.f_mul_scalar(lr)?)?;
+                }
+                Optim::AdamW => {
+                    let m = match st.m.take() {
+                        Some(m) => m,
+                        None => g.f_zeros_like()?,
+                    };
+                    let v = match st.v.take() {
+                        Some(v) => v,
+                        None => g.f_zeros_like()?,
+                    };
+                    let (b1, b2) = s.betas;
+                    let m = m.f_mul_scalar(b1)?.f_add(&g.f_mul_scalar(1.0 - b1)?)?;
+                    let v = v
+                        .f_mul_scalar(b2)?
+                        .f_add(&g.f_square()?.f_mul_scalar(1.0 - b2)?)?;
+                    let t = st.t as i32;
+                    let mhat = m.f_div_scalar(1.0 - b1.powi(t))?;
+                    let vhat = v.f_div_scalar(1.0 - b2.powi(t))?;
+                    let _ = param.f_mul_scalar_(1.0 - lr * s.weight_decay)?;
+                    let upd = mhat.f_div(&vhat.f_sqrt()?.f_add_scalar(s.eps)?)?;
+                    let _ = param.f_sub_(&upd.f_mul_scalar(lr)?)?;
+                    st.m = Some(m);
+                    st.v = Some(v);
+                }
+                Optim::Muon | Optim::MuonBc => {
+                    let beta = s.muon_beta;
+                    let m = match st.m.take() {
+                        Some(m) => m,
+                        None => g.f_zeros_like()?,
+                    };
+                    let var = noise.std * noise.std;
+                    let (m, u) = match s.muon_form {
+                        MomentumForm::HeavyBall => {
+                            let m = m.f_mul_scalar(beta)?.f_add(&g)?;
+                            st.noise_var = beta * beta * st.noise_var + var;
+                            (m.shallow_clone(), m)
+                        }
+                        MomentumForm::Ema => {
+                            let m = m.f_mul_scalar(beta)?.f_add(&g.f_mul_scalar(1.0 - beta)?)?;
+                            st.noise_var =
+                                beta * beta * st.noise_var + (1.0 - beta) * (1.0 - beta) * var;
+                            (m.shallow_clone(), m)
+                        }
+                        MomentumForm::Nesterov => {
+                            // u = (1−β)g + βm_new with m_new = βm + (1−β)g
+                            //   = (1−β²) g + β² m_old.
+                            let u = g
+                                .f_mul_scalar(1.0 - beta * beta)?
+                                .f_add(&m.f_mul_scalar(beta * beta)?)?;
+                            st.noise_var =
+                                (1.0 - beta * beta).powi(2) * var + beta.powi(4) * st.buf_var;
+                            st.buf_var = beta * beta * st.buf_var + (1.0 - beta).powi(2) * var;
+                            let m = m.f_mul_scalar(beta)?.f_add(&g.f_mul_scalar(1.0 - beta)?)?;
+                            (m, u)
+                        }
+                    };
+                    let size = param.size();
+                    let (rows, cols) = (size[0], size[1]);
+                    let dir = if st.kind == Optim::MuonBc && st.noise_var > 0.0 {
+                        let v: Vec<f32> = Vec::try_from(
+                            u.f_to_kind(Kind::Float)?
+                                .f_to(tch::Device::Cpu)?
+                                .f_flatten(0, -1)?,
+                        )?;
+                        // Row-major rows×cols is the column-major view of its transpose; NS
+                        // commutes with transposition.
+                        let view = raptor_muon::faer::MatRef::from_column_major_slice(
+                            &v,
+                            cols as usize,
+                            rows as usize,
+                        );
+                        let bc = BcConfig {
+                            probe_pairs: s.bc_probe_pairs.max(1),
+                            ..BcConfig::default()
+                        };
+                        let out = bias_corrected_direction(
+                            view,
+                            st.noise_var.sqrt(),
+                            &s.ns,
+                            &bc,
+                            &mut self.probe_rng,
+                        )?;
+                        let d = out.direction;
+                        let mut flat = Vec::with_capacity(v.len());
+                        for i in 0..cols as usize {
+                            flat.extend(d.col_as_slice(i).iter().copied());
+                        }
+                        // flat is column-major of the transpose = row-major of the original.
+                        Tensor::f_from_slice(&flat)?
+                            .f_reshape([rows, cols])?
+                            .f_to_kind(param.kind())?
+                            .f_to(param.device())?
+                    } else {
+                        newton_schulz_tch(&u, &s.ns, TchPrecision::F32)?
+                    };
+                    let scale = (rows as f64 / cols as f64).max(1.0).sqrt();
+                    let mlr = s.muon_lr * lr_scale;
+                    let _ = param.f_mul_scalar_(1.0 - mlr * s.weight_decay)?;
+                    let _ = param.f_sub_(&dir.f_mul_scalar(mlr * scale)?)?;
+                    st.m = Some(m);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Named state tensors for a checkpoint (`{param}::m`, `{param}::v`) and the scalars.
+    pub fn export(&self) -> Result<(Vec<(String, Tensor)>, OptimScalars)> {
+        let mut ts = Vec::new();
+        let mut sc = OptimScalars::default();
+        for (n, st) in &self.states {
+            if let Some(m) = &st.m {
+                ts.push((format!("{n}::m"), m.f_detach()?.f_contiguous()?));
+            }
+            if let Some(v) = &st.v {
+                ts.push((format!("{n}::v"), v.f_detach()?.f_contiguous()?));
+            }
+            sc.params
+                .insert(n.clone(), (st.t, st.noise_var, st.buf_var));
+        }
+        Ok((ts, sc))
+    }
+
+    /// Restores what [`Self::export`] wrote.
+    pub fn import(
+        &mut self,
+        tensors: Vec<(String, Tensor)>,
+        sc: &OptimScalars,
+        device: tch::Device,
+    ) -> Result<()> {
+        for (n, t) in tensors {
+            let (p, which) = n.rsplit_once("::").ok_or_else(|| {
+                TrainError::Run(format!("optimizer state tensor {n} has no ::m/::v suffix"))
+            })?;
+            let st = self.states.get_mut(p).ok_or_else(|| {
+                TrainError::Run(format!("optimizer state for unknown parameter {p}"))
+            })?;
+            let t = t.f_to(device)?;
+            match which {
+                "m" => st.m = Some(t),
+                "v" => st.v = Some(t),
+                other => {
+                    return Err(TrainError::Run(format!(
+                        "optimizer state {n}: unknown part {other}"
+                    )));
+                }
+            }
+        }
+        for (n, (t, nv, bv)) in &sc.params {
+            let st = self.states.get_mut(n).ok_or_else(|| {
+                TrainError::Run(format!("optimizer scalars for unknown parameter {n}"))
+            })?;
+            st.t = *t;
+            st.noise_var = *nv;
+            st.buf_var = *bv;
+        }
+        Ok(())
+    }
+}
+
+/// Learning-rate multiplier at update `t` of `total`: linear warm-up, then constant or cosine.
+pub fn lr_scale(t: u64, total: u64, warmup: u64, cosine: bool) -> f64 {
+    if warmup > 0 && t < warmup {
+        return (t + 1) as f64 / warmup as f64;
+    }
+    if cosine && total > warmup {
+        let p = (t - warmup) as f64 / (total - warmup) as f64;
+        return 0.5 * (1.0 + (std::f64::consts::PI * p).cos());
+    }
+    1.0
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn settings() -> OptimSettings {
+        OptimSettings {
+            lr: 0.1,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            muon_lr: 0.02,
+            muon_beta: 0.95,
+            muon_form: MomentumForm::Nesterov,
+            ns: NsConfig::keller(),
+            bc_probe_pairs: 1,
+        }
+    }
+
+    #[test]
+    fn adamw_first_step_moves_by_lr_times_sign() {
+        // With bias correction, Adam's first step is lr·g/(|g|+eps) = lr·sign(g).
+        let mut o = Optimizers::new(settings(), &[("p".into(), Optim::AdamW)], None);
+        let mut p = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        let g = Tensor::from_slice(&[0.5f32, -2.0, 1e-3]);
+        o.step("p", &mut p, &g, 1.0, ReleaseNoise { std: 0.0 })
+            .unwrap();
+        let v: Vec<f32> = Vec::try_from(&p).unwrap();
+        for (x, want) in v.iter().zip([0.9f32, 2.1, 2.9]) {
+            assert!((x - want).abs() < 1e-5, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let mut o = Optimizers::new(settings(), &[("p".into(), Optim::AdamW)], None);
+        let mut p = Tensor::from_slice(&[1.0f32, 2.0]);
+        let g = Tensor::from_slice(&[0.5f32, -2.0]);
+        o.step("p", &mut p, &g, 1.0, ReleaseNoise { std: 0.0 })
+            .unwrap();
+        let (ts, sc) = o.export().unwrap();
+        let mut o2 = Optimizers::new(settings(), &[("p".into(), Optim::AdamW)], None);
+        o2.import(ts, &sc, tch::Device::Cpu).unwrap();
+        let mut p2 = p.copy();
+        o.step("p", &mut p, &g, 1.0, ReleaseNoise { std: 0.0 })
+            .unwrap();
+        o2.step("p", &mut p2, &g, 1.0, ReleaseNoise { std: 0.0 })
+            .unwrap();
+        assert_eq!(
+            Vec::<f32>::try_from(&p).unwrap(),
+            Vec::<f32>::try_from(&p2).unwrap()
+        );
+    }
+
+    #[test]
+    fn schedule_warms_up_and_decays() {
+        assert_eq!(lr_scale(0, 10, 2, false), 0.5);
+        assert_eq!(lr_scale(5, 10, 2, false), 1.0);
+        assert!((lr_scale(2, 10, 2, true) - 1.0).abs() < 1e-12);
+        assert!(lr_scale(9, 10, 2, true) < 0.1);
+    }
+}

@@ -1,0 +1,711 @@
+//! Run folders: `config.toml` (resolved), `record.json`, `metrics.jsonl`, `checkpoint/`
+//! (trainable parameters as safetensors in Hugging Face names, optimizer state, ledger, update
+//! counter), a lock file; training with checkpoints and resume; evaluation of a finished run.
+//!
+//! Durability: every file is written to a temporary name, fsynced and renamed. The ledger is
+//! written after each update's releases are charged and before they are applied, so after a
+//! crash the ledger can only be ahead of the parameters (it over-counts, never under-counts).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use raptor_accountant::{Accuracy, Ledger, PrvAccountant};
+use raptor_models::checkpoint::{read_safetensors, write_safetensors};
+use serde::{Deserialize, Serialize};
+
+use crate::config::RunConfig;
+use crate::error::{Result, TrainError, io};
+use crate::optim::{OptimScalars, OptimSettings, Optimizers};
+use crate::session::{Session, prepare};
+use crate::trainer::{EvalMetrics, Trainer, TrainerOptions, UpdateMetrics, evaluate};
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!(
+        "{}.tmp",
+        path.extension().and_then(|e| e.to_str()).unwrap_or("")
+    ));
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+    }
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    Ok(())
+}
+
+/// The final ε of a run, from its ledger.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FinalEpsilon {
+    /// Certified upper bound (what may be claimed).
+    pub upper: f64,
+    /// Estimate.
+    pub estimate: f64,
+    /// Lower bound.
+    pub lower: f64,
+    /// δ.
+    pub delta: f64,
+    /// Releases charged.
+    pub releases: u64,
+    /// Ledger steps (a parallel expert step counts once).
+    pub steps: u64,
+}
+
+/// Everything a run reports (`record.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// raptor's version.
+    pub raptor_version: String,
+    /// libtorch version in use.
+    pub libtorch: String,
+    /// Method name.
+    pub method: String,
+    /// Seed of initialization.
+    pub seed: u64,
+    /// Whether sampling and noise were seeded (NOT private).
+    pub insecure_seeded: bool,
+    /// Training records N.
+    pub train_records: usize,
+    /// Validation records.
+    pub validation_records: usize,
+    /// Class names.
+    pub labels: Option<Vec<String>>,
+    /// The privacy plan.
+    pub privacy_plan: crate::methods::PrivacyPlan,
+    /// RAPTOR's layer choice (public).
+    pub layer: Option<crate::methods::LayerChoice>,
+    /// Trainable parameters per phase.
+    pub trainable_parameters: BTreeMap<String, i64>,
+    /// Updates applied.
+    pub updates: u64,
+    /// Per-update diagnostics (private: for the data owner).
+    pub metrics: Vec<UpdateMetrics>,
+    /// Validation metrics at the end.
+    pub eval: Option<EvalMetrics>,
+    /// Data-to-text generation metrics on the validation sources.
+    pub generation: Option<GenerationMetrics>,
+    /// RAPTOR's diagnostics on held-out records (MoE classifiers, private methods).
+    pub diagnostics: Option<crate::diagnostics::Diagnostics>,
+    /// Final ε from the ledger (None for non-private methods: ε = ∞).
+    pub epsilon: Option<FinalEpsilon>,
+    /// Wall time of training (seconds, this process).
+    pub wall_seconds: f64,
+    /// Updates per second.
+    pub updates_per_second: f64,
+    /// Times the run was resumed.
+    pub resumed: u32,
+    /// Notes (warnings) produced by the run.
+    pub notes: Vec<String>,
+}
+
+/// Generation metrics of a data-to-text run (corpus BLEU and ROUGE-L over the sources).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GenerationMetrics {
+    /// Sources generated for.
+    pub sources: usize,
+    /// Corpus BLEU (sacrebleu-compatible, 0–100).
+    pub bleu: f64,
+    /// ROUGE-L F-measure (0–100).
+    pub rouge_l: f64,
+    /// Beam width used.
+    pub beams: usize,
+    /// A few examples: (source, generated, first reference).
+    pub samples: Vec<(String, String, String)>,
+}
+
+/// Generates for every source and scores against its references.
+pub fn generation_metrics(
+    model: &dyn raptor_models::Model,
+    tok: &dyn raptor_models::tokenizer::TextTokenizer,
+    sources: &[crate::session::SourceRefs],
+    cfg: &RunConfig,
+    device: tch::Device,
+) -> Result<GenerationMetrics> {
+    let prompts: Vec<Vec<i64>> = sources.iter().map(|s| s.prompt.clone()).collect();
+    let gcfg = raptor_models::generate::GenerateConfig {
+        max_new_tokens: cfg.eval.max_new_tokens,
+        beams: cfg.eval.beams,
+        eos: i64::from(crate::session::eos_id(cfg)),
+        pad: i64::from(tok.pad_id()),
+        length_penalty: 1.0,
+        max_positions: cfg.data.max_length.max(2),
+        batch_size: cfg.train.micro_batch.max(1),
+    };
+    let out = raptor_models::generate::generate(model, &prompts, &gcfg, device)?;
+    let mut hyps = Vec::with_capacity(out.len());
+    for ids in &out {
+        let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+        hyps.push(tok.decode(&ids)?.trim().to_string());
+    }
+    let refs: Vec<Vec<String>> = sources.iter().map(|s| s.references.clone()).collect();
+    let bleu = raptor_eval::corpus_bleu(&hyps, &refs)
+        .map_err(|e| TrainError::Data(e.to_string()))?
+        .score;
+    // rouge-score's F-measure is in [0, 1]; reported ×100 like BLEU.
+    let rouge = 100.0
+        * raptor_eval::corpus_rouge_l(&hyps, &refs).map_err(|e| TrainError::Data(e.to_string()))?;
+    Ok(GenerationMetrics {
+        sources: sources.len(),
+        bleu,
+        rouge_l: rouge,
+        beams: cfg.eval.beams,
+        samples: sources
+            .iter()
+            .zip(&hyps)
+            .take(5)
+            .map(|(s, h)| {
+                (
+                    s.source.clone(),
+                    h.clone(),
+                    s.references.first().cloned().unwrap_or_default(),
+                )
+            })
+            .collect(),
+    })
+}
+
+/// State saved with a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CheckpointState {
+    update: u64,
+    optim: OptimScalars,
+    resumed: u32,
+}
+
+/// A lock on a run folder (released on drop).
+#[derive(Debug)]
+pub struct RunLock {
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// Takes the lock; a second process on the same folder gets an error naming the holder.
+    pub fn acquire(dir: &Path) -> Result<Self> {
+        let path = dir.join("lock");
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                let _ = writeln!(f, "{}", std::process::id());
+                Ok(Self { path })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let pid = holder.trim();
+                let alive = !pid.is_empty() && Path::new(&format!("/proc/{pid}")).exists();
+                if alive {
+                    Err(TrainError::Run(format!(
+                        "{} is in use by process {pid} (remove {} if that process is gone)",
+                        dir.display(),
+                        path.display()
+                    )))
+                } else {
+                    // A stale lock from a process that died: take it over.
+                    std::fs::remove_file(&path).map_err(io(&path))?;
+                    Self::acquire(dir)
+                }
+            }
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn optim_settings(cfg: &RunConfig) -> Result<OptimSettings> {
+    let m = &cfg.method;
+    let ns = if m.ns_polynomial == "taylor" {
+        raptor_muon::NsConfig::taylor(m.ns_kappa, m.ns_steps)
+    } else {
+        let mut c = raptor_muon::NsConfig::keller();
+        c.steps = m.ns_steps;
+        c
+    };
+    ns.validate()?;
+    Ok(OptimSettings {
+        lr: cfg.train.lr,
+        betas: (0.9, 0.999),
+        eps: 1e-8,
+        weight_decay: cfg.train.weight_decay,
+        muon_lr: m.muon_lr,
+        muon_beta: m.muon_beta,
+        muon_form: match m.muon_momentum.as_str() {
+            "heavy-ball" => raptor_muon::MomentumForm::HeavyBall,
+            "ema" => raptor_muon::MomentumForm::Ema,
+            _ => raptor_muon::MomentumForm::Nesterov,
+        },
+        ns,
+        bc_probe_pairs: m.bc_probe_pairs,
+    })
+}
+
+/// A fresh run id: `<method>-<unix seconds>-<pid>`.
+pub fn new_run_id(cfg: &RunConfig) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("{}-{secs}-{}", cfg.method.name.name(), std::process::id())
+}
+
+/// Progress callback: (updates done, total, last metrics, ε spent so far if computed).
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64, &UpdateMetrics, Option<f64>);
+
+/// What to do when a stop is requested (SIGINT/SIGTERM): checked between updates.
+pub type StopFlag = std::sync::Arc<std::sync::atomic::AtomicBool>;
+
+fn save_checkpoint(dir: &Path, trainer: &Trainer<'_>, resumed: u32) -> Result<()> {
+    let ck = dir.join("checkpoint");
+    std::fs::create_dir_all(&ck).map_err(io(&ck))?;
+    let vars = trainer.model().var_store().variables();
+    let mut params: Vec<(String, tch::Tensor)> = Vec::new();
+    for p in trainer.plan().params() {
+        if let Some(t) = vars.get(&p) {
+            params.push((p, t.f_detach()?.f_contiguous()?));
+        }
+    }
+    let tmp = ck.join("trainable.safetensors.tmp");
+    write_safetensors(&tmp, &params, None)?;
+    let (ots, scalars) = trainer.optimizers().export()?;
+    let otmp = ck.join("optimizer.safetensors.tmp");
+    write_safetensors(&otmp, &ots, None)?;
+    for f in [&tmp, &otmp] {
+        std::fs::File::open(f)
+            .and_then(|h| h.sync_all())
+            .map_err(io(f))?;
+    }
+    std::fs::rename(&tmp, ck.join("trainable.safetensors")).map_err(io(&tmp))?;
+    std::fs::rename(&otmp, ck.join("optimizer.safetensors")).map_err(io(&otmp))?;
+    let state = CheckpointState {
+        update: trainer.update(),
+        optim: scalars,
+        resumed,
+    };
+    write_atomic(&ck.join("state.json"), &serde_json::to_vec_pretty(&state)?)
+}
+
+fn load_trainable(dir: &Path, model: &dyn raptor_models::Model) -> Result<()> {
+    let path = dir.join("checkpoint").join("trainable.safetensors");
+    let vars = model.var_store().variables();
+    for (name, t) in read_safetensors(&path)? {
+        let v = vars.get(&name).ok_or_else(|| {
+            TrainError::Run(format!("{}: unknown parameter {name}", path.display()))
+        })?;
+        if v.size() != t.size() {
+            return Err(TrainError::Run(format!(
+                "{}: {name} has shape {:?}, the model {:?}",
+                path.display(),
+                t.size(),
+                v.size()
+            )));
+        }
+        tch::no_grad(|| {
+            v.shallow_clone()
+                .f_copy_(&t.f_to_kind(v.kind())?.f_to(v.device())?)
+        })?;
+    }
+    Ok(())
+}
+
+/// Trains: a new run under `runs_dir` (or `resume` an existing run folder). Returns the run
+/// folder and its record.
+pub fn train(
+    cfg: &RunConfig,
+    runs_dir: &Path,
+    resume: Option<&Path>,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+) -> Result<(PathBuf, Record)> {
+    let (dir, cfg) = match resume {
+        Some(d) => {
+            let c = RunConfig::from_toml(
+                &std::fs::read_to_string(d.join("config.toml"))
+                    .map_err(io(d.join("config.toml")))?,
+            )?;
+            (d.to_path_buf(), c)
+        }
+        None => (runs_dir.join(new_run_id(cfg)), cfg.clone()),
+    };
+    // Everything is read and checked before the folder is created.
+    let session = prepare(&cfg)?;
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let _lock = RunLock::acquire(&dir)?;
+    if resume.is_none() {
+        write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        if let Some(l) = &session.labels {
+            write_atomic(&dir.join("labels.json"), &serde_json::to_vec(l.labels())?)?;
+        }
+    }
+    let Session {
+        cfg,
+        mut model,
+        labels,
+        train: train_set,
+        validation,
+        plan,
+        privacy,
+        layer,
+        owners,
+        device,
+        pad_id,
+        tokenizer,
+        validation_sources,
+    } = session;
+    let trainable_parameters = plan
+        .phases
+        .iter()
+        .map(|ph| {
+            let vars = model.var_store().variables();
+            let n: i64 = ph
+                .params()
+                .iter()
+                .filter_map(|p| vars.get(p))
+                .map(|t| t.numel() as i64)
+                .sum();
+            (ph.name.clone(), n)
+        })
+        .collect();
+    let mut notes = Vec::new();
+    if cfg.train.insecure_seed.is_some() {
+        let msg = "NOT PRIVATE: train.insecure_seed seeds the Poisson sampler and the noise; anyone who knows the seed can undo both".to_string();
+        eprintln!("warning: {msg}");
+        notes.push(msg);
+    }
+    if let Some(l) = &layer {
+        notes.extend(l.warnings.iter().cloned());
+    }
+    let mut resumed = 0u32;
+    let mut start_update = 0u64;
+    let mut ledger = Ledger::new();
+    let mut scalars: Option<(Vec<(String, tch::Tensor)>, OptimScalars)> = None;
+    if resume.is_some() {
+        let st_path = dir.join("checkpoint").join("state.json");
+        if st_path.exists() {
+            let st: CheckpointState =
+                serde_json::from_slice(&std::fs::read(&st_path).map_err(io(&st_path))?)?;
+            load_trainable(&dir, model.as_ref())?;
+            let opath = dir.join("checkpoint").join("optimizer.safetensors");
+            scalars = Some((read_safetensors(&opath)?, st.optim));
+            start_update = st.update;
+            resumed = st.resumed + 1;
+        }
+        let lpath = dir.join("checkpoint").join("ledger.json");
+        if lpath.exists() {
+            ledger = serde_json::from_slice(&std::fs::read(&lpath).map_err(io(&lpath))?)?;
+        }
+        if ledger.len() > start_update {
+            notes.push(format!(
+                "resumed at update {start_update}; the ledger already held {} steps (releases charged before a stop are kept: ε only over-counts)",
+                ledger.len()
+            ));
+        }
+    }
+    let settings = optim_settings(&cfg)?;
+    let mut optim = Optimizers::new(settings, &plan.optim, cfg.train.insecure_seed);
+    if let Some((ts, sc)) = scalars {
+        optim.import(ts, &sc, device)?;
+    }
+    let opts = TrainerOptions {
+        micro_batch: cfg.train.micro_batch,
+        insecure_seed: cfg
+            .train
+            .insecure_seed
+            .map(|s| s.wrapping_add(start_update)),
+        pad_id,
+        device,
+        warmup_steps: cfg.train.warmup_steps,
+        cosine: cfg.train.cosine,
+    };
+    let acc = PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?;
+    let mut trainer = Trainer::new(model.as_mut(), plan, &train_set, owners, optim, opts)?;
+    trainer.resume(ledger, start_update);
+    let metrics_path = dir.join("metrics.jsonl");
+    let mut metrics_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&metrics_path)
+        .map_err(io(&metrics_path))?;
+    let ledger_path = dir.join("checkpoint").join("ledger.json");
+    std::fs::create_dir_all(dir.join("checkpoint")).map_err(io(dir.join("checkpoint")))?;
+    let started = Instant::now();
+    let mut all_metrics = Vec::new();
+    let total = trainer.plan().updates;
+    let every = cfg.train.checkpoint_every;
+    let mut interrupted = false;
+    while !trainer.done() {
+        if stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            interrupted = true;
+            break;
+        }
+        let mut write_ledger =
+            |l: &Ledger| -> Result<()> { write_atomic(&ledger_path, &serde_json::to_vec(l)?) };
+        let m = trainer.step(&mut write_ledger)?;
+        writeln!(metrics_file, "{}", serde_json::to_string(&m)?).map_err(io(&metrics_path))?;
+        let done = trainer.update();
+        let eps_now =
+            if privacy.private && (done % 10 == 0 || done == total) && !trainer.ledger().is_empty()
+            {
+                trainer
+                    .ledger()
+                    .epsilon(privacy.delta, &acc)
+                    .ok()
+                    .map(|e| e.upper)
+            } else {
+                None
+            };
+        progress(done, total, &m, eps_now);
+        all_metrics.push(m);
+        if every > 0 && done % every == 0 && done < total {
+            save_checkpoint(&dir, &trainer, resumed)?;
+        }
+    }
+    save_checkpoint(&dir, &trainer, resumed)?;
+    let wall = started.elapsed().as_secs_f64();
+    let applied = trainer.update() - start_update;
+    let epsilon = if privacy.private && !trainer.ledger().is_empty() {
+        if trainer.unaccounted_releases() > 0 {
+            None
+        } else {
+            let e = trainer.ledger().epsilon(privacy.delta, &acc)?;
+            Some(FinalEpsilon {
+                upper: e.upper,
+                estimate: e.estimate,
+                lower: e.lower,
+                delta: privacy.delta,
+                releases: trainer.ledger().releases(),
+                steps: trainer.ledger().len(),
+            })
+        }
+    } else {
+        None
+    };
+    if let Some(e) = &epsilon
+        && e.upper > privacy.epsilon * (1.0 + 1e-9)
+    {
+        notes.push(format!(
+            "the certified epsilon {:.4} exceeds the target {} (releases charged before a stop were redone)",
+            e.upper, privacy.epsilon
+        ));
+    }
+    let updates = trainer.update();
+    drop(trainer);
+    let eval = if validation.is_empty() {
+        None
+    } else {
+        Some(evaluate(
+            model.as_ref(),
+            &validation,
+            cfg.train.micro_batch,
+            pad_id,
+            device,
+        )?)
+    };
+    let generation = if validation_sources.is_empty() {
+        None
+    } else {
+        Some(generation_metrics(
+            model.as_ref(),
+            tokenizer.as_ref(),
+            &validation_sources,
+            &cfg,
+            device,
+        )?)
+    };
+    let diagnostics = if privacy.private
+        && !validation.is_empty()
+        && model.num_experts() > 0
+        && crate::session::is_classifier(&cfg)
+    {
+        let fam = crate::methods::Family {
+            kind: cfg.model.kind,
+        };
+        let layer_id = layer
+            .as_ref()
+            .map(|l| l.layer)
+            .or_else(|| model.sparse_layers().last().copied());
+        let raptor_like = cfg.method.name.needs_experts();
+        let sigma_e = if raptor_like {
+            privacy
+                .sigmas
+                .get("experts")
+                .or(privacy.sigmas.get("shared"))
+                .copied()
+                .unwrap_or(0.0)
+        } else {
+            privacy.sigmas.get("all").copied().unwrap_or(0.0)
+        };
+        let clip_e = if raptor_like {
+            cfg.train.clip_expert
+        } else {
+            cfg.train.clip
+        };
+        let d_e = if raptor_like && cfg.method.expert_denominator != "batch" {
+            cfg.train.batch_size / model.num_experts() as f64
+        } else {
+            cfg.train.batch_size
+        };
+        let global = !raptor_like || cfg.method.expert_clip == "global";
+        match layer_id {
+            Some(l) => {
+                let n = validation.len().min(32);
+                Some(crate::diagnostics::diagnostics(
+                    model.as_ref(),
+                    &fam,
+                    l,
+                    &validation[..n],
+                    sigma_e,
+                    clip_e,
+                    global,
+                    d_e,
+                    cfg.train.batch_size,
+                    pad_id,
+                    device,
+                )?)
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    let record = Record {
+        raptor_version: env!("CARGO_PKG_VERSION").into(),
+        libtorch: crate::libtorch_version(),
+        method: cfg.method.name.name().into(),
+        seed: cfg.train.seed,
+        insecure_seeded: cfg.train.insecure_seed.is_some(),
+        train_records: train_set.len(),
+        validation_records: validation.len(),
+        labels: labels.map(|l| l.labels().to_vec()),
+        privacy_plan: privacy,
+        layer,
+        trainable_parameters,
+        updates,
+        metrics: all_metrics,
+        eval,
+        generation,
+        diagnostics,
+        epsilon,
+        wall_seconds: wall,
+        updates_per_second: if wall > 0.0 {
+            applied as f64 / wall
+        } else {
+            0.0
+        },
+        resumed,
+        notes,
+    };
+    write_atomic(
+        &dir.join("record.json"),
+        &serde_json::to_vec_pretty(&record)?,
+    )?;
+    if interrupted {
+        return Err(TrainError::Run(format!(
+            "stopped at update {updates} of {total}; checkpoint written. Resume with: raptor train --resume {}",
+            dir.display()
+        )));
+    }
+    Ok((dir, record))
+}
+
+/// What `raptor eval` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    /// Loss / accuracy / NLL.
+    pub metrics: EvalMetrics,
+    /// BLEU and ROUGE-L (data-to-text).
+    pub generation: Option<GenerationMetrics>,
+}
+
+/// Evaluates a finished (or checkpointed) run on `data` (a table with the run's columns).
+pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
+    let cpath = run.join("config.toml");
+    if !cpath.exists() {
+        return Err(TrainError::Run(format!(
+            "{} is not a run folder (no config.toml)",
+            run.display()
+        )));
+    }
+    let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+    let classify = crate::session::is_classifier(&cfg);
+    let device = crate::device::open_device(&cfg.train.device)?;
+    let tok = crate::session::open_tokenizer(&cfg.model.tokenizer)?;
+    let labels = if classify {
+        let lp = run.join("labels.json");
+        let names: Vec<String> = serde_json::from_slice(&std::fs::read(&lp).map_err(io(&lp))?)?;
+        Some(raptor_data::LabelMap::from_list(names).map_err(|e| TrainError::Data(e.to_string()))?)
+    } else {
+        None
+    };
+    let num_labels = labels.as_ref().map_or(0, |l| l.len() as i64);
+    let mut model = crate::session::build_model(&cfg, tok.vocab_size() as i64, num_labels, device)?;
+    // Rebuild the trainable scope (LoRA adapters) as training did, then load its weights.
+    let layer = if cfg.method.name.needs_experts() {
+        let rec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(run.join("record.json")).map_err(io(run.join("record.json")))?,
+        )?;
+        rec["layer"]["layer"].as_u64().map(|l| l as usize)
+    } else {
+        None
+    };
+    tch::manual_seed(cfg.train.seed.wrapping_add(1) as i64);
+    crate::methods::setup_scope(&cfg, model.as_mut(), layer)?;
+    load_trainable(run, model.as_ref())?;
+    let path = data
+        .map(Path::to_path_buf)
+        .or(cfg.data.validation.clone())
+        .ok_or_else(|| {
+            TrainError::Config("no evaluation data: pass --data or set data.validation".into())
+        })?;
+    let pad = i64::from(tok.pad_id());
+    if cfg.data.format != "table" {
+        let ds = crate::session::read_d2t(&cfg, &path)?;
+        let ex =
+            crate::session::to_d2t_examples(&cfg, tok.as_ref(), &ds.records, model.vocab_size())?;
+        let metrics = evaluate(model.as_ref(), &ex, cfg.train.micro_batch, pad, device)?;
+        let mut sources = Vec::new();
+        for g in ds.group_by_source() {
+            if cfg.eval.max_sources > 0 && sources.len() >= cfg.eval.max_sources {
+                break;
+            }
+            sources.push(crate::session::SourceRefs {
+                prompt: crate::session::d2t_prompt(tok.as_ref(), &g.source, cfg.data.max_length)?,
+                source: g.source,
+                references: g.references,
+            });
+        }
+        let generation = Some(generation_metrics(
+            model.as_ref(),
+            tok.as_ref(),
+            &sources,
+            &cfg,
+            device,
+        )?);
+        return Ok(EvalReport {
+            metrics,
+            generation,
+        });
+    }
+    let ds = crate::session::read_records(&cfg, &path, classify)?;
+    let ex = crate::session::to_examples(
+        &cfg,
+        tok.as_ref(),
+        &ds.records,
+        labels.as_ref(),
+        model.vocab_size(),
+    )?;
+    Ok(EvalReport {
+        metrics: evaluate(model.as_ref(), &ex, cfg.train.micro_batch, pad, device)?,
+        generation: None,
+    })
+}

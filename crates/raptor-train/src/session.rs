@@ -1,0 +1,540 @@
+//! Everything a run needs before its first update, built from the config: records (through
+//! `raptor-data`), tokenizer, label map, model, RAPTOR's layer and owner maps, the plan.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use raptor_data::{LabelMap, TableSpec};
+use raptor_models::checkpoint::{LoadOptions, load_gpt2, load_olmoe, load_switch_encoder};
+use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
+use raptor_models::{
+    Batch, DecoderHead, Gpt2, Gpt2Config, Model, OlmoeConfig, OlmoeDecoder, SwitchConfig,
+    SwitchEncoder, Task,
+};
+use tch::Device;
+
+use crate::config::{Method, ModelKind, RunConfig};
+use crate::device::open_device;
+use crate::error::{Result, TrainError};
+use crate::methods::{LayerChoice, PrivacyPlan, build_plan, choose_layer, owner_rule};
+use crate::streams::Plan;
+use crate::trainer::Example;
+
+/// A prepared run.
+pub struct Session {
+    /// The resolved config.
+    pub cfg: RunConfig,
+    /// The model (scope set: LoRA attached, frozen parts frozen).
+    pub model: Box<dyn Model>,
+    /// The tokenizer.
+    pub tokenizer: Box<dyn TextTokenizer>,
+    /// Class names (classification).
+    pub labels: Option<LabelMap>,
+    /// Private training records.
+    pub train: Vec<Example>,
+    /// Validation records.
+    pub validation: Vec<Example>,
+    /// The plan.
+    pub plan: Plan,
+    /// The privacy plan.
+    pub privacy: PrivacyPlan,
+    /// RAPTOR's layer choice.
+    pub layer: Option<LayerChoice>,
+    /// Owner maps of the trained layers over the training records.
+    pub owners: BTreeMap<usize, Vec<i64>>,
+    /// Device.
+    pub device: Device,
+    /// Padding id.
+    pub pad_id: i64,
+    /// Data-to-text validation sources (prompt tokens, references) for generation metrics.
+    pub validation_sources: Vec<SourceRefs>,
+}
+
+/// A data-to-text source and its references (for BLEU / ROUGE-L).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceRefs {
+    /// The source text.
+    pub source: String,
+    /// The prompt tokens.
+    pub prompt: Vec<i64>,
+    /// All references of the source.
+    pub references: Vec<String>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("method", &self.cfg.method.name)
+            .field("train", &self.train.len())
+            .field("validation", &self.validation.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn data_err(e: raptor_data::DataError) -> TrainError {
+    TrainError::Data(e.to_string())
+}
+
+/// Opens the configured tokenizer (never trained on private records).
+pub fn open_tokenizer(spec: &str) -> Result<Box<dyn TextTokenizer>> {
+    Ok(match spec {
+        "bytes" => Box::new(ByteTokenizer),
+        "gpt2" => Box::new(Gpt2Tokenizer::new()?),
+        path => {
+            if !Path::new(path).exists() {
+                return Err(TrainError::Config(format!(
+                    "model.tokenizer: {path} does not exist (use bytes, gpt2 or a tokenizer.json path)"
+                )));
+            }
+            Box::new(CorpusTokenizer::from_file(path)?)
+        }
+    })
+}
+
+/// Whether the model classifies (else: language modelling over the text column).
+pub fn is_classifier(cfg: &RunConfig) -> bool {
+    cfg.model.kind != ModelKind::Gpt2
+}
+
+/// Reads a table with the config's columns.
+pub fn read_records(cfg: &RunConfig, path: &Path, labelled: bool) -> Result<raptor_data::Dataset> {
+    let label = labelled.then_some(cfg.data.label_column.as_str());
+    let spec = TableSpec::new(&cfg.data.text_column, label);
+    let ds = raptor_data::read_table(path, &spec).map_err(data_err)?;
+    if ds.is_empty() {
+        return Err(TrainError::Data(format!(
+            "{} holds no record",
+            path.display()
+        )));
+    }
+    Ok(ds)
+}
+
+/// Tokenizes records into examples (ids = the records' ids in their file).
+pub fn to_examples(
+    cfg: &RunConfig,
+    tok: &dyn TextTokenizer,
+    records: &[raptor_data::Record],
+    labels: Option<&LabelMap>,
+    vocab: i64,
+) -> Result<Vec<Example>> {
+    let mut out = Vec::with_capacity(records.len());
+    let lm = !is_classifier(cfg);
+    for r in records {
+        let mut ids: Vec<i64> = tok.encode(&r.text)?.into_iter().map(i64::from).collect();
+        if lm {
+            ids.truncate(cfg.data.max_length.saturating_sub(1));
+            ids.push(eos_id(cfg) as i64);
+        } else {
+            ids.truncate(cfg.data.max_length);
+        }
+        if ids.is_empty() || (lm && ids.len() < 2) {
+            return Err(TrainError::Data(format!(
+                "record {} (line {}) has no token after tokenization",
+                r.id,
+                r.id + 2
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i >= vocab) {
+            return Err(TrainError::Data(format!(
+                "record {}: token id {bad} is outside the model's vocabulary of {vocab}",
+                r.id
+            )));
+        }
+        let label = match labels {
+            Some(m) => Some(m.encode(r).map_err(data_err)? as i64),
+            None => None,
+        };
+        out.push(Example {
+            id: r.id as u64,
+            tokens: ids,
+            label,
+            prompt_len: 0,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a data-to-text file (`data.format` = `e2e` or `dart`).
+pub fn read_d2t(cfg: &RunConfig, path: &Path) -> Result<raptor_data::D2tDataset> {
+    let ds = match cfg.data.format.as_str() {
+        "e2e" => raptor_data::read_e2e(path),
+        _ if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("xml")) =>
+        {
+            raptor_data::read_dart_xml(path)
+        }
+        _ => raptor_data::read_dart_json(path),
+    }
+    .map_err(data_err)?;
+    if ds.is_empty() {
+        return Err(TrainError::Data(format!(
+            "{} holds no record",
+            path.display()
+        )));
+    }
+    Ok(ds)
+}
+
+/// The prompt of a source: `<source> =` (the model continues with the reference).
+pub fn d2t_prompt(tok: &dyn TextTokenizer, source: &str, max_length: usize) -> Result<Vec<i64>> {
+    let mut p: Vec<i64> = tok
+        .encode(&format!("{source} ="))?
+        .into_iter()
+        .map(i64::from)
+        .collect();
+    p.truncate(max_length.saturating_sub(8).max(1));
+    Ok(p)
+}
+
+/// Tokenizes (source, reference) records: prompt tokens, then the reference and EOS; the loss is
+/// on the reference and EOS only.
+pub fn to_d2t_examples(
+    cfg: &RunConfig,
+    tok: &dyn TextTokenizer,
+    records: &[raptor_data::D2tRecord],
+    vocab: i64,
+) -> Result<Vec<Example>> {
+    let max = cfg.data.max_length;
+    let eos = i64::from(eos_id(cfg));
+    let mut out = Vec::with_capacity(records.len());
+    for r in records {
+        let prompt = d2t_prompt(tok, &r.source, max)?;
+        let mut target: Vec<i64> = tok
+            .encode(&format!(" {}", r.target))?
+            .into_iter()
+            .map(i64::from)
+            .collect();
+        target.truncate(max.saturating_sub(prompt.len() + 1));
+        let mut tokens = prompt.clone();
+        tokens.extend(target);
+        tokens.push(eos);
+        if let Some(&bad) = tokens.iter().find(|&&i| i < 0 || i >= vocab) {
+            return Err(TrainError::Data(format!(
+                "record {}: token id {bad} is outside the model's vocabulary of {vocab}",
+                r.id
+            )));
+        }
+        out.push(Example {
+            id: r.id as u64,
+            tokens,
+            label: None,
+            prompt_len: prompt.len(),
+        });
+    }
+    Ok(out)
+}
+
+/// The end-of-sequence id of the configured tokenizer.
+pub fn eos_id(cfg: &RunConfig) -> u32 {
+    match cfg.model.tokenizer.as_str() {
+        "bytes" => ByteTokenizer::EOS,
+        "gpt2" => raptor_models::tokenizer::GPT2_EOS,
+        _ => 0,
+    }
+}
+
+/// Builds the model (from a Hugging Face folder or from scratch); seeded by `train.seed`.
+pub fn build_model(
+    cfg: &RunConfig,
+    vocab: i64,
+    num_labels: i64,
+    device: Device,
+) -> Result<Box<dyn Model>> {
+    tch::manual_seed(cfg.train.seed as i64);
+    let m = &cfg.model;
+    let opts = LoadOptions::strict();
+    Ok(match (m.kind, &m.path) {
+        (ModelKind::Switch, Some(p)) => {
+            Box::new(load_switch_encoder(p, num_labels, device, &opts)?.model)
+        }
+        (ModelKind::Olmoe, Some(p)) => Box::new(
+            load_olmoe(p, DecoderHead::Classification { num_labels }, device, &opts)?.model,
+        ),
+        (ModelKind::Gpt2, Some(p)) => {
+            Box::new(load_gpt2(p, DecoderHead::LanguageModel, device, &opts)?.model)
+        }
+        (ModelKind::Switch, None) => {
+            let mut c = SwitchConfig::tiny();
+            c.vocab_size = vocab;
+            c.d_model = m.d_model;
+            c.num_heads = m.heads;
+            c.d_kv = (m.d_model / m.heads.max(1)).max(1);
+            c.d_ff = m.d_ff;
+            c.num_layers = m.layers;
+            c.num_experts = m.experts;
+            c.num_labels = num_labels;
+            c.relative_attention_num_buckets = 16;
+            c.relative_attention_max_distance = 64;
+            Box::new(SwitchEncoder::new(c, device)?)
+        }
+        (ModelKind::Olmoe, None) => {
+            let mut c = OlmoeConfig::tiny(DecoderHead::Classification { num_labels });
+            c.vocab_size = vocab;
+            c.hidden_size = m.d_model;
+            c.intermediate_size = m.d_ff;
+            c.num_hidden_layers = m.layers;
+            c.num_attention_heads = m.heads;
+            c.num_key_value_heads = m.heads;
+            c.num_experts = m.experts;
+            c.num_experts_per_tok = 2.min(m.experts);
+            Box::new(OlmoeDecoder::new(c, device)?)
+        }
+        (ModelKind::Gpt2, None) => {
+            let mut c = Gpt2Config::tiny(DecoderHead::LanguageModel);
+            c.vocab_size = vocab;
+            c.n_embd = m.d_model;
+            c.n_layer = m.layers;
+            c.n_head = m.heads;
+            c.n_inner = m.d_ff;
+            c.n_positions = (cfg.data.max_length as i64).max(8);
+            Box::new(Gpt2::new(c, device)?)
+        }
+    })
+}
+
+/// Batches of `examples` (for routing collection), `size` records each.
+fn batches(
+    examples: &[Example],
+    size: usize,
+    pad: i64,
+    device: Device,
+    labelled: bool,
+) -> Result<Vec<Batch>> {
+    let mut out = Vec::new();
+    for chunk in examples.chunks(size.max(1)) {
+        let toks: Vec<Vec<i64>> = chunk.iter().map(|e| e.tokens.clone()).collect();
+        let labels: Option<Vec<i64>> =
+            labelled.then(|| chunk.iter().map(|e| e.label.unwrap_or(0)).collect());
+        out.push(Batch::from_records(&toks, pad, labels.as_deref(), device)?);
+    }
+    Ok(out)
+}
+
+/// Prepares a run from its config: reads and checks everything before training starts, so a
+/// bad input fails here, with nothing written.
+pub fn prepare(cfg: &RunConfig) -> Result<Session> {
+    cfg.validate()?;
+    let device = open_device(&cfg.train.device)?;
+    if !cfg.data.train.exists() {
+        return Err(TrainError::Data(format!(
+            "training file {} does not exist",
+            cfg.data.train.display()
+        )));
+    }
+    let classify = is_classifier(cfg);
+    let tokenizer = open_tokenizer(&cfg.model.tokenizer)?;
+    let vocab = tokenizer.vocab_size() as i64;
+    let pad_id = i64::from(tokenizer.pad_id());
+    if cfg.data.format != "table" {
+        return prepare_d2t(cfg, device, tokenizer, vocab, pad_id);
+    }
+    let train_ds = read_records(cfg, &cfg.data.train, classify)?;
+    let labels = if classify {
+        let m = LabelMap::from_records(&train_ds.records).map_err(data_err)?;
+        if m.len() < 2 {
+            return Err(TrainError::Data(format!(
+                "{}: column {} holds fewer than two distinct labels ({:?})",
+                cfg.data.train.display(),
+                cfg.data.label_column,
+                m.labels()
+            )));
+        }
+        Some(m)
+    } else {
+        None
+    };
+    let (train_recs, valid_recs) = match &cfg.data.validation {
+        Some(p) => (
+            train_ds.records.clone(),
+            read_records(cfg, p, classify)?.records,
+        ),
+        None if cfg.data.validation_fraction > 0.0 => {
+            let split = raptor_data::validation_split(
+                &train_ds.ids(),
+                cfg.data.validation_fraction,
+                cfg.train.seed,
+            )
+            .map_err(data_err)?;
+            (
+                train_ds.select(&split.kept),
+                train_ds.select(&split.held_out),
+            )
+        }
+        None => (train_ds.records.clone(), Vec::new()),
+    };
+    if train_recs.is_empty() {
+        return Err(TrainError::Data(
+            "no training record is left after the validation split".into(),
+        ));
+    }
+    let num_labels = labels.as_ref().map_or(0, |m| m.len() as i64);
+    let mut model = build_model(cfg, vocab, num_labels, device)?;
+    let model_vocab = model.vocab_size();
+    let train = to_examples(
+        cfg,
+        tokenizer.as_ref(),
+        &train_recs,
+        labels.as_ref(),
+        model_vocab,
+    )?;
+    let validation = to_examples(
+        cfg,
+        tokenizer.as_ref(),
+        &valid_recs,
+        labels.as_ref(),
+        model_vocab,
+    )?;
+    // RAPTOR's layer from public routing (no private record is involved).
+    let layer = if cfg.method.name.needs_experts() {
+        let sparse = model.sparse_layers();
+        let public = match (&cfg.data.public, cfg.method.layer.as_str()) {
+            (Some(p), "entropy") => {
+                let ds = read_records(cfg, p, false)?;
+                let ex = to_examples(cfg, tokenizer.as_ref(), &ds.records, None, model_vocab)?;
+                let bs = batches(&ex, 64, pad_id, device, classify)?;
+                let routing = raptor_models::collect_routing(model.as_ref(), bs.iter())?;
+                let mut corpus = raptor_routing::PublicCorpus::new();
+                for (l, r) in routing {
+                    corpus.add_layer(l, r)?;
+                }
+                Some(corpus)
+            }
+            _ => None,
+        };
+        Some(choose_layer(cfg, &sparse, public.as_ref())?)
+    } else {
+        if cfg.model.kind != ModelKind::Gpt2
+            && matches!(cfg.method.name, Method::DpAdamLora | Method::Lora)
+            && model.sparse_layers().is_empty()
+        {
+            return Err(TrainError::Config("the model has no sparse layer".into()));
+        }
+        None
+    };
+    tch::manual_seed(cfg.train.seed.wrapping_add(1) as i64);
+    let (plan, privacy) = build_plan(
+        cfg,
+        model.as_mut(),
+        train.len(),
+        layer.as_ref().map(|l| l.layer),
+    )?;
+    if cfg.lora.dropout > 0.0 && train.iter().any(|e| e.id == u64::MAX) {
+        return Err(TrainError::Config("LoRA dropout needs record ids".into()));
+    }
+    // Owner maps over the private training records, once, from the frozen model (expert LoRA
+    // B = 0 at this point, so the routing is the pretrained one).
+    let mut owners = BTreeMap::new();
+    let owner_layers: Vec<usize> = plan
+        .phases
+        .iter()
+        .flat_map(|p| p.owner_layers.clone())
+        .collect();
+    if !owner_layers.is_empty() {
+        let bs = batches(&train, 64, pad_id, device, classify)?;
+        let maps =
+            raptor_models::owner_tensors(model.as_ref(), bs.iter(), owner_rule(cfg), Device::Cpu)?;
+        for l in owner_layers {
+            let t = maps
+                .get(&l)
+                .ok_or_else(|| TrainError::Config(format!("no routing for layer {l}")))?;
+            owners.insert(l, Vec::<i64>::try_from(t)?);
+        }
+    }
+    if model.task() == Task::Classification && labels.is_none() {
+        return Err(TrainError::Config(
+            "a classifier needs a label column".into(),
+        ));
+    }
+    Ok(Session {
+        cfg: cfg.clone(),
+        model,
+        tokenizer,
+        labels,
+        train,
+        validation,
+        plan,
+        privacy,
+        layer,
+        owners,
+        device,
+        pad_id,
+        validation_sources: Vec::new(),
+    })
+}
+
+fn prepare_d2t(
+    cfg: &RunConfig,
+    device: Device,
+    tokenizer: Box<dyn TextTokenizer>,
+    vocab: i64,
+    pad_id: i64,
+) -> Result<Session> {
+    let train_ds = read_d2t(cfg, &cfg.data.train)?;
+    let (train_recs, valid_recs) = match &cfg.data.validation {
+        Some(p) => (train_ds.records.clone(), read_d2t(cfg, p)?.records),
+        None if cfg.data.validation_fraction > 0.0 => {
+            let ids: Vec<usize> = train_ds.records.iter().map(|r| r.id).collect();
+            let split =
+                raptor_data::validation_split(&ids, cfg.data.validation_fraction, cfg.train.seed)
+                    .map_err(data_err)?;
+            let pick = |keep: &[usize]| -> Vec<raptor_data::D2tRecord> {
+                train_ds
+                    .records
+                    .iter()
+                    .filter(|r| keep.binary_search(&r.id).is_ok())
+                    .cloned()
+                    .collect()
+            };
+            let mut kept = split.kept.clone();
+            kept.sort_unstable();
+            let mut held = split.held_out.clone();
+            held.sort_unstable();
+            (pick(&kept), pick(&held))
+        }
+        None => (train_ds.records.clone(), Vec::new()),
+    };
+    if train_recs.is_empty() {
+        return Err(TrainError::Data(
+            "no training record is left after the validation split".into(),
+        ));
+    }
+    let mut model = build_model(cfg, vocab, 0, device)?;
+    let model_vocab = model.vocab_size();
+    let train = to_d2t_examples(cfg, tokenizer.as_ref(), &train_recs, model_vocab)?;
+    let validation = to_d2t_examples(cfg, tokenizer.as_ref(), &valid_recs, model_vocab)?;
+    let valid_ds = raptor_data::D2tDataset {
+        path: cfg.data.train.clone(),
+        records: valid_recs,
+        skipped_empty: 0,
+    };
+    let mut validation_sources = Vec::new();
+    for g in valid_ds.group_by_source() {
+        if cfg.eval.max_sources > 0 && validation_sources.len() >= cfg.eval.max_sources {
+            break;
+        }
+        validation_sources.push(SourceRefs {
+            prompt: d2t_prompt(tokenizer.as_ref(), &g.source, cfg.data.max_length)?,
+            source: g.source,
+            references: g.references,
+        });
+    }
+    tch::manual_seed(cfg.train.seed.wrapping_add(1) as i64);
+    let (plan, privacy) = build_plan(cfg, model.as_mut(), train.len(), None)?;
+    Ok(Session {
+        cfg: cfg.clone(),
+        model,
+        tokenizer,
+        labels: None,
+        train,
+        validation,
+        plan,
+        privacy,
+        layer: None,
+        owners: BTreeMap::new(),
+        device,
+        pad_id,
+        validation_sources,
+    })
+}

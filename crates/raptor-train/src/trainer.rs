@@ -1,0 +1,627 @@
+//! The trainer core: one loop for every method, driven by a [`Plan`].
+//!
+//! One update runs one [`Phase`]:
+//! 1. draw a fresh Poisson sample (rate q, CSPRNG; may be empty);
+//! 2. one forward/backward per micro-batch with owner masks and residual weights as the phase
+//!    says; per-record norms by clip group, clip factors and clipped sums (raptor-models'
+//!    per-sample engine); a parameter that got no gradient (an expert with no owned record, an
+//!    empty sample) contributes zeros;
+//! 3. each release: clipped sums + N(0, (σΔ)²) per coordinate ÷ its public denominator;
+//! 4. every release is charged to the ledger and the ledger handed to the caller (who writes
+//!    it atomically) **before** any parameter changes;
+//! 5. optimizer steps on the released gradients only.
+//!
+//! Nothing here branches on a private count: the phase, the releases, their denominators and
+//! the number of updates come from the plan; an expert whose owner group is empty still takes a
+//! noise-only step.
+
+use std::collections::BTreeMap;
+
+use rand::{RngCore, SeedableRng};
+use raptor_accountant::{Ledger, PoissonSampler, SamplingRate, SubsampledGaussian};
+use raptor_clip::{Privatizer, PublicDenominator};
+use raptor_models::{Batch, ClipPolicy, ForwardCtx, Model, ParamGroups, PrivateStep, Task};
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Result, TrainError};
+use crate::optim::{Optimizers, ReleaseNoise, lr_scale};
+use crate::streams::{Charge, Phase, Plan, Residual};
+
+/// One training record, already tokenized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Example {
+    /// Stable id of the record in its dataset (keys its dropout masks).
+    pub id: u64,
+    /// Token ids (non-empty).
+    pub tokens: Vec<i64>,
+    /// Class index (classification).
+    pub label: Option<i64>,
+    /// Language modelling: the first `prompt_len` tokens are context, not targets (the
+    /// meaning representation of a data-to-text record); 0 for plain text.
+    pub prompt_len: usize,
+}
+
+/// A right-padded batch of `examples` (labels for classifiers, prompt masks for prompts).
+pub fn make_batch(examples: &[&Example], task: Task, pad_id: i64, device: Device) -> Result<Batch> {
+    let toks: Vec<Vec<i64>> = examples.iter().map(|e| e.tokens.clone()).collect();
+    let labels: Option<Vec<i64>> = if task == Task::Classification {
+        let mut v = Vec::with_capacity(examples.len());
+        for e in examples {
+            v.push(
+                e.label
+                    .ok_or_else(|| TrainError::Data(format!("record {} has no label", e.id)))?,
+            );
+        }
+        Some(v)
+    } else {
+        None
+    };
+    let b = Batch::from_records(&toks, pad_id, labels.as_deref(), device)?;
+    if task == Task::LanguageModel && examples.iter().any(|e| e.prompt_len > 0) {
+        let pl: Vec<usize> = examples.iter().map(|e| e.prompt_len).collect();
+        return Ok(b.with_prompt_lengths(&pl)?);
+    }
+    Ok(b)
+}
+
+/// What the trainer needs besides the plan.
+#[derive(Debug, Clone)]
+pub struct TrainerOptions {
+    /// Records per forward pass (memory only).
+    pub micro_batch: usize,
+    /// NOT PRIVATE: seeds sampling and noise.
+    pub insecure_seed: Option<u64>,
+    /// Padding id.
+    pub pad_id: i64,
+    /// Device.
+    pub device: Device,
+    /// Warm-up updates.
+    pub warmup_steps: u64,
+    /// Cosine decay.
+    pub cosine: bool,
+}
+
+/// One release as it happened (public: which stream, which denominator, which σ).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReleaseEvent {
+    /// Update index (0-based).
+    pub update: u64,
+    /// Phase name.
+    pub phase: String,
+    /// Release name.
+    pub release: String,
+    /// Public denominator.
+    pub denominator: f64,
+    /// Noise multiplier.
+    pub sigma: f64,
+    /// L2 sensitivity Δ.
+    pub sensitivity: f64,
+    /// How it was charged.
+    pub charge: Charge,
+}
+
+/// Diagnostics of one update (computed on the private batch: for the data owner, not part of
+/// the DP release).
+#[derive(Debug, Clone, Serialize)]
+pub struct UpdateMetrics {
+    /// Update index (0-based).
+    pub update: u64,
+    /// Phase name.
+    pub phase: String,
+    /// Mean per-record loss over the sample (NaN for an empty sample).
+    pub loss: f64,
+    /// Records drawn.
+    pub sampled: usize,
+    /// Per clip group: fraction of sampled records whose factor was < 1.
+    pub clipped_fraction: BTreeMap<String, f64>,
+    /// Expert releases whose owner group was empty in this sample (noise-only steps).
+    pub empty_expert_groups: usize,
+    /// Learning-rate multiplier.
+    pub lr_scale: f64,
+}
+
+/// The training loop's state.
+pub struct Trainer<'a> {
+    model: &'a mut dyn Model,
+    plan: Plan,
+    data: &'a [Example],
+    owners: BTreeMap<usize, Vec<i64>>,
+    vars: BTreeMap<String, Tensor>,
+    scope: Vec<String>,
+    sampler: PoissonSampler,
+    privatizers: BTreeMap<(usize, usize), Privatizer>,
+    optim: Optimizers,
+    ledger: Ledger,
+    update: u64,
+    unaccounted: u64,
+    opts: TrainerOptions,
+    seed_rng: rand_chacha::ChaCha20Rng,
+    events: Vec<ReleaseEvent>,
+}
+
+impl std::fmt::Debug for Trainer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("update", &self.update)
+            .field("records", &self.data.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Trainer<'a> {
+    /// A trainer over `data` (the private training records) for `plan`. `owners`: per sparse
+    /// layer, the owner expert of each record of `data` (same order), computed once from the
+    /// frozen model.
+    pub fn new(
+        model: &'a mut dyn Model,
+        plan: Plan,
+        data: &'a [Example],
+        owners: BTreeMap<usize, Vec<i64>>,
+        optim: Optimizers,
+        opts: TrainerOptions,
+    ) -> Result<Self> {
+        if data.is_empty() {
+            return Err(TrainError::Data("the training set is empty".into()));
+        }
+        if model.expert_capacity().is_some() {
+            return Err(raptor_models::ModelError::CapacityInPrivateTraining {
+                capacity: model.expert_capacity().unwrap_or(0),
+            }
+            .into());
+        }
+        for ph in &plan.phases {
+            for l in &ph.owner_layers {
+                let o = owners.get(l).ok_or_else(|| {
+                    TrainError::Config(format!(
+                        "phase {} masks experts of layer {l} but no owner map was given",
+                        ph.name
+                    ))
+                })?;
+                if o.len() != data.len() {
+                    return Err(TrainError::Config(format!(
+                        "owner map of layer {l} has {} entries for {} records",
+                        o.len(),
+                        data.len()
+                    )));
+                }
+            }
+        }
+        let vars: BTreeMap<String, Tensor> = model.var_store().variables().into_iter().collect();
+        // The scope: every variable trainable at the start (the method's setup) plus the plan's
+        // parameters; each phase switches on its own parameters and off all the others.
+        let mut scope: Vec<String> = vars
+            .iter()
+            .filter(|(_, t)| t.requires_grad())
+            .map(|(n, _)| n.clone())
+            .collect();
+        scope.extend(plan.params());
+        scope.sort();
+        scope.dedup();
+        for p in plan.params() {
+            if !vars.contains_key(&p) {
+                return Err(TrainError::Config(format!(
+                    "planned parameter {p} is not in the model"
+                )));
+            }
+        }
+        let rate = SamplingRate::new(plan.q)?;
+        let sampler = match opts.insecure_seed {
+            Some(s) => PoissonSampler::seeded_insecure(rate, data.len(), s)?,
+            None => PoissonSampler::new(rate, data.len())?,
+        };
+        let mut privatizers = BTreeMap::new();
+        for (i, ph) in plan.phases.iter().enumerate() {
+            if !ph.private {
+                continue;
+            }
+            for (j, r) in ph.releases.iter().enumerate() {
+                if r.sigma > 0.0 {
+                    let p = match opts.insecure_seed {
+                        Some(s) => Privatizer::seeded_insecure(
+                            r.sigma,
+                            s ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 1000 + j + 1) as u64)),
+                        )?,
+                        None => Privatizer::new(r.sigma)?,
+                    };
+                    privatizers.insert((i, j), p);
+                }
+            }
+        }
+        let seed_rng = match opts.insecure_seed {
+            Some(s) => rand_chacha::ChaCha20Rng::seed_from_u64(s.wrapping_add(17)),
+            None => rand_chacha::ChaCha20Rng::from_os_rng(),
+        };
+        Ok(Self {
+            model,
+            plan,
+            data,
+            owners,
+            vars,
+            scope,
+            sampler,
+            privatizers,
+            optim,
+            ledger: Ledger::new(),
+            update: 0,
+            unaccounted: 0,
+            opts,
+            seed_rng,
+            events: Vec::new(),
+        })
+    }
+
+    /// Continue from a checkpoint: the ledger (which may hold more releases than `update`
+    /// applied updates after a crash: it only over-counts) and the update counter.
+    pub fn resume(&mut self, ledger: Ledger, update: u64) {
+        self.ledger = ledger;
+        self.update = update;
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Updates applied so far.
+    pub fn update(&self) -> u64 {
+        self.update
+    }
+
+    /// Whether every planned update ran.
+    pub fn done(&self) -> bool {
+        self.update >= self.plan.updates
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Releases made with σ = 0 (tests and non-private methods): ε is infinite when > 0 in a
+    /// private phase.
+    pub fn unaccounted_releases(&self) -> u64 {
+        self.unaccounted
+    }
+
+    /// The release events so far.
+    pub fn events(&self) -> &[ReleaseEvent] {
+        &self.events
+    }
+
+    /// The model.
+    pub fn model(&self) -> &dyn Model {
+        &*self.model
+    }
+
+    /// The optimizers (for checkpoints).
+    pub fn optimizers(&self) -> &Optimizers {
+        &self.optim
+    }
+
+    /// The optimizers (to restore a checkpoint).
+    pub fn optimizers_mut(&mut self) -> &mut Optimizers {
+        &mut self.optim
+    }
+
+    fn set_phase_trainable(&self, phase: &Phase) -> Result<()> {
+        let keep = phase.params();
+        for p in &self.scope {
+            let on = keep.binary_search(p).is_ok();
+            if let Some(v) = self.vars.get(p) {
+                let _ = v.f_set_requires_grad(on)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn batch(&self, idx: &[usize]) -> Result<Batch> {
+        let ex: Vec<&Example> = idx.iter().map(|&i| &self.data[i]).collect();
+        make_batch(&ex, self.model.task(), self.opts.pad_id, self.opts.device)
+    }
+
+    /// Residual weights `[b]` in [0, 1] from the shared-only logits (expert LoRA off).
+    fn residual_weights(&self, phase: &Phase, batch: &Batch) -> Result<Tensor> {
+        let mut ctx = ForwardCtx::new(false);
+        ctx.lora_disabled = phase.residual_disable.clone();
+        let logits = tch::no_grad(|| self.model.forward(batch, &mut ctx))?;
+        let probs = logits
+            .f_to_kind(Kind::Double)?
+            .f_softmax(-1, Kind::Double)?;
+        let labels = batch
+            .labels
+            .as_ref()
+            .ok_or_else(|| TrainError::Config("residual weights need class labels".into()))?;
+        let py = probs
+            .f_gather(1, &labels.f_unsqueeze(1)?, false)?
+            .f_squeeze_dim(1)?;
+        let w = match phase.residual {
+            Residual::None => py.f_ones_like()?,
+            Residual::Prob => py.f_neg()?.f_add_scalar(1.0)?.f_clamp(0.0, 1.0)?,
+            Residual::Margin => {
+                let others = probs.f_scatter_value(1, &labels.f_unsqueeze(1)?, -1.0)?;
+                let best_other = others.f_amax([1i64].as_slice(), false)?;
+                py.f_sub(&best_other)?.f_lt(0.2)?.f_to_kind(Kind::Double)?
+            }
+        };
+        Ok(w.f_to_kind(Kind::Float)?.f_detach()?)
+    }
+
+    /// Runs the next planned update. `on_charge` receives the ledger after this update's
+    /// releases were charged and before any parameter changes (write it durably there).
+    pub fn step(
+        &mut self,
+        on_charge: &mut dyn FnMut(&Ledger) -> Result<()>,
+    ) -> Result<UpdateMetrics> {
+        if self.done() {
+            return Err(TrainError::Run("every planned update already ran".into()));
+        }
+        let t = self.update;
+        let pi = self.plan.phase_at(t);
+        let phase = self.plan.phases[pi].clone();
+        self.set_phase_trainable(&phase)?;
+        let sample = self.sampler.sample();
+        let mut sums: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut loss_sum = 0.0f64;
+        let mut clipped: BTreeMap<String, f64> = BTreeMap::new();
+        let mut owned: BTreeMap<(usize, i64), usize> = BTreeMap::new();
+        let step_seed = self.seed_rng.next_u64();
+        for chunk in sample.chunks(self.opts.micro_batch.max(1)) {
+            let batch = self.batch(chunk)?;
+            let ids: Vec<u64> = chunk.iter().map(|&i| self.data[i].id).collect();
+            let part: BTreeMap<String, Tensor> = if phase.private {
+                let mut owners = BTreeMap::new();
+                for &l in &phase.owner_layers {
+                    let o: Vec<i64> = chunk.iter().map(|&i| self.owners[&l][i]).collect();
+                    for &e in &o {
+                        *owned.entry((l, e)).or_default() += 1;
+                    }
+                    owners.insert(l, Tensor::f_from_slice(&o)?.f_to(self.opts.device)?);
+                }
+                let mut weights = BTreeMap::new();
+                if phase.residual != Residual::None && phase.groups.iter().any(|g| g.weighted) {
+                    let w = self.residual_weights(&phase, &batch)?;
+                    for g in phase.groups.iter().filter(|g| g.weighted) {
+                        weights.insert(g.name.clone(), w.shallow_clone());
+                    }
+                }
+                let mut groups = ParamGroups::new();
+                for g in &phase.groups {
+                    for p in &g.params {
+                        groups.assign(p.clone(), g.name.clone());
+                    }
+                }
+                let policy = match phase.global_clip {
+                    Some(c) => ClipPolicy::Global(c),
+                    None => ClipPolicy::RoleWise(
+                        phase
+                            .groups
+                            .iter()
+                            .map(|g| (g.name.clone(), g.bound))
+                            .collect(),
+                    ),
+                };
+                // Weights of groups with no gradient in this pass (no owned record) are dropped.
+                let out = PrivateStep::new(&*self.model)?
+                    .with_dropout_seed(step_seed)
+                    .with_record_ids(ids)
+                    .per_sample(&batch, &owners, true)?;
+                let (losses, grads) = out;
+                let present: Vec<String> = grads
+                    .params()
+                    .iter()
+                    .filter_map(|p| groups.group_of(p).map(str::to_string))
+                    .collect();
+                weights.retain(|g, _| present.contains(g));
+                let clip = grads.into_clip(&groups, &policy, &weights)?;
+                loss_sum += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
+                for (g, f) in &clip.clip_factors {
+                    let n = f
+                        .f_lt(1.0 - 1e-9)?
+                        .f_sum(Kind::Double)?
+                        .f_double_value(&[])?;
+                    *clipped.entry(g.clone()).or_default() += n;
+                }
+                clip.sums
+            } else {
+                // Non-private: the plain gradient of the summed loss.
+                let mut ctx = ForwardCtx::new(true);
+                ctx.dropout_seed = Some(step_seed);
+                ctx.record_ids = Some(ids);
+                let losses = self.model.per_record_loss(&batch, &mut ctx)?;
+                let loss = losses.f_sum(Kind::Float)?;
+                loss_sum += loss.f_double_value(&[])?;
+                let params = phase.params();
+                let vars: Vec<&Tensor> = params.iter().map(|p| &self.vars[p]).collect();
+                let gs = Tensor::f_run_backward(&[&loss], &vars, false, false)?;
+                params
+                    .into_iter()
+                    .zip(gs)
+                    .filter(|(_, g)| g.defined())
+                    .collect()
+            };
+            for (p, s) in part {
+                match sums.get_mut(&p) {
+                    Some(acc) => *acc = acc.f_add(&s)?,
+                    None => {
+                        sums.insert(p, s.f_detach()?);
+                    }
+                }
+            }
+        }
+        // Releases (noise ÷ public denominator), charged before anything is applied.
+        let mut released: Vec<(String, Tensor, ReleaseNoise)> = Vec::new();
+        let mut parallel: BTreeMap<String, Vec<(usize, f64)>> = BTreeMap::new();
+        let mut sequential: Vec<f64> = Vec::new();
+        let mut empty_experts = 0usize;
+        for (j, r) in phase.releases.iter().enumerate() {
+            let delta = phase.sensitivity(r);
+            let denom = PublicDenominator::new(r.denominator)?;
+            if let Charge::Parallel { .. } = r.charge {
+                let has_owned = phase.owner_layers.iter().any(|&l| {
+                    r.name
+                        .strip_prefix(&format!("expert[{l},"))
+                        .and_then(|s| s.strip_suffix(']'))
+                        .and_then(|s| s.parse::<i64>().ok())
+                        .is_some_and(|e| owned.get(&(l, e)).copied().unwrap_or(0) > 0)
+                });
+                if !has_owned {
+                    empty_experts += 1;
+                }
+            }
+            for gname in &r.groups {
+                let g = phase.group(gname).ok_or_else(|| {
+                    TrainError::Config(format!("release {} names missing group {gname}", r.name))
+                })?;
+                for p in &g.params {
+                    let v = &self.vars[p];
+                    let s = match sums.remove(p) {
+                        Some(s) => s,
+                        None => v.f_zeros_like()?.f_detach()?,
+                    };
+                    let out = match self.privatizers.get_mut(&(pi, j)) {
+                        Some(pz) if phase.private => pz.release_tensor(&s, delta, denom)?,
+                        _ => s.f_div_scalar(denom.value())?,
+                    };
+                    let noise = ReleaseNoise {
+                        std: if phase.private {
+                            r.sigma * delta / denom.value()
+                        } else {
+                            0.0
+                        },
+                    };
+                    released.push((p.clone(), out, noise));
+                }
+            }
+            match &r.charge {
+                Charge::None => {}
+                _ if r.sigma <= 0.0 => self.unaccounted += 1,
+                Charge::Sequential => sequential.push(r.sigma),
+                Charge::Parallel { group, member } => parallel
+                    .entry(group.clone())
+                    .or_default()
+                    .push((*member, r.sigma)),
+            }
+            self.events.push(ReleaseEvent {
+                update: t,
+                phase: phase.name.clone(),
+                release: r.name.clone(),
+                denominator: r.denominator,
+                sigma: r.sigma,
+                sensitivity: delta,
+                charge: r.charge.clone(),
+            });
+        }
+        for s in sequential {
+            self.ledger.step(SubsampledGaussian::new(self.plan.q, s)?)?;
+        }
+        for (g, mut members) in parallel {
+            members.sort_by_key(|m| m.0);
+            let mechs = members
+                .iter()
+                .map(|(_, s)| SubsampledGaussian::new(self.plan.q, *s))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            self.ledger.step_parallel(&g, &mechs)?;
+        }
+        on_charge(&self.ledger)?;
+        // Apply (post-processing of the releases).
+        let scale = lr_scale(
+            t,
+            self.plan.updates,
+            self.opts.warmup_steps,
+            self.opts.cosine,
+        );
+        for (p, g, noise) in released {
+            let mut v = self.vars[&p].shallow_clone();
+            self.optim.step(&p, &mut v, &g, scale, noise)?;
+        }
+        self.update += 1;
+        let n = sample.len();
+        Ok(UpdateMetrics {
+            update: t,
+            phase: phase.name.clone(),
+            loss: if n > 0 { loss_sum / n as f64 } else { f64::NAN },
+            sampled: n,
+            clipped_fraction: clipped
+                .into_iter()
+                .map(|(g, c)| (g, if n > 0 { c / n as f64 } else { 0.0 }))
+                .collect(),
+            empty_expert_groups: empty_experts,
+            lr_scale: scale,
+        })
+    }
+}
+
+/// Evaluation metrics.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EvalMetrics {
+    /// Records evaluated.
+    pub records: usize,
+    /// Mean per-record loss (cross-entropy; for language models the mean token NLL).
+    pub loss: f64,
+    /// Accuracy (classification).
+    pub accuracy: Option<f64>,
+    /// Correct predictions (classification).
+    pub correct: Option<usize>,
+    /// exp(mean token NLL) (language models).
+    pub perplexity: Option<f64>,
+}
+
+/// Evaluates `model` on `data` (no dropout, natural routing, no owner masks).
+pub fn evaluate(
+    model: &dyn Model,
+    data: &[Example],
+    micro_batch: usize,
+    pad_id: i64,
+    device: Device,
+) -> Result<EvalMetrics> {
+    if data.is_empty() {
+        return Err(TrainError::Data(
+            "nothing to evaluate: the set is empty".into(),
+        ));
+    }
+    let classify = model.task() == Task::Classification;
+    let (mut loss, mut correct, mut tokens_nll, mut tokens) = (0.0f64, 0usize, 0.0f64, 0.0f64);
+    for chunk in data.chunks(micro_batch.max(1)) {
+        let refs: Vec<&Example> = chunk.iter().collect();
+        let batch = make_batch(&refs, model.task(), pad_id, device)?;
+        let mut ctx = ForwardCtx::new(false);
+        let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
+        let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
+        loss += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
+        if classify {
+            let pred = logits.f_argmax(-1, false)?;
+            let y = batch
+                .labels
+                .as_ref()
+                .ok_or_else(|| TrainError::Data("labels".into()))?;
+            correct += pred
+                .f_eq_tensor(y)?
+                .f_sum(Kind::Int64)?
+                .f_int64_value(&[])? as usize;
+        } else {
+            // Token-weighted NLL: per-record mean × its number of targets.
+            let n: Vec<f64> = chunk
+                .iter()
+                .map(|e| e.tokens.len().saturating_sub(e.prompt_len.max(1)) as f64)
+                .collect();
+            let l: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
+            for (a, b) in l.iter().zip(&n) {
+                tokens_nll += a * b;
+                tokens += b;
+            }
+        }
+    }
+    let records = data.len();
+    Ok(EvalMetrics {
+        records,
+        loss: if classify {
+            loss / records as f64
+        } else {
+            tokens_nll / tokens.max(1.0)
+        },
+        accuracy: classify.then(|| correct as f64 / records as f64),
+        correct: classify.then_some(correct),
+        perplexity: (!classify).then(|| (tokens_nll / tokens.max(1.0)).exp()),
+    })
+}

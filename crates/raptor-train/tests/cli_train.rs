@@ -1,0 +1,371 @@
+//! `raptor train` / `raptor eval` end to end on the toy data shipped in `examples/toy`: learning,
+//! resume after SIGKILL, and bad input (exit code 2, no panic, nothing half-written).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn raptor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_raptor"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("raptor-cli-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A config over the toy data with the given method and overrides (TOML lines per table).
+fn config(dir: &Path, method: &str, steps: u64, extra_train: &str) -> PathBuf {
+    let toy = root().join("examples/toy");
+    let text = format!(
+        r#"[data]
+train = "{train}"
+validation = "{valid}"
+public = "{public}"
+max_length = 40
+
+[model]
+kind = "switch"
+tokenizer = "bytes"
+d_model = 32
+layers = 4
+heads = 2
+d_ff = 64
+experts = 4
+
+[method]
+name = "{method}"
+
+[privacy]
+epsilon = 8.0
+
+[train]
+batch_size = 64.0
+steps = {steps}
+lr = 0.02
+micro_batch = 64
+checkpoint_every = 5
+{extra_train}
+"#,
+        train = toy.join("train.csv").display(),
+        valid = toy.join("valid.csv").display(),
+        public = toy.join("public.csv").display(),
+    );
+    let p = dir.join(format!("{method}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn record(dir: &Path) -> serde_json::Value {
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    serde_json::from_slice(&std::fs::read(runs[0].join("record.json")).unwrap()).unwrap()
+}
+
+/// `lora` (non-private) and `raptor` at ε = 8 both learn the toy task well above chance
+/// (the sampler and noise are seeded here: NOT private, for a reproducible test).
+#[test]
+fn lora_and_raptor_learn_the_toy_task() {
+    let d = tmp("learn");
+    for (method, steps, min_acc) in [("lora", 80u64, 0.8), ("raptor", 120, 0.7)] {
+        let runs = d.join(method);
+        let cfg = config(&d, method, steps, "insecure_seed = 7");
+        let out = raptor(&[
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let acc = rec["eval"]["accuracy"].as_f64().unwrap();
+        assert!(
+            acc >= min_acc,
+            "{method}: validation accuracy {acc} (chance 0.5)"
+        );
+        if method == "raptor" {
+            let e = rec["epsilon"]["upper"].as_f64().unwrap();
+            assert!(e <= 8.0 && e > 1.0, "epsilon {e}");
+            assert!(rec["insecure_seeded"].as_bool().unwrap());
+            // eval on the test file agrees in kind
+            let run = std::fs::read_dir(&runs)
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path();
+            let test = root().join("examples/toy/test.csv");
+            let ev = raptor(&[
+                "eval",
+                "--run",
+                run.to_str().unwrap(),
+                "--data",
+                test.to_str().unwrap(),
+                "--json",
+            ]);
+            assert!(
+                ev.status.success(),
+                "{}",
+                String::from_utf8_lossy(&ev.stderr)
+            );
+            let m: serde_json::Value = serde_json::from_slice(&ev.stdout).unwrap();
+            assert!(m["metrics"]["accuracy"].as_f64().unwrap() >= min_acc - 0.1);
+        } else {
+            assert!(
+                rec["epsilon"].is_null(),
+                "a non-private method reports no finite epsilon"
+            );
+        }
+    }
+}
+
+/// A run killed mid-training (real child process, SIGKILL) and resumed has a ledger with at
+/// least as many steps as updates applied, and a final ε no smaller than an uninterrupted run.
+#[test]
+fn killed_and_resumed_run_never_undercounts() {
+    let d = tmp("resume");
+    let steps = 40u64;
+    let cfg = config(&d, "dp-adam-lora", steps, "");
+    // Uninterrupted.
+    let full_runs = d.join("full");
+    let out = raptor(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--runs-dir",
+        full_runs.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let full = record(&full_runs);
+    let full_eps = full["epsilon"]["upper"].as_f64().unwrap();
+    // Killed.
+    let runs = d.join("killed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_raptor"))
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "--json",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until some updates were charged, then kill.
+    let start = std::time::Instant::now();
+    loop {
+        let charged = std::fs::read_dir(&runs)
+            .ok()
+            .and_then(|mut it| it.next())
+            .and_then(|e| std::fs::read(e.ok()?.path().join("metrics.jsonl")).ok());
+        if charged.is_some_and(|m| m.iter().filter(|&&b| b == b'\n').count() >= 12) {
+            break;
+        }
+        assert!(
+            start.elapsed().as_secs() < 300,
+            "the child made no progress"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    let run = std::fs::read_dir(&runs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(!run.join("record.json").exists());
+    let ledger: raptor_accountant::Ledger =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint/ledger.json")).unwrap())
+            .unwrap();
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    let applied = state["update"].as_u64().unwrap();
+    assert!(
+        ledger.len() >= applied,
+        "ledger {} < applied {applied}",
+        ledger.len()
+    );
+    // Resume (the stale lock of the killed process is taken over).
+    let out = raptor(&["train", "--resume", run.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rec["updates"].as_u64().unwrap(), steps);
+    assert_eq!(rec["resumed"].as_u64().unwrap(), 1);
+    let eps = rec["epsilon"]["upper"].as_f64().unwrap();
+    assert!(
+        eps >= full_eps * (1.0 - 1e-12),
+        "resumed {eps} < uninterrupted {full_eps}"
+    );
+    assert!(rec["epsilon"]["steps"].as_u64().unwrap() >= steps);
+}
+
+fn assert_bad(out: &Output, needle: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error_with_exit_code_2_and_nothing_written() {
+    let d = tmp("bad");
+    let runs = d.join("runs");
+    let good = std::fs::read_to_string(config(&d, "raptor", 5, "")).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = d.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (
+            write("typo.toml", &good.replace("batch_size", "batchsize")),
+            "batchsize",
+        ),
+        (
+            write("eps.toml", &good.replace("epsilon = 8.0", "epsilon = 0.0")),
+            "privacy.epsilon",
+        ),
+        (
+            write(
+                "negeps.toml",
+                &good.replace("epsilon = 8.0", "epsilon = -1.0"),
+            ),
+            "privacy.epsilon",
+        ),
+        (
+            write(
+                "big.toml",
+                &good.replace("batch_size = 64.0", "batch_size = 100000.0"),
+            ),
+            "batch_size",
+        ),
+        (
+            write(
+                "missing.toml",
+                &good.replace("train.csv", "no-such-file.csv"),
+            ),
+            "no-such-file.csv",
+        ),
+    ];
+    for (cfg, needle) in cases {
+        let out = raptor(&[
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ]);
+        assert_bad(&out, needle);
+        assert!(
+            !runs.exists() || std::fs::read_dir(&runs).unwrap().next().is_none(),
+            "a run folder was written for {}",
+            cfg.display()
+        );
+    }
+    // An empty dataset.
+    let empty = write("empty.csv", "text,label\n");
+    let out = raptor(&[
+        "train",
+        "--config",
+        write(
+            "empty.toml",
+            &good.replace(
+                &root().join("examples/toy/train.csv").display().to_string(),
+                &empty.display().to_string(),
+            ),
+        )
+        .to_str()
+        .unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ]);
+    assert_bad(&out, "empty.csv");
+    // A missing config file.
+    assert_bad(
+        &raptor(&["train", "--config", d.join("nope.toml").to_str().unwrap()]),
+        "nope.toml",
+    );
+}
+
+#[test]
+fn eval_with_an_unseen_label_is_an_error() {
+    let d = tmp("unseen");
+    let runs = d.join("runs");
+    let cfg = config(&d, "lora", 3, "");
+    let out = raptor(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = std::fs::read_dir(&runs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let bad = d.join("bad.csv");
+    std::fs::write(&bad, "text,label\ngood film,positive\nodd film,neutral\n").unwrap();
+    let out = raptor(&[
+        "eval",
+        "--run",
+        run.to_str().unwrap(),
+        "--data",
+        bad.to_str().unwrap(),
+    ]);
+    assert_bad(&out, "neutral");
+}
+
+#[test]
+fn print_default_config_parses() {
+    let out = raptor(&["train", "--print-default-config"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("[privacy]"));
+    let parsed = raptor_train::config::RunConfig::from_toml(&text).unwrap();
+    assert_eq!(parsed, raptor_train::config::RunConfig::default());
+}

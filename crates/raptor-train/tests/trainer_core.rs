@@ -1,0 +1,375 @@
+//! The trainer core against slow obvious references: with σ = 0 and C = ∞ every private
+//! method's update is the plain gradient of its scope; owner isolation; count independence of
+//! the release events; the ledger equals the plan.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+
+use raptor_accountant::{Accuracy, PrvAccountant};
+use raptor_models::{Batch, ForwardCtx, Model, SwitchConfig, SwitchEncoder};
+use raptor_train::config::{Method, RunConfig};
+use raptor_train::methods::build_plan;
+use raptor_train::optim::{OptimSettings, Optimizers};
+use raptor_train::streams::{Optim, Plan};
+use raptor_train::trainer::{Example, Trainer, TrainerOptions};
+use tch::{Device, Kind, Tensor};
+
+const SPARSE: usize = 3;
+
+fn examples(n: usize, vocab: i64, seed: u64) -> Vec<Example> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as i64
+    };
+    (0..n)
+        .map(|i| {
+            let len = 2 + (next() % 6) as usize;
+            let tokens: Vec<i64> = (0..len).map(|_| 1 + next() % (vocab - 1)).collect();
+            let label = tokens.iter().sum::<i64>() % 3;
+            Example {
+                id: i as u64 + 100,
+                tokens,
+                label: Some(label),
+                prompt_len: 0,
+            }
+        })
+        .collect()
+}
+
+fn model() -> SwitchEncoder {
+    tch::manual_seed(11);
+    SwitchEncoder::new(SwitchConfig::tiny(), Device::Cpu).unwrap()
+}
+
+fn cfg(method: Method, n: usize) -> RunConfig {
+    let mut c = RunConfig::default();
+    c.method.name = method;
+    c.method.residual = "none".into();
+    c.method.layer = SPARSE.to_string();
+    c.train.batch_size = n as f64;
+    c.train.steps = Some(4);
+    c.train.weight_decay = 0.0;
+    c.lora.r = 2;
+    c.privacy.accuracy = 0.05;
+    c
+}
+
+fn sgd(plan: &Plan, lr: f64) -> Optimizers {
+    let params: Vec<(String, Optim)> = plan
+        .optim
+        .iter()
+        .map(|(n, _)| (n.clone(), Optim::Sgd))
+        .collect();
+    Optimizers::new(
+        OptimSettings {
+            lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            muon_lr: 0.02,
+            muon_beta: 0.9,
+            muon_form: raptor_muon::MomentumForm::HeavyBall,
+            ns: raptor_muon::NsConfig::keller(),
+            bc_probe_pairs: 1,
+        },
+        &params,
+        Some(1),
+    )
+}
+
+fn opts(seed: Option<u64>) -> TrainerOptions {
+    TrainerOptions {
+        micro_batch: 3,
+        insecure_seed: seed,
+        pad_id: 0,
+        device: Device::Cpu,
+        warmup_steps: 0,
+        cosine: false,
+    }
+}
+
+fn owner_maps(m: &dyn Model, data: &[Example]) -> BTreeMap<usize, Vec<i64>> {
+    let b = batch(data, true);
+    let t = raptor_models::owner_tensors(
+        m,
+        [&b],
+        raptor_routing::OwnerRule::GateWeighted,
+        Device::Cpu,
+    )
+    .unwrap();
+    t.into_iter()
+        .map(|(l, v)| (l, Vec::<i64>::try_from(&v).unwrap()))
+        .collect()
+}
+
+fn batch(data: &[Example], labelled: bool) -> Batch {
+    let toks: Vec<Vec<i64>> = data.iter().map(|e| e.tokens.clone()).collect();
+    let labels: Vec<i64> = data.iter().map(|e| e.label.unwrap()).collect();
+    Batch::from_records(&toks, 0, labelled.then_some(labels.as_slice()), Device::Cpu).unwrap()
+}
+
+fn snapshot(m: &dyn Model, names: &[String]) -> BTreeMap<String, Tensor> {
+    let vars = m.var_store().variables();
+    names
+        .iter()
+        .map(|n| (n.clone(), vars[n].detach().copy()))
+        .collect()
+}
+
+fn perturb_trainable(m: &dyn Model, names: &[String]) {
+    tch::manual_seed(5);
+    let vars = m.var_store().variables();
+    tch::no_grad(|| {
+        for n in names {
+            let v = &vars[n];
+            let _ = v
+                .shallow_clone()
+                .f_add_(&v.randn_like().f_mul_scalar(0.05).unwrap())
+                .unwrap();
+        }
+    });
+}
+
+/// σ = 0, every bound huge: the phase's update (SGD, lr 1) is −(gradient of Σ loss)/denominator,
+/// the gradient taken by plain autograd with the phase's owner masks.
+#[test]
+fn sigma_zero_and_no_clipping_give_the_plain_gradient_of_each_scope() {
+    let n = 10;
+    for method in [
+        Method::Raptor,
+        Method::DpAdamLora,
+        Method::DpAdamFull,
+        Method::MatchedScope,
+        Method::SharedOnly,
+        Method::ExpertOnly,
+    ] {
+        let mut m = model();
+        let data = examples(n, m.vocab_size(), 3);
+        let c = cfg(method, n);
+        let (mut plan, _) = build_plan(&c, &mut m, n, Some(SPARSE)).unwrap();
+        m.var_store_mut().double();
+        let names = plan.params();
+        perturb_trainable(&m, &names);
+        for ph in &mut plan.phases {
+            ph.global_clip = ph.global_clip.map(|_| 1e30);
+            for g in &mut ph.groups {
+                g.bound = 1e30;
+            }
+            for r in &mut ph.releases {
+                r.sigma = 0.0;
+            }
+        }
+        let owners = owner_maps(&m, &data);
+        let optim = sgd(&plan, 1.0);
+        let phases = plan.phases.clone();
+        let pattern = plan.pattern.clone();
+        let mut tr =
+            Trainer::new(&mut m, plan, &data, owners.clone(), optim, opts(Some(2))).unwrap();
+        for &pi in &pattern {
+            let ph = &phases[pi];
+            let before = snapshot(tr.model(), &names);
+            // Reference gradient with the same owner masks, by autograd.
+            let vars = tr.model().var_store().variables();
+            let phase_params = ph.params();
+            for p in &names {
+                let _ = vars[p].set_requires_grad(phase_params.contains(p));
+            }
+            let b = batch(&data, true);
+            let mut ctx = ForwardCtx::new(true);
+            for &l in &ph.owner_layers {
+                ctx.owners.insert(l, Tensor::from_slice(&owners[&l]));
+            }
+            let loss = tr
+                .model()
+                .per_record_loss(&b, &mut ctx)
+                .unwrap()
+                .sum(Kind::Double);
+            let refs: Vec<&Tensor> = phase_params.iter().map(|p| &vars[p]).collect();
+            let grads = Tensor::run_backward(&[&loss], &refs, false, true);
+            let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+            if let Err(e) = tr.step(&mut noop) {
+                panic!("{method:?} phase {}: {e}", ph.name);
+            }
+            let after = snapshot(tr.model(), &names);
+            let mut worst = 0.0f64;
+            for (p, g) in phase_params.iter().zip(grads) {
+                let group = ph.groups.iter().find(|gr| gr.params.contains(p)).unwrap();
+                if !group.release {
+                    continue;
+                }
+                let rel = ph
+                    .releases
+                    .iter()
+                    .find(|r| r.groups.contains(&group.name))
+                    .unwrap();
+                let g = if g.defined() {
+                    g
+                } else {
+                    before[p].zeros_like()
+                };
+                let want = &before[p] - g / rel.denominator;
+                let diff = (&after[p] - &want).abs().max().double_value(&[]);
+                let scale = want.abs().max().double_value(&[]).max(1e-12);
+                worst = worst.max(diff / scale);
+            }
+            assert!(
+                worst < 1e-9,
+                "{method:?} phase {}: relative error {worst}",
+                ph.name
+            );
+            // Parameters outside the phase do not move.
+            for p in names.iter().filter(|p| !phase_params.contains(p)) {
+                assert!(
+                    before[p].equal(&after[p]),
+                    "{method:?}: {p} moved outside its phase"
+                );
+            }
+        }
+    }
+}
+
+/// A record owned by expert e changes no other expert's adapter (σ = 0).
+#[test]
+fn owner_isolation_no_other_expert_moves() {
+    let n = 40;
+    let mut m = model();
+    let all = examples(n, m.vocab_size(), 9);
+    let owners_all = owner_maps(&m, &all);
+    let own = &owners_all[&SPARSE];
+    let e = own[0];
+    let data: Vec<Example> = all
+        .iter()
+        .zip(own)
+        .filter(|(_, o)| **o == e)
+        .map(|(x, _)| x.clone())
+        .collect();
+    assert!(!data.is_empty());
+    let c = cfg(Method::ExpertOnly, data.len());
+    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    for ph in &mut plan.phases {
+        for r in &mut ph.releases {
+            r.sigma = 0.0;
+        }
+    }
+    let names = plan.params();
+    perturb_trainable(&m, &names);
+    let owners = owner_maps(&m, &data);
+    assert!(
+        owners[&SPARSE].iter().all(|&o| o == e),
+        "perturbing LoRA must not change routing"
+    );
+    let optim = sgd(&plan, 1.0);
+    let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(Some(4))).unwrap();
+    let before = snapshot(tr.model(), &names);
+    let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+    tr.step(&mut noop).unwrap();
+    let after = snapshot(tr.model(), &names);
+    let own_prefix = format!("encoder.block.{SPARSE}.layer.1.mlp.experts.expert_{e}.");
+    let mut moved_own = false;
+    for p in &names {
+        let same = before[p].equal(&after[p]);
+        if p.starts_with(&own_prefix) {
+            moved_own |= !same;
+        } else {
+            assert!(
+                same,
+                "{p} moved although no sampled record is owned by its expert"
+            );
+        }
+    }
+    assert!(moved_own, "the owning expert did not move");
+}
+
+fn events_of(data: &[Example], secure: bool) -> Vec<(String, String, u64, String)> {
+    let mut m = model();
+    let mut c = cfg(Method::Raptor, data.len());
+    c.train.batch_size = 8.0;
+    c.train.steps = Some(6);
+    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let owners = owner_maps(&m, data);
+    let optim = sgd(&plan, 0.01);
+    let mut tr = Trainer::new(
+        &mut m,
+        plan,
+        data,
+        owners,
+        optim,
+        opts((!secure).then_some(3)),
+    )
+    .unwrap();
+    let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+    while !tr.done() {
+        tr.step(&mut noop).unwrap();
+    }
+    tr.events()
+        .iter()
+        .map(|e| {
+            (
+                e.phase.clone(),
+                e.release.clone(),
+                e.denominator.to_bits(),
+                format!("{:?}", e.charge),
+            )
+        })
+        .collect()
+}
+
+/// Neighbouring datasets (one record removed), independent secure samples: the same releases,
+/// streams, experts and denominators, in the same order.
+#[test]
+fn release_events_do_not_depend_on_the_data_or_the_sample() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let d = examples(30, vocab, 21);
+    let mut d2 = d.clone();
+    d2.remove(7);
+    let a = events_of(&d, true);
+    let b = events_of(&d2, true);
+    assert_eq!(a, b);
+    // Every expert of the layer is released at every expert update, whatever the sample.
+    let experts = a.iter().filter(|e| e.0 == "experts").count();
+    assert_eq!(experts, 3 * SwitchConfig::tiny().num_experts as usize);
+}
+
+/// After a run, the ledger equals the plan: same certified ε, never above the target.
+#[test]
+fn ledger_after_a_run_equals_the_plan() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(40, vocab, 5);
+    for method in [Method::Raptor, Method::DpAdamLora, Method::ExpertOnly] {
+        let mut m = model();
+        let mut c = cfg(method, data.len());
+        c.train.batch_size = 8.0;
+        c.train.steps = Some(5);
+        let (plan, privacy) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+        let owners = owner_maps(&m, &data);
+        let optim = sgd(&plan, 0.01);
+        let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(None)).unwrap();
+        let mut charged = Vec::new();
+        let mut on = |l: &raptor_accountant::Ledger| {
+            charged.push(l.len());
+            Ok(())
+        };
+        while !tr.done() {
+            tr.step(&mut on).unwrap();
+        }
+        assert_eq!(
+            charged,
+            (1..=5).collect::<Vec<u64>>(),
+            "{method:?}: one ledger write per update"
+        );
+        let acc = PrvAccountant::new(Accuracy::relative(c.privacy.accuracy)).unwrap();
+        let eps = tr.ledger().epsilon(privacy.delta, &acc).unwrap().upper;
+        assert!(eps <= c.privacy.epsilon, "{method:?}: {eps} > target");
+        assert!(
+            (eps - privacy.planned_epsilon).abs() <= 1e-9 * eps,
+            "{method:?}: ledger {eps} vs plan {}",
+            privacy.planned_epsilon
+        );
+        assert_eq!(tr.unaccounted_releases(), 0);
+    }
+}
