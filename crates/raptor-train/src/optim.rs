@@ -212,8 +212,10 @@ impl Optimizers {
                             &mut self.probe_rng,
                         )?;
                         let d = out.direction;
+                        // d is cols × rows (the transposed view); its columns, in order, are
+                        // the rows of the rows × cols result.
                         let mut flat = Vec::with_capacity(v.len());
-                        for i in 0..cols as usize {
+                        for i in 0..rows as usize {
                             flat.extend(d.col_as_slice(i).iter().copied());
                         }
                         // flat is column-major of the transpose = row-major of the original.
