@@ -288,19 +288,6 @@ impl Loss {
         s2 * z + 0.5
     }
 
-    /// dx/dy of `ginv` at y.
-    #[cfg(test)]
-    fn ginv_prime(&self, y: f64) -> f64 {
-        let s2 = self.sigma * self.sigma;
-        if self.q == 1.0 {
-            s2
-        } else {
-            // dz/dy = e^y / (e^y − 1 + q) = 1 / (1 − (1−q) e^{−y})
-            let d = 1.0 - (1.0 - self.q) * (-y).exp();
-            if d <= 0.0 { f64::INFINITY } else { s2 / d }
-        }
-    }
-
     /// Grid-free support [a, b] with P(Y < a) ≤ mass/… and P(Y > b) ≤ mass.
     fn support(&self, mass: f64) -> (f64, f64) {
         let z = norm_upper_quantile(mass);
@@ -337,32 +324,6 @@ impl Loss {
                 } else {
                     norm_sf(x / s)
                 }
-            }
-        }
-    }
-
-    /// Density of Y at y (0 outside the support); the library uses [`Loss::eval`], this
-    /// independent form checks it.
-    #[cfg(test)]
-    fn density(&self, y: f64) -> f64 {
-        let (q, s) = (self.q, self.sigma);
-        match self.dir {
-            Direction::Remove => {
-                let x = self.ginv(y);
-                if !x.is_finite() {
-                    return 0.0;
-                }
-                let fx = ((1.0 - q) * norm_pdf(x / s) + q * norm_pdf((x - 1.0) / s)) / s;
-                let d = fx * self.ginv_prime(y);
-                if d.is_finite() { d } else { 0.0 }
-            }
-            Direction::Add => {
-                let x = self.ginv(-y);
-                if !x.is_finite() {
-                    return 0.0;
-                }
-                let d = norm_pdf(x / s) / s * self.ginv_prime(-y);
-                if d.is_finite() { d } else { 0.0 }
             }
         }
     }
@@ -858,9 +819,15 @@ fn max_round_up(h: f64) -> f64 {
     0.5 * x * x
 }
 
-/// Grid step for an excess target `tol` over `n_steps` steps at curvature `r` (module docs).
+/// Fraction of the ε tolerance the grid step aims at (the excess model is an estimate).
+const TOL_AIM: f64 = 0.8;
+
+/// Grid step for an excess target `tol` over `n_steps` steps at curvature `r` (module docs):
+/// `E(h) = (N + 1) h² (1 + R)/12` set to `TOL_AIM·tol`. The `N + 1` (rather than `N`) covers
+/// few-step compositions, where the chord error of the single-step interpolation (up to
+/// `h² R/8` between grid points) is not yet averaged out.
 fn grid_step(tol: f64, n_steps: f64, r: f64) -> f64 {
-    (12.0 * tol / (n_steps * (1.0 + r))).sqrt()
+    (12.0 * TOL_AIM * tol / ((n_steps + 1.0) * (1.0 + r))).sqrt()
 }
 
 struct Plan {
@@ -1223,13 +1190,18 @@ impl PrvAccountant {
             EpsTolerance::Absolute(a) => a,
             EpsTolerance::Relative(r) => r * scale.max(1e-9),
         };
-        if final_tol(rdp) >= coarse_tol {
+        // One pass suffices for an absolute tolerance at least as coarse as the first pass's; a
+        // relative one needs the first pass's ε as its scale (the RDP ε can be far above it).
+        if matches!(self.accuracy.eps, EpsTolerance::Absolute(a) if a >= coarse_tol) {
             let prv = self.compose_flats(&flats, final_tol(rdp), &prior, delta_error, None)?;
             return prv.epsilon(delta);
         }
         let coarse_prv = self.compose_flats(&flats, coarse_tol, &prior, delta_error, None)?;
         let coarse = coarse_prv.epsilon(delta)?;
         let tol = final_tol(coarse.upper);
+        if tol >= coarse_tol {
+            return Ok(coarse);
+        }
         let measured = coarse_prv.curvatures(coarse.upper.max(coarse.estimate));
         let prv = self.compose_flats(&flats, tol, &measured, delta_error, Some(&coarse_prv))?;
         prv.epsilon(delta)
