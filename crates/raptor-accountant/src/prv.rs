@@ -110,7 +110,7 @@ pub enum EpsTolerance {
 /// |---|---|---|
 /// | [`Accuracy::fast`] | 1e-3 | certified ε within about 0.1 % of the truth, ~2× faster than the default |
 /// | [`Accuracy::default`] | 1e-4 | certified ε within about 0.01 % of the truth |
-/// | [`Accuracy::tight`] | 1e-5 | certified ε within about 0.001 % of the truth, ~3× the default's time |
+/// | [`Accuracy::tight`] | 1e-5 | certified ε within about 0.001 % of the truth, ~4–6× the default's time |
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Accuracy {
     /// ε tolerance.
@@ -226,7 +226,7 @@ impl Accuracy {
 pub struct EpsilonBounds {
     /// Certified upper bound (report this).
     pub upper: f64,
-    /// Estimate (no rounding shift).
+    /// Estimate (not certified): the upper bound less the discretization's estimated excess.
     pub estimate: f64,
     /// Certified lower bound.
     pub lower: f64,
@@ -241,7 +241,7 @@ pub struct EpsilonBounds {
 pub struct DeltaBounds {
     /// Certified upper bound (report this).
     pub upper: f64,
-    /// Estimate.
+    /// Estimate (not certified): δ of the discrete composition at ε plus its estimated excess.
     pub estimate: f64,
     /// Certified lower bound.
     pub lower: f64,
