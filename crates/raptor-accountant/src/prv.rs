@@ -120,6 +120,9 @@ pub struct Accuracy {
     /// Absolute δ error budget for δ(ε) queries.
     pub delta_error_abs: f64,
     /// Largest FFT grid (points) allowed per direction; memory is about 40 bytes per point.
+    /// All directions and member combinations of one composition together may use at most
+    /// twice this (both directions of a single sequential composition fit; the member
+    /// combinations of heterogeneous parallel groups share the budget).
     pub max_points: usize,
     /// Largest number of member combinations of parallel groups.
     pub max_combinations: u64,
@@ -241,7 +244,8 @@ pub struct EpsilonBounds {
 pub struct DeltaBounds {
     /// Certified upper bound (report this).
     pub upper: f64,
-    /// Estimate (not certified): δ of the discrete composition at ε plus its estimated excess.
+    /// Estimate (not certified): δ of the discrete composition at ε shifted up by its estimated
+    /// excess.
     pub estimate: f64,
     /// Certified lower bound.
     pub lower: f64,
@@ -1276,6 +1280,7 @@ impl PrvAccountant {
             });
         }
         let mut dirs = Vec::with_capacity(2 * flats.len());
+        let mut total_points = 0usize;
         for (i, flat) in flats.iter().enumerate() {
             let n_steps: f64 = flat.iter().map(|(_, t)| *t as f64).sum();
             let r = curv.get(i).copied().unwrap_or(0.0);
@@ -1294,8 +1299,17 @@ impl PrvAccountant {
                 || compose_direction(flat, Direction::Remove, &plan, &self.accuracy, hint(0)),
                 || compose_direction(flat, Direction::Add, &plan, &self.accuracy, hint(1)),
             );
-            dirs.push(rem?);
-            dirs.push(add?);
+            let (rem, add) = (rem?, add?);
+            total_points += rem.n() + add.n();
+            if total_points > 2 * self.accuracy.max_points {
+                return Err(grid_too_large(
+                    total_points as f64,
+                    2 * self.accuracy.max_points,
+                    eps_error,
+                ));
+            }
+            dirs.push(rem);
+            dirs.push(add);
         }
         Ok(ComposedPrv {
             dirs,
