@@ -561,7 +561,7 @@ fn log_mgf(c: &LogPmf, lambda: f64) -> (f64, f64, f64) {
 /// cumulant K of the composed index sum. Any λ > 0 gives a valid bound; λ is the root of
 /// ψ(λ) = λK'(λ) − K(λ) − ln(1/τ) (increasing, ψ' = λK''), found by safeguarded Newton steps
 /// from the Gaussian optimum (or from `start`, the optimum of a coarser grid of the same
-/// composition, with at most two evaluations), and the best bound seen is returned with its λ.
+/// composition, evaluated there only), and the best bound seen is returned with its λ.
 fn chernoff_point(
     parts: &[(LogPmf, f64)],
     tau: f64,
@@ -590,7 +590,7 @@ fn chernoff_point(
         .sum::<f64>()
         .max(1e-300);
     let (mut lambda, iters) = match start {
-        Some(l) if l.is_finite() && l > 0.0 => (l, 2),
+        Some(l) if l.is_finite() && l > 0.0 => (l, 1),
         _ => ((2.0 * ln_inv_tau / var).sqrt(), 8),
     };
     let (mut lo, mut hi) = (0.0_f64, f64::INFINITY);
@@ -1161,21 +1161,18 @@ impl ComposedPrv {
         Ok(out)
     }
 
-    /// For each flat composition, the ε the upper bound spends on its δ allowances (truncation,
-    /// wrap-around, round-off): `extra_up / (−δ'(ε))`, the larger of its two directions.
-    fn allowance_eps(&self, eps: f64) -> Vec<f64> {
-        self.dirs
-            .chunks(2)
-            .map(|pair| {
-                pair.iter()
-                    .map(|d| {
-                        let step = (32.0 * d.h).min(0.05 * d.sd).max(4.0 * d.h);
-                        let slope = (d.delta_w(eps - step) - d.delta_w(eps + step)) / (2.0 * step);
-                        if slope > 0.0 { d.extra_up / slope } else { 0.0 }
-                    })
-                    .fold(0.0_f64, f64::max)
-            })
-            .collect()
+    /// The ε the upper bound spends on its δ allowances (truncation, wrap-around, round-off),
+    /// `extra_up / (−δ'(ε))` at ε = `at`, in the direction that attains the largest ε at δ (the
+    /// others do not set the reported bound).
+    fn allowance_eps(&self, at: f64, delta: f64) -> f64 {
+        let worst = self
+            .dirs
+            .iter()
+            .max_by(|a, b| a.eps_w(delta).total_cmp(&b.eps_w(delta)));
+        let Some(d) = worst else { return 0.0 };
+        let step = (32.0 * d.h).min(0.05 * d.sd).max(4.0 * d.h);
+        let slope = (d.delta_w(at - step) - d.delta_w(at + step)) / (2.0 * step);
+        if slope > 0.0 { d.extra_up / slope } else { 0.0 }
     }
 
     /// The measured curvature R at ε of each flat composition (the larger of its two
@@ -1255,10 +1252,7 @@ impl PrvAccountant {
         let measured = coarse_prv.curvatures(at);
         // The δ allowances (mostly the FFT's round-off, about the same on the fine grid) move
         // the upper bound too: the grid gets what they leave of the tolerance (at least half).
-        let spent = coarse_prv
-            .allowance_eps(at)
-            .into_iter()
-            .fold(0.0_f64, f64::max);
+        let spent = coarse_prv.allowance_eps(at, delta);
         let grid_tol = (tol - spent).max(0.5 * tol);
         let prv =
             self.compose_flats(&flats, grid_tol, &measured, delta_error, Some(&coarse_prv))?;
