@@ -1616,6 +1616,34 @@ mod tests {
         }
     }
 
+    /// The FFT's round-off allowance covers the scatter of δ between grids in the regime where
+    /// round-off dominates (T = 1000, δ ≈ 1e-12): there the pessimistic δ of different grids
+    /// differs by discretization only ~1e-18, but by round-off up to ~1.6e-13, which the
+    /// transforms-only allowance (~3e-14) did not cover.
+    #[test]
+    fn round_off_allowance_covers_the_scatter_between_grids() {
+        let c = Composition::single(SubsampledGaussian::new(0.01, 1.0).unwrap(), 1000).unwrap();
+        let acc = PrvAccountant::default();
+        let mut vals = Vec::new();
+        let mut allowance = f64::INFINITY;
+        for tol in [1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5] {
+            let p = acc.compose(&c, tol, 1e-17).unwrap();
+            for d in &p.dirs[..1] {
+                vals.push(d.delta_w(3.91));
+                allowance = allowance.min(d.extra_up);
+            }
+        }
+        let (lo, hi) = vals
+            .iter()
+            .fold((f64::INFINITY, 0.0_f64), |(a, b), &v| (a.min(v), b.max(v)));
+        assert!(lo > 5e-13 && hi < 2e-12, "{vals:?}");
+        assert!(
+            hi - lo <= allowance,
+            "scatter {:e} > allowance {allowance:e}: {vals:?}",
+            hi - lo
+        );
+    }
+
     #[test]
     fn remove_gaussian_loss_is_normal() {
         // q = 1: Y ~ N(1/(2σ²), 1/σ²).
