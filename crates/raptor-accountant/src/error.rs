@@ -59,10 +59,12 @@ pub enum AccountantError {
         /// An absolute ε error that would fit under the limit (approximately).
         suggested_eps_error: f64,
     },
-    /// The δ error budget is not small compared with the requested δ.
+    /// The δ error budget (truncation, wrap-around and the FFT's round-off allowance, about
+    /// `N·1e-15` for `N` composed steps) is not small compared with the requested δ.
     #[error(
-        "delta = {delta:.3e} is not larger than the delta error budget {delta_error:.3e}; \
-         ask for a smaller delta error (Accuracy::with_delta_error_rel)"
+        "delta = {delta:.3e} is not larger than the delta error budget {delta_error:.3e} \
+         (truncation, wrap-around and the FFT's round-off allowance, about 1e-15 per composed \
+         step); ask for a smaller delta error (Accuracy::with_delta_error_rel) or a larger delta"
     )]
     DeltaBelowAccuracy {
         /// The requested δ.

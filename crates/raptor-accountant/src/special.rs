@@ -15,6 +15,7 @@ pub(crate) fn norm_sf(u: f64) -> f64 {
 }
 
 /// Standard normal density.
+#[cfg(test)]
 pub(crate) fn norm_pdf(u: f64) -> f64 {
     (-0.5 * u * u).exp() / (2.0 * PI).sqrt()
 }

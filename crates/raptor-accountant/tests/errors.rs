@@ -217,3 +217,42 @@ fn ledger_rejects_bad_records() {
         r#"{"history":[{"mechanism":{"sampling_rate":0.5,"noise_multiplier":1.0},"count":0}]}"#;
     assert!(serde_json::from_str::<Ledger>(zero).is_err());
 }
+
+/// The grid limit budgets the total over member combinations (issue 14): a heterogeneous
+/// parallel group whose members fit one at a time but not together is a typed error; the
+/// same group fits a larger budget.
+#[test]
+fn grid_limit_budgets_all_member_combinations_together() {
+    let members: Vec<Composition> = (0..6)
+        .map(|i| {
+            Composition::single(
+                SubsampledGaussian::new(0.02, 1.0 + 0.1 * i as f64).unwrap(),
+                100,
+            )
+            .unwrap()
+        })
+        .collect();
+    let one = members[0].clone();
+    let group = ParallelGroup::new(members).unwrap().into_composition();
+    let tol = Accuracy::absolute(1e-3);
+    // Points of one member (both directions) at this tolerance.
+    let alone = PrvAccountant::new(tol)
+        .unwrap()
+        .compose(&one, 1e-3, 1e-10)
+        .unwrap()
+        .grid_points();
+    let limit = 2 * alone;
+    let small = PrvAccountant::new(tol.with_max_points(limit)).unwrap();
+    assert!(small.compose(&one, 1e-3, 1e-10).is_ok());
+    match small.compose(&group, 1e-3, 1e-10) {
+        Err(E::GridTooLarge {
+            needed, limit: l, ..
+        }) => {
+            assert_eq!(l, 2 * limit);
+            assert!(needed > 2 * limit as u64);
+        }
+        other => panic!("expected GridTooLarge, got {other:?}"),
+    }
+    let big = PrvAccountant::new(tol.with_max_points(8 * limit)).unwrap();
+    assert!(big.compose(&group, 1e-3, 1e-10).is_ok());
+}

@@ -7,6 +7,13 @@ use raptor_accountant::{
     SubsampledGaussian, calibrate_sigma,
 };
 
+/// Exact δ(ε) of T Gaussian steps (Balle & Wang 2018), μ = √T/σ.
+fn gaussian_delta(eps: f64, mu: f64) -> f64 {
+    use statrs::distribution::{ContinuousCDF, Normal};
+    let n = Normal::new(0.0, 1.0).unwrap();
+    n.cdf(-eps / mu + mu / 2.0) - eps.exp() * n.cdf(-eps / mu - mu / 2.0)
+}
+
 fn acc() -> PrvAccountant {
     PrvAccountant::new(Accuracy::relative(0.02)).unwrap()
 }
@@ -63,6 +70,18 @@ proptest! {
         prop_assert!(c.relative_bracket <= SIGMA_TOLERANCE || c.sigma <= 0.011);
         let less = eps(q, c.sigma * 0.99, t);
         prop_assert!(less.upper > target * 0.999, "{less:?} at {}", c.sigma * 0.99);
+    }
+
+    /// The default certified ε of the Gaussian mechanism is never below the exact ε (the exact δ
+    /// at the certified ε is at most δ) and is within 0.01 % of it.
+    #[test]
+    fn default_upper_is_sound_and_tight_for_the_gaussian(s in 0.6f64..30.0, t in 1u64..3000) {
+        let c = Composition::single(SubsampledGaussian::gaussian(s).unwrap(), t).unwrap();
+        let mu = (t as f64).sqrt() / s;
+        let e = PrvAccountant::default().epsilon(&c, 1e-5).unwrap();
+        prop_assume!(e.upper < 600.0);
+        prop_assert!(gaussian_delta(e.upper, mu) <= 1e-5 * (1.0 + 1e-9), "{e:?}");
+        prop_assert!(gaussian_delta(e.upper / (1.0 + 1e-4), mu) > 1e-5, "{e:?}");
     }
 
     #[test]
