@@ -11,15 +11,17 @@ import csv
 import os
 import random
 
-POS = ["good", "great", "fine", "lovely", "superb", "happy", "bright", "warm"]
-NEG = ["bad", "awful", "poor", "dull", "grim", "sad", "dark", "cold"]
-FILL = ["the", "film", "was", "a", "story", "with", "plot", "and", "cast", "very", "quite", "so"]
+# The cue words of the two classes use disjoint letters, so that even a model that only sees
+# bytes (the data-independent tokenizer) separates them after a few dozen updates.
+POS = ["ace", "glad", "ideal", "chef", "acme", "lime", "gleam", "aided"]
+NEG = ["rusty", "worst", "stony", "sour", "turn", "knot", "porky", "snout"]
+FILL = ["the", "film", "was", "a", "with", "and", "very", "so"]
 
 
 def sentence(rng, label):
-    words = [rng.choice(FILL) for _ in range(rng.randint(3, 7))]
+    words = [rng.choice(FILL) for _ in range(rng.randint(1, 3))]
     cue = POS if label == "positive" else NEG
-    for _ in range(rng.randint(1, 2)):
+    for _ in range(rng.randint(2, 4)):
         words.insert(rng.randrange(len(words) + 1), rng.choice(cue))
     return " ".join(words)
 

@@ -304,7 +304,7 @@ impl Default for PrivacyConfig {
             delta: None,
             split: "additive".into(),
             rho: 0.9,
-            accuracy: 0.01,
+            accuracy: 1e-4,
         }
     }
 }
