@@ -100,6 +100,18 @@ impl Family {
     }
 }
 
+/// The sparse layer of a routed-expert parameter name (Switch `encoder.block.{l}.layer.1.mlp.
+/// experts.…`, OLMoE `model.layers.{l}.mlp.experts.…`), if it is one.
+pub fn routed_expert_layer(name: &str) -> Option<usize> {
+    if !name.contains(".mlp.experts.") {
+        return None;
+    }
+    let rest = name
+        .strip_prefix("encoder.block.")
+        .or_else(|| name.strip_prefix("model.layers."))?;
+    rest.split('.').next()?.parse().ok()
+}
+
 /// The privacy plan as recorded in the run record.
 #[derive(Debug, Clone, Serialize)]
 pub struct PrivacyPlan {

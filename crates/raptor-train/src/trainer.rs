@@ -187,6 +187,26 @@ impl<'a> Trainer<'a> {
                 }
             }
         }
+        // Routed-expert parameters clipped role-wise (several groups in the phase) must come with
+        // their layer's owner map: otherwise a record's tokens would reach several expert
+        // streams and its sensitivity would no longer be one stream's bound.
+        for ph in &plan.phases {
+            if !ph.private || ph.global_clip.is_some() || ph.groups.len() < 2 {
+                continue;
+            }
+            for g in &ph.groups {
+                for p in &g.params {
+                    if let Some(l) = crate::methods::routed_expert_layer(p)
+                        && !ph.owner_layers.contains(&l)
+                    {
+                        return Err(TrainError::Config(format!(
+                            "phase {}: routed-expert parameter {p} is clipped role-wise (group {}) but layer {l} has no owner map; a record could touch several expert streams",
+                            ph.name, g.name
+                        )));
+                    }
+                }
+            }
+        }
         let vars: BTreeMap<String, Tensor> = model.var_store().variables().into_iter().collect();
         // The scope: every variable trainable at the start (the method's setup) plus the plan's
         // parameters; each phase switches on its own parameters and off all the others.

@@ -373,3 +373,51 @@ fn ledger_after_a_run_equals_the_plan() {
         assert_eq!(tr.unaccounted_releases(), 0);
     }
 }
+
+/// A sample with no record (Poisson can draw one) still releases every stream, noise only, and
+/// is charged.
+#[test]
+fn an_empty_sample_is_a_noise_only_update() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(20, vocab, 8);
+    let mut m = model();
+    let c = cfg(Method::Raptor, data.len());
+    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    // q ≈ 5e-10: the sample is empty (P[non-empty] ≈ 1e-8).
+    plan.q = 1e-9 / 2.0;
+    let names = plan.params();
+    let owners = owner_maps(&m, &data);
+    let optim = sgd(&plan, 1.0);
+    let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(None)).unwrap();
+    for _ in 0..2 {
+        let before = snapshot(tr.model(), &names);
+        let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+        let metrics = tr.step(&mut noop).unwrap();
+        assert_eq!(metrics.sampled, 0);
+        let after = snapshot(tr.model(), &names);
+        // Every parameter of the phase moved (by noise alone).
+        let moved = names.iter().filter(|p| !before[*p].equal(&after[*p])).count();
+        assert!(moved > 0, "{}: nothing moved", metrics.phase);
+        if metrics.phase == "experts" {
+            assert_eq!(metrics.empty_expert_groups, SwitchConfig::tiny().num_experts as usize);
+        }
+    }
+    assert_eq!(tr.ledger().len(), 2);
+    assert_eq!(tr.ledger().releases(), 1 + SwitchConfig::tiny().num_experts as u64);
+}
+
+/// Routed-expert parameters clipped role-wise without their layer's owner map are refused.
+#[test]
+fn role_wise_experts_without_an_owner_map_are_refused() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(20, vocab, 8);
+    let mut m = model();
+    let c = cfg(Method::Raptor, data.len());
+    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    for ph in &mut plan.phases {
+        ph.owner_layers.clear();
+    }
+    let optim = sgd(&plan, 1.0);
+    let err = Trainer::new(&mut m, plan, &data, BTreeMap::new(), optim, opts(None)).unwrap_err();
+    assert!(err.to_string().contains("owner map"), "{err}");
+}
