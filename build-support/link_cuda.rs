@@ -17,12 +17,14 @@
 // exported to direct dependents as `DEP_TCH_LIBTORCH_LIB`), which is why these crates depend
 // on torch-sys directly.
 
+#[allow(dead_code)]
 fn link_cuda_if_present() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rustc-check-cfg=cfg(raptor_cuda_linked)");
     let Some(lib) = std::env::var_os("DEP_TCH_LIBTORCH_LIB").map(std::path::PathBuf::from) else {
         return;
     };
+    rpath_libtorch(&lib);
     let present: Vec<&str> = ["torch_cuda", "c10_cuda"]
         .into_iter()
         .filter(|name| lib.join(format!("lib{name}.so")).exists())
@@ -37,4 +39,24 @@ fn link_cuda_if_present() {
         libs.join(",")
     );
     println!("cargo:rustc-cfg=raptor_cuda_linked");
+}
+
+/// An absolute rpath to the libtorch in use, for the binaries that run away from `target/`:
+/// rustdoc links and runs doc tests in a temporary folder, where the relative `$ORIGIN` rpath of
+/// `.cargo/config.toml` cannot reach `target/libtorch` (cargo's `[env]` does not reach them
+/// either). Build-script link arguments do reach doc tests, so plain `cargo test` (doc tests
+/// included) works after `cargo xtask setup` with nothing to export.
+fn rpath_libtorch(lib: &std::path::Path) {
+    let abs = lib.canonicalize().unwrap_or_else(|_| lib.to_path_buf());
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", abs.display());
+}
+
+/// Build scripts of crates whose libtorch path is an optional feature (raptor-clip,
+/// raptor-muon): the rpath only, when torch-sys is linked.
+#[allow(dead_code)]
+fn rpath_libtorch_if_linked() {
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    if let Some(lib) = std::env::var_os("DEP_TCH_LIBTORCH_LIB").map(std::path::PathBuf::from) {
+        rpath_libtorch(&lib);
+    }
 }

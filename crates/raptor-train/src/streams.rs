@@ -205,7 +205,7 @@ impl Plan {
                         g.name, ph.name
                     ));
                 }
-                if !(g.bound > 0.0) {
+                if g.bound.is_nan() || g.bound <= 0.0 {
                     return Err(format!("group {} has bound {}", g.name, g.bound));
                 }
             }
