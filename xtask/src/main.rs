@@ -17,15 +17,16 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
-/// The core crates (and the tch-free data and metrics crates): they must not depend on tch with
-/// default features.
-const CORE_CRATES: [&str; 6] = [
+/// The core crates (the tch-free data and metrics crates, and the libtorch-free programs built on
+/// them): they must not depend on tch with default features.
+const CORE_CRATES: [&str; 7] = [
     "raptor-accountant",
     "raptor-routing",
     "raptor-clip",
     "raptor-muon",
     "raptor-data",
     "raptor-eval",
+    "raptor-cli",
 ];
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
