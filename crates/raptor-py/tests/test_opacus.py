@@ -63,6 +63,7 @@ def test_bad_steps_fail_where_they_are_taken_and_non_private_steps_cost_infinity
         ok.get_epsilon(0.0)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_in_an_opacus_training_loop():
     """Opacus's PrivacyEngine with our accountant: every optimizer step is recorded, the
     reported epsilon is ours, and it agrees with Opacus's own PRV accountant (ours is a
