@@ -208,3 +208,10 @@ def test_docstrings_and_version():
     assert math.isfinite(float(ra.get_epsilon(
         noise_multiplier=2.0, sample_rate=1.0, steps=1, delta=1e-5
     )))
+
+
+def test_the_module_docstring_examples_run():
+    import doctest
+
+    result = doctest.testmod(ra)
+    assert result.attempted >= 5 and result.failed == 0

@@ -153,4 +153,5 @@ def plan_budget(
     text = _native.plan_budget_json(
         epsilon, delta, shared, expert, rho=rho, layers=layers, eps_error=eps_error
     )
-    return json.loads(text)
+    plans: Dict[str, Any] = json.loads(text)
+    return plans

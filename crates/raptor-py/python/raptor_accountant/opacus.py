@@ -32,17 +32,17 @@ from typing import Any, Callable, List, Mapping, Optional, Tuple
 from . import Composition, EpsilonBounds, PRVAccountant, SubsampledGaussian
 
 try:  # pragma: no cover - depends on the environment
-    from opacus.accountants.accountant import IAccountant as _Base
+    from opacus.accountants.accountant import IAccountant as _Base  # type: ignore[import-untyped]
 
     OPACUS_AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the environment
-    _Base = object  # type: ignore[assignment,misc]
+    _Base = object
     OPACUS_AVAILABLE = False
 
 __all__ = ["RaptorPRVAccountant", "OPACUS_AVAILABLE"]
 
 
-class RaptorPRVAccountant(_Base):  # type: ignore[misc,valid-type]
+class RaptorPRVAccountant(_Base):  # type: ignore[misc]
     """Opacus-style accountant: records steps, reports raptor's certified epsilon upper bound.
 
     ``history`` is a list of ``(noise_multiplier, sample_rate, num_steps)`` like Opacus's own
