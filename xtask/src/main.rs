@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 
 /// The core crates (the tch-free data and metrics crates, and the libtorch-free programs built on
 /// them): they must not depend on tch with default features.
-const CORE_CRATES: [&str; 7] = [
+const CORE_CRATES: [&str; 8] = [
     "raptor-accountant",
     "raptor-routing",
     "raptor-clip",
@@ -29,6 +29,7 @@ const CORE_CRATES: [&str; 7] = [
     "raptor-data",
     "raptor-eval",
     "raptor-cli",
+    "raptor-py",
 ];
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the

@@ -18,6 +18,7 @@ Opacus is installed, Opacus's get_noise_multiplier with its PRV accountant.
 import platform
 import sys
 import time
+import warnings
 
 import raptor_accountant as ra
 
@@ -101,6 +102,7 @@ def opacus_cal(eps, q, t):
 
 
 def main():
+    warnings.simplefilter("ignore")
     rows = []
     one = [(0.01, 1.0, 10_000)]
     two = [(0.01, 1.0, 10_000), (0.05, 2.0, 10_000)]
