@@ -58,6 +58,16 @@ pub fn to_py_err(e: CoreError) -> PyErr {
     }
 }
 
+/// A count from Python (steps, layers): a negative one is an [`InvalidParameterError`] (a
+/// `ValueError`, like every bad value), not an `OverflowError`.
+fn count(name: &str, value: i128) -> PyResult<u64> {
+    u64::try_from(value).map_err(|_| {
+        InvalidParameterError::new_err(format!(
+            "{name} must be a non-negative integer (at least 1 to count), got {value}"
+        ))
+    })
+}
+
 /// The Poisson-subsampled Gaussian mechanism: each record is included independently with
 /// probability `sample_rate`; the sum of the clipped contributions gets Gaussian noise of
 /// standard deviation `noise_multiplier` × the clipping norm.
@@ -147,7 +157,7 @@ impl PyComposition {
         if let Ok(t) = part.cast::<PyTuple>()
             && t.len() == 2
         {
-            let count: u64 = t.get_item(1)?.extract()?;
+            let count = count("step count", t.get_item(1)?.extract()?)?;
             let first = t.get_item(0)?;
             if let Ok(m) = first.cast::<PySubsampledGaussian>() {
                 return self.inner.push(m.get().inner, count).map_err(to_py_err);
@@ -178,8 +188,9 @@ impl PyComposition {
     fn add<'a>(
         mut slf: PyRefMut<'a, Self>,
         mechanism: PyRef<'_, PySubsampledGaussian>,
-        count: u64,
+        count: i128,
     ) -> PyResult<PyRefMut<'a, Self>> {
+        let count = self::count("step count", count)?;
         slf.inner.push(mechanism.inner, count).map_err(to_py_err)?;
         Ok(slf)
     }
@@ -485,9 +496,10 @@ fn calibrate_sigma(
     target_epsilon: f64,
     delta: f64,
     sample_rate: f64,
-    steps: u64,
+    steps: i128,
     eps_error: f64,
 ) -> PyResult<PyCalibration> {
+    let steps = count("steps", steps)?;
     let acc = prv(eps_error, false, 1e-3, 1 << 23)?;
     let c = py
         .detach(|| {
@@ -511,12 +523,17 @@ fn plan_budget_json(
     py: Python<'_>,
     epsilon: f64,
     delta: f64,
-    shared: (f64, u64),
-    expert: (f64, u64),
+    shared: (f64, i128),
+    expert: (f64, i128),
     rho: f64,
-    layers: u64,
+    layers: i128,
     eps_error: f64,
 ) -> PyResult<String> {
+    let (shared, expert) = (
+        (shared.0, count("shared steps", shared.1)?),
+        (expert.0, count("expert steps", expert.1)?),
+    );
+    let layers = count("layers", layers)?;
     let acc = prv(eps_error, false, 1e-3, 1 << 23)?;
     let req = PlanRequest {
         epsilon,
