@@ -236,3 +236,55 @@ fn help_lists_the_four_subcommands() {
         assert!(text.contains(sub), "{text}");
     }
 }
+
+/// How `raptor` (raptor-train) embeds the subcommands: flattened beside its own.
+mod embedding {
+    use clap::{CommandFactory, Parser, Subcommand};
+
+    #[derive(Parser)]
+    struct Host {
+        #[command(subcommand)]
+        command: HostCommand,
+    }
+
+    #[derive(Subcommand)]
+    enum HostCommand {
+        /// A subcommand of the host program.
+        Info,
+        #[command(flatten)]
+        Acct(raptor_cli::Command),
+    }
+
+    #[test]
+    fn flattened_into_another_program_the_subcommands_parse() {
+        Host::command().debug_assert();
+        let host = Host::try_parse_from([
+            "host",
+            "calibrate",
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "--q",
+            "0.01",
+            "--steps",
+            "100",
+        ])
+        .unwrap();
+        assert!(matches!(
+            host.command,
+            HostCommand::Acct(raptor_cli::Command::Calibrate(_))
+        ));
+        assert!(matches!(
+            Host::try_parse_from(["host", "info"]).unwrap().command,
+            HostCommand::Info
+        ));
+        let names: Vec<String> = Host::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect();
+        for sub in ["info", "account", "calibrate", "plan", "routing"] {
+            assert!(names.iter().any(|n| n == sub), "{names:?}");
+        }
+    }
+}
