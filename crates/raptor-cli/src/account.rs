@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use clap::Args;
 use raptor_accountant::{
-    Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, SubsampledGaussian,
-    calibrate_sigma, plan_budget,
+    Accuracy, Composition, DEFAULT_RELATIVE_EPS_ERROR, PlanRequest, PrvAccountant, RdpAccountant,
+    Stream, SubsampledGaussian, calibrate_sigma, plan_budget,
 };
 use serde::Serialize;
 
@@ -70,8 +70,9 @@ pub struct AccountArgs {
     /// δ.
     #[arg(long)]
     pub delta: f64,
-    /// Relative ε accuracy of the PRV bounds (upper − estimate ≈ this × ε).
-    #[arg(long, default_value_t = 0.01)]
+    /// Relative ε accuracy of the PRV bounds (the certified upper bound is expected within this
+    /// × ε of the truth; the library's default).
+    #[arg(long, default_value_t = DEFAULT_RELATIVE_EPS_ERROR)]
     pub eps_error: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -161,7 +162,7 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub steps: u64,
     /// Relative ε accuracy of the PRV bounds.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = DEFAULT_RELATIVE_EPS_ERROR)]
     pub eps_error: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -219,7 +220,7 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1)]
     pub layers: u64,
     /// Relative ε accuracy of the PRV bounds.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = DEFAULT_RELATIVE_EPS_ERROR)]
     pub eps_error: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]

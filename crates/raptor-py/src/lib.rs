@@ -13,8 +13,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use raptor_accountant::{
-    AccountantError as CoreError, Accuracy, Composition, DeltaBounds, EpsilonBounds, ParallelGroup,
-    PlanRequest, PrvAccountant, RdpAccountant, Stream, SubsampledGaussian,
+    AccountantError as CoreError, Accuracy, Composition, DEFAULT_RELATIVE_EPS_ERROR, DeltaBounds,
+    EpsilonBounds, ParallelGroup, PlanRequest, PrvAccountant, RdpAccountant, Stream,
+    SubsampledGaussian,
 };
 
 pyo3::create_exception!(
@@ -357,22 +358,23 @@ impl PyDeltaBounds {
     }
 }
 
+/// A PRV accountant; `None` settings take the library's defaults ([`Accuracy::default`]).
 fn prv(
     eps_error: f64,
     absolute: bool,
-    delta_error: f64,
-    max_points: usize,
+    delta_error: Option<f64>,
+    max_points: Option<usize>,
 ) -> PyResult<PrvAccountant> {
+    let default = Accuracy::default();
     let acc = if absolute {
         Accuracy::absolute(eps_error)
     } else {
         Accuracy::relative(eps_error)
     };
-    PrvAccountant::new(
-        acc.with_delta_error_rel(delta_error)
-            .with_max_points(max_points),
-    )
-    .map_err(to_py_err)
+    let acc = acc
+        .with_delta_error_rel(delta_error.unwrap_or(default.delta_error_rel))
+        .with_max_points(max_points.unwrap_or(default.max_points));
+    PrvAccountant::new(acc).map_err(to_py_err)
 }
 
 /// The PRV accountant (Gopi, Lee, Wutschitz 2021) with certified bounds, both adjacency
@@ -385,8 +387,13 @@ pub struct PyPrvAccountant {
 #[pymethods]
 impl PyPrvAccountant {
     #[new]
-    #[pyo3(signature = (eps_error = 0.01, *, absolute = false, delta_error = 1e-3, max_points = 1 << 23))]
-    fn new(eps_error: f64, absolute: bool, delta_error: f64, max_points: usize) -> PyResult<Self> {
+    #[pyo3(signature = (eps_error = DEFAULT_RELATIVE_EPS_ERROR, *, absolute = false, delta_error = None, max_points = None))]
+    fn new(
+        eps_error: f64,
+        absolute: bool,
+        delta_error: Option<f64>,
+        max_points: Option<usize>,
+    ) -> PyResult<Self> {
         Ok(Self {
             inner: prv(eps_error, absolute, delta_error, max_points)?,
         })
@@ -490,7 +497,7 @@ impl PyCalibration {
 /// The smallest σ (to the bisection's tolerance) whose certified ε upper bound meets
 /// `target_epsilon` at `delta` for `steps` steps at `sample_rate`.
 #[pyfunction]
-#[pyo3(signature = (target_epsilon, delta, sample_rate, steps, *, eps_error = 0.01))]
+#[pyo3(signature = (target_epsilon, delta, sample_rate, steps, *, eps_error = DEFAULT_RELATIVE_EPS_ERROR))]
 fn calibrate_sigma(
     py: Python<'_>,
     target_epsilon: f64,
@@ -500,7 +507,7 @@ fn calibrate_sigma(
     eps_error: f64,
 ) -> PyResult<PyCalibration> {
     let steps = count("steps", steps)?;
-    let acc = prv(eps_error, false, 1e-3, 1 << 23)?;
+    let acc = prv(eps_error, false, None, None)?;
     let c = py
         .detach(|| {
             raptor_accountant::calibrate_sigma(target_epsilon, delta, sample_rate, steps, &acc)
@@ -517,7 +524,7 @@ fn calibrate_sigma(
 /// RAPTOR budget plans (the paper's additive split and the joint split) as a JSON string (the
 /// Python wrapper returns it as a dict).
 #[pyfunction]
-#[pyo3(signature = (epsilon, delta, shared, expert, *, rho = 0.9, layers = 1, eps_error = 0.01))]
+#[pyo3(signature = (epsilon, delta, shared, expert, *, rho = 0.9, layers = 1, eps_error = DEFAULT_RELATIVE_EPS_ERROR))]
 #[allow(clippy::too_many_arguments)]
 fn plan_budget_json(
     py: Python<'_>,
@@ -534,7 +541,7 @@ fn plan_budget_json(
         (expert.0, count("expert steps", expert.1)?),
     );
     let layers = count("layers", layers)?;
-    let acc = prv(eps_error, false, 1e-3, 1 << 23)?;
+    let acc = prv(eps_error, false, None, None)?;
     let req = PlanRequest {
         epsilon,
         delta,
@@ -579,5 +586,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("AccuracyError", py.get_type::<AccuracyError>())?;
     m.add("CalibrationError", py.get_type::<CalibrationError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_EPS_ERROR", DEFAULT_RELATIVE_EPS_ERROR)?;
     Ok(())
 }

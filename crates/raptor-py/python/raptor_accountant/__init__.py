@@ -13,7 +13,7 @@ Quick start::
     >>> import raptor_accountant as ra
     >>> eps = ra.get_epsilon(noise_multiplier=1.0, sample_rate=0.01, steps=10_000, delta=1e-5)
     >>> round(eps.upper, 2), eps.lower <= eps.estimate <= eps.upper
-    (6.25, True)
+    (6.19, True)
 
 Compositions::
 
@@ -34,6 +34,7 @@ import json
 from typing import Any, Dict, Tuple
 
 from ._native import (
+    DEFAULT_EPS_ERROR,
     AccountantError,
     AccuracyError,
     Calibration,
@@ -52,6 +53,7 @@ from ._native import (
 from . import _native
 
 __all__ = [
+    "DEFAULT_EPS_ERROR",
     "AccountantError",
     "AccuracyError",
     "Calibration",
@@ -79,13 +81,14 @@ def get_epsilon(
     sample_rate: float,
     steps: int,
     delta: float,
-    eps_error: float = 0.01,
+    eps_error: float = DEFAULT_EPS_ERROR,
 ) -> EpsilonBounds:
     """Epsilon of ``steps`` steps of the Poisson-subsampled Gaussian at ``delta``.
 
     Returns :class:`EpsilonBounds`; ``.upper`` (also ``float(bounds)``) is the certified upper
-    bound to report. ``eps_error`` is the relative accuracy: the upper bound is about
-    ``eps_error * epsilon`` above the estimate.
+    bound to report. ``eps_error`` is the relative accuracy: the certified upper bound is
+    expected within ``eps_error * epsilon`` of the truth (default :data:`DEFAULT_EPS_ERROR`,
+    the Rust library's, 1e-4).
 
     Raises :class:`InvalidParameterError` (a ``ValueError``) for q outside (0, 1], sigma <= 0,
     delta outside (0, 1), NaN or zero steps, and :class:`AccuracyError` when the regime needs a
@@ -101,7 +104,7 @@ def get_delta(
     sample_rate: float,
     steps: int,
     epsilon: float,
-    eps_error: float = 0.01,
+    eps_error: float = DEFAULT_EPS_ERROR,
 ) -> DeltaBounds:
     """Delta of ``steps`` steps of the Poisson-subsampled Gaussian at ``epsilon``.
 
@@ -118,7 +121,7 @@ def get_noise_multiplier(
     target_delta: float,
     sample_rate: float,
     steps: int,
-    eps_error: float = 0.01,
+    eps_error: float = DEFAULT_EPS_ERROR,
 ) -> float:
     """The noise multiplier whose certified epsilon upper bound meets ``target_epsilon``.
 
@@ -139,7 +142,7 @@ def plan_budget(
     *,
     rho: float = 0.9,
     layers: int = 1,
-    eps_error: float = 0.01,
+    eps_error: float = DEFAULT_EPS_ERROR,
 ) -> Dict[str, Any]:
     """RAPTOR budget plans for a shared stream and ``layers`` expert streams.
 

@@ -3,6 +3,7 @@
 from typing import List, Optional, Sequence, Tuple, Union
 
 __version__: str
+DEFAULT_EPS_ERROR: float
 
 class AccountantError(ValueError):
     """Base class of the accountant's errors; the message is the Rust error's."""
@@ -79,11 +80,11 @@ class PRVAccountant:
 
     def __init__(
         self,
-        eps_error: float = 0.01,
+        eps_error: float = ...,
         *,
         absolute: bool = False,
-        delta_error: float = 1e-3,
-        max_points: int = 8388608,
+        delta_error: Optional[float] = None,
+        max_points: Optional[int] = None,
     ) -> None: ...
     def get_epsilon(self, composition: Accountable, delta: float) -> EpsilonBounds: ...
     def get_delta(self, composition: Accountable, epsilon: float) -> DeltaBounds: ...
@@ -109,7 +110,7 @@ def calibrate_sigma(
     sample_rate: float,
     steps: int,
     *,
-    eps_error: float = 0.01,
+    eps_error: float = ...,
 ) -> Calibration: ...
 def plan_budget_json(
     epsilon: float,
@@ -119,5 +120,5 @@ def plan_budget_json(
     *,
     rho: float = 0.9,
     layers: int = 1,
-    eps_error: float = 0.01,
+    eps_error: float = ...,
 ) -> str: ...

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from copy import deepcopy
 from typing import Any, Callable, List, Mapping, Optional, Tuple
 
-from . import Composition, EpsilonBounds, PRVAccountant, SubsampledGaussian
+from . import DEFAULT_EPS_ERROR, Composition, EpsilonBounds, PRVAccountant, SubsampledGaussian
 
 try:  # pragma: no cover - depends on the environment
     from opacus.accountants.accountant import IAccountant as _Base  # type: ignore[import-untyped]
@@ -52,7 +52,7 @@ class RaptorPRVAccountant(_Base):  # type: ignore[misc]
     A step with ``noise_multiplier == 0`` (non-private) makes ``get_epsilon`` return ``inf``.
     """
 
-    def __init__(self, eps_error: float = 0.01) -> None:
+    def __init__(self, eps_error: float = DEFAULT_EPS_ERROR) -> None:
         self.history: List[Tuple[float, float, int]] = []
         self._accountant = PRVAccountant(eps_error)
 
