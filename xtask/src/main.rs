@@ -6,8 +6,10 @@
 //! - `cargo xtask reproduce`: the result tables, written under `results/` and printed.
 //! - `cargo xtask bench`: the criterion benchmarks.
 //! - `cargo xtask fixtures`: regenerate the golden files with the committed Python scripts.
+//! - `cargo xtask wheel`: the Python package of the accountant (see [`python`]).
 
 mod data;
+mod python;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -17,15 +19,17 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
-/// The core crates (and the tch-free data and metrics crates): they must not depend on tch with
-/// default features.
-const CORE_CRATES: [&str; 6] = [
+/// The core crates (the tch-free data and metrics crates, and the libtorch-free programs built on
+/// them): they must not depend on tch with default features.
+const CORE_CRATES: [&str; 8] = [
     "raptor-accountant",
     "raptor-routing",
     "raptor-clip",
     "raptor-muon",
     "raptor-data",
     "raptor-eval",
+    "raptor-cli",
+    "raptor-py",
 ];
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
@@ -62,13 +66,21 @@ enum Task {
         #[arg(long, requires = "data")]
         data_dir: Option<PathBuf>,
     },
-    /// The whole check: setup, fmt --check, clippy -D warnings, every test, doc tests, and the
-    /// architecture invariant.
+    /// The whole check: setup, fmt --check, clippy -D warnings, every test, doc tests, the
+    /// architecture invariant, and the Python package's tests (pytest).
     Test {
         /// Skip `cargo fmt --check` and clippy (faster local iterations).
         #[arg(long)]
         no_lint: bool,
+        /// Skip the Python package's tests (building its wheel and pytest).
+        #[arg(long)]
+        no_python: bool,
     },
+    /// Build the Python package of the accountant (`raptor_accountant`, no libtorch) as a
+    /// release wheel under `target/wheels/` (maturin, in a cached venv).
+    Wheel,
+    /// Only the Python package's tests (what the last step of `cargo xtask test` runs).
+    Pytest,
     /// Build in release mode and write the result tables (Markdown + JSON) under `results/`.
     Reproduce {
         /// Smaller sizes and fewer repetitions.
@@ -116,7 +128,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("plain `cargo build`, `cargo test` and `cargo run -p raptor-train` now work.");
             Ok(())
         }
-        Task::Test { no_lint } => test(&root, no_lint),
+        Task::Test { no_lint, no_python } => test(&root, no_lint, no_python),
+        Task::Wheel => python::wheel(&root),
+        Task::Pytest => python::test(&root),
         Task::Reproduce { quick, only } => reproduce(&root, quick, &only),
         Task::Bench { args } => {
             setup::setup(&root, true)?;
@@ -162,7 +176,7 @@ fn has_nextest() -> bool {
         .unwrap_or(false)
 }
 
-fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
+fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
     let start = Instant::now();
     eprintln!("==> setup");
     setup::setup(root, true)?;
@@ -232,6 +246,11 @@ fn test(root: &Path, no_lint: bool) -> anyhow::Result<()> {
             .args(["test", "--workspace", "--doc"])
             .env("LD_LIBRARY_PATH", ld),
     )?;
+    if no_python {
+        eprintln!("\n(--no-python: the Python package's tests are skipped)");
+    } else {
+        python::test(root)?;
+    }
     eprintln!(
         "\nall checks passed in {:.0} s",
         start.elapsed().as_secs_f64()

@@ -21,8 +21,12 @@ pub enum AccountantError {
     /// δ must lie in (0, 1).
     #[error("delta = {0} is outside (0, 1)")]
     InvalidDelta(f64),
-    /// ε must be finite and non-negative.
-    #[error("epsilon = {0} must be finite and >= 0")]
+    /// ε must be finite and non-negative, and positive where it is a target (calibration and
+    /// budget plans: no finite noise reaches ε = 0).
+    #[error(
+        "epsilon = {0} is invalid: epsilon must be finite and >= 0, and > 0 as the target of a \
+         calibration or budget plan (no finite noise multiplier reaches epsilon = 0)"
+    )]
     InvalidEpsilon(f64),
     /// A step count must be at least 1.
     #[error("step count must be at least 1 (got {0})")]

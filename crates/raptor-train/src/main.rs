@@ -13,7 +13,8 @@ struct Cli {
     command: Command,
 }
 
-/// The subcommands. Each one's arguments and logic live in `raptor_train::cli::<name>`.
+/// The subcommands. Each one's arguments and logic live in `raptor_train::cli::<name>` or
+/// `raptor_cli`.
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the build information: versions, libtorch, CUDA availability.
@@ -37,14 +38,10 @@ enum Command {
     Train(cli::train::TrainArgs),
     /// Evaluate a run folder on a data file.
     Eval(cli::train::EvalArgs),
-    /// Owner statistics and layer selection for router outputs of a public corpus (JSON lines).
-    Routing(cli::routing::RoutingArgs),
-    /// ε of a composition of Poisson-subsampled Gaussian mechanisms (PRV bounds and RDP).
-    Account(cli::account::AccountArgs),
-    /// σ for a target (ε, δ) at sampling rate q over T steps.
-    Calibrate(cli::account::CalibrateArgs),
-    /// RAPTOR budget plans (additive and joint split) for the shared and expert streams.
-    Plan(cli::account::PlanArgs),
+    /// `account`, `calibrate`, `plan` and `routing`: the libtorch-free subcommands of
+    /// `raptor_cli` (also the `raptor-acct` program).
+    #[command(flatten)]
+    Acct(raptor_cli::Command),
 }
 
 fn main() {
@@ -59,10 +56,7 @@ fn main() {
         } => reproduce::run(&reproduce::Context { root, out, quick }, &only).map(|_| ()),
         Command::Train(args) => cli::train::run_train(args),
         Command::Eval(args) => cli::train::run_eval(args),
-        Command::Routing(args) => cli::routing::run(args),
-        Command::Account(args) => cli::account::run_account(args),
-        Command::Calibrate(args) => cli::account::run_calibrate(args),
-        Command::Plan(args) => cli::account::run_plan(args),
+        Command::Acct(command) => command.run().map_err(anyhow::Error::from),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

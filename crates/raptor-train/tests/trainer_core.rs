@@ -396,14 +396,23 @@ fn an_empty_sample_is_a_noise_only_update() {
         assert_eq!(metrics.sampled, 0);
         let after = snapshot(tr.model(), &names);
         // Every parameter of the phase moved (by noise alone).
-        let moved = names.iter().filter(|p| !before[*p].equal(&after[*p])).count();
+        let moved = names
+            .iter()
+            .filter(|p| !before[*p].equal(&after[*p]))
+            .count();
         assert!(moved > 0, "{}: nothing moved", metrics.phase);
         if metrics.phase == "experts" {
-            assert_eq!(metrics.empty_expert_groups, SwitchConfig::tiny().num_experts as usize);
+            assert_eq!(
+                metrics.empty_expert_groups,
+                SwitchConfig::tiny().num_experts as usize
+            );
         }
     }
     assert_eq!(tr.ledger().len(), 2);
-    assert_eq!(tr.ledger().releases(), 1 + SwitchConfig::tiny().num_experts as u64);
+    assert_eq!(
+        tr.ledger().releases(),
+        1 + SwitchConfig::tiny().num_experts as u64
+    );
 }
 
 /// Routed-expert parameters clipped role-wise without their layer's owner map are refused.

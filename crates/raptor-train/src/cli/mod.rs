@@ -3,12 +3,14 @@
 
 use std::io::Write;
 
-pub mod account;
-pub mod routing;
+/// `account`, `calibrate` and `plan` (shared with the libtorch-free `raptor-acct`).
+pub use raptor_cli::account;
+/// `routing` (shared with the libtorch-free `raptor-acct`).
+pub use raptor_cli::routing;
 pub mod train;
 
 /// Exit code for bad input (invalid arguments, malformed files): errors go to stderr.
-pub const EXIT_BAD_INPUT: i32 = 2;
+pub const EXIT_BAD_INPUT: i32 = raptor_cli::EXIT_BAD_INPUT;
 
 /// Print a value as one JSON object on stdout (the `--json` form of every subcommand).
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {

@@ -1,15 +1,17 @@
-//! `raptor routing`: per-layer owner statistics and the selected layer for router outputs read
+//! `routing`: per-layer owner statistics and the selected layer for router outputs read
 //! from a JSON-lines file (format: `raptor_routing::jsonl`, documented in
 //! `crates/raptor-routing/README.md`).
 
+use std::fmt::Write as _;
 use std::io::BufReader;
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use raptor_routing::jsonl::read_jsonl;
 use raptor_routing::stats::stats_table;
 use raptor_routing::{OwnerRule, PublicCorpus, SelectionConfig, WeightPrecision, select_layer};
 use serde::Serialize;
+
+use crate::{CliError, Result, print_json, print_text};
 
 /// Owner rule (command-line spelling).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -84,31 +86,42 @@ struct Report<'a> {
     selection: &'a raptor_routing::LayerSelection,
 }
 
-/// Run `raptor routing`.
-pub fn run(args: RoutingArgs) -> anyhow::Result<()> {
+/// Run `routing`: the statistics table (or JSON) and the selected layer.
+pub fn run(args: RoutingArgs) -> Result<()> {
     if !(args.min_margin.is_finite() && args.min_margin >= 0.0) {
-        anyhow::bail!(
+        return Err(CliError::InvalidArgument(format!(
             "--min-margin must be a finite non-negative number, got {}",
             args.min_margin
-        );
+        )));
     }
-    let file = std::fs::File::open(&args.input)
-        .with_context(|| format!("cannot open {}", args.input.display()))?;
-    let data = read_jsonl(BufReader::new(file), args.num_experts, WeightPrecision::F32)
-        .with_context(|| format!("reading {}", args.input.display()))?;
+    let path = args.input.display().to_string();
+    let file = std::fs::File::open(&args.input).map_err(|error| CliError::Open {
+        path: path.clone(),
+        error,
+    })?;
+    let data = read_jsonl(BufReader::new(file), args.num_experts, WeightPrecision::F32).map_err(
+        |error| CliError::Routing {
+            context: format!("reading {path}"),
+            error,
+        },
+    )?;
     let top_k: Vec<usize> = data.layers.iter().map(|l| l.top_k()).collect();
     let (num_records, num_layers) = (data.num_records, data.layers.len());
-    let corpus = PublicCorpus::from_layers(data.layers)?;
+    let selection_error = |error| CliError::Routing {
+        context: format!("layer selection on {path}"),
+        error,
+    };
+    let corpus = PublicCorpus::from_layers(data.layers).map_err(selection_error)?;
     let config = SelectionConfig {
         rule: args.rule.into(),
         min_margin_nats: args.min_margin,
         min_records: args.min_records,
         prefer_last_within_margin: args.prefer_last_within_margin,
     };
-    let sel = select_layer(&corpus, &config)?;
+    let sel = select_layer(&corpus, &config).map_err(selection_error)?;
     if args.json {
-        return super::print_json(&Report {
-            input: args.input.display().to_string(),
+        return print_json(&Report {
+            input: path,
             corpus: "public",
             num_records,
             num_layers,
@@ -119,9 +132,11 @@ pub fn run(args: RoutingArgs) -> anyhow::Result<()> {
             selection: &sel,
         });
     }
-    println!(
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
         "{}: public corpus, {num_records} records, {num_layers} candidate layers, E = {}{}, top-k {:?}, rule {:?}",
-        args.input.display(),
+        path,
         data.num_experts,
         if data.num_experts_inferred {
             " (inferred: max index + 1)"
@@ -131,19 +146,20 @@ pub fn run(args: RoutingArgs) -> anyhow::Result<()> {
         top_k,
         config.rule,
     );
-    println!();
-    print!("{}", stats_table(&sel.stats));
-    println!();
+    let _ = writeln!(s);
+    s.push_str(&stats_table(&sel.stats));
+    let _ = writeln!(s);
     let margin = sel
         .margin_nats
         .map_or("n/a".to_string(), |m| format!("{m:.4} nats"));
     let runner = sel.runner_up.map_or("none".to_string(), |r| r.to_string());
-    println!(
+    let _ = writeln!(
+        s,
         "selected layer: {} ({:?}); runner-up: {runner}; margin: {margin}",
         sel.layer, sel.reason
     );
     for w in &sel.warnings {
-        println!("warning: {w}");
+        let _ = writeln!(s, "warning: {w}");
     }
-    Ok(())
+    print_text(&s)
 }

@@ -1,13 +1,16 @@
-//! `raptor account`, `raptor calibrate` and `raptor plan`: privacy accounting from the command
-//! line (raptor-accountant's PRV accountant with the RDP cross-check).
+//! `account`, `calibrate` and `plan`: privacy accounting from the command line
+//! (raptor-accountant's PRV accountant with the RDP cross-check).
 
-use anyhow::Context;
+use std::fmt::Write as _;
+
 use clap::Args;
 use raptor_accountant::{
-    Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, SubsampledGaussian,
-    calibrate_sigma, plan_budget,
+    Accuracy, Composition, DEFAULT_RELATIVE_EPS_ERROR, PlanRequest, PrvAccountant, RdpAccountant,
+    Stream, SubsampledGaussian, calibrate_sigma, plan_budget,
 };
 use serde::Serialize;
+
+use crate::{CliError, Result, print_json, print_text};
 
 /// One mechanism given as `Q,SIGMA,STEPS`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -20,34 +23,36 @@ pub struct MechSpec {
     pub steps: u64,
 }
 
-fn parse_mech(s: &str) -> Result<MechSpec, String> {
+/// Parse `Q,SIGMA,STEPS` (the `--mech` argument).
+pub fn parse_mech(s: &str) -> std::result::Result<MechSpec, String> {
     let v: Vec<&str> = s.split(',').map(str::trim).collect();
-    if v.len() != 3 {
+    let [q, sigma, steps] = v[..] else {
         return Err(format!("expected Q,SIGMA,STEPS (got {s:?})"));
-    }
+    };
     Ok(MechSpec {
-        q: v[0].parse().map_err(|e| format!("q {:?}: {e}", v[0]))?,
-        sigma: v[1].parse().map_err(|e| format!("sigma {:?}: {e}", v[1]))?,
-        steps: v[2].parse().map_err(|e| format!("steps {:?}: {e}", v[2]))?,
+        q: q.parse().map_err(|e| format!("q {q:?}: {e}"))?,
+        sigma: sigma.parse().map_err(|e| format!("sigma {sigma:?}: {e}"))?,
+        steps: steps.parse().map_err(|e| format!("steps {steps:?}: {e}"))?,
     })
 }
 
-fn parse_stream(s: &str) -> Result<Stream, String> {
+/// Parse `Q,STEPS` (the `--shared` and `--expert` arguments).
+pub fn parse_stream(s: &str) -> std::result::Result<Stream, String> {
     let v: Vec<&str> = s.split(',').map(str::trim).collect();
-    if v.len() != 2 {
+    let [q, steps] = v[..] else {
         return Err(format!("expected Q,STEPS (got {s:?})"));
-    }
+    };
     Ok(Stream {
-        q: v[0].parse().map_err(|e| format!("q {:?}: {e}", v[0]))?,
-        steps: v[1].parse().map_err(|e| format!("steps {:?}: {e}", v[1]))?,
+        q: q.parse().map_err(|e| format!("q {q:?}: {e}"))?,
+        steps: steps.parse().map_err(|e| format!("steps {steps:?}: {e}"))?,
     })
 }
 
-fn accountant(eps_error: f64) -> anyhow::Result<PrvAccountant> {
-    Ok(PrvAccountant::new(Accuracy::relative(eps_error))?)
+fn accountant(eps_error: f64) -> Result<PrvAccountant> {
+    PrvAccountant::new(Accuracy::relative(eps_error)).map_err(CliError::accountant("--eps-error"))
 }
 
-/// Arguments of `raptor account`.
+/// Arguments of `account`.
 #[derive(Debug, Clone, Args)]
 pub struct AccountArgs {
     /// Sampling rate of the first mechanism.
@@ -65,8 +70,9 @@ pub struct AccountArgs {
     /// δ.
     #[arg(long)]
     pub delta: f64,
-    /// Relative ε accuracy of the PRV bounds (upper − estimate ≈ this × ε).
-    #[arg(long, default_value_t = 0.01)]
+    /// Relative ε accuracy of the PRV bounds (the certified upper bound is expected within this
+    /// × ε of the truth; the library's default).
+    #[arg(long, default_value_t = DEFAULT_RELATIVE_EPS_ERROR)]
     pub eps_error: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -82,30 +88,39 @@ struct AccountOut {
     eps_error_rel: f64,
 }
 
-/// Run `raptor account`.
-pub fn run_account(args: AccountArgs) -> anyhow::Result<()> {
+/// Run `account`: the PRV bounds on ε (and the RDP ε) of the composition of the mechanisms.
+pub fn run_account(args: AccountArgs) -> Result<()> {
     let mut mechs = Vec::new();
     match (args.q, args.sigma, args.steps) {
         (Some(q), Some(sigma), Some(steps)) => mechs.push(MechSpec { q, sigma, steps }),
         (None, None, None) => {}
-        _ => anyhow::bail!("--q, --sigma and --steps go together"),
+        _ => {
+            return Err(CliError::InvalidArgument(
+                "--q, --sigma and --steps go together".into(),
+            ));
+        }
     }
     mechs.extend(args.mech.iter().copied());
     if mechs.is_empty() {
-        anyhow::bail!("no mechanism: give --q/--sigma/--steps or --mech Q,SIGMA,STEPS");
+        return Err(CliError::InvalidArgument(
+            "no mechanism: give --q/--sigma/--steps or --mech Q,SIGMA,STEPS".into(),
+        ));
     }
     let mut comp = Composition::new();
     for m in &mechs {
-        comp.push(SubsampledGaussian::new(m.q, m.sigma)?, m.steps)?;
+        let mech =
+            SubsampledGaussian::new(m.q, m.sigma).map_err(CliError::accountant("mechanism"))?;
+        comp.push(mech, m.steps)
+            .map_err(CliError::accountant("mechanism"))?;
     }
     let eps = accountant(args.eps_error)?
         .epsilon(&comp, args.delta)
-        .context("PRV accountant")?;
+        .map_err(CliError::accountant("PRV accountant"))?;
     let rdp = RdpAccountant::default()
         .epsilon(&comp, args.delta)
-        .context("RDP accountant")?;
+        .map_err(CliError::accountant("RDP accountant"))?;
     if args.json {
-        return super::print_json(&AccountOut {
+        return print_json(&AccountOut {
             mechanisms: mechs,
             delta: args.delta,
             epsilon: eps,
@@ -113,25 +128,28 @@ pub fn run_account(args: AccountArgs) -> anyhow::Result<()> {
             eps_error_rel: args.eps_error,
         });
     }
+    let mut s = String::new();
     for m in &mechs {
-        println!(
+        let _ = writeln!(
+            s,
             "mechanism: q = {}, sigma = {}, steps = {}",
             m.q, m.sigma, m.steps
         );
     }
-    println!("delta: {:e}", args.delta);
-    println!(
+    let _ = writeln!(s, "delta: {:e}", args.delta);
+    let _ = writeln!(
+        s,
         "epsilon (PRV): upper {:.6}  estimate {:.6}  lower {:.6}   [remove {:.6}, add {:.6}]",
         eps.upper, eps.estimate, eps.lower, eps.upper_remove, eps.upper_add
     );
-    println!("epsilon (RDP): {:.6} (order {})", rdp.epsilon, rdp.order);
-    Ok(())
+    let _ = writeln!(s, "epsilon (RDP): {:.6} (order {})", rdp.epsilon, rdp.order);
+    print_text(&s)
 }
 
-/// Arguments of `raptor calibrate`.
+/// Arguments of `calibrate`.
 #[derive(Debug, Clone, Args)]
 pub struct CalibrateArgs {
-    /// Target ε (met by the certified PRV upper bound).
+    /// Target ε (> 0; met by the certified PRV upper bound).
     #[arg(long)]
     pub epsilon: f64,
     /// δ.
@@ -144,41 +162,46 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub steps: u64,
     /// Relative ε accuracy of the PRV bounds.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = DEFAULT_RELATIVE_EPS_ERROR)]
     pub eps_error: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
-/// Run `raptor calibrate`.
-pub fn run_calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
+/// Run `calibrate`: the smallest σ (to the bisection's tolerance) whose certified ε upper bound
+/// meets the target.
+pub fn run_calibrate(args: CalibrateArgs) -> Result<()> {
     let c = calibrate_sigma(
         args.epsilon,
         args.delta,
         args.q,
         args.steps,
         &accountant(args.eps_error)?,
-    )?;
+    )
+    .map_err(CliError::accountant("calibration"))?;
     if args.json {
-        return super::print_json(&c);
+        return print_json(&c);
     }
-    println!("sigma: {:.6}", c.sigma);
-    println!(
+    let mut s = String::new();
+    let _ = writeln!(s, "sigma: {:.6}", c.sigma);
+    let _ = writeln!(
+        s,
         "epsilon at sigma (PRV): upper {:.6} <= target {}  (estimate {:.6}, lower {:.6})",
         c.epsilon.upper, args.epsilon, c.epsilon.estimate, c.epsilon.lower
     );
-    println!(
+    let _ = writeln!(
+        s,
         "bisection: relative bracket {:.2e}, {} evaluations",
         c.relative_bracket, c.evaluations
     );
-    Ok(())
+    print_text(&s)
 }
 
-/// Arguments of `raptor plan`.
+/// Arguments of `plan`.
 #[derive(Debug, Clone, Args)]
 pub struct PlanArgs {
-    /// Total ε.
+    /// Total ε (> 0).
     #[arg(long)]
     pub epsilon: f64,
     /// Total δ.
@@ -197,15 +220,15 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1)]
     pub layers: u64,
     /// Relative ε accuracy of the PRV bounds.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = DEFAULT_RELATIVE_EPS_ERROR)]
     pub eps_error: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
-/// Run `raptor plan`.
-pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
+/// Run `plan`: RAPTOR's additive (paper) and joint budget splits.
+pub fn run_plan(args: PlanArgs) -> Result<()> {
     let req = PlanRequest {
         epsilon: args.epsilon,
         delta: args.delta,
@@ -214,11 +237,14 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
         expert: args.expert,
         layers: args.layers,
     };
-    let p = plan_budget(&req, &accountant(args.eps_error)?)?;
+    let p = plan_budget(&req, &accountant(args.eps_error)?)
+        .map_err(CliError::accountant("budget plan"))?;
     if args.json {
-        return super::print_json(&p);
+        return print_json(&p);
     }
-    println!(
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
         "budget: epsilon = {}, delta = {:e}, rho = {}, layers = {}; shared q = {}, T = {}; expert q = {}, T = {}",
         req.epsilon,
         req.delta,
@@ -230,29 +256,37 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
         req.expert.steps
     );
     let a = &p.additive;
-    println!("(i) additive split (paper): each stream calibrated alone");
-    println!(
+    let _ = writeln!(
+        s,
+        "(i) additive split (paper): each stream calibrated alone"
+    );
+    let _ = writeln!(
+        s,
         "    shared: sigma {:.4} for (eps {:.4}, delta {:.3e}) -> spends {:.4}",
         a.shared.sigma, a.shared.epsilon_target, a.shared.delta_target, a.shared.epsilon_alone
     );
-    println!(
+    let _ = writeln!(
+        s,
         "    expert: sigma {:.4} for (eps {:.4}, delta {:.3e}) per layer -> spends {:.4}",
         a.expert.sigma, a.expert.epsilon_target, a.expert.delta_target, a.expert.epsilon_alone
     );
-    println!(
+    let _ = writeln!(
+        s,
         "    claimed epsilon (sum) {:.4}; composed in one PRV: {:.4} (upper)",
         a.epsilon_claimed, a.epsilon_composed.upper
     );
     let j = &p.joint;
-    println!(
+    let _ = writeln!(
+        s,
         "(ii) joint split: sigma_e^2 / sigma_s^2 = {:.4} fixed by rho, composed PRV meets the budget",
         p.variance_ratio
     );
-    println!("    shared: sigma {:.4}", j.shared.sigma);
-    println!("    expert: sigma {:.4}", j.expert.sigma);
-    println!(
+    let _ = writeln!(s, "    shared: sigma {:.4}", j.shared.sigma);
+    let _ = writeln!(s, "    expert: sigma {:.4}", j.expert.sigma);
+    let _ = writeln!(
+        s,
         "    composed epsilon: upper {:.4} (estimate {:.4}, lower {:.4})",
         j.epsilon_composed.upper, j.epsilon_composed.estimate, j.epsilon_composed.lower
     );
-    Ok(())
+    print_text(&s)
 }

@@ -1,0 +1,186 @@
+//! The Python package of the accountant (`crates/raptor-py`, built by maturin): `cargo xtask
+//! wheel` and the pytest step of `cargo xtask test`.
+//!
+//! Both use one virtual environment in the cache folder (`<cache>/py-venv`) with pinned tools.
+//! When a libtorch venv from `cargo xtask setup` exists, a `.pth` file lets the environment see
+//! its torch (for the Opacus test) without a second 4.7 GB download.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+
+use crate::{run_step, setup};
+
+/// What `cargo xtask wheel` needs.
+const WHEEL_PACKAGES: [&str; 1] = ["maturin==1.16.0"];
+
+/// What the pytest step needs (pinned; opacus uses the torch of the libtorch venv).
+const TEST_PACKAGES: [&str; 4] = [
+    "maturin==1.16.0",
+    "pytest==9.2.0",
+    "dp-accounting==0.6.0",
+    "opacus==1.6.0",
+];
+
+/// The crate of the Python package, relative to the workspace root.
+const CRATE: &str = "crates/raptor-py";
+
+/// The venv's python, created (and the packages installed, a no-op when present) as needed.
+fn venv(packages: &[&str]) -> anyhow::Result<PathBuf> {
+    let venv = setup::cache_dir()?.join("py-venv");
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        eprintln!("python: creating {}", venv.display());
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .context("python3 -m venv (is Python 3 with venv installed?)")?;
+        if !status.success() {
+            bail!("python3 -m venv {} failed", venv.display());
+        }
+    }
+    // Let the venv see the libtorch venv's torch, when there is one.
+    let torch_site = site_packages(&setup::torch_venv()?.join("bin").join("python"));
+    let site = site_packages(&python).context("the venv's site-packages")?;
+    let pth = site.join("raptor-torch.pth");
+    if let Some(torch_site) = torch_site.filter(|s| s.join("torch").exists()) {
+        std::fs::write(&pth, format!("{}\n", torch_site.display()))?;
+    } else if pth.exists() {
+        std::fs::remove_file(&pth)?;
+    }
+    run_step(
+        "pip install (pinned Python tools)",
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--progress-bar",
+                "off",
+            ])
+            .args(packages),
+    )?;
+    Ok(python)
+}
+
+/// The first site-packages folder of a Python interpreter (None when it does not run).
+fn site_packages(python: &Path) -> Option<PathBuf> {
+    let out = Command::new(python)
+        .args(["-c", "import site; print(site.getsitepackages()[0])"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// Build the wheel with maturin into `out`; returns its path.
+fn build_wheel(root: &Path, python: &Path, release: bool, out: &Path) -> anyhow::Result<PathBuf> {
+    if out.exists() {
+        for e in std::fs::read_dir(out)?.flatten() {
+            if e.path().extension().is_some_and(|x| x == "whl") {
+                std::fs::remove_file(e.path())?;
+            }
+        }
+    }
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "maturin", "build", "--quiet", "--manifest-path"])
+        .arg(root.join(CRATE).join("Cargo.toml"))
+        .arg("--out")
+        .arg(out)
+        .args(["--interpreter"])
+        .arg(python);
+    if release {
+        cmd.arg("--release");
+    } else {
+        cmd.args(["--profile", "dev"]);
+    }
+    run_step(
+        &format!(
+            "maturin build ({})",
+            if release { "release" } else { "dev profile" }
+        ),
+        &mut cmd,
+    )?;
+    let wheel = std::fs::read_dir(out)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .with_context(|| format!("maturin wrote no wheel into {}", out.display()))?;
+    Ok(wheel)
+}
+
+/// `cargo xtask wheel`: the release wheel under `target/wheels/`.
+pub fn wheel(root: &Path) -> anyhow::Result<()> {
+    let python = venv(&WHEEL_PACKAGES)?;
+    let wheel = build_wheel(root, &python, true, &root.join("target").join("wheels"))?;
+    println!("{}", wheel.display());
+    println!("install it with: pip install {}", wheel.display());
+    Ok(())
+}
+
+/// The pytest step of `cargo xtask test`: build the wheel (dev profile), install it into the
+/// venv, run `crates/raptor-py/tests`.
+pub fn test(root: &Path) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let python = venv(&TEST_PACKAGES)?;
+    let wheel = build_wheel(
+        root,
+        &python,
+        false,
+        &root.join("target").join("wheels-test"),
+    )?;
+    run_step(
+        "pip install the wheel",
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--force-reinstall",
+            ])
+            .arg(&wheel),
+    )?;
+    // The reference packages must be there: a missing one fails the run instead of skipping.
+    let torch = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let required = if torch {
+        "dp_accounting,opacus,torch"
+    } else {
+        eprintln!(
+            "python: no torch in reach (no libtorch venv): the Opacus training loop is skipped"
+        );
+        "dp_accounting"
+    };
+    eprintln!("\n==> pytest crates/raptor-py/tests");
+    let status = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(root.join(CRATE).join("tests"))
+        .env("RAPTOR_PY_REQUIRE", required)
+        .current_dir(root)
+        .status()
+        .context("could not start pytest")?;
+    match status.code() {
+        Some(0) => {}
+        Some(5) => bail!("pytest collected no tests in {CRATE}/tests"),
+        Some(c) => bail!("pytest failed (exit code {c}): see the failures above"),
+        None => bail!("pytest was killed ({status})"),
+    }
+    eprintln!(
+        "==> Python package tests: ok ({:.0} s)",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
