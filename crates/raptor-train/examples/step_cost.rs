@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use raptor_models::{Model, SwitchConfig, SwitchEncoder};
+use raptor_models::{SwitchConfig, SwitchEncoder};
 use raptor_train::config::{Method, RunConfig};
 use raptor_train::methods::build_plan;
 use raptor_train::optim::{OptimSettings, Optimizers};
@@ -18,9 +18,11 @@ fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
         })
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
@@ -43,11 +45,18 @@ fn run(method: Method, updates: u64) -> (f64, f64) {
         .map(|i| {
             let tokens = (0..32)
                 .map(|_| {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     1 + ((s >> 33) as i64) % 511
                 })
                 .collect();
-            Example { id: i as u64, tokens, label: Some((i % 2) as i64), prompt_len: 0 }
+            Example {
+                id: i as u64,
+                tokens,
+                label: Some((i % 2) as i64),
+                prompt_len: 0,
+            }
         })
         .collect();
     let mut cfg = RunConfig::default();
@@ -59,11 +68,16 @@ fn run(method: Method, updates: u64) -> (f64, f64) {
     let toks: Vec<Vec<i64>> = data.iter().map(|e| e.tokens.clone()).collect();
     let labels: Vec<i64> = data.iter().map(|e| e.label.unwrap()).collect();
     let b = raptor_models::Batch::from_records(&toks, 0, Some(&labels), Device::Cpu).unwrap();
-    let owners = raptor_models::owner_tensors(&m, [&b], raptor_routing::OwnerRule::GateWeighted, Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .map(|(l, t)| (l, Vec::<i64>::try_from(&t).unwrap()))
-        .collect();
+    let owners = raptor_models::owner_tensors(
+        &m,
+        [&b],
+        raptor_routing::OwnerRule::GateWeighted,
+        Device::Cpu,
+    )
+    .unwrap()
+    .into_iter()
+    .map(|(l, t)| (l, Vec::<i64>::try_from(&t).unwrap()))
+    .collect();
     let optim = Optimizers::new(
         OptimSettings {
             lr: 1e-3,
@@ -96,7 +110,10 @@ fn run(method: Method, updates: u64) -> (f64, f64) {
     for _ in 0..updates {
         tr.step(&mut noop).unwrap();
     }
-    (start.elapsed().as_secs_f64() * 1e3 / updates as f64, peak_rss_mb())
+    (
+        start.elapsed().as_secs_f64() * 1e3 / updates as f64,
+        peak_rss_mb(),
+    )
 }
 
 fn main() {
@@ -119,9 +136,15 @@ fn main() {
     let exe = std::env::current_exe().unwrap();
     let mut rows = Vec::new();
     for m in ["raptor", "dp-adam-lora", "lora"] {
-        let out = std::process::Command::new(&exe).args([m, "20"]).output().unwrap();
+        let out = std::process::Command::new(&exe)
+            .args([m, "20"])
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        let v: Vec<f64> = text.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        let v: Vec<f64> = text
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
         rows.push((m, v[0], v[1]));
     }
     println!("| method | ms / update | peak RSS (MB) |");

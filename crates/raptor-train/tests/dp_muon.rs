@@ -254,7 +254,7 @@ fn per_matrix_clipping_matches_a_per_record_loop() {
     // Reference: per record, per group, clip and sum.
     let mut want: BTreeMap<String, Tensor> = BTreeMap::new();
     for e in &data {
-        let b = Batch::from_records(&[e.tokens.clone()], 0, None, Device::Cpu).unwrap();
+        let b = Batch::from_records(std::slice::from_ref(&e.tokens), 0, None, Device::Cpu).unwrap();
         let b = if e.prompt_len > 0 {
             b.with_prompt_lengths(&[e.prompt_len]).unwrap()
         } else {
