@@ -35,7 +35,12 @@ use rand_core::{SeedableRng, TryRngCore};
 
 /// Independent per-record Bernoulli(q) sampling of a population of `N` records, from a
 /// cryptographically secure generator (see the [module docs](self)).
-#[derive(Debug, Clone)]
+///
+/// Deliberately not `Clone`: a clone would carry the generator's state and replay every future
+/// batch of the original, so the batches would no longer be independent of what an observer of
+/// one copy has seen. Two reproducible samplers are built from the same seed instead
+/// ([`PoissonSampler::seeded_insecure`]).
+#[derive(Debug)]
 pub struct PoissonSampler {
     rate: SamplingRate,
     population: usize,
