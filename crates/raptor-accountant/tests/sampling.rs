@@ -137,13 +137,13 @@ fn one_records_membership_says_nothing_about_the_others() {
 /// method call below is ambiguous exactly when a second impl (for `Clone` types) applies.
 #[test]
 fn a_sampler_cannot_be_cloned() {
-    trait NotClone<M> {
+    trait NotClone<M>: Sized {
         fn check() {}
     }
     struct ForAll;
     struct ForClone;
-    impl<T: ?Sized> NotClone<ForAll> for T {}
-    impl<T: ?Sized + Clone> NotClone<ForClone> for T {}
+    impl<T> NotClone<ForAll> for T {}
+    impl<T: Clone> NotClone<ForClone> for T {}
     <PoissonSampler as NotClone<_>>::check();
 }
 
