@@ -35,7 +35,12 @@ use rand_core::{SeedableRng, TryRngCore};
 
 /// Independent per-record Bernoulli(q) sampling of a population of `N` records, from a
 /// cryptographically secure generator (see the [module docs](self)).
-#[derive(Debug, Clone)]
+///
+/// Deliberately not `Clone`: a clone would carry the generator's state and replay every future
+/// batch of the original, so the batches would no longer be independent of what an observer of
+/// one copy has seen. Two reproducible samplers are built from the same seed instead
+/// ([`PoissonSampler::seeded_insecure`]).
+#[derive(Debug)]
 pub struct PoissonSampler {
     rate: SamplingRate,
     population: usize,
@@ -160,8 +165,9 @@ mod tests {
 
     #[test]
     fn sample_and_mask_agree_on_the_same_stream() {
+        // Two samplers from one seed (a sampler is not Clone).
         let mut a = PoissonSampler::seeded_insecure(rate(0.3), 1000, 3).unwrap();
-        let mut b = a.clone();
+        let mut b = PoissonSampler::seeded_insecure(rate(0.3), 1000, 3).unwrap();
         let idx = a.sample();
         let mask = b.sample_mask();
         let from_mask: Vec<usize> = (0..1000).filter(|&i| mask[i]).collect();

@@ -131,3 +131,29 @@ fn one_records_membership_says_nothing_about_the_others() {
         "fixed-size batches not caught: {diff} (sd {sd})"
     );
 }
+
+/// A clone of a sampler would replay the original's future batches (same generator state), so
+/// `PoissonSampler` must not implement `Clone`. This test does not compile if it does: the
+/// method call below is ambiguous exactly when a second impl (for `Clone` types) applies.
+#[test]
+fn a_sampler_cannot_be_cloned() {
+    trait NotClone<M>: Sized {
+        fn check() {}
+    }
+    struct ForAll;
+    struct ForClone;
+    impl<T> NotClone<ForAll> for T {}
+    impl<T: Clone> NotClone<ForClone> for T {}
+    <PoissonSampler as NotClone<_>>::check();
+}
+
+/// Reproducible runs build two samplers from the same seed instead of cloning one.
+#[test]
+fn two_samplers_from_one_seed_draw_the_same_batches() {
+    let mut a = sampler(0.3, 50, 7);
+    let mut b = sampler(0.3, 50, 7);
+    for _ in 0..20 {
+        assert_eq!(a.sample(), b.sample());
+    }
+    assert!(a.is_seeded_insecure());
+}

@@ -170,27 +170,28 @@ pub(crate) fn clip_factor(norm: f64, bound: f64) -> f64 {
     if norm > bound { bound / norm } else { 1.0 }
 }
 
-/// Per record: from raw per-group squared norms, fill norms / total / factors and check
-/// finiteness. `sq` holds the raw (unweighted) squared norms per group.
+/// Per record: from raw per-group squared norms, fill norms / total / factors. `sq` holds the
+/// raw (unweighted) squared norms per group.
+///
+/// A record with a non-finite squared norm in any group (a NaN or infinite entry) gets factor 0
+/// in every group and a non-finite total (its norms are reported as computed): it contributes
+/// nothing, which is within any bound, and the step goes on. Aborting the step instead would be
+/// an event that depends on one record's private data.
 fn factors_for_record(
-    record: usize,
     sq: &[f64],
     weight: f64,
     mode: BoundMode<'_>,
-    group_names: &dyn Fn(usize) -> String,
     norms_out: &mut [f64],
     factors_out: &mut [f64],
 ) -> Result<f64, ClipError> {
-    let mut total_sq = 0f64;
-    for (g, &s) in sq.iter().enumerate() {
-        if !s.is_finite() {
-            return Err(ClipError::NonFinite {
-                record,
-                part: group_names(g),
-                value: s,
-            });
+    let total_sq: f64 = sq.iter().sum();
+    if !total_sq.is_finite() {
+        for g in 0..sq.len() {
+            norms_out[g] = weight * sq[g].sqrt();
+            factors_out[g] = 0.0;
         }
-        total_sq += s;
+        // +inf (or NaN when the squared norms hold NaN): never finite.
+        return Ok(total_sq.sqrt().abs() + f64::INFINITY);
     }
     let total = weight * total_sq.sqrt();
     match mode {
@@ -266,7 +267,6 @@ struct RangeCtx<'a, 'b> {
     ng: usize,
     mode: BoundMode<'b>,
     weights: Option<&'b [f64]>,
-    group_names: &'b (dyn Fn(usize) -> String + Sync),
 }
 
 /// The per-record outputs of one thread's range (local indices).
@@ -290,11 +290,9 @@ impl RangeCtx<'_, '_> {
         let i = self.start + li;
         let w = self.weights.map_or(1.0, |w| w[i]);
         out.totals[li] = factors_for_record(
-            i,
             sq,
             w,
             self.mode,
-            self.group_names,
             &mut out.norms[li * ng..(li + 1) * ng],
             &mut out.factors[li * ng..(li + 1) * ng],
         )?;
@@ -753,12 +751,11 @@ pub(crate) fn fused_clip_sum(
     n_groups: usize,
     mode: BoundMode<'_>,
     weights: Option<&[f64]>,
-    group_names: &(dyn Fn(usize) -> String + Sync),
 ) -> Result<Fused, ClipError> {
     let threads = rayon::current_num_threads().max(1);
     let rec_floats: usize = segs.iter().map(|s| s.width).sum();
     let sched = schedule(rec_floats, batch, threads);
-    fused_with(segs, batch, n_groups, mode, weights, group_names, sched)
+    fused_with(segs, batch, n_groups, mode, weights, sched)
 }
 
 /// [`fused_clip_sum`] with a given schedule.
@@ -768,7 +765,6 @@ fn fused_with(
     n_groups: usize,
     mode: BoundMode<'_>,
     weights: Option<&[f64]>,
-    group_names: &(dyn Fn(usize) -> String + Sync),
     sched: Schedule,
 ) -> Result<Fused, ClipError> {
     let threads = rayon::current_num_threads().max(1);
@@ -800,7 +796,6 @@ fn fused_with(
                         ng,
                         mode,
                         weights,
-                        group_names,
                     };
                     let out = Out {
                         norms: norm_c,
@@ -839,7 +834,6 @@ fn fused_with(
                 ng,
                 mode,
                 weights,
-                group_names,
             };
             let out = Out {
                 norms: &mut norms,
@@ -853,12 +847,43 @@ fn fused_with(
             }?
         }
     };
+    // A record with a non-finite entry has factor 0, but 0 · NaN is NaN in the fused sums:
+    // recompute the sums without those records (rare; the factors are already known).
+    let sums = if total_norms.iter().all(|t| t.is_finite()) {
+        sums
+    } else {
+        sums_skipping_non_finite(segs, batch, ng, &factors, &total_norms)
+    };
     Ok(Fused {
         sums,
         norms,
         total_norms,
         factors,
     })
+}
+
+/// Σ_i factor(i, group) · row_i per segment over the records whose total norm is finite (the
+/// others contribute nothing), accumulated in f32 record by record.
+fn sums_skipping_non_finite(
+    segs: &[Seg<'_>],
+    batch: usize,
+    ng: usize,
+    factors: &[f64],
+    total_norms: &[f64],
+) -> Vec<Vec<f32>> {
+    segs.iter()
+        .map(|s| {
+            let mut out = vec![0f32; s.width];
+            for (i, row) in s.data.chunks_exact(s.width).take(batch).enumerate() {
+                let f = factors[i * ng + s.group];
+                if !total_norms[i].is_finite() || f == 0.0 {
+                    continue;
+                }
+                axpy(&mut out, f as f32, row);
+            }
+            out
+        })
+        .collect()
 }
 
 /// A STREAM-like read of the same bytes: the parallel sum of all entries (f32 lanes), the
@@ -988,9 +1013,8 @@ mod tests {
                 let (sums, abs, norms, factors) = reference(&segs, batch, ng, mode, w);
                 for sched in SCHEDULES {
                     for threads in [1, 2, 3] {
-                        let names = |g: usize| format!("g{g}");
                         let got = in_pool(threads, || {
-                            fused_with(&segs, batch, ng, mode, w, &names, sched).unwrap()
+                            fused_with(&segs, batch, ng, mode, w, sched).unwrap()
                         });
                         let ctx = format!(
                             "widths {widths:?} B={batch} kinds {kinds:?} {sched:?} t={threads}"
@@ -1047,32 +1071,51 @@ mod tests {
         check(&[300_007], &[0], 1, &[3], 10);
     }
 
+    /// A record with a NaN or infinite entry contributes nothing (factor 0 in every group, a
+    /// non-finite total) and the step goes on, in every schedule and pipeline position; the
+    /// other records' sums are unaffected.
     #[test]
-    fn non_finite_entries_are_errors_in_every_schedule() {
-        for bad in [f32::NAN, f32::INFINITY] {
+    fn non_finite_records_contribute_zero_in_every_schedule() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             for pos in [0usize, 3, 6] {
                 let mut d = vec![0.5f32; 7 * 40];
+                let e = vec![0.25f32; 7 * 3];
                 d[pos * 40 + 17] = bad;
-                let segs = [Seg {
-                    data: &d,
-                    width: 40,
-                    group: 0,
-                }];
-                for sched in SCHEDULES {
-                    let r = in_pool(2, || {
-                        fused_with(
-                            &segs,
-                            7,
-                            1,
-                            BoundMode::Joint(1.0),
-                            None,
-                            &|_| "g".into(),
-                            sched,
-                        )
-                    });
-                    match r {
-                        Err(ClipError::NonFinite { record, .. }) => assert_eq!(record, pos),
-                        other => panic!("{sched:?}: expected NonFinite, got {other:?}"),
+                let segs = [
+                    Seg {
+                        data: &d,
+                        width: 40,
+                        group: 0,
+                    },
+                    Seg {
+                        data: &e,
+                        width: 3,
+                        group: 1,
+                    },
+                ];
+                for mode in [BoundMode::Joint(1.0), BoundMode::PerGroup(&[1.0, 0.1])] {
+                    for sched in SCHEDULES {
+                        let f = in_pool(2, || fused_with(&segs, 7, 2, mode, None, sched))
+                            .unwrap_or_else(|e| panic!("{sched:?}: {e}"));
+                        assert!(!f.total_norms[pos].is_finite());
+                        assert_eq!(f.factors[pos * 2], 0.0);
+                        assert_eq!(f.factors[pos * 2 + 1], 0.0);
+                        // reference: the six good records, each clipped
+                        for (k, (seg, sum)) in segs.iter().zip(&f.sums).enumerate() {
+                            for (c, &v) in sum.iter().enumerate() {
+                                let want: f64 = (0..7)
+                                    .filter(|&i| i != pos)
+                                    .map(|i| {
+                                        f.factors[i * 2 + k]
+                                            * f64::from(seg.data[i * seg.width + c])
+                                    })
+                                    .sum();
+                                assert!(
+                                    (f64::from(v) - want).abs() < 1e-5,
+                                    "{sched:?} seg {k} col {c}: {v} vs {want}"
+                                );
+                            }
+                        }
                     }
                 }
             }
@@ -1177,8 +1220,7 @@ mod tests {
             width,
             group: 0,
         }];
-        let names = |_: usize| "g".to_string();
-        fused_with(&segs, batch, 1, BoundMode::Joint(0.3), None, &names, sched).unwrap()
+        fused_with(&segs, batch, 1, BoundMode::Joint(0.3), None, sched).unwrap()
     }
 
     #[test]

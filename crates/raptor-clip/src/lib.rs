@@ -34,8 +34,9 @@
 //! let mut privatizer = Privatizer::new(1.1)?; // σ; ChaCha20 seeded from the OS
 //! let shared_release = privatizer.release_group(&clipped, 0, PublicDenominator::new(64.0)?)?;
 //! let expert_release = privatizer.release_group(&clipped, 1, PublicDenominator::new(16.0)?)?;
-//! assert_eq!(shared_release.blocks[0].values.len(), 4);
-//! assert_eq!(expert_release.sensitivity, 0.5);
+//! assert_eq!(shared_release.blocks()[0].values().len(), 4);
+//! assert_eq!(expert_release.sensitivity(), 0.5);
+//! assert!(!expert_release.is_seeded_insecure());
 //! # Ok(())
 //! # }
 //! ```
@@ -53,7 +54,7 @@ pub mod tensor;
 
 pub use error::ClipError;
 pub use kernel::stream_read_sum;
-pub use privatizer::{Privatizer, PublicDenominator, Release, ReleasedBlock};
+pub use privatizer::{Privatizer, PublicDenominator, Release, ReleasedBlock, SEEDED_WARNING};
 pub use slice::{
     Block, BlockClipOutput, ClipOutput, Group, Grouping, clip_blocks, clip_rows, joint_sensitivity,
 };

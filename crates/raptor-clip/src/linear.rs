@@ -145,7 +145,9 @@ fn check_coef(coef: &Tensor, b: i64, kind: Kind) -> Result<Tensor, ClipError> {
 /// materialized by cost ([`NormMethod::Auto`]).
 ///
 /// `a`: `[B, T, in]`, `g`: `[B, T, out]`, `token_mask`: optional `[B, T]`. Output f32 (f64 if an
-/// input is f64). Non-finite results give [`ClipError::NonFinite`].
+/// input is f64). A record with a NaN or infinite entry gets a non-finite squared norm (no
+/// error: which record it is is private); [`clip_coefficients`] gives it coefficient 0 and the
+/// weighted sums then leave it out.
 pub fn linear_per_example_sq_norms(
     a: &Tensor,
     g: &Tensor,
@@ -183,7 +185,6 @@ pub fn linear_per_example_sq_norms_with(
         gi.f_square()?
             .f_sum_dim_intlist([1i64, 2].as_slice(), false, None::<Kind>)?
     };
-    check_finite_rows(&sq, "linear layer")?;
     Ok(sq)
 }
 
@@ -200,11 +201,33 @@ pub fn linear_weighted_grad_sum(
     let s = a3.size();
     let d_out = g3.size()[2];
     let c = check_coef(coef, s[0], a3.kind())?.f_to_device(a3.device())?;
-    let gs = g3.f_mul(&c.f_reshape([-1, 1, 1])?)?;
-    Ok(gs
-        .f_reshape([-1, d_out])?
-        .f_transpose(0, 1)?
-        .f_mm(&a3.f_reshape([-1, s[2]])?)?)
+    let contract = |a3: &Tensor, g3: &Tensor| -> Result<Tensor, ClipError> {
+        let gs = g3.f_mul(&c.f_reshape([-1, 1, 1])?)?;
+        Ok(gs
+            .f_reshape([-1, d_out])?
+            .f_transpose(0, 1)?
+            .f_mm(&a3.f_reshape([-1, s[2]])?)?)
+    };
+    let out = contract(&a3, &g3)?;
+    if all_finite(&out)? {
+        return Ok(out);
+    }
+    // 0 · NaN is NaN: leave out the records of coefficient 0 (non-finite records) explicitly.
+    contract(&zero_records(&a3, &c)?, &zero_records(&g3, &c)?)
+}
+
+/// Whether every entry of `t` is finite.
+fn all_finite(t: &Tensor) -> Result<bool, ClipError> {
+    Ok(t.numel() == 0 || t.f_isfinite()?.f_all()?.f_int64_value(&[])? != 0)
+}
+
+/// `x` (`[B, …]`) with the records whose coefficient in `c` (`[B]`) is 0 set to zero.
+fn zero_records(x: &Tensor, c: &Tensor) -> Result<Tensor, ClipError> {
+    let mut shape = vec![-1i64];
+    shape.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));
+    let keep = c.f_ne(0.0)?.f_reshape(shape.as_slice())?;
+    let zero = Tensor::f_zeros([1], (x.kind(), x.device()))?;
+    Ok(x.f_where_self(&keep, &zero)?)
 }
 
 fn prepare_bias(g: &Tensor, token_mask: Option<&Tensor>) -> Result<Tensor, ClipError> {
@@ -228,7 +251,6 @@ pub fn bias_per_example_sq_norms(
         .f_sum_dim_intlist([1i64].as_slice(), false, None::<Kind>)?
         .f_square()?
         .f_sum_dim_intlist([1i64].as_slice(), false, None::<Kind>)?;
-    check_finite_rows(&sq, "bias")?;
     Ok(sq)
 }
 
@@ -241,17 +263,28 @@ pub fn bias_weighted_grad_sum(
     let g3 = prepare_bias(g, token_mask)?;
     let b = g3.size()[0];
     let c = check_coef(coef, b, g3.kind())?.f_to_device(g3.device())?;
-    Ok(g3.f_mul(&c.f_reshape([-1, 1, 1])?)?.f_sum_dim_intlist(
-        [0i64, 1].as_slice(),
-        false,
-        None::<Kind>,
-    )?)
+    let contract = |g3: &Tensor| -> Result<Tensor, ClipError> {
+        Ok(g3.f_mul(&c.f_reshape([-1, 1, 1])?)?.f_sum_dim_intlist(
+            [0i64, 1].as_slice(),
+            false,
+            None::<Kind>,
+        )?)
+    };
+    let out = contract(&g3)?;
+    if all_finite(&out)? {
+        return Ok(out);
+    }
+    contract(&zero_records(&g3, &c)?)
 }
 
 /// Clip coefficients from per-example squared norms n_i (`[B]`):
 /// c_i = min(1, C / (sqrt(n_i) + tiny)) with tiny = 1e-12, or with weights w_i ∈ [0, 1]
 /// (weight-then-clip: the norm of w_i g_i is w_i ‖g_i‖) c_i = w_i · min(1, C / (w_i sqrt(n_i) + tiny)),
-/// so that record i contributes c_i · g_i. Same dtype and device as `sq_norms`.
+/// so that record i contributes c_i · g_i. Computed in f32 (f64 for f64 input; bf16 and f16
+/// norms are widened first), on the device of `sq_norms`; the output has that compute dtype, so
+/// a coefficient is never rounded up in a short mantissa. A non-finite squared norm (a record
+/// with a NaN or infinite gradient entry) gives coefficient 0: the record contributes nothing,
+/// which is within any bound, and no error names it.
 pub fn clip_coefficients(
     sq_norms: &Tensor,
     bound: f64,
@@ -261,19 +294,20 @@ pub fn clip_coefficients(
     if sq_norms.dim() != 1 {
         return Err(shape_err("sq_norms", "[B]".into(), &sq_norms.size()));
     }
-    check_finite_rows(sq_norms, "sq_norms")?;
     let b = sq_norms.size()[0];
     let kind = match sq_norms.kind() {
         Kind::Double => Kind::Double,
         _ => Kind::Float,
     };
-    let n = sq_norms.f_to_kind(kind)?.f_clamp_min(0.0)?.f_sqrt()?;
-    match weights {
-        None => Ok(n
+    let sq = sq_norms.f_to_kind(kind)?;
+    let finite = sq.f_isfinite()?;
+    let n = sq.f_clamp_min(0.0)?.f_sqrt()?;
+    let f = match weights {
+        None => n
             .f_add_scalar(1e-12)?
             .f_reciprocal()?
             .f_mul_scalar(bound)?
-            .f_clamp_max(1.0)?),
+            .f_clamp_max(1.0)?,
         Some(w) => {
             let w = check_weights_tensor(w, b, kind)?.f_to_device(sq_norms.device())?;
             let f = n
@@ -282,7 +316,10 @@ pub fn clip_coefficients(
                 .f_reciprocal()?
                 .f_mul_scalar(bound)?
                 .f_clamp_max(1.0)?;
-            Ok(f.f_mul(&w)?)
+            f.f_mul(&w)?
         }
-    }
+    };
+    // Non-finite records: coefficient 0 (selected, so NaN · w cannot leak through).
+    let zero = Tensor::f_zeros([1], (kind, sq_norms.device()))?;
+    Ok(f.f_where_self(&finite, &zero)?)
 }

@@ -4,18 +4,19 @@ use crate::ClipError;
 use crate::kernel::{BoundMode, Seg, fused_clip_sum};
 
 /// Result of clipping gradient rows with one bound ([`clip_rows`]).
+///
+/// The fields are private: only the clipping functions build one, so the bound that
+/// [`crate::Privatizer::release_rows`] calibrates its noise to is the one the records were
+/// clipped to, and the sum holds nothing but clipped records.
+///
+/// A record with a non-finite entry (NaN or ±inf) contributes nothing: its factor is 0 and its
+/// norm is reported as the non-finite value. Which records those are is private information.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClipOutput {
-    /// Σ_i factors_i · g_i, length P.
-    pub sum: Vec<f32>,
-    /// Per record: the norm the bound is compared with, ‖w_i g_i‖ = w_i ‖g_i‖ (w_i = 1 when no
-    /// weights are given).
-    pub norms: Vec<f64>,
-    /// Per record: the multiplier applied to the raw gradient, w_i · min(1, C / (w_i ‖g_i‖)),
-    /// so that record i contributes `factors[i] · g_i`.
-    pub factors: Vec<f64>,
-    /// The bound C (the L2 sensitivity of `sum`).
-    pub bound: f64,
+    sum: Vec<f32>,
+    norms: Vec<f64>,
+    factors: Vec<f64>,
+    bound: f64,
 }
 
 impl ClipOutput {
@@ -26,6 +27,32 @@ impl ClipOutput {
     /// L2 sensitivity of the clipped sum under add/remove of one record: C.
     pub fn sensitivity(&self) -> f64 {
         self.bound
+    }
+    /// The bound C.
+    pub fn bound(&self) -> f64 {
+        self.bound
+    }
+    /// Σ_i factors_i · g_i, length P.
+    pub fn sum(&self) -> &[f32] {
+        &self.sum
+    }
+    /// Per record: the norm the bound is compared with, ‖w_i g_i‖ = w_i ‖g_i‖ (w_i = 1 when no
+    /// weights are given; non-finite for a record with a non-finite entry).
+    pub fn norms(&self) -> &[f64] {
+        &self.norms
+    }
+    /// Per record: the multiplier applied to the raw gradient, w_i · min(1, C / (w_i ‖g_i‖))
+    /// (0 for a non-finite record), so that record i contributes `factors[i] · g_i`.
+    pub fn factors(&self) -> &[f64] {
+        &self.factors
+    }
+    /// The norm of record `i` (`None` past the batch).
+    pub fn norm(&self, i: usize) -> Option<f64> {
+        self.norms.get(i).copied()
+    }
+    /// The factor of record `i` (`None` past the batch).
+    pub fn factor(&self, i: usize) -> Option<f64> {
+        self.factors.get(i).copied()
     }
 }
 
@@ -69,8 +96,8 @@ pub(crate) fn check_weights(weights: Option<&[f64]>, batch: usize) -> Result<(),
 /// ```
 /// let g = [3.0f32, 4.0, 0.3, 0.4]; // two records of width 2, norms 5 and 0.5
 /// let out = raptor_clip::clip_rows(&g, 2, 1.0, None).unwrap();
-/// assert!((out.sum[0] - (0.6 + 0.3)).abs() < 1e-6);
-/// assert!((out.factors[0] - 0.2).abs() < 1e-12 && out.factors[1] == 1.0);
+/// assert!((out.sum()[0] - (0.6 + 0.3)).abs() < 1e-6);
+/// assert!((out.factors()[0] - 0.2).abs() < 1e-12 && out.factors()[1] == 1.0);
 /// ```
 pub fn clip_rows(
     rows: &[f32],
@@ -94,14 +121,7 @@ pub fn clip_rows(
         group: 0,
     }];
     let bounds = [bound];
-    let f = fused_clip_sum(
-        &segs,
-        batch,
-        1,
-        BoundMode::PerGroup(&bounds),
-        weights,
-        &|_| "rows".to_string(),
-    )?;
+    let f = fused_clip_sum(&segs, batch, 1, BoundMode::PerGroup(&bounds), weights)?;
     let mut sums = f.sums;
     Ok(ClipOutput {
         sum: sums.remove(0),
@@ -180,29 +200,23 @@ pub enum Grouping {
 }
 
 /// Result of [`clip_blocks`].
+///
+/// The fields are private (read them with the getters): only [`clip_blocks`] builds one, so the
+/// sensitivities a [`crate::Privatizer`] calibrates to are the bounds the records were clipped
+/// to. A record with a non-finite entry contributes nothing in any group (factor 0, norms
+/// non-finite); which records those are is private information.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockClipOutput {
-    /// Block names, in input order.
-    pub block_names: Vec<String>,
-    /// Per block: Σ_i factor(i, group of block) · block row i.
-    pub sums: Vec<Vec<f32>>,
-    /// Group names (Flat: "all"; PerBlock: the block names).
-    pub group_names: Vec<String>,
-    /// Group of each block.
-    pub block_group: Vec<usize>,
-    /// Per group bound (GlobalOverGroups and Flat: the one bound for every group).
-    pub group_bounds: Vec<f64>,
-    /// Number of records.
-    pub batch: usize,
-    /// `batch × n_groups`, row-major: norm of the weighted record restricted to the group.
-    pub norms: Vec<f64>,
-    /// Per record: norm of the weighted record over all blocks.
-    pub total_norms: Vec<f64>,
-    /// `batch × n_groups`, row-major: multiplier applied to the raw record in the group.
-    pub factors: Vec<f64>,
-    /// L2 sensitivity of releasing all sums jointly (sqrt(Σ_g C_g²) for per-group bounds, C for
-    /// Flat and GlobalOverGroups).
-    pub sensitivity: f64,
+    block_names: Vec<String>,
+    sums: Vec<Vec<f32>>,
+    group_names: Vec<String>,
+    block_group: Vec<usize>,
+    group_bounds: Vec<f64>,
+    batch: usize,
+    norms: Vec<f64>,
+    total_norms: Vec<f64>,
+    factors: Vec<f64>,
+    sensitivity: f64,
 }
 
 impl BlockClipOutput {
@@ -210,17 +224,68 @@ impl BlockClipOutput {
     pub fn n_groups(&self) -> usize {
         self.group_names.len()
     }
-    /// Norm of weighted record `i` in group `g`.
-    pub fn norm(&self, i: usize, g: usize) -> f64 {
-        self.norms[i * self.n_groups() + g]
+    /// Number of records.
+    pub fn batch(&self) -> usize {
+        self.batch
     }
-    /// Multiplier applied to raw record `i` in group `g`.
-    pub fn factor(&self, i: usize, g: usize) -> f64 {
-        self.factors[i * self.n_groups() + g]
+    /// Block names, in input order.
+    pub fn block_names(&self) -> &[String] {
+        &self.block_names
     }
-    /// L2 sensitivity of releasing the sums of group `g` alone: its bound.
-    pub fn group_sensitivity(&self, g: usize) -> f64 {
-        self.group_bounds[g]
+    /// Per block: Σ_i factor(i, group of block) · block row i.
+    pub fn sums(&self) -> &[Vec<f32>] {
+        &self.sums
+    }
+    /// Group names (Flat: "all"; PerBlock: the block names).
+    pub fn group_names(&self) -> &[String] {
+        &self.group_names
+    }
+    /// Group of each block.
+    pub fn block_group(&self) -> &[usize] {
+        &self.block_group
+    }
+    /// Per group bound (GlobalOverGroups and Flat: the one bound for every group).
+    pub fn group_bounds(&self) -> &[f64] {
+        &self.group_bounds
+    }
+    /// `batch × n_groups`, row-major: norm of the weighted record restricted to the group.
+    pub fn norms(&self) -> &[f64] {
+        &self.norms
+    }
+    /// Per record: norm of the weighted record over all blocks.
+    pub fn total_norms(&self) -> &[f64] {
+        &self.total_norms
+    }
+    /// `batch × n_groups`, row-major: multiplier applied to the raw record in the group.
+    pub fn factors(&self) -> &[f64] {
+        &self.factors
+    }
+    /// L2 sensitivity of releasing all sums jointly (sqrt(Σ_g C_g²) for per-group bounds, C for
+    /// Flat and GlobalOverGroups).
+    pub fn sensitivity(&self) -> f64 {
+        self.sensitivity
+    }
+    /// Row-major index of (record `i`, group `g`), if both are in range.
+    fn index(&self, i: usize, g: usize) -> Option<usize> {
+        let ng = self.n_groups();
+        if i < self.batch && g < ng {
+            i.checked_mul(ng)?.checked_add(g)
+        } else {
+            None
+        }
+    }
+    /// Norm of weighted record `i` in group `g` (`None` when `i` or `g` is out of range).
+    pub fn norm(&self, i: usize, g: usize) -> Option<f64> {
+        self.index(i, g).and_then(|k| self.norms.get(k).copied())
+    }
+    /// Multiplier applied to raw record `i` in group `g` (`None` when out of range).
+    pub fn factor(&self, i: usize, g: usize) -> Option<f64> {
+        self.index(i, g).and_then(|k| self.factors.get(k).copied())
+    }
+    /// L2 sensitivity of releasing the sums of group `g` alone: its bound (`None` when `g` is
+    /// not a group).
+    pub fn group_sensitivity(&self, g: usize) -> Option<f64> {
+        self.group_bounds.get(g).copied()
     }
 }
 
@@ -335,9 +400,10 @@ pub(crate) fn resolve(grouping: &Grouping, names: &[&str]) -> Result<Resolved, C
 ///     bounds: vec![1.0, 1.5],
 /// };
 /// let out = clip_blocks(&blocks, &grouping, None).unwrap();
-/// assert!((out.factor(0, 0) - 0.2).abs() < 1e-12); // shared norm 5 clipped to 1
-/// assert!((out.factor(1, 1) - 0.75).abs() < 1e-12); // expert norm 2 clipped to 1.5
-/// assert!((out.sums[1][0] - 2.5).abs() < 1e-6); // 1 + 0.75·2
+/// assert!((out.factor(0, 0).unwrap() - 0.2).abs() < 1e-12); // shared norm 5 clipped to 1
+/// assert!((out.factor(1, 1).unwrap() - 0.75).abs() < 1e-12); // expert norm 2 clipped to 1.5
+/// assert!((out.sums()[1][0] - 2.5).abs() < 1e-6); // 1 + 0.75·2
+/// assert_eq!(out.factor(2, 0), None); // no third record
 /// ```
 pub fn clip_blocks(
     blocks: &[Block<'_>],
@@ -388,10 +454,7 @@ pub fn clip_blocks(
         Some(c) => BoundMode::Joint(c),
         None => BoundMode::PerGroup(&group_bounds),
     };
-    let gn = group_names.clone();
-    let f = fused_clip_sum(&segs, batch, group_names.len(), mode, weights, &move |g| {
-        gn[g].clone()
-    })?;
+    let f = fused_clip_sum(&segs, batch, group_names.len(), mode, weights)?;
     let sensitivity = match joint {
         Some(c) => c,
         None => group_bounds.iter().map(|c| c * c).sum::<f64>().sqrt(),

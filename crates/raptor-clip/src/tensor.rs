@@ -1,10 +1,15 @@
 //! libtorch backend (feature `tch`): the clipping forms of the slice backend on tensors, on the
 //! device of the inputs (CPU or CUDA).
 //!
-//! Norms are taken in the gradient's dtype with libtorch's reductions; factors are computed on
-//! the device; the clipped sum is one matrix-vector product per block (`Gᵀ f`). This is the
-//! two-pass schedule (norms, then a product) that the slice backend's fused kernel is
-//! benchmarked against.
+//! Norms are taken with libtorch's reductions in f32 at least (f64 for f64 input; bf16 and f16
+//! gradients are widened first, so a norm rounded down in a 8- or 11-bit mantissa cannot let a
+//! record through unclipped), factors are computed in f64 on the device, and the clipped sum is
+//! one matrix-vector product per block (`Gᵀ f`), in f32 for bf16/f16 input (rounded to the
+//! input dtype once, at the end). This is the two-pass schedule (norms, then a product) that
+//! the slice backend's fused kernel is benchmarked against.
+//!
+//! As on the slice path, a record with a NaN or infinite entry contributes nothing (factor 0 in
+//! every group, its entries replaced by 0 before the product) and is not reported by index.
 
 use tch::{Kind, Tensor};
 
@@ -20,8 +25,18 @@ pub struct TensorClipOutput {
     pub norms: Tensor,
     /// `[B]`: multiplier applied to the raw record, w_i · min(1, C/(w_i‖g_i‖)).
     pub factors: Tensor,
-    /// The bound C (the sensitivity of `sum`).
-    pub bound: f64,
+    bound: f64,
+}
+
+impl TensorClipOutput {
+    /// The bound C (the L2 sensitivity of `sum`).
+    pub fn bound(&self) -> f64 {
+        self.bound
+    }
+    /// The L2 sensitivity of `sum`: C.
+    pub fn sensitivity(&self) -> f64 {
+        self.bound
+    }
 }
 
 /// Result of [`clip_blocks`] on tensors.
@@ -33,16 +48,29 @@ pub struct TensorBlockClipOutput {
     pub group_names: Vec<String>,
     /// Group of each block.
     pub block_group: Vec<usize>,
-    /// Per group bound.
-    pub group_bounds: Vec<f64>,
+    group_bounds: Vec<f64>,
     /// `[B, G]` norms of the weighted record per group.
     pub norms: Tensor,
     /// `[B]` norm of the weighted record over all blocks.
     pub total_norms: Tensor,
     /// `[B, G]` multipliers applied to the raw record per group.
     pub factors: Tensor,
-    /// Joint L2 sensitivity of all sums.
-    pub sensitivity: f64,
+    sensitivity: f64,
+}
+
+impl TensorBlockClipOutput {
+    /// Per group bound.
+    pub fn group_bounds(&self) -> &[f64] {
+        &self.group_bounds
+    }
+    /// Joint L2 sensitivity of all sums (sqrt(Σ_g C_g²), or C for the one-bound forms).
+    pub fn sensitivity(&self) -> f64 {
+        self.sensitivity
+    }
+    /// L2 sensitivity of the sums of group `g` alone (`None` when `g` is not a group).
+    pub fn group_sensitivity(&self, g: usize) -> Option<f64> {
+        self.group_bounds.get(g).copied()
+    }
 }
 
 fn shape_err(what: &str, expected: String, got: &[i64]) -> ClipError {
@@ -80,7 +108,8 @@ pub(crate) fn check_weights_tensor(
     Ok(w.f_to_kind(kind)?)
 }
 
-/// Error if any entry of `sq` (shape `[B]` or `[B, G]`) is not finite.
+/// Error if any entry of `sq` (shape `[B]` or `[B, G]`) is not finite (for inputs the caller
+/// controls, such as clip coefficients; gradients are handled by [`finite_records`]).
 pub(crate) fn check_finite_rows(sq: &Tensor, part: &str) -> Result<(), ClipError> {
     if sq.numel() == 0 {
         return Ok(());
@@ -101,6 +130,45 @@ pub(crate) fn check_finite_rows(sq: &Tensor, part: &str) -> Result<(), ClipError
         });
     }
     Ok(())
+}
+
+/// The dtype norms and products are computed in: f64 for f64, f32 otherwise (bf16 and f16 are
+/// widened).
+pub(crate) fn compute_kind(kind: Kind) -> Kind {
+    match kind {
+        Kind::Double => Kind::Double,
+        _ => Kind::Float,
+    }
+}
+
+/// `[B]` f64 mask: 1 for records whose squared norms (`[B]` or `[B, G]`) are all finite, 0
+/// otherwise, and whether any record is non-finite.
+pub(crate) fn finite_records(sq: &Tensor) -> Result<(Tensor, bool), ClipError> {
+    let fin = sq.f_isfinite()?;
+    let fin = if sq.dim() == 2 {
+        fin.f_all_dim(1, false)?
+    } else {
+        fin
+    };
+    let any_bad = sq.numel() > 0 && fin.f_logical_not()?.f_any()?.f_int64_value(&[])? != 0;
+    Ok((fin.f_to_kind(Kind::Double)?, any_bad))
+}
+
+/// `g2` (`[B, P]`) in `kind` with the rows of non-finite records replaced by zeros (their
+/// factor is 0, but 0 · NaN is NaN in the product).
+fn zero_bad_rows(
+    g2: &Tensor,
+    kind: Kind,
+    keep: &Tensor,
+    any_bad: bool,
+) -> Result<Tensor, ClipError> {
+    let g = g2.f_to_kind(kind)?;
+    if !any_bad {
+        return Ok(g);
+    }
+    let keep = keep.f_to_kind(Kind::Bool)?.f_unsqueeze(1)?;
+    let zero = Tensor::f_zeros([1], (kind, g.device()))?;
+    Ok(g.f_where_self(&keep, &zero)?)
 }
 
 /// Factor min(1, C/n) from norms n (any shape), with n = 0 → 1.
@@ -127,26 +195,39 @@ pub fn clip_rows(
     let b = size[0];
     let g2 = rows.f_reshape([b, -1])?;
     let kind = rows.kind();
-    let raw = g2.f_linalg_norm(2, [1i64].as_slice(), false, None::<Kind>)?;
-    check_finite_rows(&raw, "rows")?;
+    let ck = compute_kind(kind);
+    // Norms in f32 (f64 for f64 input), then f64 for the factors.
+    let raw = g2
+        .f_linalg_norm(2, [1i64].as_slice(), false, Some(ck))?
+        .f_to_kind(Kind::Double)?;
+    let (keep, any_bad) = finite_records(&raw)?;
     let (norms, factors) = match weights {
         None => {
             let f = factors_from_norms(&raw, bound)?;
             (raw, f)
         }
         Some(w) => {
-            let w = check_weights_tensor(w, b, raw.kind())?.f_to_device(rows.device())?;
+            let w = check_weights_tensor(w, b, Kind::Double)?.f_to_device(rows.device())?;
             let n = raw.f_mul(&w)?;
             let f = factors_from_norms(&n, bound)?.f_mul(&w)?;
             (n, f)
         }
     };
+    // Non-finite records: factor 0 (NaN · 0 would be NaN, so select rather than multiply).
+    let factors = if any_bad {
+        let zero = Tensor::f_zeros([1], (Kind::Double, rows.device()))?;
+        factors.f_where_self(&keep.f_to_kind(Kind::Bool)?, &zero)?
+    } else {
+        factors
+    };
     let sum = if b == 0 {
         Tensor::f_zeros(&size[1..], (kind, rows.device()))?
     } else {
-        g2.f_transpose(0, 1)?
-            .f_mv(&factors.f_to_kind(kind)?)?
+        zero_bad_rows(&g2, ck, &keep, any_bad)?
+            .f_transpose(0, 1)?
+            .f_mv(&factors.f_to_kind(ck)?)?
             .f_reshape(&size[1..])?
+            .f_to_kind(kind)?
     };
     Ok(TensorClipOutput {
         sum,
@@ -189,9 +270,13 @@ pub fn clip_blocks(
     let mut per_group: Vec<Option<Tensor>> = (0..ng).map(|_| None).collect();
     for (k, g2) in flat.iter().enumerate() {
         let n = g2
-            .f_linalg_norm(2, [1i64].as_slice(), false, None::<Kind>)?
+            .f_linalg_norm(
+                2,
+                [1i64].as_slice(),
+                false,
+                Some(compute_kind(blocks[k].1.kind())),
+            )?
             .f_to_kind(Kind::Double)?;
-        check_finite_rows(&n, names[k])?;
         let n2 = n.f_square()?;
         let slot = &mut per_group[block_group[k]];
         *slot = Some(match slot.take() {
@@ -207,6 +292,7 @@ pub fn clip_blocks(
         });
     }
     let group_sq = Tensor::f_stack(&cols, 1)?;
+    let (keep, any_bad) = finite_records(&group_sq)?;
     let raw_group = group_sq.f_sqrt()?;
     let raw_total = group_sq
         .f_sum_dim_intlist([1i64].as_slice(), false, None::<Kind>)?
@@ -235,16 +321,24 @@ pub fn clip_blocks(
     if let Some(w) = &w {
         factors = factors.f_mul(&w.f_unsqueeze(1)?)?;
     }
+    if any_bad {
+        // Non-finite records contribute nothing in any group.
+        let zero = Tensor::f_zeros([1], (Kind::Double, device))?;
+        factors = factors.f_where_self(&keep.f_to_kind(Kind::Bool)?.f_unsqueeze(1)?, &zero)?;
+    }
     let mut sums = Vec::with_capacity(blocks.len());
     for (k, (g2, (_, t))) in flat.iter().zip(blocks).enumerate() {
         let s = t.size();
-        let f = factors
-            .f_select(1, block_group[k] as i64)?
-            .f_to_kind(t.kind())?;
+        let ck = compute_kind(t.kind());
+        let f = factors.f_select(1, block_group[k] as i64)?.f_to_kind(ck)?;
         let sum = if b == 0 {
             Tensor::f_zeros(&s[1..], (t.kind(), device))?
         } else {
-            g2.f_transpose(0, 1)?.f_mv(&f)?.f_reshape(&s[1..])?
+            zero_bad_rows(g2, ck, &keep, any_bad)?
+                .f_transpose(0, 1)?
+                .f_mv(&f)?
+                .f_reshape(&s[1..])?
+                .f_to_kind(t.kind())?
         };
         sums.push(sum);
     }
@@ -267,8 +361,11 @@ pub fn clip_blocks(
 impl crate::Privatizer {
     /// Release a tensor holding a clipped sum with L2 sensitivity `sensitivity`:
     /// (sum + N(0, (σΔ)²)) / denominator, on the device and dtype of `sum`. The noise is drawn
-    /// on the CPU from this privatizer's generator (ChaCha20 from the OS unless seeded), then
-    /// moved to the device.
+    /// on the CPU from this privatizer's generator (ChaCha20 from the OS unless seeded) with the
+    /// same hardened sampler and in the same order as the slice path (see the privatizer's
+    /// module docs), added in f64, then rounded once to the dtype of `sum`. A seeded privatizer
+    /// warns once on stderr; check [`crate::Privatizer::is_seeded_insecure`] before recording
+    /// the result as private.
     pub fn release_tensor(
         &mut self,
         sum: &Tensor,

@@ -46,7 +46,7 @@ impl GroupedWorkload {
     /// let w = GroupedWorkload::new(8, 1000);
     /// assert_eq!(w.widths.iter().sum::<usize>(), 1000);
     /// let out = clip_blocks(&w.blocks(), &w.grouping(), None)?;
-    /// assert_eq!(out.sums.len(), 5);
+    /// assert_eq!(out.sums().len(), 5);
     /// # Ok::<(), raptor_clip::ClipError>(())
     /// ```
     pub fn new(records: usize, coords: usize) -> Self {

@@ -59,10 +59,13 @@ pub enum ModelError {
     },
     /// Capacity-based token dropping is on while building a private-training step.
     #[error(
-        "expert capacity is set (expert_capacity = {capacity}): capacity-based token dropping makes one \
-         record's output depend on the other records in the batch (which tokens overflow an expert depends \
-         on its batch peers), so per-record sensitivity is unbounded and DP-SGD's guarantee does not hold; \
-         set expert_capacity to None for private training (capacity is an inference/pretraining option only)"
+        "expert capacity is set (expert_capacity = {capacity}), and private training runs without \
+         capacity-based token dropping. Here capacity is counted per sequence (a record's tokens \
+         compete only with each other for an expert's slots), so it does not couple records; it is \
+         refused because raptor's private training is specified without token dropping (a \
+         batch-level capacity, as other Switch implementations count it, would make one record's \
+         output depend on its batch peers). Set expert_capacity to None for private training \
+         (capacity is an inference option only)"
     )]
     CapacityInPrivateTraining {
         /// The configured capacity.

@@ -149,6 +149,86 @@ enum Factor {
     Ones(i64),
 }
 
+/// The dtype clip coefficients and clipped-sum contractions are computed in: f64 for f64
+/// models, f32 otherwise (a bf16/f16 coefficient could round up and let a record exceed its
+/// bound).
+fn compute_kind(kind: Kind) -> Kind {
+    match kind {
+        Kind::Double => Kind::Double,
+        _ => Kind::Float,
+    }
+}
+
+/// `t` in `kind`, with NaN and ±inf replaced by 0 when `sanitize` (only records of coefficient
+/// 0 hold such entries, so this changes no contribution; it stops 0 · NaN = NaN).
+fn prep(t: &Tensor, kind: Kind, sanitize: bool) -> Result<Tensor> {
+    let t = if t.kind() == kind || !t.is_floating_point() {
+        t.shallow_clone()
+    } else {
+        t.f_to_kind(kind)?
+    };
+    Ok(if sanitize && t.is_floating_point() {
+        t.f_nan_to_num(0.0, 0.0, 0.0)?
+    } else {
+        t
+    })
+}
+
+impl GradSite {
+    /// This site with its float tensors in `kind` (and non-finite entries zeroed when
+    /// `sanitize`), or `None` when nothing changes.
+    fn prepared(&self, kind: Kind, sanitize: bool) -> Result<Option<GradSite>> {
+        if self.g.kind() == kind && !sanitize {
+            return Ok(None);
+        }
+        let rows = match &self.rows {
+            Rows::Dense => Rows::Dense,
+            Rows::Routed { rec } => Rows::Routed {
+                rec: rec.shallow_clone(),
+            },
+        };
+        let parts = self
+            .parts
+            .iter()
+            .map(|p| {
+                Ok(match p {
+                    Part::Weight { param, a } => Part::Weight {
+                        param: param.clone(),
+                        a: prep(a, kind, sanitize)?,
+                    },
+                    Part::Bias { param } => Part::Bias {
+                        param: param.clone(),
+                    },
+                    Part::Gain { param, n } => Part::Gain {
+                        param: param.clone(),
+                        n: prep(n, kind, sanitize)?,
+                    },
+                    Part::Embedding { param, ids, vocab } => Part::Embedding {
+                        param: param.clone(),
+                        ids: ids.shallow_clone(),
+                        vocab: *vocab,
+                    },
+                    Part::Buckets {
+                        param,
+                        buckets,
+                        num_buckets,
+                    } => Part::Buckets {
+                        param: param.clone(),
+                        buckets: buckets.shallow_clone(),
+                        num_buckets: *num_buckets,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(GradSite {
+            rows,
+            parts,
+            g: prep(&self.g, kind, sanitize)?,
+            offsets: self.offsets.clone(),
+        }))
+    }
+}
+
 impl PerSampleGrads {
     /// One backward pass of `loss` (a scalar: the sum over records of per-record losses) to
     /// the outputs of every op recorded in `tape`; `batch_size` is B. The recorded outputs
@@ -295,15 +375,22 @@ impl PerSampleGrads {
 
     fn gram(&self, x: &Factor, y: &Factor) -> Result<Tensor> {
         Ok(match (x, y) {
-            (Factor::Dense(x), Factor::Dense(y)) => x.f_bmm(&y.f_transpose(1, 2)?)?,
+            // Norms in f32 at least: bf16/f16 factors are widened first.
+            (Factor::Dense(x), Factor::Dense(y)) => {
+                let ck = compute_kind(self.kind);
+                x.f_to_kind(ck)?
+                    .f_bmm(&y.f_to_kind(ck)?.f_transpose(1, 2)?)?
+            }
             (Factor::OneHot(i), Factor::OneHot(j)) => i
                 .f_unsqueeze(2)?
                 .f_eq_tensor(&j.f_unsqueeze(1)?)?
-                .f_to_kind(self.kind)?,
+                .f_to_kind(compute_kind(self.kind))?,
             (Factor::OneHot(i), Factor::Dense(y)) => {
                 let (n, t, s) = (i.size()[0], i.size()[1], y.size()[1]);
                 let idx = i.f_unsqueeze(1)?.f_expand([n, s, t], false)?;
-                y.f_gather(2, &idx, false)?.f_transpose(1, 2)?
+                y.f_to_kind(compute_kind(self.kind))?
+                    .f_gather(2, &idx, false)?
+                    .f_transpose(1, 2)?
             }
             (Factor::Dense(_), Factor::OneHot(_)) => self.gram(y, x)?.f_transpose(1, 2)?,
             (Factor::Ones(t), Factor::Ones(s)) => {
@@ -475,6 +562,7 @@ impl PerSampleGrads {
             )));
         }
         if let Some(d) = direct {
+            let d = d.f_to_kind(compute_kind(self.kind))?;
             return Ok(d.f_reshape([n, -1])?.f_square()?.f_sum_dim_intlist(
                 1,
                 false,
@@ -505,14 +593,15 @@ impl PerSampleGrads {
                 self.factors(s, p, r0, n)
             })
             .collect::<Result<_>>()?;
-        let mut total = Tensor::f_zeros([n], (self.kind, self.device))?;
+        let ck = compute_kind(self.kind);
+        let mut total = Tensor::f_zeros([n], (ck, self.device))?;
         for i in 0..facs.len() {
             for j in i..facs.len() {
                 let (ui, vi) = &facs[i];
                 let (uj, vj) = &facs[j];
                 let gv = match (vi, vj) {
                     (Factor::Ones(t), Factor::Ones(s)) => {
-                        Tensor::f_ones([n, *t, *s], (self.kind, self.device))?
+                        Tensor::f_ones([n, *t, *s], (ck, self.device))?
                     }
                     _ => self.gram(vi, vj)?,
                 };
@@ -613,18 +702,48 @@ impl PerSampleGrads {
                 got: coeffs.size(),
             });
         }
-        Ok(coeffs.f_to_kind(self.kind)?.f_to(self.device)?)
+        Ok(coeffs
+            .f_to_kind(compute_kind(self.kind))?
+            .f_to(self.device)?)
+    }
+
+    /// [`Self::part_sum`] in the compute dtype (bf16/f16 sites widened to f32), with the
+    /// non-finite entries of records of coefficient 0 zeroed when `sanitize`; the result in the
+    /// model's dtype.
+    fn part_sum_safe(&self, s: &GradSite, p: &Part, c: &Tensor, sanitize: bool) -> Result<Tensor> {
+        let ck = compute_kind(self.kind);
+        let c = c.f_to_kind(ck)?;
+        let out = match s.prepared(ck, sanitize)? {
+            None => self.part_sum(s, p, &c)?,
+            Some(site) => {
+                let k = s
+                    .parts
+                    .iter()
+                    .position(|q| std::ptr::eq(q, p))
+                    .ok_or_else(|| ModelError::UnknownParameter {
+                        param: p.param().to_string(),
+                    })?;
+                self.part_sum(&site, &site.parts[k], &c)?
+            }
+        };
+        Ok(out.f_to_kind(self.kind)?)
     }
 
     /// `Σ_b coeffs[b] · G_b` for parameter `param` (`coeffs` `[B]`), in the parameter's shape.
     /// With a one-hot `coeffs` this is one record's gradient.
     pub fn weighted_sum(&self, param: &str, coeffs: &Tensor) -> Result<Tensor> {
+        self.weighted_sum_with(param, coeffs, false)
+    }
+
+    /// [`Self::weighted_sum`]; `sanitize` zeroes non-finite entries first (set when some record
+    /// has coefficient 0 because its gradient is not finite).
+    fn weighted_sum_with(&self, param: &str, coeffs: &Tensor, sanitize: bool) -> Result<Tensor> {
         let uses = self.uses_of(param)?;
         let c = self.check_coeffs(param, coeffs)?;
         let mut acc: Option<Tensor> = None;
         for &u in uses {
             let (s, p) = self.part(u);
-            let term = self.part_sum(s, p, &c)?;
+            let term = self.part_sum_safe(s, p, &c, sanitize)?;
             acc = Some(match acc {
                 Some(x) => x.f_add(&term)?,
                 None => term,
@@ -646,6 +765,7 @@ impl PerSampleGrads {
         BTreeMap<String, Tensor>,
         BTreeMap<String, Tensor>,
         BTreeMap<String, Tensor>,
+        bool,
     )> {
         let b = self.batch_size;
         let dev = self.device;
@@ -675,6 +795,24 @@ impl PerSampleGrads {
                 }
             }
         }
+        // A record whose gradient has a NaN or infinite entry (a non-finite squared norm in any
+        // group) contributes nothing in every group: coefficient 0, no error naming it (that
+        // would be an event depending on one record's private data).
+        let ck = compute_kind(self.kind);
+        let mut keep = Tensor::f_ones([b], (Kind::Bool, dev))?;
+        for sq in group_sq.values() {
+            keep = keep.f_logical_and(&sq.f_isfinite()?)?;
+        }
+        let any_bad = b > 0 && keep.f_logical_not()?.f_any()?.f_int64_value(&[])? != 0;
+        let zero = Tensor::f_zeros([1], (ck, dev))?;
+        let drop_bad = |t: Tensor| -> Result<Tensor> {
+            let t = t.f_to_kind(ck)?;
+            Ok(if any_bad {
+                t.f_where_self(&keep, &zero)?
+            } else {
+                t
+            })
+        };
         // Weights before clipping: w_b ∈ [0, 1] per record (checked, typed error otherwise).
         let mut w: BTreeMap<String, Tensor> = BTreeMap::new();
         for (g, wt) in weights {
@@ -729,22 +867,26 @@ impl PerSampleGrads {
                         ModelError::InvalidClip(format!("no clipping bound for group {g}"))
                     })?;
                     check_bound(c)?;
-                    factors.insert(g.clone(), clip_factors(&weighted_sq[g], c)?);
-                    // raptor-clip's weight-then-clip coefficients w_b·min(1, C/(w_b‖g_b‖)).
-                    let coeff = clip_coefficients(sq, c, w.get(g))?.f_to_kind(self.kind)?;
+                    factors.insert(
+                        g.clone(),
+                        drop_bad(clip_coefficients(&weighted_sq[g], c, None)?)?,
+                    );
+                    // raptor-clip's weight-then-clip coefficients w_b·min(1, C/(w_b‖g_b‖)),
+                    // in f32/f64 (never rounded to a bf16/f16 model dtype).
+                    let coeff = drop_bad(clip_coefficients(sq, c, w.get(g))?)?;
                     coeffs.insert(g.clone(), coeff);
                 }
             }
             ClipPolicy::Global(c) => {
                 check_bound(*c)?;
-                let mut tot = Tensor::f_zeros([b], (self.kind, dev))?;
+                let mut tot = Tensor::f_zeros([b], (ck, dev))?;
                 for sq in weighted_sq.values() {
-                    tot = tot.f_add(sq)?;
+                    tot = tot.f_add(&sq.f_to_kind(ck)?)?;
                 }
-                let f = clip_factors(&tot, *c)?;
+                let f = drop_bad(clip_coefficients(&tot, *c, None)?)?;
                 for g in group_sq.keys() {
                     let coeff = match w.get(g) {
-                        Some(wt) => f.f_mul(wt)?,
+                        Some(wt) => f.f_mul(&wt.f_to_kind(ck)?)?,
                         None => f.shallow_clone(),
                     };
                     factors.insert(g.clone(), f.shallow_clone());
@@ -759,7 +901,7 @@ impl PerSampleGrads {
             }
         }
         let group_sq = weighted_sq;
-        Ok((group_sq, factors, param_coeffs))
+        Ok((group_sq, factors, param_coeffs, any_bad))
     }
 
     /// Clips per record by group and returns the clipped, weighted sums of all parameters.
@@ -774,10 +916,11 @@ impl PerSampleGrads {
         policy: &ClipPolicy,
         weights: &BTreeMap<String, Tensor>,
     ) -> Result<ClipOutput> {
-        let (group_sq_norms, clip_factors, coeffs) = self.clip_coeffs(groups, policy, weights)?;
+        let (group_sq_norms, clip_factors, coeffs, any_bad) =
+            self.clip_coeffs(groups, policy, weights)?;
         let mut sums = BTreeMap::new();
         for (p, c) in &coeffs {
-            sums.insert(p.clone(), self.weighted_sum(p, c)?);
+            sums.insert(p.clone(), self.weighted_sum_with(p, c, any_bad)?);
         }
         Ok(ClipOutput {
             group_sq_norms,
@@ -796,7 +939,8 @@ impl PerSampleGrads {
         policy: &ClipPolicy,
         weights: &BTreeMap<String, Tensor>,
     ) -> Result<ClipOutput> {
-        let (group_sq_norms, clip_factors, coeffs) = self.clip_coeffs(groups, policy, weights)?;
+        let (group_sq_norms, clip_factors, coeffs, any_bad) =
+            self.clip_coeffs(groups, policy, weights)?;
         let mut sums: BTreeMap<String, Tensor> = BTreeMap::new();
         while let Some(s) = self.sites.pop() {
             for p in &s.parts {
@@ -805,7 +949,7 @@ impl PerSampleGrads {
                     .ok_or_else(|| ModelError::UngroupedParameter {
                         param: p.param().to_string(),
                     })?;
-                let term = self.part_sum(&s, p, c)?;
+                let term = self.part_sum_safe(&s, p, c, any_bad)?;
                 match sums.get_mut(p.param()) {
                     Some(acc) => *acc = acc.f_add(&term)?,
                     None => {

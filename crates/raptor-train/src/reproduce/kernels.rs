@@ -76,7 +76,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         let ours = raptor_clip::clip_rows(&data, p, bound, None)?;
         let theirs = Vec::<f32>::try_from(&libtorch_two_pass(&t, bound)?)?;
         let num: f64 = ours
-            .sum
+            .sum()
             .iter()
             .zip(&theirs)
             .map(|(a, b)| f64::from(a - b).powi(2))

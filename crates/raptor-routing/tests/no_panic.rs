@@ -1,0 +1,58 @@
+//! Arbitrary bytes never make the routing JSONL reader panic, hang or allocate without bound (a
+//! stable proptest fuzz harness, as in `raptor-data`; issue 14). Brief by default (a few
+//! seconds); `RAPTOR_FUZZ_CASES=N` for a long run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use proptest::prelude::*;
+use raptor_routing::WeightPrecision;
+use raptor_routing::jsonl::read_jsonl;
+
+/// Bytes after a valid-looking prefix, mostly structural characters and digits so that inputs
+/// reach deep into the reader (huge indices, negative numbers, NaN-like tokens, bad UTF-8).
+fn bytes_like(prefix: &'static str) -> impl Strategy<Value = Vec<u8>> {
+    let alphabet =
+        prop::sample::select(b"{}[]:,\" \n01239-.eE+truefalsnmaskxpwigh\\\xff\xc3".to_vec());
+    proptest::collection::vec(alphabet, 0..240).prop_map(move |mut v| {
+        let mut b = prefix.as_bytes().to_vec();
+        b.append(&mut v);
+        b
+    })
+}
+
+/// Cases per target: 2,000 by default, `RAPTOR_FUZZ_CASES` for a long run.
+fn cases() -> u32 {
+    std::env::var("RAPTOR_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+fn check(input: &[u8]) -> Result<(), TestCaseError> {
+    for e in [None, Some(1), Some(4), Some(300)] {
+        for p in [WeightPrecision::F32, WeightPrecision::F16] {
+            if let Ok(c) = read_jsonl(input, e, p) {
+                // A corpus that reads is consistent.
+                prop_assert!(c.num_experts >= 1);
+                for l in &c.layers {
+                    prop_assert_eq!(l.num_records(), c.num_records);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn routing_jsonl(
+        b in bytes_like("{\"layers\": [{\"experts\": [[3, 1], [0, "),
+        m in bytes_like("{\"layers\": [{\"experts\": [[1]], \"weights\": [[0.5]], \"mask\": ["),
+        raw in proptest::collection::vec(any::<u8>(), 0..240),
+    ) {
+        check(&b)?;
+        check(&m)?;
+        check(&raw)?;
+    }
+}
