@@ -251,16 +251,7 @@ pub fn corpus_bleu<H: AsRef<str>, R: AsRef<[S]>, S: AsRef<str>>(
     hypotheses: &[H],
     references: &[R],
 ) -> Result<Bleu, EvalError> {
-    if hypotheses.len() != references.len() {
-        return Err(EvalError::LengthMismatch {
-            what: "hypotheses and references",
-            left: hypotheses.len(),
-            right: references.len(),
-        });
-    }
-    if hypotheses.is_empty() {
-        return Err(EvalError::Empty { what: "hypotheses" });
-    }
+    crate::error::check_corpus(hypotheses.len(), references.len())?;
     let mut total = BleuStats::default();
     for (i, (h, r)) in hypotheses.iter().zip(references).enumerate() {
         total += segment_stats(i, h.as_ref(), r.as_ref())?;

@@ -50,3 +50,18 @@ pub enum EvalError {
         index: usize,
     },
 }
+
+/// A corpus metric's inputs: one reference list per hypothesis, at least one hypothesis.
+pub(crate) fn check_corpus(hypotheses: usize, references: usize) -> Result<(), EvalError> {
+    if hypotheses != references {
+        return Err(EvalError::LengthMismatch {
+            what: "hypotheses and references",
+            left: hypotheses,
+            right: references,
+        });
+    }
+    if hypotheses == 0 {
+        return Err(EvalError::Empty { what: "hypotheses" });
+    }
+    Ok(())
+}

@@ -107,16 +107,7 @@ pub fn corpus_rouge_l<H: AsRef<str>, R: AsRef<[S]>, S: AsRef<str>>(
     hypotheses: &[H],
     references: &[R],
 ) -> Result<f64, EvalError> {
-    if hypotheses.len() != references.len() {
-        return Err(EvalError::LengthMismatch {
-            what: "hypotheses and references",
-            left: hypotheses.len(),
-            right: references.len(),
-        });
-    }
-    if hypotheses.is_empty() {
-        return Err(EvalError::Empty { what: "hypotheses" });
-    }
+    crate::error::check_corpus(hypotheses.len(), references.len())?;
     let mut sum = 0.0;
     for (i, (h, r)) in hypotheses.iter().zip(references).enumerate() {
         sum += rouge_l_multi(i, r.as_ref(), h.as_ref())?.fmeasure;
