@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 
 /// The core crates (the tch-free data and metrics crates, and the libtorch-free programs built on
 /// them): they must not depend on tch with default features.
-const CORE_CRATES: [&str; 8] = [
+const CORE_CRATES: [&str; 9] = [
     "raptor-accountant",
     "raptor-routing",
     "raptor-clip",
@@ -30,6 +30,7 @@ const CORE_CRATES: [&str; 8] = [
     "raptor-eval",
     "raptor-cli",
     "raptor-py",
+    "raptor-report",
 ];
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
