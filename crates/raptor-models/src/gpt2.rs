@@ -178,6 +178,23 @@ impl Gpt2 {
 }
 
 impl Model for Gpt2 {
+    fn hf_config_json(&self) -> Option<serde_json::Value> {
+        let c = &self.cfg;
+        Some(serde_json::json!({
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": c.vocab_size,
+            "n_positions": c.n_positions,
+            "n_embd": c.n_embd,
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "n_inner": c.n_inner,
+            "activation_function": c.activation_function.hf_name(),
+            "layer_norm_epsilon": c.layer_norm_epsilon,
+            "tie_word_embeddings": true,
+        }))
+    }
+
     fn var_store(&self) -> &VarStore {
         &self.vs
     }

@@ -229,6 +229,16 @@ impl Act {
         }
     }
 
+    /// The Hugging Face name of the activation (`relu`, `gelu`, `gelu_new`, `silu`).
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Act::Relu => "relu",
+            Act::Gelu => "gelu",
+            Act::GeluNew => "gelu_new",
+            Act::Silu => "silu",
+        }
+    }
+
     pub(crate) fn apply(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Act::Relu => x.f_relu()?,

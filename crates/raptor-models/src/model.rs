@@ -32,6 +32,11 @@ pub trait Model {
     fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>);
     /// Router parameter names (always frozen).
     fn router_params(&self) -> Vec<String>;
+    /// The Hugging Face `config.json` of this model (what [`crate::checkpoint::save_pretrained`]
+    /// writes beside the weights); None when the family cannot be exported.
+    fn hf_config_json(&self) -> Option<serde_json::Value> {
+        None
+    }
     /// Logits: `[B, C]` for classification, `[B, T, V]` for language modelling.
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor>;
 

@@ -400,6 +400,41 @@ impl SwitchEncoder {
 }
 
 impl Model for SwitchEncoder {
+    fn hf_config_json(&self) -> Option<serde_json::Value> {
+        let c = &self.cfg;
+        let sparse = (0..c.num_layers).filter(|&i| c.is_sparse(i)).count() as i64;
+        // transformers recomputes the step as num_layers / num_sparse_encoder_layers: only
+        // layouts that survive that round trip can be exported.
+        let step = if sparse > 0 {
+            c.num_layers / sparse
+        } else {
+            c.num_layers
+        };
+        if step != c.encoder_sparse_step || c.expert_capacity.is_some() {
+            return None;
+        }
+        Some(serde_json::json!({
+            "model_type": "switch_transformers",
+            "architectures": ["SwitchTransformersEncoderModel"],
+            "vocab_size": c.vocab_size,
+            "d_model": c.d_model,
+            "d_kv": c.d_kv,
+            "d_ff": c.d_ff,
+            "num_layers": c.num_layers,
+            "num_heads": c.num_heads,
+            "num_experts": c.num_experts,
+            "num_sparse_encoder_layers": sparse,
+            "encoder_sparse_step": c.encoder_sparse_step,
+            "relative_attention_num_buckets": c.relative_attention_num_buckets,
+            "relative_attention_max_distance": c.relative_attention_max_distance,
+            "layer_norm_epsilon": c.layer_norm_epsilon,
+            "router_bias": c.router_bias,
+            "router_jitter_noise": 0.0,
+            "dense_act_fn": c.dense_act_fn.hf_name(),
+            "num_labels": c.num_labels,
+        }))
+    }
+
     fn var_store(&self) -> &VarStore {
         &self.vs
     }

