@@ -48,6 +48,21 @@ enum Command {
         /// Device of the training runs: `cpu`, `cuda` or `cuda:N`.
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// Training runs at once, each a worker process with one libtorch thread (default: the
+        /// CPU threads; 1 on a GPU).
+        #[arg(long)]
+        jobs: Option<usize>,
+    },
+    /// One run of the reproduce grid (the worker process of `reproduce`): trains into `--dir`
+    /// and writes its `summary.json`.
+    #[command(hide = true)]
+    ReproduceRun {
+        /// The run config (TOML, absolute paths).
+        #[arg(long)]
+        config: PathBuf,
+        /// The run folder.
+        #[arg(long)]
+        dir: PathBuf,
     },
     /// Export a finished run's model (e.g. a non-private pretraining run) as a Hugging Face
     /// folder (`config.json` + `model.safetensors`) that `model.path` can start from.
@@ -82,8 +97,16 @@ fn main() {
             cache,
             d2t_data,
             device,
+            jobs,
         } => {
             let d2t_data = d2t_data.unwrap_or_else(|| root.join("..").join("shared").join("data"));
+            let workers = jobs.unwrap_or_else(|| {
+                if device == "cpu" {
+                    std::thread::available_parallelism().map_or(1, |n| n.get())
+                } else {
+                    1
+                }
+            });
             reproduce::run(
                 &reproduce::Context {
                     root,
@@ -94,11 +117,14 @@ fn main() {
                     d2t_data,
                     inputs: None,
                     device,
+                    exe: std::env::current_exe().ok(),
+                    workers,
                 },
                 &only,
             )
             .map(|_| ())
         }
+        Command::ReproduceRun { config, dir } => reproduce_run(&config, &dir),
         Command::Export { run, out } => raptor_train::run::export_run(&run, &out)
             .map(|()| println!("exported {} to {}", run.display(), out.display()))
             .map_err(anyhow::Error::from),
@@ -110,6 +136,15 @@ fn main() {
         eprintln!("error: {err:#}");
         std::process::exit(cli::EXIT_BAD_INPUT);
     }
+}
+
+fn reproduce_run(config: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(config)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", config.display()))?;
+    let cfg = raptor_train::config::RunConfig::from_toml(&text)?;
+    let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
+    reproduce::paper::run_one(&cfg, dir, &mut quiet)?;
+    Ok(())
 }
 
 fn info() -> anyhow::Result<()> {

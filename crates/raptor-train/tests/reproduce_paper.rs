@@ -74,6 +74,8 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
         d2t_data: d2t.clone(),
         inputs: Some(inputs),
         device: "cpu".into(),
+        exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_raptor"))),
+        workers: 2,
     };
     let only = vec!["paper".to_string(), "dpmuon".to_string()];
     let tables = run(&ctx, &only).unwrap();
@@ -178,6 +180,8 @@ fn missing_corpora_are_reported_not_fatal() {
         d2t_data: tmp.path().to_path_buf(),
         inputs: Some(inputs),
         device: "cpu".into(),
+        exe: None,
+        workers: 1,
     };
     let tables = run(&ctx, &["paper".into(), "dpmuon".into()]).unwrap();
     assert_eq!(tables.len(), 2);

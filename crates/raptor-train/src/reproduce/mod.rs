@@ -33,6 +33,11 @@ pub struct Context {
     pub inputs: Option<paper::Inputs>,
     /// Device of the training runs (`cpu`, `cuda`, `cuda:N`).
     pub device: String,
+    /// The `raptor` program, to run the training grid in parallel worker processes
+    /// (`raptor reproduce-run`); None: one run after another in this process.
+    pub exe: Option<PathBuf>,
+    /// Worker processes at once (each with one libtorch thread).
+    pub workers: usize,
 }
 
 pub use raptor_report::Table;

@@ -28,7 +28,9 @@ use raptor_models::tokenizer::CorpusModel;
 
 use super::{Context, Table};
 use crate::config::{Method, ModelKind, RunConfig};
-use runs::{Job, Runner, Summary};
+use runs::{Job, Placed, Runner, Summary};
+
+pub use runs::{Summary as RunSummary, run_one};
 
 pub use report::CLASSIFICATION_METHODS;
 
@@ -319,129 +321,132 @@ fn read_lines(path: &Path, column: &str) -> anyhow::Result<Vec<String>> {
     Ok(ds.records.iter().map(|r| r.text.clone()).collect())
 }
 
-/// Builds the classification grid (pretraining first) and runs it.
-fn classification(
-    inputs: &Inputs,
-    s: &Scale,
-    runner: &mut Runner,
-    out: &mut BTreeMap<String, Summary>,
-    notes: &mut Vec<String>,
-) -> anyhow::Result<()> {
-    for task in &inputs.cls {
-        let ph = pretrain::public_hash(&task.public)?;
-        let lines = read_lines(&task.public, "text")?;
-        let tok = pretrain::tokenizer(
-            &inputs.cache,
-            &task.name,
-            &lines,
-            &ph,
-            CorpusModel::WordPiece,
-            s.cls_vocab,
-        )?;
-        // Pretraining: non-private full fine-tuning of a from-scratch encoder on the public split.
-        let mut p = RunConfig::default();
-        p.data.train = task.public.clone();
-        p.data.validation = Some(task.validation.clone());
-        p.data.max_length = s.cls_max_len;
-        p.model.kind = ModelKind::Switch;
-        p.model.tokenizer = tok.display().to_string();
-        (
-            p.model.d_model,
-            p.model.layers,
-            p.model.heads,
-            p.model.d_ff,
-            p.model.experts,
-        ) = s.enc;
-        p.method.name = Method::Full;
-        p.train.steps = Some(s.pretrain.0);
-        p.train.batch_size = fit_batch(s.pretrain.1, lines.len());
-        p.train.lr = s.pretrain.2;
-        p.train.micro_batch = 256;
-        p.train.checkpoint_every = 0;
-        p.train.insecure_seed = Some(7);
-        p.train.device = inputs.device.clone();
-        let model = pretrain::pretrained(
-            &inputs.cache,
-            runner,
-            &format!("{}-switch", task.name),
-            &p,
-            &ph,
-        )?;
-        let mut base = cls_base(task, s, &tok, &model, &inputs.device);
-        let n_train = read_lines(&task.train, "text")?.len();
-        base.train.batch_size = fit_batch(base.train.batch_size, n_train);
-        let mut jobs = Vec::new();
-        for &seed in &s.seeds {
-            // Non-private LoRA reference (ε = ∞).
-            let mut c = base.clone();
-            c.method.name = Method::Lora;
-            jobs.push(Job {
-                label: label(&task.name, "lora", "", None, seed),
-                cfg: seeded(c, seed),
-            });
-            for &eps in &s.epsilons {
-                for m in CLASSIFICATION_METHODS {
-                    let mut c = base.clone();
-                    c.method.name = m;
-                    c.privacy.epsilon = eps;
-                    jobs.push(Job {
-                        label: label(&task.name, m.name(), "", Some(eps), seed),
-                        cfg: seeded(c, seed),
-                    });
-                }
+/// A classification task ready for fine-tuning: its tokenizer and pretraining.
+struct ClsPrepared {
+    task: ClsTask,
+    tok: PathBuf,
+    pre: pretrain::Pretraining,
+    public_records: usize,
+    train_records: usize,
+}
+
+/// Tokenizer (trained now, cached) and pretraining plan of a classification task.
+fn prepare_cls(inputs: &Inputs, task: &ClsTask, s: &Scale) -> anyhow::Result<ClsPrepared> {
+    let ph = pretrain::public_hash(&task.public)?;
+    let lines = read_lines(&task.public, "text")?;
+    let tok = pretrain::tokenizer(
+        &inputs.cache,
+        &task.name,
+        &lines,
+        &ph,
+        CorpusModel::WordPiece,
+        s.cls_vocab,
+    )?;
+    // Pretraining: non-private full fine-tuning of a from-scratch encoder on the public split
+    // (routers stay at their seeded random initialization, as in every `full` run).
+    let mut p = RunConfig::default();
+    p.data.train = task.public.clone();
+    p.data.validation = Some(task.validation.clone());
+    p.data.max_length = s.cls_max_len;
+    p.model.kind = ModelKind::Switch;
+    p.model.tokenizer = tok.display().to_string();
+    (
+        p.model.d_model,
+        p.model.layers,
+        p.model.heads,
+        p.model.d_ff,
+        p.model.experts,
+    ) = s.enc;
+    p.method.name = Method::Full;
+    p.train.steps = Some(s.pretrain.0);
+    p.train.batch_size = fit_batch(s.pretrain.1, lines.len());
+    p.train.lr = s.pretrain.2;
+    p.train.micro_batch = 256;
+    p.train.checkpoint_every = 0;
+    p.train.insecure_seed = Some(7);
+    p.train.device = inputs.device.clone();
+    let pre =
+        pretrain::Pretraining::plan(&inputs.cache, &format!("{}-switch", task.name), &p, &ph)?;
+    Ok(ClsPrepared {
+        task: task.clone(),
+        tok,
+        pre,
+        public_records: lines.len(),
+        train_records: read_lines(&task.train, "text")?.len(),
+    })
+}
+
+/// The classification grid of one task (Table 1; ablations and layer choice on the first task).
+fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str) -> Vec<Job> {
+    let task = &c.task;
+    let mut base = cls_base(task, s, &c.tok, &c.pre.hf, device);
+    base.train.batch_size = fit_batch(base.train.batch_size, c.train_records);
+    let mut jobs = Vec::new();
+    for &seed in &s.seeds {
+        // Non-private LoRA reference (ε = ∞).
+        let mut cfg = base.clone();
+        cfg.method.name = Method::Lora;
+        jobs.push(Job {
+            label: label(&task.name, "lora", "", None, seed),
+            cfg: seeded(cfg, seed),
+        });
+        for &eps in &s.epsilons {
+            for m in CLASSIFICATION_METHODS {
+                let mut cfg = base.clone();
+                cfg.method.name = m;
+                cfg.privacy.epsilon = eps;
+                jobs.push(Job {
+                    label: label(&task.name, m.name(), "", Some(eps), seed),
+                    cfg: seeded(cfg, seed),
+                });
             }
-        }
-        // Ablations and layer choice on the first task, at the largest ε.
-        if inputs.cls.first().map(|t| &t.name) == Some(&task.name) {
-            let eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
-            for &seed in &s.seeds {
-                for (variant, f) in report::ABLATIONS {
-                    let mut c = base.clone();
-                    c.method.name = Method::Raptor;
-                    c.privacy.epsilon = eps;
-                    f(&mut c);
-                    jobs.push(Job {
-                        label: label(&task.name, "raptor", variant, Some(eps), seed),
-                        cfg: seeded(c, seed),
-                    });
-                }
-                for layer in ["first", "last"] {
-                    let mut c = base.clone();
-                    c.method.name = Method::Raptor;
-                    c.privacy.epsilon = eps;
-                    c.method.layer = layer.into();
-                    jobs.push(Job {
-                        label: label(
-                            &task.name,
-                            "raptor",
-                            &format!("layer={layer}"),
-                            Some(eps),
-                            seed,
-                        ),
-                        cfg: seeded(c, seed),
-                    });
-                }
-            }
-        }
-        runner.add_total(jobs.len());
-        out.extend(runner.run_all(&jobs)?);
-        // The pretrained model alone (no fine-tuning), for reference.
-        let pre_dir = model.parent().map(|d| d.join("run").join("summary.json"));
-        if let Some(p) = pre_dir
-            && let Ok(bytes) = std::fs::read(&p)
-            && let Ok(sm) = serde_json::from_slice::<Summary>(&bytes)
-            && let Some(a) = sm.accuracy
-        {
-            notes.push(format!(
-                "{}: the public-pretrained encoder alone (no private fine-tuning) scores {:.1} % validation accuracy ({} public records, {} updates).",
-                task.name,
-                100.0 * a,
-                lines.len(),
-                sm.updates
-            ));
         }
     }
-    Ok(())
+    if first {
+        let eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
+        for &seed in &s.seeds {
+            for (variant, f) in report::ABLATIONS {
+                let mut cfg = base.clone();
+                cfg.method.name = Method::Raptor;
+                cfg.privacy.epsilon = eps;
+                f(&mut cfg);
+                jobs.push(Job {
+                    label: label(&task.name, "raptor", variant, Some(eps), seed),
+                    cfg: seeded(cfg, seed),
+                });
+            }
+            for layer in ["first", "last"] {
+                let mut cfg = base.clone();
+                cfg.method.name = Method::Raptor;
+                cfg.privacy.epsilon = eps;
+                cfg.method.layer = layer.into();
+                jobs.push(Job {
+                    label: label(
+                        &task.name,
+                        "raptor",
+                        &format!("layer={layer}"),
+                        Some(eps),
+                        seed,
+                    ),
+                    cfg: seeded(cfg, seed),
+                });
+            }
+        }
+    }
+    jobs
+}
+
+/// A note on what the public-pretrained encoder scores alone.
+fn pretrained_note(c: &ClsPrepared) -> Option<String> {
+    let bytes = std::fs::read(c.pre.run.join("summary.json")).ok()?;
+    let sm: Summary = serde_json::from_slice(&bytes).ok()?;
+    Some(format!(
+        "{}: the public-pretrained encoder alone (no private fine-tuning) scores {:.1} % validation accuracy ({} public records, {} updates).",
+        c.task.name,
+        100.0 * sm.accuracy?,
+        c.public_records,
+        sm.updates
+    ))
 }
 
 /// Writes `records` as an E2E-style CSV (`mr`, `ref`).
@@ -556,93 +561,100 @@ fn d2t_splits(
     Ok((pp, tp, sp, lines, note, private.len()))
 }
 
-/// Builds and runs the DP-Muon grid.
-fn d2t(
-    inputs: &Inputs,
-    s: &Scale,
-    runner: &mut Runner,
-    out: &mut BTreeMap<String, Summary>,
-    notes: &mut Vec<String>,
-) -> anyhow::Result<()> {
-    for task in &inputs.d2t {
-        let (public, train, test, lines, note, n_private) = d2t_splits(task, s, &inputs.cache)?;
-        notes.push(note);
-        let ph = runs::file_hash(&public)?;
-        let tok = pretrain::tokenizer(
-            &inputs.cache,
-            &task.name,
-            &lines,
-            &ph,
-            CorpusModel::ByteLevelBpe,
-            s.d2t_vocab,
-        )?;
-        let mut p = RunConfig::default();
-        p.data.format = "e2e".into();
-        p.data.train = public.clone();
-        p.data.validation = Some(test.clone());
-        p.data.max_length = s.d2t_max_len;
-        p.model.kind = ModelKind::Gpt2;
-        p.model.tokenizer = tok.display().to_string();
-        (p.model.d_model, p.model.layers, p.model.heads, p.model.d_ff) = s.dec;
-        p.method.name = Method::Adam;
-        p.train.steps = Some(s.d2t_pretrain.0);
-        p.train.batch_size = fit_batch(s.d2t_pretrain.1, lines.len());
-        p.train.lr = s.d2t_pretrain.2;
-        p.train.micro_batch = 64;
-        p.train.checkpoint_every = 0;
-        p.train.insecure_seed = Some(7);
-        p.train.device = inputs.device.clone();
-        p.eval.max_sources = 1;
-        p.eval.max_new_tokens = 4;
-        let model = pretrain::pretrained(
-            &inputs.cache,
-            runner,
-            &format!("{}-gpt2", task.name),
-            &p,
-            &ph,
-        )?;
-        let mut base = RunConfig::default();
-        base.data.format = "e2e".into();
-        base.data.train = train.clone();
-        base.data.validation = Some(test.clone());
-        base.data.max_length = s.d2t_max_len;
-        base.model.kind = ModelKind::Gpt2;
-        base.model.path = Some(model.clone());
-        base.model.tokenizer = tok.display().to_string();
-        base.method.scope = "full".into();
-        base.method.muon_lr = s.d2t_finetune.3;
-        base.train.steps = Some(s.d2t_finetune.0);
-        base.train.batch_size = fit_batch(s.d2t_finetune.1, n_private);
-        base.train.lr = s.d2t_finetune.2;
-        base.train.micro_batch = 64;
-        base.train.checkpoint_every = 0;
-        base.train.device = inputs.device.clone();
-        base.train.eval_every = (s.d2t_finetune.0 / 4).max(1);
-        base.train.clip = 1.0;
-        base.privacy.epsilon = 8.0;
-        base.privacy.accuracy = 1e-3;
-        base.eval.max_sources = 0;
-        base.eval.max_new_tokens = s.d2t_new_tokens;
-        let mut jobs = Vec::new();
-        for &seed in &s.seeds {
-            for m in report::D2T_METHODS {
-                let mut c = base.clone();
-                c.method.name = m;
-                let eps = m.is_private().then_some(8.0);
-                jobs.push(Job {
-                    label: label(&task.name, m.name(), "", eps, seed),
-                    cfg: seeded(c, seed),
-                });
-            }
+/// A data-to-text task ready for fine-tuning.
+struct D2tPrepared {
+    task: D2tTask,
+    tok: PathBuf,
+    pre: pretrain::Pretraining,
+    train: PathBuf,
+    test: PathBuf,
+    private_records: usize,
+    note: String,
+}
+
+fn prepare_d2t(inputs: &Inputs, task: &D2tTask, s: &Scale) -> anyhow::Result<D2tPrepared> {
+    let (public, train, test, lines, note, n_private) = d2t_splits(task, s, &inputs.cache)?;
+    let ph = runs::file_hash(&public)?;
+    let tok = pretrain::tokenizer(
+        &inputs.cache,
+        &task.name,
+        &lines,
+        &ph,
+        CorpusModel::ByteLevelBpe,
+        s.d2t_vocab,
+    )?;
+    let mut p = RunConfig::default();
+    p.data.format = "e2e".into();
+    p.data.train = public.clone();
+    p.data.validation = Some(test.clone());
+    p.data.max_length = s.d2t_max_len;
+    p.model.kind = ModelKind::Gpt2;
+    p.model.tokenizer = tok.display().to_string();
+    (p.model.d_model, p.model.layers, p.model.heads, p.model.d_ff) = s.dec;
+    p.method.name = Method::Adam;
+    p.train.steps = Some(s.d2t_pretrain.0);
+    p.train.batch_size = fit_batch(s.d2t_pretrain.1, lines.len());
+    p.train.lr = s.d2t_pretrain.2;
+    p.train.micro_batch = 64;
+    p.train.checkpoint_every = 0;
+    p.train.insecure_seed = Some(7);
+    p.train.device = inputs.device.clone();
+    p.eval.max_sources = 1;
+    p.eval.max_new_tokens = 4;
+    let pre = pretrain::Pretraining::plan(&inputs.cache, &format!("{}-gpt2", task.name), &p, &ph)?;
+    Ok(D2tPrepared {
+        task: task.clone(),
+        tok,
+        pre,
+        train,
+        test,
+        private_records: n_private,
+        note,
+    })
+}
+
+/// The DP-Muon grid of one data-to-text task.
+fn d2t_jobs(c: &D2tPrepared, s: &Scale, device: &str) -> Vec<Job> {
+    let mut base = RunConfig::default();
+    base.data.format = "e2e".into();
+    base.data.train = c.train.clone();
+    base.data.validation = Some(c.test.clone());
+    base.data.max_length = s.d2t_max_len;
+    base.model.kind = ModelKind::Gpt2;
+    base.model.path = Some(c.pre.hf.clone());
+    base.model.tokenizer = c.tok.display().to_string();
+    base.method.scope = "full".into();
+    base.method.muon_lr = s.d2t_finetune.3;
+    base.train.steps = Some(s.d2t_finetune.0);
+    base.train.batch_size = fit_batch(s.d2t_finetune.1, c.private_records);
+    base.train.lr = s.d2t_finetune.2;
+    base.train.micro_batch = 64;
+    base.train.checkpoint_every = 0;
+    base.train.device = device.into();
+    base.train.eval_every = (s.d2t_finetune.0 / 4).max(1);
+    base.train.clip = 1.0;
+    base.privacy.epsilon = 8.0;
+    base.privacy.accuracy = 1e-3;
+    base.eval.max_sources = 0;
+    base.eval.max_new_tokens = s.d2t_new_tokens;
+    let mut jobs = Vec::new();
+    for &seed in &s.seeds {
+        for m in report::D2T_METHODS {
+            let mut cfg = base.clone();
+            cfg.method.name = m;
+            let eps = m.is_private().then_some(8.0);
+            jobs.push(Job {
+                label: label(&c.task.name, m.name(), "", eps, seed),
+                cfg: seeded(cfg, seed),
+            });
         }
-        runner.add_total(jobs.len());
-        out.extend(runner.run_all(&jobs)?);
     }
-    Ok(())
+    jobs
 }
 
 /// Runs the paper grids the context asks for and returns their tables (plots are written
-/// beside them).
+/// beside them). Two phases: public pretraining of every task (cached), then the private
+/// fine-tuning grid.
 pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
     let scale = if ctx.quick {
         Scale::quick()
@@ -662,32 +674,58 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
             Inputs::real(&cache, &ctx.d2t_data, &ctx.device)
         }
     };
-    let runs_dir = ctx.out.join("runs");
-    let mut runner = Runner::new(&runs_dir, 0)?;
-    let mut out = BTreeMap::new();
-    let mut notes = Vec::new();
     let want_cls = which.contains(&"paper");
     let want_d2t = which.contains(&"dpmuon");
-    if want_cls {
-        classification(&inputs, &scale, &mut runner, &mut out, &mut notes)?;
+    let mut runner = Runner::new(&ctx.out.join("runs"), ctx.exe.clone(), ctx.workers)?;
+    let cls: Vec<ClsPrepared> = if want_cls {
+        inputs
+            .cls
+            .iter()
+            .map(|t| prepare_cls(&inputs, t, &scale))
+            .collect::<anyhow::Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    let d2t: Vec<D2tPrepared> = if want_d2t {
+        inputs
+            .d2t
+            .iter()
+            .map(|t| prepare_d2t(&inputs, t, &scale))
+            .collect::<anyhow::Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    // Phase 1: public pretraining (cached across results folders).
+    let mut pre: Vec<Placed> = Vec::new();
+    for p in cls.iter().map(|c| &c.pre).chain(d2t.iter().map(|d| &d.pre)) {
+        if p.cached() {
+            runner.skip(&p.job.label, "cached");
+        } else {
+            pre.push((p.job.clone(), p.run.clone()));
+        }
     }
-    if want_d2t {
-        d2t(&inputs, &scale, &mut runner, &mut out, &mut notes)?;
+    runner.run_all(&pre)?;
+    for p in cls.iter().map(|c| &c.pre).chain(d2t.iter().map(|d| &d.pre)) {
+        p.export()?;
     }
+    // Phase 2: private fine-tuning.
+    let mut jobs = Vec::new();
+    for (i, c) in cls.iter().enumerate() {
+        jobs.extend(cls_jobs(c, i == 0, &scale, &inputs.device));
+    }
+    for d in &d2t {
+        jobs.extend(d2t_jobs(d, &scale, &inputs.device));
+    }
+    let placed = runner.place(jobs)?;
+    let out = runner.run_all(&placed)?;
     runner.finish_all();
+    let mut notes: Vec<String> = cls.iter().filter_map(pretrained_note).collect();
+    notes.extend(d2t.iter().map(|d| d.note.clone()));
     let results = Results {
         runs: out,
         scale,
-        cls: if want_cls {
-            inputs.cls.iter().map(|t| t.name.clone()).collect()
-        } else {
-            Vec::new()
-        },
-        d2t: if want_d2t {
-            inputs.d2t.iter().map(|t| t.name.clone()).collect()
-        } else {
-            Vec::new()
-        },
+        cls: cls.iter().map(|c| c.task.name.clone()).collect(),
+        d2t: d2t.iter().map(|d| d.task.name.clone()).collect(),
         notes,
     };
     let mut tables = Vec::new();

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use raptor_models::tokenizer::{CorpusModel, CorpusTokenizer, CorpusTokenizerConfig};
 use sha2::{Digest, Sha256};
 
-use super::runs::{Job, Runner, file_hash, run_key};
+use super::runs::{Job, file_hash, run_key};
 use crate::config::RunConfig;
 
 /// Trains (or reuses) a tokenizer on the lines of `public` (never on private records); returns
@@ -48,41 +48,63 @@ pub fn tokenizer(
     Ok(path)
 }
 
-/// Pretrains (or reuses) a model with `cfg` (a non-private run on public data only) and exports
-/// it; returns the Hugging Face folder. The cache key covers the config and `data_hash`.
-pub fn pretrained(
-    cache: &Path,
-    runner: &mut Runner,
-    label: &str,
-    cfg: &RunConfig,
-    data_hash: &str,
-) -> anyhow::Result<PathBuf> {
-    anyhow::ensure!(
-        !cfg.method.name.is_private(),
-        "pretraining is non-private by design: it must only see public data"
-    );
-    let key_src = format!("{}|{data_hash}", run_key(cfg)?);
-    let key: String = Sha256::digest(key_src.as_bytes())
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let base = cache.join("reproduce").join("pretrained");
-    let out = base.join(format!("{label}-{key}"));
-    let hf = out.join("hf");
-    if hf.join("config.json").exists() && hf.join("model.safetensors").exists() {
-        runner.skip(&format!("pretrain {label}"), "cached");
-        return Ok(hf);
+/// A pretraining run: the job, its run folder and the Hugging Face folder it exports to.
+pub struct Pretraining {
+    /// The non-private run on public data.
+    pub job: Job,
+    /// Its run folder (in the cache).
+    pub run: PathBuf,
+    /// The exported model (`model.path` of the fine-tuning runs).
+    pub hf: PathBuf,
+}
+
+impl Pretraining {
+    /// Plans pretraining with `cfg` (a non-private run on public data only), cached under
+    /// `<cache>/reproduce/pretrained/<label>-<key>/` where the key covers the config and
+    /// `data_hash`.
+    pub fn plan(
+        cache: &Path,
+        label: &str,
+        cfg: &RunConfig,
+        data_hash: &str,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            !cfg.method.name.is_private(),
+            "pretraining is non-private by design: it must only see public data"
+        );
+        let key_src = format!("{}|{data_hash}", run_key(cfg)?);
+        let key: String = Sha256::digest(key_src.as_bytes())
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let out = cache
+            .join("reproduce")
+            .join("pretrained")
+            .join(format!("{label}-{key}"));
+        Ok(Self {
+            job: Job {
+                label: format!("pretrain {label}"),
+                cfg: cfg.clone(),
+            },
+            run: out.join("run"),
+            hf: out.join("hf"),
+        })
     }
-    let run_dir = out.join("run");
-    let job = Job {
-        label: format!("pretrain {label}"),
-        cfg: cfg.clone(),
-    };
-    runner.run_at(&job, &run_dir)?;
-    crate::run::export_run(&run_dir, &hf)
-        .with_context(|| format!("exporting the pretrained {label} model"))?;
-    Ok(hf)
+
+    /// Whether the exported model is already cached.
+    pub fn cached(&self) -> bool {
+        self.hf.join("config.json").exists() && self.hf.join("model.safetensors").exists()
+    }
+
+    /// Exports the finished run (when not cached yet).
+    pub fn export(&self) -> anyhow::Result<()> {
+        if !self.cached() {
+            crate::run::export_run(&self.run, &self.hf)
+                .with_context(|| format!("exporting {}", self.job.label))?;
+        }
+        Ok(())
+    }
 }
 
 /// Hash of a public file (for cache keys).

@@ -162,21 +162,75 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// Runs jobs (reusing finished ones) and returns their summaries by label.
+/// Trains one job in folder `dir` in this process (resuming an interrupted run there) and
+/// writes its `summary.json`. What `raptor reproduce-run` (the worker of a parallel reproduce)
+/// runs.
+pub fn run_one(
+    cfg: &RunConfig,
+    dir: &Path,
+    progress: crate::run::Progress<'_>,
+) -> anyhow::Result<Summary> {
+    let rss_reset = reset_peak_rss();
+    let (_, record) = train_in(cfg, dir, progress, None)?;
+    let rss = if rss_reset { peak_rss_mib() } else { None };
+    let summary = Summary::from_record(&record, rss);
+    write_atomic(
+        &dir.join("summary.json"),
+        &serde_json::to_vec_pretty(&summary)?,
+    )?;
+    Ok(summary)
+}
+
+fn read_summary(dir: &Path) -> anyhow::Result<Summary> {
+    let spath = dir.join("summary.json");
+    serde_json::from_slice(
+        &std::fs::read(&spath).with_context(|| format!("reading {}", spath.display()))?,
+    )
+    .with_context(|| format!("parsing {}", spath.display()))
+}
+
+fn what(s: &Summary) -> String {
+    match (s.accuracy, s.bleu, s.loss) {
+        (Some(a), _, _) => format!("accuracy {a:.3}"),
+        (None, Some(b), Some(l)) => format!("NLL {l:.3}, BLEU {b:.1}"),
+        _ => String::new(),
+    }
+}
+
+/// The last lines of a worker's log, for an error message.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.contains("WARNING: noise from a user-given seed"))
+        .collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+/// Runs jobs (reusing finished ones) and returns their summaries by label: in parallel worker
+/// processes (`raptor reproduce-run`, one libtorch thread each: on small models this is much
+/// faster than one process with several threads, and immune to oversubscription) when the
+/// program's path is known, else one after another in this process.
 pub struct Runner {
     runs: PathBuf,
+    exe: Option<PathBuf>,
+    workers: usize,
     multi: MultiProgress,
     overall: ProgressBar,
     started: Instant,
     done: usize,
 }
 
+/// A job in its folder.
+pub type Placed = (Job, PathBuf);
+
 impl Runner {
-    /// A runner writing under `runs` for `total` jobs.
-    pub fn new(runs: &Path, total: usize) -> anyhow::Result<Self> {
+    /// A runner writing under `runs`; `exe`: the `raptor` program for parallel workers;
+    /// `workers`: how many at once.
+    pub fn new(runs: &Path, exe: Option<PathBuf>, workers: usize) -> anyhow::Result<Self> {
         std::fs::create_dir_all(runs).with_context(|| format!("creating {}", runs.display()))?;
         let multi = MultiProgress::new();
-        let overall = multi.add(ProgressBar::new(total as u64));
+        let overall = multi.add(ProgressBar::new(0));
         overall.set_style(
             ProgressStyle::with_template(
                 "reproduce [{bar:30}] {pos}/{len} runs, {elapsed} elapsed, ETA {eta} {msg}",
@@ -186,6 +240,8 @@ impl Runner {
         );
         Ok(Self {
             runs: runs.to_path_buf(),
+            exe,
+            workers: workers.max(1),
             multi,
             overall,
             started: Instant::now(),
@@ -193,65 +249,25 @@ impl Runner {
         })
     }
 
-    /// The folder of a job.
+    /// The keyed folder of a config under the runs folder.
     pub fn dir_of(&self, cfg: &RunConfig) -> anyhow::Result<PathBuf> {
         Ok(self.runs.join(run_key(cfg)?))
     }
 
-    /// Runs (or reuses) one job in its keyed folder under the runs folder.
-    pub fn run(&mut self, job: &Job) -> anyhow::Result<Summary> {
-        let dir = self.dir_of(&job.cfg)?;
-        self.run_at(job, &dir)
+    /// Places jobs in their keyed folders.
+    pub fn place(&self, jobs: Vec<Job>) -> anyhow::Result<Vec<Placed>> {
+        jobs.into_iter()
+            .map(|j| {
+                let d = self.dir_of(&j.cfg)?;
+                Ok((j, d))
+            })
+            .collect()
     }
 
     /// Counts a step that needed no run (e.g. a cached pretrained model).
     pub fn skip(&mut self, label: &str, what: &str) {
+        self.overall.inc_length(1);
         self.finish(label, what);
-    }
-
-    /// Runs (or reuses) one job in folder `dir`.
-    pub fn run_at(&mut self, job: &Job, dir: &Path) -> anyhow::Result<Summary> {
-        let dir = dir.to_path_buf();
-        let spath = dir.join("summary.json");
-        if spath.exists() {
-            let s: Summary = serde_json::from_slice(
-                &std::fs::read(&spath).with_context(|| format!("reading {}", spath.display()))?,
-            )
-            .with_context(|| format!("parsing {}", spath.display()))?;
-            self.finish(&job.label, "reused");
-            return Ok(s);
-        }
-        let bar = self.multi.add(ProgressBar::new(0));
-        bar.set_style(
-            ProgressStyle::with_template("  {prefix} [{bar:25}] {pos}/{len} {msg}")
-                .map_err(|e| anyhow::anyhow!("progress template: {e}"))?
-                .progress_chars("=> "),
-        );
-        bar.set_prefix(job.label.clone());
-        let rss_reset = reset_peak_rss();
-        let mut progress =
-            |done: u64, total: u64, m: &crate::trainer::UpdateMetrics, eps: Option<f64>| {
-                bar.set_length(total);
-                bar.set_position(done);
-                match eps {
-                    Some(e) => bar.set_message(format!("loss {:.3} ε {:.2}", m.loss, e)),
-                    None => bar.set_message(format!("loss {:.3}", m.loss)),
-                }
-            };
-        let result = train_in(&job.cfg, &dir, &mut progress, None);
-        bar.finish_and_clear();
-        let (_, record) =
-            result.with_context(|| format!("run {} ({})", job.label, dir.display()))?;
-        let rss = if rss_reset { peak_rss_mib() } else { None };
-        let summary = Summary::from_record(&record, rss);
-        write_atomic(&spath, &serde_json::to_vec_pretty(&summary)?)?;
-        let what = match (summary.accuracy, summary.bleu) {
-            (Some(a), _) => format!("accuracy {:.3}", a),
-            (None, Some(b)) => format!("BLEU {:.1}", b),
-            _ => String::new(),
-        };
-        self.finish(&job.label, &what);
-        Ok(summary)
     }
 
     fn finish(&mut self, label: &str, what: &str) {
@@ -268,19 +284,142 @@ impl Runner {
         }
     }
 
-    /// Runs every job in order; summaries by label.
-    pub fn run_all(&mut self, jobs: &[Job]) -> anyhow::Result<BTreeMap<String, Summary>> {
+    fn bar(&self, label: &str, total: u64) -> anyhow::Result<ProgressBar> {
+        let bar = self.multi.add(ProgressBar::new(total));
+        bar.set_style(
+            ProgressStyle::with_template("  {prefix} [{bar:25}] {pos}/{len} {msg}")
+                .map_err(|e| anyhow::anyhow!("progress template: {e}"))?
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(label.to_string());
+        Ok(bar)
+    }
+
+    /// Runs every job (reusing finished ones); summaries by label.
+    pub fn run_all(&mut self, jobs: &[Placed]) -> anyhow::Result<BTreeMap<String, Summary>> {
+        self.overall.inc_length(jobs.len() as u64);
         let mut out = BTreeMap::new();
-        for j in jobs {
-            let s = self.run(j)?;
-            out.insert(j.label.clone(), s);
+        let mut todo = Vec::new();
+        for (j, d) in jobs {
+            if d.join("summary.json").exists() {
+                out.insert(j.label.clone(), read_summary(d)?);
+                self.finish(&j.label, "reused");
+            } else {
+                todo.push((j, d));
+            }
+        }
+        match self.exe.clone() {
+            Some(exe) => self.run_parallel(&exe, &todo, &mut out)?,
+            None => {
+                for (j, d) in todo {
+                    let bar = self.bar(&j.label, j.cfg.train.steps.unwrap_or(0))?;
+                    let mut progress = |done: u64,
+                                        total: u64,
+                                        m: &crate::trainer::UpdateMetrics,
+                                        eps: Option<f64>| {
+                        bar.set_length(total);
+                        bar.set_position(done);
+                        match eps {
+                            Some(e) => bar.set_message(format!("loss {:.3} ε {:.2}", m.loss, e)),
+                            None => bar.set_message(format!("loss {:.3}", m.loss)),
+                        }
+                    };
+                    let r = run_one(&j.cfg, d, &mut progress);
+                    bar.finish_and_clear();
+                    let s = r.with_context(|| format!("run {} ({})", j.label, d.display()))?;
+                    self.finish(&j.label, &what(&s));
+                    out.insert(j.label.clone(), s);
+                }
+            }
         }
         Ok(out)
     }
 
-    /// Adds jobs to the overall count (e.g. pretraining runs discovered late).
-    pub fn add_total(&self, n: usize) {
-        self.overall.inc_length(n as u64);
+    fn run_parallel(
+        &mut self,
+        exe: &Path,
+        todo: &[(&Job, &PathBuf)],
+        out: &mut BTreeMap<String, Summary>,
+    ) -> anyhow::Result<()> {
+        struct Worker<'a> {
+            job: &'a Job,
+            dir: &'a PathBuf,
+            child: std::process::Child,
+            bar: ProgressBar,
+        }
+        let mut next = 0;
+        let mut running: Vec<Worker<'_>> = Vec::new();
+        let result = (|| -> anyhow::Result<()> {
+            loop {
+                while running.len() < self.workers && next < todo.len() {
+                    let (job, dir) = todo[next];
+                    next += 1;
+                    std::fs::create_dir_all(dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    let jpath = dir.join("job.toml");
+                    write_atomic(&jpath, job.cfg.to_toml()?.as_bytes())?;
+                    let log = std::fs::File::create(dir.join("log.txt"))
+                        .with_context(|| format!("creating {}/log.txt", dir.display()))?;
+                    let child = std::process::Command::new(exe)
+                        .arg("reproduce-run")
+                        .arg("--config")
+                        .arg(&jpath)
+                        .arg("--dir")
+                        .arg(dir)
+                        .env("OMP_NUM_THREADS", "1")
+                        .env("MKL_NUM_THREADS", "1")
+                        .stdout(std::process::Stdio::null())
+                        .stderr(log)
+                        .spawn()
+                        .with_context(|| format!("starting {}", exe.display()))?;
+                    let bar = self.bar(&job.label, job.cfg.train.steps.unwrap_or(0))?;
+                    running.push(Worker {
+                        job,
+                        dir,
+                        child,
+                        bar,
+                    });
+                }
+                if running.is_empty() {
+                    return Ok(());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                let mut i = 0;
+                while i < running.len() {
+                    let w = &mut running[i];
+                    let lines = std::fs::read(w.dir.join("metrics.jsonl"))
+                        .map(|b| b.iter().filter(|&&c| c == b'\n').count())
+                        .unwrap_or(0);
+                    w.bar.set_position(lines as u64);
+                    match w.child.try_wait()? {
+                        None => i += 1,
+                        Some(status) => {
+                            let w = running.swap_remove(i);
+                            w.bar.finish_and_clear();
+                            if !status.success() {
+                                anyhow::bail!(
+                                    "run {} failed ({status}); its folder is {}; log:\n{}",
+                                    w.job.label,
+                                    w.dir.display(),
+                                    log_tail(&w.dir.join("log.txt"))
+                                );
+                            }
+                            let s = read_summary(w.dir)?;
+                            self.finish(&w.job.label, &what(&s));
+                            out.insert(w.job.label.clone(), s);
+                        }
+                    }
+                }
+            }
+        })();
+        if result.is_err() {
+            for mut w in running {
+                let _ = w.child.kill();
+                let _ = w.child.wait();
+                w.bar.finish_and_clear();
+            }
+        }
+        result
     }
 
     /// Ends the overall bar.
