@@ -990,8 +990,15 @@ fn compose_direction(
         let mut spec = r2c.make_output_vec();
         r2c.process_with_scratch(&mut buf, &mut spec, &mut scratch)
             .map_err(fft_err)?;
+        // |z|² below e^{−1490/t} gives |z|^t < e^{−745} (zero in f64): skip the logarithm
+        // there (most frequencies of a long composition).
+        let r2_min = (-1490.0 / t).exp();
         for z in spec.iter_mut() {
-            *z = cpow(*z, *t);
+            *z = if z.re * z.re + z.im * z.im < r2_min {
+                Complex64::new(0.0, 0.0)
+            } else {
+                cpow(*z, *t)
+            };
         }
         acc_spec = Some(match acc_spec {
             None => spec,
