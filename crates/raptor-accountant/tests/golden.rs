@@ -252,7 +252,10 @@ fn tight_upper_is_within_0_001_percent_of_dp_accounting_at_a_1e_5_grid() {
             f.truth
         );
     }
-    eprintln!("largest excess over dp (1e-5): {:+.2e} ({})", worst.0, worst.1);
+    eprintln!(
+        "largest excess over dp (1e-5): {:+.2e} ({})",
+        worst.0, worst.1
+    );
 }
 
 #[test]
