@@ -152,7 +152,7 @@ pub enum EpsTolerance {
 /// |---|---|---|
 /// | [`Accuracy::fast`] | 1e-3 | certified ε within about 0.1 % of the truth, ~2× faster than the default |
 /// | [`Accuracy::default`] | 1e-4 | certified ε within about 0.01 % of the truth |
-/// | [`Accuracy::tight`] | 1e-5 | certified ε within about 0.001 % of the truth, ~4–6× the default's time |
+/// | [`Accuracy::tight`] | 1e-5 | certified ε within about 0.001 % of the truth, ~2–3× the default's time |
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Accuracy {
     /// ε tolerance.
