@@ -48,6 +48,13 @@
 //!    composed separately; the reported values are the maxima. Parallel groups are expanded into
 //!    the member combinations a record can see, each composed as above; the maximum is reported.
 //!
+//! 6. **Refinement.** For ε(δ) and δ(ε) a coarse pass (excess 0.3 % of the RDP ε) comes first;
+//!    the fine pass then composes the directions (both adjacency directions of every member
+//!    combination) in decreasing order of their coarse upper bound, and keeps the coarse
+//!    composition of any direction whose coarse upper bound is already at most the largest fine
+//!    upper bound found: the reported maximum of certified bounds is unchanged, and that
+//!    direction's work is saved (the add direction of the subsampled Gaussian, usually).
+//!
 //! The estimate (not certified) removes the discretization's expected effect from the upper
 //! bound: the mean shift `N·s(h)`, `s(h) = h/(1 − e^{−h}) − 1 − h/2 ≈ h²/12`, plus the effect
 //! `N (h²/12) R` of the added variance, where `R = δ''(ε)/(−δ'(ε))` is measured on the composed
@@ -275,9 +282,12 @@ pub struct EpsilonBounds {
     pub estimate: f64,
     /// Certified lower bound.
     pub lower: f64,
-    /// Upper bound for the remove direction alone.
+    /// Certified upper bound for the remove direction alone. A direction whose coarse-pass
+    /// bound is already at most `upper` is not refined ([module docs](self)): its value here is
+    /// then the coarse pass's, certified but looser.
     pub upper_remove: f64,
-    /// Upper bound for the add direction alone.
+    /// Certified upper bound for the add direction alone (the coarse pass's where that
+    /// direction cannot set `upper`, as for `upper_remove`).
     pub upper_add: f64,
 }
 
