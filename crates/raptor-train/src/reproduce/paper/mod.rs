@@ -94,10 +94,10 @@ impl Scale {
             seeds: vec![0, 1, 2],
             epsilons: vec![1.0, 4.0, 8.0],
             cls_vocab: 3000,
-            cls_max_len: 40,
+            cls_max_len: 32,
             enc: (64, 4, 4, 128, 8),
             pretrain: (400, 64.0, 3e-3),
-            finetune: (60, 256.0, 1e-2),
+            finetune: (50, 128.0, 1e-2),
             d2t_vocab: 1500,
             d2t_max_len: 96,
             dec: (64, 2, 4, 256),
@@ -294,7 +294,7 @@ fn cls_base(task: &ClsTask, s: &Scale, tok: &Path, model: &Path, device: &str) -
     c.train.lr = s.finetune.2;
     c.train.micro_batch = 256;
     c.train.checkpoint_every = 0;
-    c.train.eval_every = (s.finetune.0 / 4).max(1);
+    c.train.eval_every = (s.finetune.0 / 2).max(1);
     c.train.clip = 1.0;
     c.train.clip_expert = 1.0;
     c.lora.r = 8;
