@@ -51,6 +51,10 @@ pub struct Scale {
     pub pretrain: (u64, f64, f64),
     /// Fine-tuning updates, expected batch, learning rate (classification).
     pub finetune: (u64, f64, f64),
+    /// Validation records scored per classification task (an evenly strided subset; 0: all).
+    pub max_validation: usize,
+    /// Private training records per classification task (an evenly strided subset; 0: all).
+    pub max_train: usize,
     /// Vocabulary of the data-to-text tokenizer.
     pub d2t_vocab: usize,
     /// Tokens per data-to-text record.
@@ -78,6 +82,8 @@ impl Scale {
             enc: (16, 4, 2, 32, 4),
             pretrain: (6, 32.0, 5e-3),
             finetune: (4, 32.0, 1e-2),
+            max_validation: 0,
+            max_train: 0,
             d2t_vocab: 200,
             d2t_max_len: 40,
             dec: (16, 1, 2, 32),
@@ -98,13 +104,15 @@ impl Scale {
             enc: (64, 4, 4, 128, 8),
             pretrain: (400, 64.0, 3e-3),
             finetune: (50, 128.0, 1e-2),
+            max_validation: 1500,
+            max_train: 8000,
             d2t_vocab: 1500,
-            d2t_max_len: 96,
+            d2t_max_len: 80,
             dec: (64, 2, 4, 256),
             d2t_pretrain: (400, 32.0, 3e-3),
-            d2t_finetune: (40, 128.0, 2e-3, 2e-2),
-            d2t_sources: 40,
-            d2t_new_tokens: 48,
+            d2t_finetune: (30, 64.0, 2e-3, 2e-2),
+            d2t_sources: 20,
+            d2t_new_tokens: 32,
         }
     }
 
@@ -118,6 +126,8 @@ impl Scale {
             enc: (256, 8, 4, 1024, 8),
             pretrain: (3000, 128.0, 1e-3),
             finetune: (600, 512.0, 5e-3),
+            max_validation: 0,
+            max_train: 0,
             d2t_vocab: 8000,
             d2t_max_len: 128,
             dec: (256, 6, 4, 1024),
@@ -262,8 +272,11 @@ pub struct Results {
     pub cls: Vec<String>,
     /// Data-to-text task names.
     pub d2t: Vec<String>,
-    /// Pretrained-only validation accuracy per classification task (label → summary).
+    /// Notes computed while preparing the tasks (pretrained-only accuracy, data splits).
     pub notes: Vec<String>,
+    /// Training runs that ran at once (worker processes, one libtorch thread each; 0: in
+    /// this process).
+    pub workers: usize,
 }
 
 /// The label of a run in the grid.
@@ -294,7 +307,7 @@ fn cls_base(task: &ClsTask, s: &Scale, tok: &Path, model: &Path, device: &str) -
     c.train.lr = s.finetune.2;
     c.train.micro_batch = 256;
     c.train.checkpoint_every = 0;
-    c.train.eval_every = (s.finetune.0 / 2).max(1);
+    c.train.eval_every = 0;
     c.train.clip = 1.0;
     c.train.clip_expert = 1.0;
     c.lora.r = 8;
@@ -323,6 +336,7 @@ fn read_lines(path: &Path, column: &str) -> anyhow::Result<Vec<String>> {
 
 /// A classification task ready for fine-tuning: its tokenizer and pretraining.
 struct ClsPrepared {
+    size_note: String,
     task: ClsTask,
     tok: PathBuf,
     pre: pretrain::Pretraining,
@@ -332,6 +346,17 @@ struct ClsPrepared {
 
 /// Tokenizer (trained now, cached) and pretraining plan of a classification task.
 fn prepare_cls(inputs: &Inputs, task: &ClsTask, s: &Scale) -> anyhow::Result<ClsPrepared> {
+    let mut task = task.clone();
+    let n_valid = read_lines(&task.validation, "text")?.len();
+    let n_train = read_lines(&task.train, "text")?.len();
+    task.validation = capped(
+        &inputs.cache,
+        &task.name,
+        "validation",
+        &task.validation,
+        s.max_validation,
+    )?;
+    task.train = capped(&inputs.cache, &task.name, "train", &task.train, s.max_train)?;
     let ph = pretrain::public_hash(&task.public)?;
     let lines = read_lines(&task.public, "text")?;
     let tok = pretrain::tokenizer(
@@ -367,12 +392,24 @@ fn prepare_cls(inputs: &Inputs, task: &ClsTask, s: &Scale) -> anyhow::Result<Cls
     p.train.device = inputs.device.clone();
     let pre =
         pretrain::Pretraining::plan(&inputs.cache, &format!("{}-switch", task.name), &p, &ph)?;
+    let train_records = read_lines(&task.train, "text")?.len();
+    let valid_records = read_lines(&task.validation, "text")?.len();
+    let size_note = format!(
+        "{}: private fine-tuning on {train_records} of {n_train} training records, scored on {valid_records} of {n_valid} validation records{}.",
+        task.name,
+        if train_records < n_train || valid_records < n_valid {
+            " (evenly strided fixed subsets: the profile's size limits)"
+        } else {
+            ""
+        }
+    );
     Ok(ClsPrepared {
-        task: task.clone(),
+        size_note,
+        task,
         tok,
         pre,
         public_records: lines.len(),
-        train_records: read_lines(&task.train, "text")?.len(),
+        train_records,
     })
 }
 
@@ -381,6 +418,7 @@ fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str) -> Vec<Job> {
     let task = &c.task;
     let mut base = cls_base(task, s, &c.tok, &c.pre.hf, device);
     base.train.batch_size = fit_batch(base.train.batch_size, c.train_records);
+    let max_eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
     let mut jobs = Vec::new();
     for &seed in &s.seeds {
         // Non-private LoRA reference (ε = ∞).
@@ -395,6 +433,13 @@ fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str) -> Vec<Job> {
                 let mut cfg = base.clone();
                 cfg.method.name = m;
                 cfg.privacy.epsilon = eps;
+                // Validation curves only where a plot uses them (first seed, largest ε).
+                if Some(&seed) == s.seeds.first()
+                    && eps == max_eps
+                    && matches!(m, Method::Raptor | Method::DpAdamLora)
+                {
+                    cfg.train.eval_every = (s.finetune.0 / 4).max(1);
+                }
                 jobs.push(Job {
                     label: label(&task.name, m.name(), "", Some(eps), seed),
                     cfg: seeded(cfg, seed),
@@ -434,6 +479,42 @@ fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str) -> Vec<Job> {
         }
     }
     jobs
+}
+
+/// The file, or an evenly strided subset of `cap` of its records written as TSV into the cache
+/// (a fixed subset: every run of the task uses the same records).
+fn capped(
+    cache: &Path,
+    task: &str,
+    split: &str,
+    file: &Path,
+    cap: usize,
+) -> anyhow::Result<PathBuf> {
+    let spec = raptor_data::TableSpec::new("text", Some("label"));
+    let ds = raptor_data::read_table(file, &spec)
+        .with_context(|| format!("reading {}", file.display()))?;
+    let n = ds.records.len();
+    if cap == 0 || n <= cap {
+        return Ok(file.to_path_buf());
+    }
+    let h = runs::file_hash(file)?;
+    let dir = cache.join("reproduce").join("data");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{task}-{split}-{cap}-{}.tsv", &h[..16]));
+    if !path.exists() {
+        let clean = |t: &str| t.replace(['\t', '\n', '\r'], " ");
+        let mut text = String::from("text\tlabel\n");
+        for i in 0..cap {
+            if let Some(r) = ds.records.get(i * n / cap) {
+                text.push_str(&clean(&r.text));
+                text.push('\t');
+                text.push_str(&clean(r.label.as_deref().unwrap_or("")));
+                text.push('\n');
+            }
+        }
+        crate::run::write_atomic(&path, text.as_bytes())?;
+    }
+    Ok(path)
 }
 
 /// A note on what the public-pretrained encoder scores alone.
@@ -642,6 +723,9 @@ fn d2t_jobs(c: &D2tPrepared, s: &Scale, device: &str) -> Vec<Job> {
         for m in report::D2T_METHODS {
             let mut cfg = base.clone();
             cfg.method.name = m;
+            if Some(&seed) != s.seeds.first() {
+                cfg.train.eval_every = 0; // the NLL curves plot the first seed
+            }
             let eps = m.is_private().then_some(8.0);
             jobs.push(Job {
                 label: label(&c.task.name, m.name(), "", eps, seed),
@@ -719,7 +803,8 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
     let placed = runner.place(jobs)?;
     let out = runner.run_all(&placed)?;
     runner.finish_all();
-    let mut notes: Vec<String> = cls.iter().filter_map(pretrained_note).collect();
+    let mut notes: Vec<String> = cls.iter().map(|c| c.size_note.clone()).collect();
+    notes.extend(cls.iter().filter_map(pretrained_note));
     notes.extend(d2t.iter().map(|d| d.note.clone()));
     let results = Results {
         runs: out,
@@ -727,6 +812,7 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
         cls: cls.iter().map(|c| c.task.name.clone()).collect(),
         d2t: d2t.iter().map(|d| d.task.name.clone()).collect(),
         notes,
+        workers: if ctx.exe.is_some() { ctx.workers } else { 0 },
     };
     let mut tables = Vec::new();
     if want_cls {

@@ -613,10 +613,18 @@ fn cost(r: &Results) -> anyhow::Result<Table> {
     let mut notes = vec![
         seeds_note(r),
         format!(
-            "Wall time of the training loop per update (evaluation excluded) and the process's peak resident memory during the run, on {task} at ε = {e}, on this machine ({} CPU threads).",
+            "Wall time of the training loop per update (evaluation excluded) and the process's peak resident memory during the run, on {task} at ε = {e}, on this machine ({} CPU threads; {}).",
             std::thread::available_parallelism()
                 .map(|n| n.get())
-                .unwrap_or(1)
+                .unwrap_or(1),
+            if r.workers > 0 {
+                format!(
+                    "{} runs at a time, each a process with one libtorch thread",
+                    r.workers
+                )
+            } else {
+                "one run at a time in one process".to_string()
+            }
         ),
     ];
     if let Some(x) = raptor_ratio {
