@@ -8,8 +8,11 @@
 //!   ledger charged before the update is applied, optimizers ([`optim`]) on released gradients.
 //! - [`session`] and [`run`]: data and model preparation, run folders, checkpoints, resume,
 //!   evaluation.
+//! - [`audit`]: `raptor audit`, the one-run canary audit (an empirical ε lower bound beside the
+//!   certified upper bound).
 //! - [`cli`]: the subcommands of the `raptor` program; [`reproduce`]: the reproduction tables.
 
+pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod device;

@@ -78,6 +78,9 @@ enum Command {
     Train(cli::train::TrainArgs),
     /// Evaluate a run folder on a data file.
     Eval(cli::train::EvalArgs),
+    /// Audit a run config empirically: one training run with secret canaries, an ε lower bound
+    /// beside the certified upper bound (`<run>/audit.json`).
+    Audit(cli::audit::AuditArgs),
     /// `account`, `calibrate`, `plan` and `routing`: the libtorch-free subcommands of
     /// `raptor_cli` (also the `raptor-acct` program).
     #[command(flatten)]
@@ -130,6 +133,7 @@ fn main() {
             .map_err(anyhow::Error::from),
         Command::Train(args) => cli::train::run_train(args),
         Command::Eval(args) => cli::train::run_eval(args),
+        Command::Audit(args) => cli::audit::run_audit(args),
         Command::Acct(command) => command.run().map_err(anyhow::Error::from),
     };
     if let Err(err) = result {

@@ -373,13 +373,25 @@ fn train_impl(
     progress: Progress<'_>,
     stop: Option<StopFlag>,
 ) -> Result<(PathBuf, Record)> {
-    let cfg = cfg.clone();
     // Everything is read and checked before the folder is created.
-    let session = prepare(&cfg)?;
+    let session = prepare(cfg)?;
+    train_session(session, dir, resuming, progress, stop).map(|(dir, record, _)| (dir, record))
+}
+
+/// Trains a prepared session into the run folder `dir` (a new run, or a resume when `resuming`)
+/// and returns the folder, the record and the trained model (for `raptor audit`, which scores
+/// its canaries with it).
+pub(crate) fn train_session(
+    session: Session,
+    dir: PathBuf,
+    resuming: bool,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let _lock = RunLock::acquire(&dir)?;
     if !resuming {
-        write_atomic(&dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+        write_atomic(&dir.join("config.toml"), session.cfg.to_toml()?.as_bytes())?;
         if let Some(l) = &session.labels {
             write_atomic(&dir.join("labels.json"), &serde_json::to_vec(l.labels())?)?;
         }
@@ -673,7 +685,7 @@ fn train_impl(
             dir.display()
         )));
     }
-    Ok((dir, record))
+    Ok((dir, record, model))
 }
 
 /// A finished (or checkpointed) run's model, rebuilt as training built it.

@@ -312,9 +312,61 @@ fn batches(
     Ok(out)
 }
 
+/// What a [`prepare_with`] hook knows about the data when it may change the training records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataInfo {
+    /// Whether the model classifies (else: language modelling).
+    pub classifier: bool,
+    /// Number of classes (0 for language models).
+    pub num_labels: usize,
+    /// The model's vocabulary size.
+    pub vocab: i64,
+    /// Padding id.
+    pub pad_id: i64,
+    /// End-of-sequence id.
+    pub eos_id: i64,
+    /// `data.max_length`.
+    pub max_length: usize,
+    /// The largest record id among the training and validation records (fresh ids start above).
+    pub max_id: u64,
+}
+
+/// A hook that may change the training records after they are read and before anything is
+/// computed from them (the plan's N and q, owner maps): the canaries of `raptor audit`.
+pub type TrainHook<'a> = &'a mut dyn FnMut(&mut Vec<Example>, &DataInfo) -> Result<()>;
+
+fn apply_hook(
+    hook: Option<TrainHook<'_>>,
+    train: &mut Vec<Example>,
+    validation: &[Example],
+    info: DataInfo,
+) -> Result<()> {
+    if let Some(h) = hook {
+        let max_id = train
+            .iter()
+            .chain(validation)
+            .map(|e| e.id)
+            .max()
+            .unwrap_or(0);
+        h(train, &DataInfo { max_id, ..info })?;
+        if train.is_empty() {
+            return Err(TrainError::Data(
+                "no training record is left after the hook".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Prepares a run from its config: reads and checks everything before training starts, so a
 /// bad input fails here, with nothing written.
 pub fn prepare(cfg: &RunConfig) -> Result<Session> {
+    prepare_with(cfg, None)
+}
+
+/// [`prepare`], with a hook that may change the training records before the plan (N, q, σ) and
+/// the owner maps are computed from them.
+pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Session> {
     cfg.validate()?;
     let device = open_device(&cfg.train.device)?;
     if !cfg.data.train.exists() {
@@ -328,7 +380,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<Session> {
     let vocab = tokenizer.vocab_size() as i64;
     let pad_id = i64::from(tokenizer.pad_id());
     if cfg.data.format != "table" {
-        return prepare_d2t(cfg, device, tokenizer, vocab, pad_id);
+        return prepare_d2t(cfg, device, tokenizer, vocab, pad_id, hook);
     }
     let train_ds = read_records(cfg, &cfg.data.train, classify)?;
     let labels = if classify {
@@ -372,7 +424,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<Session> {
     let num_labels = labels.as_ref().map_or(0, |m| m.len() as i64);
     let mut model = build_model(cfg, vocab, num_labels, device)?;
     let model_vocab = model.vocab_size();
-    let train = to_examples(
+    let mut train = to_examples(
         cfg,
         tokenizer.as_ref(),
         &train_recs,
@@ -385,6 +437,20 @@ pub fn prepare(cfg: &RunConfig) -> Result<Session> {
         &valid_recs,
         labels.as_ref(),
         model_vocab,
+    )?;
+    apply_hook(
+        hook,
+        &mut train,
+        &validation,
+        DataInfo {
+            classifier: classify,
+            num_labels: num_labels as usize,
+            vocab: model_vocab,
+            pad_id,
+            eos_id: i64::from(eos_id(cfg)),
+            max_length: cfg.data.max_length,
+            max_id: 0,
+        },
     )?;
     // RAPTOR's layer from public routing (no private record is involved).
     let layer = if cfg.method.name.needs_experts() {
@@ -470,6 +536,7 @@ fn prepare_d2t(
     tokenizer: Box<dyn TextTokenizer>,
     vocab: i64,
     pad_id: i64,
+    hook: Option<TrainHook<'_>>,
 ) -> Result<Session> {
     let train_ds = read_d2t(cfg, &cfg.data.train)?;
     let (train_recs, valid_recs) = match &cfg.data.validation {
@@ -502,8 +569,22 @@ fn prepare_d2t(
     }
     let mut model = build_model(cfg, vocab, 0, device)?;
     let model_vocab = model.vocab_size();
-    let train = to_d2t_examples(cfg, tokenizer.as_ref(), &train_recs, model_vocab)?;
+    let mut train = to_d2t_examples(cfg, tokenizer.as_ref(), &train_recs, model_vocab)?;
     let validation = to_d2t_examples(cfg, tokenizer.as_ref(), &valid_recs, model_vocab)?;
+    apply_hook(
+        hook,
+        &mut train,
+        &validation,
+        DataInfo {
+            classifier: false,
+            num_labels: 0,
+            vocab: model_vocab,
+            pad_id,
+            eos_id: i64::from(eos_id(cfg)),
+            max_length: cfg.data.max_length,
+            max_id: 0,
+        },
+    )?;
     let valid_ds = raptor_data::D2tDataset {
         path: cfg.data.train.clone(),
         records: valid_recs,

@@ -7,6 +7,7 @@ use std::io::Write;
 pub use raptor_cli::account;
 /// `routing` (shared with the libtorch-free `raptor-acct`).
 pub use raptor_cli::routing;
+pub mod audit;
 pub mod train;
 
 /// Exit code for bad input (invalid arguments, malformed files): errors go to stderr.

@@ -1,0 +1,114 @@
+//! `raptor audit`: the one-run canary audit of a run config (an empirical ε lower bound beside
+//! the certified upper bound; see [`crate::audit`]).
+
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::audit::{AuditOptions, CanaryKind, audit};
+use crate::config::RunConfig;
+
+/// Audit a run config empirically: train once with secret canaries and bound ε from below.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuditArgs {
+    /// The run configuration (TOML), as for `raptor train`.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Number of canaries (default: 200, at most N/4 of the N training records).
+    #[arg(long)]
+    pub canaries: Option<usize>,
+    /// Canary kind (default: mislabel for classifiers, random for language models).
+    #[arg(long, value_enum)]
+    pub kind: Option<CanaryKind>,
+    /// Confidence of the lower bound.
+    #[arg(long, default_value_t = raptor_eval::audit::DEFAULT_CONFIDENCE)]
+    pub confidence: f64,
+    /// Seed of the canary design (which records, labels, tokens; public). The inclusion coins
+    /// come from the OS CSPRNG (or from `train.insecure_seed` when it is set).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Folder under which the run folder `audit-<method>-<time>-<pid>` is created.
+    #[arg(long, default_value = "runs")]
+    pub runs_dir: PathBuf,
+    /// Print the audit report as one JSON object (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `raptor audit`.
+pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
+    let cfg = RunConfig::from_file(&args.config)?;
+    let opts = AuditOptions {
+        canaries: args.canaries,
+        kind: args.kind,
+        confidence: args.confidence,
+        design_seed: args.seed,
+    };
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} updates  {msg}  (eta {eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    };
+    let mut progress =
+        |done: u64, total: u64, m: &crate::trainer::UpdateMetrics, _: Option<f64>| {
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message(format!("loss {:.4}", m.loss));
+        };
+    let result = audit(&cfg, &opts, &args.runs_dir, &mut progress);
+    bar.finish_and_clear();
+    let r = result?;
+    if args.json {
+        return super::print_json(&r);
+    }
+    println!(
+        "run folder: {}  (audit.json beside record.json)",
+        r.run.display()
+    );
+    println!(
+        "canaries: {} ({}), {} included by secret coins; trained on N = {} records ({} real), q = {:.4}",
+        r.canaries,
+        r.kind.name(),
+        r.included,
+        r.train_records,
+        r.real_records,
+        r.sampling_rate
+    );
+    println!(
+        "epsilon_lower = {:.4}  at {}% confidence (k+ = {}, k- = {}: {} of {} guesses correct; {} (k+, k-) pairs searched)",
+        r.epsilon_lower,
+        100.0 * r.confidence,
+        r.search.k_plus,
+        r.search.k_minus,
+        r.search.correct,
+        r.search.guesses,
+        r.search.pairs_tried
+    );
+    match r.epsilon_upper {
+        Some(u) => println!(
+            "epsilon_upper = {u:.4}  certified by the ledger (target {}), delta = {:e}",
+            r.epsilon_target, r.delta
+        ),
+        None => println!(
+            "epsilon_upper = infinity  (no certified bound; target {}), delta = {:e}",
+            r.epsilon_target, r.delta
+        ),
+    }
+    if let Some(m) = &r.mia {
+        println!(
+            "canary MIA (loss difference): AUC {:.4}  TPR@1%FPR {:.4}  TPR@0.1%FPR {:.4}  ({} members, {} non-members)",
+            m.auc, m.tpr_at_1pct_fpr, m.tpr_at_0_1pct_fpr, m.members, m.non_members
+        );
+    }
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+    Ok(())
+}
