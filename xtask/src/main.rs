@@ -232,10 +232,20 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
     architecture_invariant()?;
     // Benches and examples are compiled (and linted) by clippy --all-targets above; running
     // criterion benches in test mode would only time them once in the debug profile.
+    // Tests run in parallel (one per core under nextest): one libtorch (OpenMP) thread per test
+    // process avoids oversubscribing the cores, which made small-model tests several times
+    // slower on the 2-core machine. A value the user set is kept.
+    let one_thread = |cmd: &mut Command| {
+        if std::env::var_os("OMP_NUM_THREADS").is_none() {
+            cmd.env("OMP_NUM_THREADS", "1");
+        }
+    };
     if has_nextest() {
+        let mut cmd = cargo();
+        one_thread(&mut cmd);
         run_step(
             "cargo nextest run (all tests)",
-            cargo().args([
+            cmd.args([
                 "nextest",
                 "run",
                 "--workspace",
@@ -249,9 +259,11 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
         )?;
     } else {
         eprintln!("(cargo-nextest not found: using cargo test)");
+        let mut cmd = cargo();
+        one_thread(&mut cmd);
         run_step(
             "cargo test (all tests)",
-            cargo().args([
+            cmd.args([
                 "test",
                 "--workspace",
                 "--lib",

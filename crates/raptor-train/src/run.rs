@@ -96,8 +96,10 @@ pub struct Record {
     pub diagnostics: Option<crate::diagnostics::Diagnostics>,
     /// Final ε from the ledger (None for non-private methods: ε = ∞).
     pub epsilon: Option<FinalEpsilon>,
-    /// Wall time of training (seconds, this process).
+    /// Wall time of training (seconds, this process), periodic evaluations included.
     pub wall_seconds: f64,
+    /// Of `wall_seconds`, the time spent in the periodic evaluations (`train.eval_every`).
+    pub eval_seconds: f64,
     /// Updates per second.
     pub updates_per_second: f64,
     /// Times the run was resumed.
@@ -493,6 +495,7 @@ pub(crate) fn train_session(
     let every = cfg.train.checkpoint_every;
     let mut interrupted = false;
     let mut eval_curve: Vec<(u64, EvalMetrics)> = Vec::new();
+    let mut eval_seconds = 0.0f64;
     let mut epsilon_curve: Vec<(u64, f64)> = Vec::new();
     while !trainer.done() {
         if stop
@@ -525,6 +528,7 @@ pub(crate) fn train_session(
         }
         let ev = cfg.train.eval_every;
         if ev > 0 && done % ev == 0 && done < total && !validation.is_empty() {
+            let t0 = Instant::now();
             let em = evaluate(
                 trainer.model(),
                 &validation,
@@ -532,6 +536,7 @@ pub(crate) fn train_session(
                 pad_id,
                 device,
             )?;
+            eval_seconds += t0.elapsed().as_secs_f64();
             eval_curve.push((done, em));
         }
         if every > 0 && done % every == 0 && done < total {
@@ -667,6 +672,7 @@ pub(crate) fn train_session(
         diagnostics,
         epsilon,
         wall_seconds: wall,
+        eval_seconds,
         updates_per_second: if wall > 0.0 {
             applied as f64 / wall
         } else {

@@ -31,7 +31,7 @@ pub struct Summary {
     pub epsilon: Option<f64>,
     /// Updates applied.
     pub updates: u64,
-    /// Wall seconds per update (training loop only).
+    /// Wall seconds per update (training loop, periodic evaluations excluded).
     pub seconds_per_update: f64,
     /// Peak resident memory of the process during the run (MiB; Linux), None elsewhere.
     pub peak_rss_mib: Option<f64>,
@@ -90,7 +90,7 @@ impl Summary {
             epsilon: r.epsilon.as_ref().map(|e| e.upper),
             updates: r.updates,
             seconds_per_update: if r.updates > 0 {
-                r.wall_seconds / r.updates as f64
+                (r.wall_seconds - r.eval_seconds).max(0.0) / r.updates as f64
             } else {
                 0.0
             },
