@@ -685,12 +685,19 @@ pub fn d2t_tables(r: &Results, out: &Path, missing: &[String]) -> anyhow::Result
             (Method::DpMuonbc, Method::DpMuon),
         ] {
             if let (Some(x), Some(y)) = (get(a), get(b)) {
-                // Lower NLL is better: compare the negated values.
+                // Lower NLL is better: order the negated values, say it in NLL terms.
                 let neg = |e: Estimate| Estimate { mean: -e.mean, ..e };
+                let o = ordering(&[(neg(x), neg(y))]);
                 notes.push(format!(
-                    "{t}: {}",
-                    ordering(&[(neg(x), neg(y))])
-                        .sentence(&format!("{} (−NLL)", pretty(a.name())), pretty(b.name()))
+                    "{t}: {}'s test NLL ≤ {}'s in {} of {} cell{} (CIs overlap in {}; significantly lower in {}, higher in {}).",
+                    pretty(a.name()),
+                    pretty(b.name()),
+                    o.a_ge_b,
+                    o.cells,
+                    if o.cells == 1 { "" } else { "s" },
+                    o.overlapping,
+                    o.a_significantly_better,
+                    o.b_significantly_better
                 ));
             }
         }
