@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 
-use indicatif::{ProgressBar, ProgressStyle};
-
 use crate::audit::{AuditOptions, CanaryKind, audit};
 use crate::config::RunConfig;
 
@@ -44,18 +42,7 @@ pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
         confidence: args.confidence,
         design_seed: args.seed,
     };
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        let b = ProgressBar::new(0);
-        b.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} updates  {msg}  (eta {eta})",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    };
+    let bar = super::update_bar(args.json);
     let mut progress =
         |done: u64, total: u64, m: &crate::trainer::UpdateMetrics, _: Option<f64>| {
             bar.set_length(total);

@@ -20,3 +20,19 @@ pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     writeln!(out)?;
     Ok(())
 }
+
+/// The progress bar of a training subcommand (`train`, `audit`): hidden with `--json`, so
+/// stdout holds only the JSON object.
+pub(crate) fn update_bar(hidden: bool) -> indicatif::ProgressBar {
+    if hidden {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = indicatif::ProgressBar::new(0);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} updates  {msg}  ({per_sec}, eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b
+}

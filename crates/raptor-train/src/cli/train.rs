@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::config::{DEFAULT_CONFIG, RunConfig};
 
@@ -60,18 +59,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         // First signal: finish the current update, checkpoint, exit; the handler stays.
         let _ = ctrlc_like(move || s.store(true, Ordering::SeqCst));
     }
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        let b = ProgressBar::new(0);
-        b.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} updates  {msg}  ({per_sec}, eta {eta})",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    };
+    let bar = super::update_bar(args.json);
     let mut eps_shown = String::from("eps -");
     let mut progress =
         |done: u64, total: u64, m: &crate::trainer::UpdateMetrics, eps: Option<f64>| {
