@@ -153,7 +153,11 @@ fn reproduce_run(config: &std::path::Path, dir: &std::path::Path) -> anyhow::Res
 
 fn info() -> anyhow::Result<()> {
     println!("raptor {}", env!("CARGO_PKG_VERSION"));
-    println!("tch 0.24.0 / libtorch 2.11.0");
+    println!(
+        "tch {} / libtorch {} (loaded)",
+        raptor_train::TCH_VERSION,
+        raptor_train::libtorch_version()
+    );
     println!("cuda linked: {}", raptor_models::CUDA_LINKED);
     println!("cuda available: {}", tch::Cuda::is_available());
     println!("cuda devices: {}", tch::Cuda::device_count());

@@ -122,7 +122,10 @@ fn environment(_ctx: &Context) -> anyhow::Result<Vec<Table>> {
         .unwrap_or(1);
     let rows = vec![
         vec!["raptor".into(), env!("CARGO_PKG_VERSION").into()],
-        vec!["tch / libtorch".into(), "0.24.0 / 2.11.0".into()],
+        vec![
+            "tch / libtorch (loaded)".into(),
+            format!("{} / {}", crate::TCH_VERSION, crate::libtorch_version()),
+        ],
         vec!["CUDA linked".into(), raptor_models::CUDA_LINKED.to_string()],
         vec![
             "CUDA available".into(),
