@@ -17,8 +17,12 @@ struct Cli {
 /// `raptor_cli`.
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the build information: versions, libtorch, CUDA availability.
-    Info,
+    /// Print the build information: versions (read, not written in), CUDA availability.
+    Info {
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the reproduction tables (what `cargo xtask reproduce` runs).
     Reproduce {
         /// Output folder for the Markdown and JSON tables.
@@ -90,7 +94,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Info => info(),
+        Command::Info { json } => info(json),
         Command::Reproduce {
             out,
             root,
@@ -151,15 +155,26 @@ fn reproduce_run(config: &std::path::Path, dir: &std::path::Path) -> anyhow::Res
     Ok(())
 }
 
-fn info() -> anyhow::Result<()> {
+fn info(json: bool) -> anyhow::Result<()> {
+    let libtorch = raptor_train::libtorch_version();
+    let (available, devices) = (tch::Cuda::is_available(), tch::Cuda::device_count());
+    if json {
+        return cli::print_json(&serde_json::json!({
+            "raptor": env!("CARGO_PKG_VERSION"),
+            "tch": raptor_train::TCH_VERSION,
+            "libtorch": libtorch,
+            "cuda_linked": raptor_models::CUDA_LINKED,
+            "cuda_available": available,
+            "cuda_devices": devices,
+        }));
+    }
     println!("raptor {}", env!("CARGO_PKG_VERSION"));
     println!(
-        "tch {} / libtorch {} (loaded)",
-        raptor_train::TCH_VERSION,
-        raptor_train::libtorch_version()
+        "tch {} / libtorch {libtorch} (loaded)",
+        raptor_train::TCH_VERSION
     );
     println!("cuda linked: {}", raptor_models::CUDA_LINKED);
-    println!("cuda available: {}", tch::Cuda::is_available());
-    println!("cuda devices: {}", tch::Cuda::device_count());
+    println!("cuda available: {available}");
+    println!("cuda devices: {devices}");
     Ok(())
 }

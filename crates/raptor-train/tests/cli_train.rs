@@ -369,3 +369,21 @@ fn print_default_config_parses() {
     let parsed = raptor_train::config::RunConfig::from_toml(&text).unwrap();
     assert_eq!(parsed, raptor_train::config::RunConfig::default());
 }
+
+/// `raptor info --json` is one JSON object whose versions come from the build and the loaded
+/// libtorch (not constants that could drift from what actually runs).
+#[test]
+fn info_json_reports_the_loaded_versions() {
+    let out = raptor(&["info", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tch"], "0.24.0");
+    let lt = v["libtorch"].as_str().unwrap();
+    assert!(lt.starts_with("2.11.0"), "{lt}");
+    assert_eq!(v["cuda_linked"].as_bool(), Some(raptor_models::CUDA_LINKED));
+    assert!(v["cuda_devices"].as_i64().is_some());
+}
