@@ -112,7 +112,7 @@ fn seeds_note(r: &Results) -> String {
 }
 
 fn plot_note(file: &str, what: &str) -> String {
-    format!("Plot: [{what}]({file})")
+    format!("Plot: {what}\n\n  ![{what}]({file})")
 }
 
 /// Tables 1–4 and 6 and their plots.
