@@ -827,3 +827,86 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
     }
     Ok(tables)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_pre(kind: &str) -> pretrain::Pretraining {
+        pretrain::Pretraining {
+            job: Job {
+                label: format!("pretrain {kind}"),
+                cfg: RunConfig::default(),
+            },
+            run: PathBuf::from("/nonexistent/run"),
+            hf: PathBuf::from("/nonexistent/hf"),
+        }
+    }
+
+    /// Every profile (quick, standard, full) builds a grid of valid, distinct run configs:
+    /// Table 1, ablations and layer choice on the first task, the DP-Muon table; `--full`
+    /// cannot be run in a test, but its grid is checked here.
+    #[test]
+    fn every_profile_builds_a_valid_grid() {
+        for (name, s) in [
+            ("quick", Scale::quick()),
+            ("standard", Scale::standard()),
+            ("full", Scale::full()),
+        ] {
+            let task = |n: &str| ClsTask {
+                name: n.into(),
+                public: PathBuf::from(format!("/{n}/p.tsv")),
+                train: PathBuf::from(format!("/{n}/t.tsv")),
+                validation: PathBuf::from(format!("/{n}/v.tsv")),
+            };
+            let cls = |n: &str| ClsPrepared {
+                size_note: String::new(),
+                task: task(n),
+                tok: PathBuf::from("/tok.json"),
+                pre: fake_pre("switch"),
+                public_records: 2000,
+                train_records: 20_000,
+            };
+            let mut jobs = cls_jobs(&cls("a"), true, &s, "cpu");
+            let per_task = s.seeds.len() * (1 + s.epsilons.len() * CLASSIFICATION_METHODS.len());
+            let extra = s.seeds.len() * (report::ABLATIONS.len() + 2);
+            assert_eq!(jobs.len(), per_task + extra, "{name}");
+            jobs.extend(cls_jobs(&cls("b"), false, &s, "cpu"));
+            let d = D2tPrepared {
+                task: D2tTask {
+                    name: "e2e".into(),
+                    format: "e2e".into(),
+                    dev: PathBuf::from("/dev.csv"),
+                    test: PathBuf::from("/test.csv"),
+                },
+                tok: PathBuf::from("/tok.json"),
+                pre: fake_pre("gpt2"),
+                train: PathBuf::from("/train.csv"),
+                test: PathBuf::from("/test.csv"),
+                private_records: 3000,
+                note: String::new(),
+            };
+            jobs.extend(d2t_jobs(&d, &s, "cpu"));
+            let mut labels = std::collections::BTreeSet::new();
+            let mut keys = std::collections::BTreeSet::new();
+            for j in &jobs {
+                j.cfg
+                    .validate()
+                    .unwrap_or_else(|e| panic!("{name}: {}: {e}", j.label));
+                assert!(
+                    labels.insert(j.label.clone()),
+                    "{name}: duplicate {}",
+                    j.label
+                );
+                assert!(
+                    keys.insert(runs::run_key(&j.cfg).unwrap_or_default()),
+                    "{name}: two jobs share a config: {}",
+                    j.label
+                );
+                // Seeded for reproducible tables, and never more than half the records per batch.
+                assert!(j.cfg.train.insecure_seed.is_some());
+                assert!(j.cfg.train.batch_size <= 10_000.0);
+            }
+        }
+    }
+}
