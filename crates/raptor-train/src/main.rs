@@ -56,6 +56,9 @@ enum Command {
         /// CPU threads; 1 on a GPU).
         #[arg(long)]
         jobs: Option<usize>,
+        /// Print the tables as one JSON array on stdout (progress stays on stderr).
+        #[arg(long)]
+        json: bool,
     },
     /// One run of the reproduce grid (the worker process of `reproduce`): trains into `--dir`
     /// and writes its `summary.json`.
@@ -105,6 +108,7 @@ fn main() {
             d2t_data,
             device,
             jobs,
+            json,
         } => {
             let d2t_data = d2t_data.unwrap_or_else(|| root.join("..").join("shared").join("data"));
             let workers = jobs.unwrap_or_else(|| {
@@ -126,6 +130,7 @@ fn main() {
                     device,
                     exe: std::env::current_exe().ok(),
                     workers,
+                    json,
                 },
                 &only,
             )

@@ -387,3 +387,32 @@ fn info_json_reports_the_loaded_versions() {
     assert_eq!(v["cuda_linked"].as_bool(), Some(raptor_models::CUDA_LINKED));
     assert!(v["cuda_devices"].as_i64().is_some());
 }
+
+/// `raptor reproduce --json` prints the tables as one JSON array (progress stays on stderr) and
+/// still writes them under `--out`; an unknown part is a clear error with exit code 2.
+#[test]
+fn reproduce_json_prints_the_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results");
+    let o = raptor(&[
+        "reproduce",
+        "--only",
+        "environment",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["slug"], "environment");
+    assert!(out.join("environment.json").exists() && out.join("README.md").exists());
+    let bad = raptor(&[
+        "reproduce",
+        "--only",
+        "nope",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown part"));
+}

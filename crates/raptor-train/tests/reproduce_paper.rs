@@ -76,6 +76,7 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
         device: "cpu".into(),
         exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_raptor"))),
         workers: 2,
+        json: false,
     };
     let only = vec!["paper".to_string(), "dpmuon".to_string()];
     let tables = run(&ctx, &only).unwrap();
@@ -182,6 +183,7 @@ fn missing_corpora_are_reported_not_fatal() {
         device: "cpu".into(),
         exe: None,
         workers: 1,
+        json: false,
     };
     let tables = run(&ctx, &["paper".into(), "dpmuon".into()]).unwrap();
     assert_eq!(tables.len(), 2);

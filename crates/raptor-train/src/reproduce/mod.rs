@@ -38,6 +38,8 @@ pub struct Context {
     pub exe: Option<PathBuf>,
     /// Worker processes at once (each with one libtorch thread).
     pub workers: usize,
+    /// Print the tables as one JSON array on stdout instead of Markdown.
+    pub json: bool,
 }
 
 pub use raptor_report::Table;
@@ -76,7 +78,9 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
         eprintln!("reproduce: {name} ...");
         let tables = part(ctx)?;
         for t in &tables {
-            println!("{}", t.to_markdown());
+            if !ctx.json {
+                println!("{}", t.to_markdown());
+            }
             t.write(&ctx.out)?;
         }
         let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
@@ -112,6 +116,9 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
         }
     }
     crate::run::write_atomic(&ctx.out.join("README.md"), index.as_bytes())?;
+    if ctx.json {
+        crate::cli::print_json(&all)?;
+    }
     Ok(all)
 }
 
