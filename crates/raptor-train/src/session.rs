@@ -370,8 +370,14 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
     cfg.validate()?;
     let device = open_device(&cfg.train.device)?;
     if !cfg.data.train.exists() {
+        let hint = match raptor_data::cache::default_cache_dir() {
+            Some(c) if cfg.data.train.starts_with(c.join("data")) => {
+                " (a corpus of the cache: run `cargo xtask setup --data` first)"
+            }
+            _ => "",
+        };
         return Err(TrainError::Data(format!(
-            "training file {} does not exist",
+            "training file {} does not exist{hint}",
             cfg.data.train.display()
         )));
     }
