@@ -310,6 +310,10 @@ fn table1(r: &Results, out: &Path) -> anyhow::Result<Table> {
                 },
             )?;
             notes.push(plot_note(&file, &format!("{t}: training loss, ε spent")));
+            notes.push(
+                "The training loss is measured on the private Poisson samples before noise: a diagnostic for the data owner, not part of the differentially private release (ε covers the model only)."
+                    .to_string(),
+            );
         }
         if !acc_series.is_empty() {
             let file = format!("validation-accuracy-{t}.png");
@@ -416,6 +420,7 @@ fn layer_choice(r: &Results, out: &Path) -> anyhow::Result<Table> {
     };
     let mut rows = Vec::new();
     let mut ests = Vec::new();
+    let mut blocks = Vec::new();
     for (name, variant) in [
         ("entropy-selected", ""),
         ("first sparse layer", "layer=first"),
@@ -424,6 +429,7 @@ fn layer_choice(r: &Results, out: &Path) -> anyhow::Result<Table> {
         let l = any(variant).and_then(|s| s.layer);
         let x = est(&values(r, &task, "raptor", variant, Some(e), acc));
         ests.push(x);
+        blocks.push(l);
         rows.push(vec![
             name.to_string(),
             l.map_or("—".into(), |l| l.to_string()),
@@ -442,8 +448,23 @@ fn layer_choice(r: &Results, out: &Path) -> anyhow::Result<Table> {
             .filter(|o| sel.mean >= o.mean)
             .count();
         let n = others.iter().flatten().count();
+        let same: Vec<&str> = ["first", "last"]
+            .iter()
+            .zip(&blocks[1..])
+            .filter(|(_, b)| b.is_some() && **b == blocks[0])
+            .map(|(name, _)| *name)
+            .collect();
+        let same = if same.is_empty() {
+            "it differs from both fixed choices".to_string()
+        } else {
+            format!(
+                "it is the same block as the {} rule, so that comparison is between two runs of one layer",
+                same.join(" and ")
+            )
+        };
         notes.push(format!(
-            "The entropy-selected layer scored at least as high as {beats} of {n} fixed choices (ties included when the selected layer is itself the first or last)."
+            "The entropy-selected layer (block {}) scored at least as high as {beats} of {n} fixed choices; {same}.",
+            blocks[0].map_or("—".to_string(), |b| b.to_string())
         ));
     }
     if let Some(s) = any("")
