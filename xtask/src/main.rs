@@ -66,6 +66,14 @@ enum Task {
         /// downloading them.
         #[arg(long, requires = "data")]
         data_dir: Option<PathBuf>,
+        /// Install and use the CPU-only libtorch (the torch wheel without its CUDA libraries,
+        /// about 0.5 GB): the default on a machine without an NVIDIA driver. Remembered.
+        #[arg(long, conflicts_with_all = ["cuda", "data"])]
+        cpu: bool,
+        /// Install and use the CUDA libtorch (torch with its NVIDIA libraries, about 4.7 GB):
+        /// the default on a machine with an NVIDIA driver. Remembered.
+        #[arg(long, conflicts_with = "data")]
+        cuda: bool,
     },
     /// The whole check: setup, fmt --check, clippy -D warnings, every test, doc tests, the
     /// architecture invariant, and the Python package's tests (pytest).
@@ -135,9 +143,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Task::Setup {
             data: true,
             data_dir,
+            ..
         } => data::setup_data(data_dir.as_deref()),
-        Task::Setup { data: false, .. } => {
-            let lt = setup::setup(&root, false)?;
+        Task::Setup {
+            data: false,
+            cpu,
+            cuda,
+            ..
+        } => {
+            let asked = match (cpu, cuda) {
+                (true, _) => Some(setup::Variant::Cpu),
+                (_, true) => Some(setup::Variant::Cuda),
+                _ => None,
+            };
+            let lt = setup::setup(&root, false, asked)?;
             println!("libtorch {}", lt.origin);
             println!("linked target/libtorch -> {}", lt.dir.display());
             println!("plain `cargo build`, `cargo test` and `cargo run -p raptor-train` now work.");
@@ -165,7 +184,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             },
         ),
         Task::Bench { args } => {
-            setup::setup(&root, true)?;
+            setup::setup(&root, true, None)?;
             let mut cmd = cargo();
             cmd.args(["bench", "-p", "raptor-benches"]).args(&args);
             run_step("cargo bench", &mut cmd)
@@ -208,10 +227,36 @@ fn has_nextest() -> bool {
         .unwrap_or(false)
 }
 
+/// Is an MPI development install present (the `mpi` crate's build needs `mpicc`; its tests need
+/// `mpirun`)?
+fn has_mpi() -> bool {
+    ["mpicc", "mpirun"].iter().all(|tool| {
+        Command::new(tool)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
 fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
     let start = Instant::now();
     eprintln!("==> setup");
-    setup::setup(root, true)?;
+    setup::setup(root, true, None)?;
+    // The same features in every step (one build): MPI's when an MPI library is installed.
+    let features: Vec<&str> = if has_mpi() {
+        eprintln!(
+            "MPI found (mpicc, mpirun): building with raptor-train/mpi and running its tests"
+        );
+        vec!["--features", "raptor-train/mpi"]
+    } else {
+        eprintln!(
+            "(MPI not found: the data-parallel tests are not built; apt-get install libopenmpi-dev \
+             openmpi-bin libclang-dev, as .ci/run does)"
+        );
+        Vec::new()
+    };
     if !no_lint {
         run_step(
             "cargo fmt --check",
@@ -219,14 +264,10 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
         )?;
         run_step(
             "cargo clippy",
-            cargo().args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ]),
+            cargo()
+                .args(["clippy", "--workspace", "--all-targets"])
+                .args(&features)
+                .args(["--", "-D", "warnings"]),
         )?;
     }
     architecture_invariant()?;
@@ -255,7 +296,8 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
                 "--no-fail-fast",
                 "--final-status-level",
                 "slow",
-            ]),
+            ])
+            .args(&features),
         )?;
     } else {
         eprintln!("(cargo-nextest not found: using cargo test)");
@@ -270,7 +312,8 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
                 "--bins",
                 "--tests",
                 "--no-fail-fast",
-            ]),
+            ])
+            .args(&features),
         )?;
     }
     // rustdoc links doc tests in a temporary folder, out of reach of the `$ORIGIN` rpath.
@@ -288,6 +331,7 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
         "cargo test --doc",
         cargo()
             .args(["test", "--workspace", "--doc"])
+            .args(&features)
             .env("LD_LIBRARY_PATH", ld),
     )?;
     if no_python {
@@ -345,7 +389,7 @@ struct ReproduceArgs {
 }
 
 fn reproduce(root: &Path, a: &ReproduceArgs) -> anyhow::Result<()> {
-    setup::setup(root, true)?;
+    setup::setup(root, true, None)?;
     let wants_corpora = a.only.is_empty() || a.only.iter().any(|o| o == "paper");
     if wants_corpora {
         // The classification corpora: a failure is reported and the tables that need them say
@@ -388,7 +432,7 @@ fn reproduce(root: &Path, a: &ReproduceArgs) -> anyhow::Result<()> {
 }
 
 fn fixtures(root: &Path, only: &[String]) -> anyhow::Result<()> {
-    let lt = setup::setup(root, true)?;
+    let lt = setup::setup(root, true, None)?;
     let venv = setup::cache_dir()?.join("fixtures-venv");
     let python = venv.join("bin").join("python");
     if !python.exists() {

@@ -1,13 +1,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `raptor-acct account / calibrate / plan / routing`: output forms and error handling.
+//!
+//! raptor-train's `tests/cli_account.rs` includes this file to run the same cases on the
+//! `raptor` program, which embeds these subcommands (one copy of the cases, two programs).
 
 use std::process::Command;
 
+/// The program under test: `raptor-acct` in this crate's tests, `raptor` in raptor-train's.
+fn program() -> &'static str {
+    option_env!("CARGO_BIN_EXE_raptor-acct")
+        .or(option_env!("CARGO_BIN_EXE_raptor"))
+        .expect("built as a test of raptor-cli or raptor-train")
+}
+
 fn acct(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_raptor-acct"))
-        .args(args)
-        .output()
-        .unwrap()
+    Command::new(program()).args(args).output().unwrap()
 }
 
 /// Fails the test with the program's stderr when it did not exit with success.

@@ -396,7 +396,8 @@ fn audit_impl(
         device,
     )?;
     let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg)));
-    let (dir, mut record, model) = train_session(session, dir, false, progress, None)?;
+    let (dir, mut record, model) =
+        train_session(session, dir, false, progress, None, &crate::dist::Solo)?;
     let fin = per_record_losses(model.as_ref(), &canaries.examples, micro, pad, device)?;
     let scores: Vec<f64> = initial.iter().zip(&fin).map(|(a, b)| a - b).collect();
     let m = canaries.examples.len();

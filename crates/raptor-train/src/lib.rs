@@ -10,6 +10,8 @@
 //!   evaluation.
 //! - [`audit`]: `raptor audit`, the one-run canary audit (an empirical ε lower bound beside the
 //!   certified upper bound).
+//! - [`dist`]: data-parallel private training over MPI (cargo feature `mpi`): rank 0 samples
+//!   and adds the noise once, the clipped sums are all-reduced.
 //! - [`cli`]: the subcommands of the `raptor` program; [`reproduce`]: the reproduction tables.
 
 pub mod audit;
@@ -17,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod device;
 pub mod diagnostics;
+pub mod dist;
 pub mod error;
 pub mod methods;
 pub mod optim;

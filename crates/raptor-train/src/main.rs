@@ -160,6 +160,17 @@ fn reproduce_run(config: &std::path::Path, dir: &std::path::Path) -> anyhow::Res
     Ok(())
 }
 
+/// Which libtorch build this program linked: `cuda` (libtorch_cuda.so linked, as `cargo xtask
+/// setup` installs on a machine with an NVIDIA driver or with `--cuda`) or `cpu` (the CPU-only
+/// install: no CUDA device can be used).
+fn libtorch_build() -> &'static str {
+    if raptor_models::CUDA_LINKED {
+        "cuda"
+    } else {
+        "cpu"
+    }
+}
+
 fn info(json: bool) -> anyhow::Result<()> {
     let libtorch = raptor_train::libtorch_version();
     let (available, devices) = (tch::Cuda::is_available(), tch::Cuda::device_count());
@@ -169,6 +180,7 @@ fn info(json: bool) -> anyhow::Result<()> {
             "tch": raptor_train::TCH_VERSION,
             "libtorch": libtorch,
             "cuda_linked": raptor_models::CUDA_LINKED,
+            "libtorch_build": libtorch_build(),
             "cuda_available": available,
             "cuda_devices": devices,
         }));
@@ -178,6 +190,7 @@ fn info(json: bool) -> anyhow::Result<()> {
         "tch {} / libtorch {libtorch} (loaded)",
         raptor_train::TCH_VERSION
     );
+    println!("libtorch build: {}", libtorch_build());
     println!("cuda linked: {}", raptor_models::CUDA_LINKED);
     println!("cuda available: {available}");
     println!("cuda devices: {devices}");

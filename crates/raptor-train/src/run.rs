@@ -58,6 +58,12 @@ pub struct FinalEpsilon {
 pub struct Record {
     /// raptor's version.
     pub raptor_version: String,
+    /// The device the run trained on (`cpu`, `cuda:N`).
+    pub device: String,
+    /// Where the noise came from and how it reached the device.
+    pub noise_source: String,
+    /// MPI ranks that trained the run data-parallel (1: one process).
+    pub ranks: usize,
     /// libtorch version in use.
     pub libtorch: String,
     /// Method name.
@@ -332,16 +338,59 @@ pub fn train(
     progress: Progress<'_>,
     stop: Option<StopFlag>,
 ) -> Result<(PathBuf, Record)> {
-    match resume {
+    train_with(cfg, runs_dir, resume, progress, stop, &crate::dist::Solo)
+}
+
+/// [`train`], data-parallel over the ranks of `comm` (every rank calls it with the same
+/// arguments; see [`crate::dist`]). Rank 0 names the run folder and is the only one that
+/// writes to it; a resume needs the folder on a file system every rank can read.
+pub fn train_with(
+    cfg: &RunConfig,
+    runs_dir: &Path,
+    resume: Option<&Path>,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+    comm: &dyn crate::dist::Collective,
+) -> Result<(PathBuf, Record)> {
+    let (cfg, dir, resuming) = match resume {
         Some(d) => {
             let c = RunConfig::from_toml(
                 &std::fs::read_to_string(d.join("config.toml"))
                     .map_err(io(d.join("config.toml")))?,
             )?;
-            train_impl(&c, d.to_path_buf(), true, progress, stop)
+            (c, d.to_path_buf(), true)
         }
-        None => train_impl(cfg, runs_dir.join(new_run_id(cfg)), false, progress, stop),
+        None => {
+            let mut name = new_run_id(cfg);
+            broadcast_string(comm, &mut name)?;
+            (cfg.clone(), runs_dir.join(name), false)
+        }
+    };
+    let session = prepare(&cfg)?;
+    train_session(session, dir, resuming, progress, stop, comm)
+        .map(|(dir, record, _)| (dir, record))
+}
+
+/// Broadcast a string from rank 0 (as bytes packed in `u64`s).
+fn broadcast_string(comm: &dyn crate::dist::Collective, s: &mut String) -> Result<()> {
+    if comm.size() < 2 {
+        return Ok(());
     }
+    let bytes = s.as_bytes();
+    let mut buf: Vec<u64> = vec![bytes.len() as u64];
+    buf.extend(bytes.chunks(8).map(|c| {
+        let mut b = [0u8; 8];
+        b[..c.len()].copy_from_slice(c);
+        u64::from_le_bytes(b)
+    }));
+    comm.broadcast_u64(&mut buf)?;
+    let n = buf.first().copied().unwrap_or(0) as usize;
+    let mut out: Vec<u8> = buf.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
+    out.truncate(n);
+    *s = String::from_utf8(out).map_err(|_| {
+        TrainError::Run("rank 0 broadcast a run folder name that is not UTF-8".into())
+    })?;
+    Ok(())
 }
 
 /// Trains into the run folder `dir`: a new run when `dir` holds no `config.toml`, otherwise a
@@ -377,7 +426,8 @@ fn train_impl(
 ) -> Result<(PathBuf, Record)> {
     // Everything is read and checked before the folder is created.
     let session = prepare(cfg)?;
-    train_session(session, dir, resuming, progress, stop).map(|(dir, record, _)| (dir, record))
+    train_session(session, dir, resuming, progress, stop, &crate::dist::Solo)
+        .map(|(dir, record, _)| (dir, record))
 }
 
 /// Trains a prepared session into the run folder `dir` (a new run, or a resume when `resuming`)
@@ -389,10 +439,18 @@ pub(crate) fn train_session(
     resuming: bool,
     progress: Progress<'_>,
     stop: Option<StopFlag>,
+    comm: &dyn crate::dist::Collective,
 ) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    let _lock = RunLock::acquire(&dir)?;
-    if !resuming {
+    // Only rank 0 writes (and locks) the run folder; the other ranks only read a resume's
+    // checkpoint.
+    let writer = comm.is_writer();
+    let _lock = if writer {
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        Some(RunLock::acquire(&dir)?)
+    } else {
+        None
+    };
+    if writer && !resuming {
         write_atomic(&dir.join("config.toml"), session.cfg.to_toml()?.as_bytes())?;
         if let Some(l) = &session.labels {
             write_atomic(&dir.join("labels.json"), &serde_json::to_vec(l.labels())?)?;
@@ -462,8 +520,32 @@ pub(crate) fn train_session(
             ));
         }
     }
+    if comm.size() > 1 {
+        // Every rank must resume at the update rank 0 resumes at (they read the same folder).
+        let mut at = vec![start_update];
+        comm.broadcast_u64(&mut at)?;
+        if at.first() != Some(&start_update) {
+            return Err(TrainError::Run(format!(
+                "rank {} resumes at update {start_update} but rank 0 at {:?}: every rank must read the same run folder {} (a file system shared by all ranks)",
+                comm.rank(),
+                at.first(),
+                dir.display()
+            )));
+        }
+    }
     let settings = optim_settings(&cfg)?;
-    let mut optim = Optimizers::new(settings, &plan.optim, cfg.train.insecure_seed);
+    // DP-MuonBC's probes are data-independent randomness: over several ranks they must be the
+    // same on every rank (rank 0 draws the seed from the OS unless the run is seeded).
+    let probe_seed = match (cfg.train.insecure_seed, comm.size() > 1) {
+        (Some(s), _) => Some(s),
+        (None, false) => None,
+        (None, true) => {
+            let mut s = vec![rand::random::<u64>()];
+            comm.broadcast_u64(&mut s)?;
+            s.first().copied()
+        }
+    };
+    let mut optim = Optimizers::new(settings, &plan.optim, probe_seed);
     if let Some((ts, sc)) = scalars {
         optim.import(ts, &sc, device)?;
     }
@@ -479,16 +561,25 @@ pub(crate) fn train_session(
         cosine: cfg.train.cosine,
     };
     let acc = PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?;
-    let mut trainer = Trainer::new(model.as_mut(), plan, &train_set, owners, optim, opts)?;
+    let mut trainer = Trainer::new(model.as_mut(), plan, &train_set, owners, optim, opts)?
+        .with_collective(comm)?;
     trainer.resume(ledger, start_update);
     let metrics_path = dir.join("metrics.jsonl");
-    let mut metrics_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .map_err(io(&metrics_path))?;
+    let mut metrics_file = if writer {
+        Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&metrics_path)
+                .map_err(io(&metrics_path))?,
+        )
+    } else {
+        None
+    };
     let ledger_path = dir.join("checkpoint").join("ledger.json");
-    std::fs::create_dir_all(dir.join("checkpoint")).map_err(io(dir.join("checkpoint")))?;
+    if writer {
+        std::fs::create_dir_all(dir.join("checkpoint")).map_err(io(dir.join("checkpoint")))?;
+    }
     let started = Instant::now();
     let mut all_metrics = Vec::new();
     let total = trainer.plan().updates;
@@ -498,17 +589,31 @@ pub(crate) fn train_session(
     let mut eval_seconds = 0.0f64;
     let mut epsilon_curve: Vec<(u64, f64)> = Vec::new();
     while !trainer.done() {
-        if stop
+        let mut stopping = stop
             .as_ref()
-            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
-        {
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst));
+        if comm.size() > 1 {
+            // A stop on any rank stops every rank at the same update.
+            let mut any = [f64::from(u8::from(stopping))];
+            comm.all_reduce_sum_f64(&mut any)?;
+            stopping = any[0] > 0.0;
+        }
+        if stopping {
             interrupted = true;
             break;
         }
-        let mut write_ledger =
-            |l: &Ledger| -> Result<()> { write_atomic(&ledger_path, &serde_json::to_vec(l)?) };
+        #[cfg(feature = "mpi")]
+        crate::dist::fault_injection(comm, trainer.update());
+        let mut write_ledger = |l: &Ledger| -> Result<()> {
+            if writer {
+                write_atomic(&ledger_path, &serde_json::to_vec(l)?)?;
+            }
+            Ok(())
+        };
         let m = trainer.step(&mut write_ledger)?;
-        writeln!(metrics_file, "{}", serde_json::to_string(&m)?).map_err(io(&metrics_path))?;
+        if let Some(f) = metrics_file.as_mut() {
+            writeln!(f, "{}", serde_json::to_string(&m)?).map_err(io(&metrics_path))?;
+        }
         let done = trainer.update();
         let eps_now =
             if privacy.private && (done % 10 == 0 || done == total) && !trainer.ledger().is_empty()
@@ -527,7 +632,7 @@ pub(crate) fn train_session(
             epsilon_curve.push((done, e));
         }
         let ev = cfg.train.eval_every;
-        if ev > 0 && done % ev == 0 && done < total && !validation.is_empty() {
+        if writer && ev > 0 && done % ev == 0 && done < total && !validation.is_empty() {
             let t0 = Instant::now();
             let em = evaluate(
                 trainer.model(),
@@ -539,11 +644,13 @@ pub(crate) fn train_session(
             eval_seconds += t0.elapsed().as_secs_f64();
             eval_curve.push((done, em));
         }
-        if every > 0 && done % every == 0 && done < total {
+        if writer && every > 0 && done % every == 0 && done < total {
             save_checkpoint(&dir, &trainer, resumed)?;
         }
     }
-    save_checkpoint(&dir, &trainer, resumed)?;
+    if writer {
+        save_checkpoint(&dir, &trainer, resumed)?;
+    }
     let wall = started.elapsed().as_secs_f64();
     let applied = trainer.update() - start_update;
     let epsilon = if privacy.private && !trainer.ledger().is_empty() {
@@ -572,8 +679,19 @@ pub(crate) fn train_session(
         ));
     }
     let updates = trainer.update();
+    let comm_stats = comm.stats();
     drop(trainer);
-    let eval = if validation.is_empty() {
+    if comm.size() > 1 {
+        notes.push(format!(
+            "data-parallel over {} MPI ranks: rank 0 sampled and added the noise once per release; {} collective calls, {:.3} MB on rank 0 ({:.1} kB per update)",
+            comm.size(),
+            comm_stats.calls,
+            comm_stats.bytes as f64 / 1e6,
+            comm_stats.bytes as f64 / 1e3 / (applied.max(1) as f64)
+        ));
+    }
+    // The other ranks hold the same model: evaluation and the record file are rank 0's.
+    let eval = if !writer || validation.is_empty() {
         None
     } else {
         Some(evaluate(
@@ -584,7 +702,7 @@ pub(crate) fn train_session(
             device,
         )?)
     };
-    let generation = if validation_sources.is_empty() {
+    let generation = if !writer || validation_sources.is_empty() {
         None
     } else {
         Some(generation_metrics(
@@ -595,7 +713,8 @@ pub(crate) fn train_session(
             device,
         )?)
     };
-    let diagnostics = if privacy.private
+    let diagnostics = if writer
+        && privacy.private
         && !validation.is_empty()
         && model.num_experts() > 0
         && crate::session::is_classifier(&cfg)
@@ -651,8 +770,29 @@ pub(crate) fn train_session(
     } else {
         None
     };
+    let device_name = match device {
+        tch::Device::Cpu => "cpu".to_string(),
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}"),
+    };
+    let noise_source = format!(
+        "{} ChaCha20 on the CPU (rand_chacha), f64 standard normals; on rank 0 only; added to the clipped sums {}",
+        if cfg.train.insecure_seed.is_some() {
+            "seeded (NOT private: train.insecure_seed)"
+        } else {
+            "OS-seeded CSPRNG"
+        },
+        if device_name == "cpu" {
+            "on the CPU".to_string()
+        } else {
+            format!("after one copy per release to {device_name} (no device generator is used)")
+        }
+    );
     let record = Record {
         raptor_version: env!("CARGO_PKG_VERSION").into(),
+        device: device_name,
+        noise_source,
+        ranks: comm.size(),
         libtorch: crate::libtorch_version(),
         method: cfg.method.name.name().into(),
         seed: cfg.train.seed,
@@ -681,10 +821,12 @@ pub(crate) fn train_session(
         resumed,
         notes,
     };
-    write_atomic(
-        &dir.join("record.json"),
-        &serde_json::to_vec_pretty(&record)?,
-    )?;
+    if writer {
+        write_atomic(
+            &dir.join("record.json"),
+            &serde_json::to_vec_pretty(&record)?,
+        )?;
+    }
     if interrupted {
         return Err(TrainError::Run(format!(
             "stopped at update {updates} of {total}; checkpoint written. Resume with: raptor train --resume {}",

@@ -24,6 +24,7 @@ use raptor_models::{Batch, ClipPolicy, ForwardCtx, Model, ParamGroups, PrivateSt
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
+use crate::dist::{Collective, Solo};
 use crate::error::{Result, TrainError};
 use crate::optim::{Optimizers, ReleaseNoise, lr_scale};
 use crate::streams::{Charge, Phase, Plan, Residual};
@@ -138,7 +139,11 @@ pub struct Trainer<'a> {
     opts: TrainerOptions,
     seed_rng: rand_chacha::ChaCha20Rng,
     events: Vec<ReleaseEvent>,
+    comm: &'a dyn Collective,
 }
+
+/// The single-process collective every trainer starts with.
+static SOLO: Solo = Solo;
 
 impl std::fmt::Debug for Trainer<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -268,7 +273,94 @@ impl<'a> Trainer<'a> {
             opts,
             seed_rng,
             events: Vec::new(),
+            comm: &SOLO,
         })
+    }
+
+    /// Train data-parallel over the ranks of `comm` (see [`crate::dist`]): every rank builds the
+    /// same trainer, then calls this, which makes the trainable parameters rank 0's (one
+    /// broadcast), so all ranks start from the same point whatever their initialization did.
+    pub fn with_collective(mut self, comm: &'a dyn Collective) -> Result<Self> {
+        self.comm = comm;
+        if comm.size() > 1 {
+            let vars: Vec<Tensor> = self
+                .scope
+                .iter()
+                .map(|n| self.vars[n].shallow_clone())
+                .collect();
+            let mut buf = crate::dist::flatten(&vars)?;
+            comm.broadcast_f32(&mut buf)?;
+            let synced = crate::dist::unflatten(&buf, &vars)?;
+            tch::no_grad(|| -> Result<()> {
+                for (mut v, s) in vars.into_iter().zip(synced) {
+                    v.f_copy_(&s)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(self)
+    }
+
+    /// Sum this rank's clipped sums and diagnostics with the other ranks' (one all-reduce of
+    /// every released parameter's sum in one buffer, one of the diagnostics).
+    fn all_reduce_sums(
+        &self,
+        phase: &Phase,
+        sums: &mut BTreeMap<String, Tensor>,
+        loss_sum: &mut f64,
+        clipped: &mut BTreeMap<String, f64>,
+        owned: &mut BTreeMap<(usize, i64), usize>,
+    ) -> Result<()> {
+        let mut names: Vec<String> = Vec::new();
+        for r in &phase.releases {
+            for gname in &r.groups {
+                if let Some(g) = phase.group(gname) {
+                    names.extend(g.params.iter().cloned());
+                }
+            }
+        }
+        let mut local = Vec::with_capacity(names.len());
+        for p in &names {
+            local.push(match sums.remove(p) {
+                Some(s) => s,
+                None => self.vars[p].f_zeros_like()?.f_detach()?,
+            });
+        }
+        let mut buf = crate::dist::flatten(&local)?;
+        self.comm.all_reduce_sum_f32(&mut buf)?;
+        for (p, t) in names.into_iter().zip(crate::dist::unflatten(&buf, &local)?) {
+            sums.insert(p, t);
+        }
+        // Diagnostics: loss sum, clip counts per group, owner counts per (layer, expert).
+        let experts = self.model.num_experts().max(1);
+        let mut diag = vec![*loss_sum];
+        diag.extend(
+            phase
+                .groups
+                .iter()
+                .map(|g| clipped.get(&g.name).copied().unwrap_or(0.0)),
+        );
+        for &l in &phase.owner_layers {
+            diag.extend((0..experts).map(|e| owned.get(&(l, e)).copied().unwrap_or(0) as f64));
+        }
+        self.comm.all_reduce_sum_f64(&mut diag)?;
+        *loss_sum = diag[0];
+        let mut at = 1;
+        for g in &phase.groups {
+            clipped.insert(g.name.clone(), diag[at]);
+            at += 1;
+        }
+        owned.clear();
+        for &l in &phase.owner_layers {
+            for e in 0..experts {
+                let n = diag[at].round() as usize;
+                if n > 0 {
+                    owned.insert((l, e), n);
+                }
+                at += 1;
+            }
+        }
+        Ok(())
     }
 
     /// Continue from a checkpoint: the ledger (which may hold more releases than `update`
@@ -380,13 +472,42 @@ impl<'a> Trainer<'a> {
         let pi = self.plan.phase_at(t);
         let phase = self.plan.phases[pi].clone();
         self.set_phase_trainable(&phase)?;
-        let sample = self.sampler.sample();
+        let (rank, ranks) = (self.comm.rank(), self.comm.size());
+        let (sample, step_seed) = if ranks > 1 {
+            // Rank 0 samples (its sampler is the one the accountant certifies) and picks the
+            // step's dropout seed; every rank gets both.
+            let mut buf: Vec<u64> = Vec::new();
+            if rank == 0 {
+                let s = self.sampler.sample();
+                buf.push(self.seed_rng.next_u64());
+                buf.extend(s.iter().map(|&i| i as u64));
+            }
+            self.comm.broadcast_u64(&mut buf)?;
+            let (seed, ids) = buf.split_first().ok_or_else(|| {
+                TrainError::Run("the sample broadcast from rank 0 was empty".into())
+            })?;
+            let mut sample = Vec::with_capacity(ids.len());
+            for &i in ids {
+                let i = usize::try_from(i).ok().filter(|&i| i < self.data.len()).ok_or_else(|| {
+                    TrainError::Run(format!(
+                        "rank 0 sampled record {i} of {}: the ranks hold different training sets",
+                        self.data.len()
+                    ))
+                })?;
+                sample.push(i);
+            }
+            (sample, *seed)
+        } else {
+            let sample = self.sampler.sample();
+            (sample, self.seed_rng.next_u64())
+        };
+        // This rank's share of the sample: positions rank, rank + K, …
+        let mine: Vec<usize> = sample.iter().skip(rank).step_by(ranks).copied().collect();
         let mut sums: BTreeMap<String, Tensor> = BTreeMap::new();
         let mut loss_sum = 0.0f64;
         let mut clipped: BTreeMap<String, f64> = BTreeMap::new();
         let mut owned: BTreeMap<(usize, i64), usize> = BTreeMap::new();
-        let step_seed = self.seed_rng.next_u64();
-        for chunk in sample.chunks(self.opts.micro_batch.max(1)) {
+        for chunk in mine.chunks(self.opts.micro_batch.max(1)) {
             let batch = self.batch(chunk)?;
             let ids: Vec<u64> = chunk.iter().map(|&i| self.data[i].id).collect();
             let part: BTreeMap<String, Tensor> = if phase.private {
@@ -469,6 +590,9 @@ impl<'a> Trainer<'a> {
                 }
             }
         }
+        if ranks > 1 {
+            self.all_reduce_sums(&phase, &mut sums, &mut loss_sum, &mut clipped, &mut owned)?;
+        }
         // Releases (noise ÷ public denominator), charged before anything is applied.
         let mut released: Vec<(String, Tensor, ReleaseNoise)> = Vec::new();
         let mut parallel: BTreeMap<String, Vec<(usize, f64)>> = BTreeMap::new();
@@ -500,6 +624,8 @@ impl<'a> Trainer<'a> {
                         None => v.f_zeros_like()?.f_detach()?,
                     };
                     let out = match self.privatizers.get_mut(&(pi, j)) {
+                        // Noise is added once, on rank 0; the other ranks receive the release.
+                        Some(_) if rank > 0 => s,
                         Some(pz) if phase.private => pz.release_tensor(&s, delta, denom)?,
                         _ => s.f_div_scalar(denom.value())?,
                     };
@@ -542,6 +668,15 @@ impl<'a> Trainer<'a> {
                 .map(|(_, s)| SubsampledGaussian::new(self.plan.q, *s))
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             self.ledger.step_parallel(&g, &mechs)?;
+        }
+        if ranks > 1 {
+            let outs: Vec<Tensor> = released.iter().map(|r| r.1.shallow_clone()).collect();
+            let mut buf = crate::dist::flatten(&outs)?;
+            self.comm.broadcast_f32(&mut buf)?;
+            let got = crate::dist::unflatten(&buf, &outs)?;
+            for (r, g) in released.iter_mut().zip(got) {
+                r.1 = g;
+            }
         }
         on_charge(&self.ledger)?;
         // Apply (post-processing of the releases).

@@ -385,6 +385,17 @@ fn info_json_reports_the_loaded_versions() {
     let lt = v["libtorch"].as_str().unwrap();
     assert!(lt.starts_with("2.11.0"), "{lt}");
     assert_eq!(v["cuda_linked"].as_bool(), Some(raptor_models::CUDA_LINKED));
+    let build = if raptor_models::CUDA_LINKED {
+        "cuda"
+    } else {
+        "cpu"
+    };
+    assert_eq!(v["libtorch_build"], build);
+    if build == "cpu" {
+        // A CPU-only build can never report a usable GPU.
+        assert_eq!(v["cuda_available"].as_bool(), Some(false));
+        assert_eq!(v["cuda_devices"].as_i64(), Some(0));
+    }
     assert!(v["cuda_devices"].as_i64().is_some());
 }
 

@@ -53,13 +53,38 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         (Some(p), None) => RunConfig::from_file(p)?,
         (None, None) => anyhow::bail!("give --config <run.toml> or --resume <run folder>"),
     };
+    // Under mpirun/srun: one rank per process, rank 0 writes and prints (see crate::dist).
+    #[cfg(feature = "mpi")]
+    let mpi = if crate::dist::launched_by_mpi() {
+        Some(crate::dist::Mpi::init().context("MPI was already initialized in this process")?)
+    } else {
+        None
+    };
+    #[cfg(feature = "mpi")]
+    let comm: &dyn crate::dist::Collective = match &mpi {
+        Some(m) => m,
+        None => &crate::dist::Solo,
+    };
+    #[cfg(not(feature = "mpi"))]
+    let comm: &dyn crate::dist::Collective = {
+        let k = crate::dist::launcher_size();
+        if k > 1 {
+            anyhow::bail!(
+                "started by an MPI launcher with {k} processes, but this raptor was built without \
+                 MPI: each process would train alone. Rebuild with `cargo build --release -p \
+                 raptor-train --features mpi` (needs libopenmpi-dev and libclang-dev)"
+            );
+        }
+        &crate::dist::Solo
+    };
+    let quiet = !comm.is_writer();
     let stop = Arc::new(AtomicBool::new(false));
     {
         let s = stop.clone();
         // First signal: finish the current update, checkpoint, exit; the handler stays.
         let _ = ctrlc_like(move || s.store(true, Ordering::SeqCst));
     }
-    let bar = super::update_bar(args.json);
+    let bar = super::update_bar(args.json || quiet);
     let mut eps_shown = String::from("eps -");
     let mut progress =
         |done: u64, total: u64, m: &crate::trainer::UpdateMetrics, eps: Option<f64>| {
@@ -70,15 +95,27 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
             }
             bar.set_message(format!("{eps_shown}  loss {:.4}  [{}]", m.loss, m.phase));
         };
-    let result = crate::run::train(
+    let result = crate::run::train_with(
         &cfg,
         &args.runs_dir,
         args.resume.as_deref(),
         &mut progress,
         Some(stop),
+        comm,
     );
     bar.finish_and_clear();
-    let (dir, record) = result?;
+    let (dir, record) = match result {
+        Ok(r) => r,
+        Err(e) if comm.size() > 1 => {
+            // The other ranks would wait forever in the next collective: end the whole job.
+            eprintln!("error on rank {}: {e}", comm.rank());
+            comm.abort(1)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if quiet {
+        return Ok(());
+    }
     if args.json {
         return super::print_json(&record);
     }

@@ -1,0 +1,311 @@
+//! Data-parallel private training: the collective operations the trainer needs, on one process
+//! ([`Solo`]) or over MPI ([`Mpi`], cargo feature `mpi`).
+//!
+//! One private update over K ranks (see `ARCHITECTURE.md`, "one private step"):
+//!
+//! 1. rank 0 draws the Poisson sample with its (secure) sampler and the step's dropout seed, and
+//!    broadcasts both (record ids and one `u64`);
+//! 2. rank r computes the clipped per-record gradient sums of the sampled records at positions
+//!    r, r + K, r + 2K, … of the sample (each record is clipped exactly as on one process: its
+//!    contribution to every release is still bounded by its clip bound);
+//! 3. one all-reduce (sum) of the concatenated sums of every parameter the phase releases (all
+//!    expert streams of RAPTOR included: one buffer, not one all-reduce per expert), plus one
+//!    small all-reduce of the non-private diagnostics (loss sum, clip counts, owner counts);
+//! 4. rank 0 adds the noise once (never K noises, never noise divided by K) and divides by the
+//!    public denominator; the released gradients are broadcast from rank 0 in one buffer;
+//! 5. every rank charges the same ledger (only rank 0 writes it) and applies the same optimizer
+//!    step to the same released gradient, so the parameters stay identical on every rank.
+//!
+//! The mechanism, and therefore the accounting, is the one of a single process: the same
+//! records are sampled with the same probability, each clipped to the same bound, and one
+//! Gaussian noise is added per release.
+
+use crate::{Result, TrainError};
+
+/// Counts of what crossed the wire (for the per-step cost report).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommStats {
+    /// Collective calls made.
+    pub calls: u64,
+    /// Payload bytes this rank sent or received in them (a broadcast counts its buffer once, an
+    /// all-reduce its buffer once).
+    pub bytes: u64,
+}
+
+/// The collective operations of data-parallel training. Every rank calls the same operations
+/// in the same order; rank 0 is the root of every broadcast.
+pub trait Collective {
+    /// This process's rank (0-based).
+    fn rank(&self) -> usize;
+    /// The number of ranks.
+    fn size(&self) -> usize;
+    /// Broadcast a variable-length list of `u64` from rank 0 (on other ranks `buf` is replaced).
+    fn broadcast_u64(&self, buf: &mut Vec<u64>) -> Result<()>;
+    /// Broadcast `buf` (same length on every rank) from rank 0.
+    fn broadcast_f32(&self, buf: &mut [f32]) -> Result<()>;
+    /// Sum `buf` element-wise over all ranks; every rank gets the sum.
+    fn all_reduce_sum_f32(&self, buf: &mut [f32]) -> Result<()>;
+    /// Sum `buf` element-wise over all ranks; every rank gets the sum.
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()>;
+    /// What this rank has communicated so far.
+    fn stats(&self) -> CommStats;
+    /// End the whole job now with `code` (every rank), after an error on this rank: the other
+    /// ranks would otherwise wait forever in the next collective.
+    fn abort(&self, code: i32) -> !;
+    /// Is this the rank that writes files (the ledger, checkpoints, records)?
+    fn is_writer(&self) -> bool {
+        self.rank() == 0
+    }
+}
+
+/// One process: every operation is the identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Solo;
+
+impl Collective for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn broadcast_u64(&self, _buf: &mut Vec<u64>) -> Result<()> {
+        Ok(())
+    }
+    fn broadcast_f32(&self, _buf: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn all_reduce_sum_f32(&self, _buf: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, _buf: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
+    fn stats(&self) -> CommStats {
+        CommStats::default()
+    }
+    fn abort(&self, code: i32) -> ! {
+        std::process::exit(code)
+    }
+}
+
+/// Was this process started by an MPI launcher (`mpirun`/`mpiexec` of Open MPI or MPICH, or
+/// Slurm's `srun` with PMI/PMIx)? Read from the environment the launchers set.
+pub fn launched_by_mpi() -> bool {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "MPI_LOCALNRANKS",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}
+
+/// The number of processes the launcher started (1 when not launched by MPI).
+pub fn launcher_size() -> usize {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Fault injection for the tests of the failure path (and for anyone checking their cluster's
+/// behaviour): with `RAPTOR_MPI_FAULT=<rank>:<update>` in the environment, that rank exits
+/// abruptly (status 3, without finalizing MPI, as a crashed process would) just before that
+/// update. The launcher then ends the whole job with a non-zero status; the checkpoint rank 0
+/// wrote before stays intact.
+#[cfg(feature = "mpi")]
+pub fn fault_injection(comm: &dyn Collective, update: u64) {
+    let Ok(spec) = std::env::var("RAPTOR_MPI_FAULT") else {
+        return;
+    };
+    let mut it = spec.split(':').map(|x| x.trim().parse::<u64>().ok());
+    if let (Some(Some(rank)), Some(Some(at))) = (it.next(), it.next())
+        && rank == comm.rank() as u64
+        && at == update
+    {
+        eprintln!(
+            "RAPTOR_MPI_FAULT: rank {rank} exits abruptly before update {update} (fault injection)"
+        );
+        std::process::exit(3);
+    }
+}
+
+/// The rank the launcher gave this process, from its environment (before MPI is initialized:
+/// used to keep non-zero ranks quiet). `None` when not launched by MPI.
+pub fn launcher_rank() -> Option<usize> {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+#[cfg(feature = "mpi")]
+pub use self::mpi_impl::Mpi;
+
+#[cfg(feature = "mpi")]
+mod mpi_impl {
+    use super::{Collective, CommStats};
+    use crate::Result;
+    use mpi::collective::SystemOperation;
+    use mpi::topology::SimpleCommunicator;
+    use mpi::traits::{Communicator, CommunicatorCollectives, Root};
+    use std::cell::Cell;
+
+    /// `MPI_COMM_WORLD` of an initialized MPI environment (Open MPI, MPICH, …): create it once
+    /// per process with [`Mpi::init`] and keep it alive until the end (dropping it finalizes
+    /// MPI).
+    pub struct Mpi {
+        world: SimpleCommunicator,
+        // Declared after `world`: finalized last.
+        _universe: mpi::environment::Universe,
+        calls: Cell<u64>,
+        bytes: Cell<u64>,
+    }
+
+    impl std::fmt::Debug for Mpi {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Mpi")
+                .field("rank", &self.world.rank())
+                .field("size", &self.world.size())
+                .finish()
+        }
+    }
+
+    impl Mpi {
+        /// Initialize MPI (once per process). `None` if it was already initialized.
+        pub fn init() -> Option<Mpi> {
+            let universe = mpi::initialize()?;
+            let world = universe.world();
+            Some(Mpi {
+                world,
+                _universe: universe,
+                calls: Cell::new(0),
+                bytes: Cell::new(0),
+            })
+        }
+
+        fn count(&self, bytes: usize) {
+            self.calls.set(self.calls.get() + 1);
+            self.bytes.set(self.bytes.get() + bytes as u64);
+        }
+    }
+
+    impl Collective for Mpi {
+        fn rank(&self) -> usize {
+            self.world.rank() as usize
+        }
+        fn size(&self) -> usize {
+            self.world.size() as usize
+        }
+        fn broadcast_u64(&self, buf: &mut Vec<u64>) -> Result<()> {
+            let root = self.world.process_at_rank(0);
+            let mut n = buf.len() as u64;
+            root.broadcast_into(&mut n);
+            buf.resize(n as usize, 0);
+            root.broadcast_into(&mut buf[..]);
+            self.count(8 * (buf.len() + 1));
+            Ok(())
+        }
+        fn broadcast_f32(&self, buf: &mut [f32]) -> Result<()> {
+            self.world.process_at_rank(0).broadcast_into(buf);
+            self.count(4 * buf.len());
+            Ok(())
+        }
+        fn all_reduce_sum_f32(&self, buf: &mut [f32]) -> Result<()> {
+            let send = buf.to_vec();
+            self.world
+                .all_reduce_into(&send[..], buf, SystemOperation::sum());
+            self.count(4 * buf.len());
+            Ok(())
+        }
+        fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()> {
+            let send = buf.to_vec();
+            self.world
+                .all_reduce_into(&send[..], buf, SystemOperation::sum());
+            self.count(8 * buf.len());
+            Ok(())
+        }
+        fn stats(&self) -> CommStats {
+            CommStats {
+                calls: self.calls.get(),
+                bytes: self.bytes.get(),
+            }
+        }
+        fn abort(&self, code: i32) -> ! {
+            self.world.abort(code)
+        }
+    }
+}
+
+/// Flatten tensors (any float kind, any device) into one `f32` buffer, in order.
+pub(crate) fn flatten(tensors: &[tch::Tensor]) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
+    for t in tensors {
+        let c = t
+            .f_detach()?
+            .f_to_kind(tch::Kind::Float)?
+            .f_to(tch::Device::Cpu)?
+            .f_contiguous()?
+            .f_view([-1])?;
+        let v: Vec<f32> = Vec::<f32>::try_from(&c).map_err(TrainError::Torch)?;
+        out.extend_from_slice(&v);
+    }
+    Ok(out)
+}
+
+/// The inverse of [`flatten`]: tensors shaped, typed and placed like `like`.
+pub(crate) fn unflatten(buf: &[f32], like: &[tch::Tensor]) -> Result<Vec<tch::Tensor>> {
+    let need: usize = like.iter().map(|t| t.numel()).sum();
+    if need != buf.len() {
+        return Err(TrainError::Run(format!(
+            "a collective buffer has {} values for tensors of {need}: the ranks disagree on the parameters",
+            buf.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(like.len());
+    let mut at = 0usize;
+    for t in like {
+        let n = t.numel();
+        let v = tch::Tensor::f_from_slice(&buf[at..at + n])?
+            .f_view(t.size().as_slice())?
+            .f_to_kind(t.kind())?
+            .f_to(t.device())?;
+        out.push(v);
+        at += n;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flatten_unflatten_round_trips_shapes_and_kinds() {
+        let a = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).view([2, 3]);
+        let b = tch::Tensor::from_slice(&[7.0f64, 8.0]);
+        let flat = flatten(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
+        assert_eq!(flat, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        let back = unflatten(&flat, &[a.shallow_clone(), b.shallow_clone()]).unwrap();
+        assert_eq!(back[0].size(), vec![2, 3]);
+        assert_eq!(back[1].kind(), tch::Kind::Double);
+        assert!(back[0].equal(&a) && back[1].equal(&b));
+        // A buffer of the wrong length is an error naming the disagreement, not a panic.
+        let err = unflatten(&flat[..7], &[a, b]).unwrap_err().to_string();
+        assert!(err.contains("ranks disagree"), "{err}");
+    }
+
+    #[test]
+    fn solo_is_the_identity() {
+        let s = Solo;
+        let mut v = vec![1u64, 2, 3];
+        s.broadcast_u64(&mut v).unwrap();
+        let mut f = vec![1.5f32];
+        s.all_reduce_sum_f32(&mut f).unwrap();
+        assert_eq!(
+            (v, f, s.rank(), s.size(), s.is_writer()),
+            (vec![1, 2, 3], vec![1.5], 0, 1, true)
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! Data-parallel private training over MPI (cargo feature `mpi`; `cargo xtask test` enables it
+//! when an MPI library is installed, which `.ci/run` ensures): `mpirun -np 2` trains the same
+//! parameters as one process, the ledger has exactly one entry per release, only rank 0 writes,
+//! and a rank that dies ends the whole job with a non-zero status and the checkpoint intact.
+#![cfg(feature = "mpi")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("raptor-mpi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A seeded (NOT private) toy config, so one process and two ranks draw the same samples and
+/// the same noise.
+fn config(dir: &Path, method: &str, steps: u64) -> PathBuf {
+    let toy = root().join("examples/toy");
+    let text = format!(
+        r#"[data]
+train = "{train}"
+validation = "{valid}"
+public = "{public}"
+max_length = 40
+
+[model]
+kind = "switch"
+tokenizer = "bytes"
+d_model = 32
+layers = 4
+heads = 2
+d_ff = 64
+experts = 4
+
+[method]
+name = "{method}"
+
+[privacy]
+epsilon = 8.0
+
+[train]
+batch_size = 32.0
+steps = {steps}
+lr = 0.02
+micro_batch = 16
+checkpoint_every = 5
+insecure_seed = 11
+"#,
+        train = toy.join("train.csv").display(),
+        valid = toy.join("valid.csv").display(),
+        public = toy.join("public.csv").display(),
+    );
+    let p = dir.join(format!("{method}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `mpirun -np <n> raptor <args>` (root allowed: CI containers run as root; oversubscribing
+/// allowed: the CI machine has 2 cores).
+fn mpirun(n: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(n.to_string())
+        .arg(env!("CARGO_BIN_EXE_raptor"))
+        .args(args)
+        .env("OMP_NUM_THREADS", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output()
+        .expect("mpirun not found: the `mpi` feature needs Open MPI (openmpi-bin) on PATH")
+}
+
+fn single(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_raptor"))
+        .args(args)
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap()
+}
+
+fn only_run(dir: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(
+        runs.len(),
+        1,
+        "exactly one run folder (only rank 0 writes): {runs:?}"
+    );
+    runs.into_iter().next().unwrap()
+}
+
+fn params(run: &Path) -> BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(run.join("checkpoint/trainable.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let v: Vec<f32> = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            (name, v)
+        })
+        .collect()
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Two ranks train RAPTOR (shared stream + one expert stream per expert, parallel composition)
+/// to the same parameters as one process (to 1e-5 relative: only the summation order of the
+/// clipped sums differs), with the identical ledger: one entry per update, charged once.
+#[test]
+fn two_ranks_match_one_process() {
+    let d = tmp("match");
+    let cfg = config(&d, "raptor", 8);
+    let (one, two) = (d.join("one"), d.join("two"));
+    let o = single(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--runs-dir",
+        one.to_str().unwrap(),
+    ]);
+    ok(&o, "one process");
+    let o = mpirun(
+        2,
+        &[
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--runs-dir",
+            two.to_str().unwrap(),
+        ],
+        &[],
+    );
+    ok(&o, "mpirun -np 2");
+    // Only rank 0 prints the summary.
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.matches("run folder:").count(), 1, "{out}");
+    let (r1, r2) = (only_run(&one), only_run(&two));
+    let (p1, p2) = (params(&r1), params(&r2));
+    assert_eq!(p1.keys().collect::<Vec<_>>(), p2.keys().collect::<Vec<_>>());
+    let mut worst = 0.0f64;
+    let mut moved = 0.0f64;
+    for (name, a) in &p1 {
+        let b = &p2[name];
+        assert_eq!(a.len(), b.len(), "{name}");
+        let scale = a.iter().map(|x| x.abs() as f64).fold(1e-3, f64::max);
+        for (x, y) in a.iter().zip(b) {
+            worst = worst.max((*x as f64 - *y as f64).abs() / scale);
+            moved = moved.max(x.abs() as f64);
+        }
+    }
+    assert!(
+        moved > 0.0,
+        "the parameters never moved: nothing was compared"
+    );
+    assert!(worst <= 1e-5, "largest relative difference {worst:e}");
+    let l1: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(r1.join("checkpoint/ledger.json")).unwrap()).unwrap();
+    let l2: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(r2.join("checkpoint/ledger.json")).unwrap()).unwrap();
+    assert_eq!(l1, l2, "the ledgers differ");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(r2.join("record.json")).unwrap()).unwrap();
+    let e1: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(r1.join("record.json")).unwrap()).unwrap();
+    assert_eq!(rec["epsilon"]["steps"], e1["epsilon"]["steps"]);
+    assert_eq!(
+        rec["epsilon"]["steps"].as_u64(),
+        Some(8),
+        "one ledger entry per update"
+    );
+    assert_eq!(rec["epsilon"]["upper"], e1["epsilon"]["upper"]);
+    // The same samples were drawn: the per-update sample sizes agree.
+    let sizes = |r: &serde_json::Value| -> Vec<u64> {
+        r["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["sampled"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(sizes(&rec), sizes(&e1));
+    let notes = rec["notes"].to_string();
+    assert!(notes.contains("data-parallel over 2 MPI ranks"), "{notes}");
+}
+
+/// A rank that dies mid-run ends the whole job with a non-zero status; the checkpoint rank 0
+/// wrote before is intact, and the run resumes from it to the end.
+#[test]
+fn a_dying_rank_ends_the_job_and_the_checkpoint_survives() {
+    let d = tmp("fault");
+    let cfg = config(&d, "dp-adam", 10);
+    let runs = d.join("runs");
+    let o = mpirun(
+        2,
+        &[
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ],
+        &[("RAPTOR_MPI_FAULT", "1:7")],
+    );
+    assert!(!o.status.success(), "the job survived a dead rank");
+    let run = only_run(&runs);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    assert_eq!(state["update"].as_u64(), Some(5), "{state}");
+    assert!(!run.join("record.json").exists());
+    // mpirun may return while it is still killing rank 0 (which holds the run folder's lock):
+    // wait for that process to be gone, as a user would.
+    if let Ok(pid) = std::fs::read_to_string(run.join("lock")) {
+        let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
+        let t0 = std::time::Instant::now();
+        while proc_dir.exists() && t0.elapsed() < std::time::Duration::from_secs(60) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    // The checkpoint is whole: a single process resumes it and finishes.
+    let o = single(&["train", "--resume", run.to_str().unwrap()]);
+    ok(&o, "resume");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("record.json")).unwrap()).unwrap();
+    assert_eq!(rec["updates"].as_u64(), Some(10));
+    assert!(rec["epsilon"]["steps"].as_u64().unwrap() >= 10);
+}
