@@ -60,3 +60,18 @@ fn rpath_libtorch_if_linked() {
         rpath_libtorch(&lib);
     }
 }
+
+/// Build scripts of crates that never depend on torch-sys themselves but whose doc tests can
+/// still link libtorch through workspace feature unification (raptor-cli: `cargo test
+/// --workspace --doc` builds raptor-routing with its `tch` feature): the rpath from `LIBTORCH`
+/// (which `.cargo/config.toml` sets to `target/libtorch`), when that folder has a `lib/`.
+#[allow(dead_code)]
+fn rpath_libtorch_from_env() {
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+    if let Some(dir) = std::env::var_os("LIBTORCH").map(std::path::PathBuf::from) {
+        let lib = dir.join("lib");
+        if lib.is_dir() {
+            rpath_libtorch(&lib);
+        }
+    }
+}

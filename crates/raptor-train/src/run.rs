@@ -64,6 +64,8 @@ pub struct Record {
     pub noise_source: String,
     /// MPI ranks that trained the run data-parallel (1: one process).
     pub ranks: usize,
+    /// Payload bytes rank 0 sent or received in collectives during the run (0 on one process).
+    pub communicated_bytes: u64,
     /// libtorch version in use.
     pub libtorch: String,
     /// Method name.
@@ -793,6 +795,7 @@ pub(crate) fn train_session(
         device: device_name,
         noise_source,
         ranks: comm.size(),
+        communicated_bytes: comm_stats.bytes,
         libtorch: crate::libtorch_version(),
         method: cfg.method.name.name().into(),
         seed: cfg.train.seed,
