@@ -182,12 +182,74 @@ pub fn generation_metrics(
     })
 }
 
-/// State saved with a checkpoint.
+/// State saved with a checkpoint. It names the tensor files of its checkpoint (written under
+/// names that carry the update, so the set `state.json` points at is always complete: a crash
+/// between files leaves the previous state pointing at the previous files) and their SHA-256.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct CheckpointState {
     update: u64,
     optim: OptimScalars,
     resumed: u32,
+    trainable_file: String,
+    trainable_sha256: String,
+    optimizer_file: String,
+    optimizer_sha256: String,
+}
+
+/// Hex SHA-256 of `bytes`.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Write `value` as JSON wrapped with the SHA-256 of its canonical form
+/// (`{"sha256": …, "content": …}`), atomically.
+pub(crate) fn write_checked_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let content = serde_json::to_value(value)?;
+    let sha = sha256_hex(&serde_json::to_vec(&content)?);
+    let wrapped = serde_json::json!({ "sha256": sha, "content": content });
+    write_atomic(path, &serde_json::to_vec_pretty(&wrapped)?)
+}
+
+/// Read a file written by [`write_checked_json`], verifying its checksum: a flipped byte or a
+/// torn write is an error naming the file, never a silently different ledger or state.
+pub fn read_checked_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let corrupt = |why: String| {
+        TrainError::Run(format!(
+            "{} is corrupt ({why}); restore it from a backup or start the run again",
+            path.display()
+        ))
+    };
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+    let (Some(sha), Some(content)) = (v.get("sha256").and_then(|s| s.as_str()), v.get("content"))
+    else {
+        return Err(corrupt("no sha256/content fields".into()));
+    };
+    let found = sha256_hex(&serde_json::to_vec(content)?);
+    if found != sha {
+        return Err(corrupt(format!(
+            "checksum mismatch: recorded {sha}, content hashes to {found}"
+        )));
+    }
+    serde_json::from_value(content.clone()).map_err(|e| corrupt(format!("unexpected content: {e}")))
+}
+
+/// Read a checkpoint tensor file, verifying its SHA-256 against the state's.
+fn read_checked_tensors(path: &Path, sha: &str) -> Result<Vec<(String, tch::Tensor)>> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let found = sha256_hex(&bytes);
+    if found != sha {
+        return Err(TrainError::Run(format!(
+            "{} is corrupt (checksum mismatch: state.json recorded {sha}, the file hashes to {found}); restore it from a backup or start the run again",
+            path.display()
+        )));
+    }
+    read_safetensors(path).map_err(Into::into)
 }
 
 /// A lock on a run folder (released on drop).
@@ -288,30 +350,75 @@ fn save_checkpoint(dir: &Path, trainer: &Trainer<'_>, resumed: u32) -> Result<()
             params.push((p, t.f_detach()?.f_contiguous()?));
         }
     }
-    let tmp = ck.join("trainable.safetensors.tmp");
+    let update = trainer.update();
+    let (tname, oname) = (
+        format!("trainable-{update}.safetensors"),
+        format!("optimizer-{update}.safetensors"),
+    );
+    let tmp = ck.join(format!("{tname}.tmp"));
     write_safetensors(&tmp, &params, None)?;
     let (ots, scalars) = trainer.optimizers().export()?;
-    let otmp = ck.join("optimizer.safetensors.tmp");
+    let otmp = ck.join(format!("{oname}.tmp"));
     write_safetensors(&otmp, &ots, None)?;
+    let mut sums = Vec::new();
     for f in [&tmp, &otmp] {
         std::fs::File::open(f)
             .and_then(|h| h.sync_all())
             .map_err(io(f))?;
+        sums.push(sha256_hex(&std::fs::read(f).map_err(io(f))?));
     }
-    std::fs::rename(&tmp, ck.join("trainable.safetensors")).map_err(io(&tmp))?;
-    std::fs::rename(&otmp, ck.join("optimizer.safetensors")).map_err(io(&otmp))?;
+    std::fs::rename(&tmp, ck.join(&tname)).map_err(io(&tmp))?;
+    std::fs::rename(&otmp, ck.join(&oname)).map_err(io(&otmp))?;
     let state = CheckpointState {
-        update: trainer.update(),
+        update,
         optim: scalars,
         resumed,
+        trainable_file: tname.clone(),
+        trainable_sha256: sums[0].clone(),
+        optimizer_file: oname.clone(),
+        optimizer_sha256: sums[1].clone(),
     };
-    write_atomic(&ck.join("state.json"), &serde_json::to_vec_pretty(&state)?)
+    // The state is the commit point: once it is renamed into place, the older files are unused.
+    write_checked_json(&ck.join("state.json"), &state)?;
+    if let Ok(entries) = std::fs::read_dir(&ck) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let ours = name.starts_with("trainable-") || name.starts_with("optimizer-");
+            if ours && name != tname && name != oname {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The state of a run folder's checkpoint, if it has one (verified).
+fn checkpoint_state(dir: &Path) -> Result<Option<CheckpointState>> {
+    let p = dir.join("checkpoint").join("state.json");
+    if !p.exists() {
+        return Ok(None);
+    }
+    read_checked_json(&p).map(Some)
+}
+
+/// The trainable tensors of a run folder's checkpoint (checksum verified).
+pub fn checkpoint_tensors(dir: &Path) -> Result<Vec<(String, tch::Tensor)>> {
+    let st = checkpoint_state(dir)?.ok_or_else(|| {
+        TrainError::Run(format!(
+            "{} has no checkpoint (no checkpoint/state.json)",
+            dir.display()
+        ))
+    })?;
+    read_checked_tensors(
+        &dir.join("checkpoint").join(&st.trainable_file),
+        &st.trainable_sha256,
+    )
 }
 
 fn load_trainable(dir: &Path, model: &dyn raptor_models::Model) -> Result<()> {
-    let path = dir.join("checkpoint").join("trainable.safetensors");
+    let path = dir.join("checkpoint");
     let vars = model.var_store().variables();
-    for (name, t) in read_safetensors(&path)? {
+    for (name, t) in checkpoint_tensors(dir)? {
         let v = vars.get(&name).ok_or_else(|| {
             TrainError::Run(format!("{}: unknown parameter {name}", path.display()))
         })?;
@@ -501,19 +608,19 @@ pub(crate) fn train_session(
     let mut ledger = Ledger::new();
     let mut scalars: Option<(Vec<(String, tch::Tensor)>, OptimScalars)> = None;
     if resuming {
-        let st_path = dir.join("checkpoint").join("state.json");
-        if st_path.exists() {
-            let st: CheckpointState =
-                serde_json::from_slice(&std::fs::read(&st_path).map_err(io(&st_path))?)?;
+        if let Some(st) = checkpoint_state(&dir)? {
             load_trainable(&dir, model.as_ref())?;
-            let opath = dir.join("checkpoint").join("optimizer.safetensors");
-            scalars = Some((read_safetensors(&opath)?, st.optim));
+            let opath = dir.join("checkpoint").join(&st.optimizer_file);
+            scalars = Some((
+                read_checked_tensors(&opath, &st.optimizer_sha256)?,
+                st.optim,
+            ));
             start_update = st.update;
             resumed = st.resumed + 1;
         }
         let lpath = dir.join("checkpoint").join("ledger.json");
         if lpath.exists() {
-            ledger = serde_json::from_slice(&std::fs::read(&lpath).map_err(io(&lpath))?)?;
+            ledger = read_checked_json(&lpath)?;
         }
         if ledger.len() > start_update {
             notes.push(format!(
@@ -608,7 +715,7 @@ pub(crate) fn train_session(
         crate::dist::fault_injection(comm, trainer.update());
         let mut write_ledger = |l: &Ledger| -> Result<()> {
             if writer {
-                write_atomic(&ledger_path, &serde_json::to_vec(l)?)?;
+                write_checked_json(&ledger_path, l)?;
             }
             Ok(())
         };

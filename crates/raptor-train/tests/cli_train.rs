@@ -203,10 +203,9 @@ fn killed_and_resumed_run_never_undercounts() {
         .path();
     assert!(!run.join("record.json").exists());
     let ledger: raptor_accountant::Ledger =
-        serde_json::from_slice(&std::fs::read(run.join("checkpoint/ledger.json")).unwrap())
-            .unwrap();
+        raptor_train::run::read_checked_json(&run.join("checkpoint/ledger.json")).unwrap();
     let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+        raptor_train::run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
     let applied = state["update"].as_u64().unwrap();
     assert!(
         ledger.len() >= applied,
@@ -426,4 +425,98 @@ fn reproduce_json_prints_the_tables() {
     ]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown part"));
+}
+
+/// Every checkpoint file carries a checksum that resume verifies: a flipped byte in the
+/// trainable tensors, the optimizer state, the state file or the ledger is an error naming the
+/// file (exit code 2), never a silently different model or a shorter ledger (an under-reported
+/// ε). Only the newest checkpoint's tensor files are kept.
+#[test]
+fn a_flipped_byte_in_any_checkpoint_file_is_a_clear_error() {
+    let d = tmp("checksum");
+    let runs = d.join("runs");
+    let cfg = config(&d, "dp-adam", 10, "insecure_seed = 3");
+    let out = raptor(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = std::fs::read_dir(&runs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let ck = run.join("checkpoint");
+    let state: serde_json::Value =
+        raptor_train::run::read_checked_json(&ck.join("state.json")).unwrap();
+    assert_eq!(state["update"].as_u64(), Some(10));
+    let mut files: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "ledger.json",
+            "optimizer-10.safetensors",
+            "state.json",
+            "trainable-10.safetensors"
+        ],
+        "the checkpoint at update 5 was replaced"
+    );
+    // A resume of the intact run succeeds (nothing left to train).
+    let ok = raptor(&["train", "--resume", run.to_str().unwrap(), "--json"]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    for (file, at) in [
+        ("trainable-10.safetensors", 0.9),
+        ("optimizer-10.safetensors", 0.9),
+        ("state.json", 0.0),
+        ("ledger.json", 0.0),
+    ] {
+        let path = ck.join(file);
+        let original = std::fs::read(&path).unwrap();
+        let mut bytes = original.clone();
+        // JSON: change a digit (still valid JSON, a different number); tensors: a data byte.
+        let i = if at == 0.0 {
+            let content = original
+                .windows(9)
+                .position(|w| w == b"\"content\"")
+                .unwrap();
+            content
+                + bytes[content..]
+                    .iter()
+                    .position(|b| b.is_ascii_digit() && *b != b'9')
+                    .unwrap()
+        } else {
+            (bytes.len() as f64 * at) as usize
+        };
+        bytes[i] = if at == 0.0 {
+            bytes[i] + 1
+        } else {
+            bytes[i] ^ 0x10
+        };
+        std::fs::write(&path, &bytes).unwrap();
+        let out = raptor(&["train", "--resume", run.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{file}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(file) && err.contains("corrupt"),
+            "{file}: {err}"
+        );
+        std::fs::write(&path, &original).unwrap();
+    }
 }

@@ -102,16 +102,11 @@ fn only_run(dir: &Path) -> PathBuf {
 }
 
 fn params(run: &Path) -> BTreeMap<String, Vec<f32>> {
-    let bytes = std::fs::read(run.join("checkpoint/trainable.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
+    raptor_train::run::checkpoint_tensors(run)
+        .unwrap()
         .into_iter()
-        .map(|(name, view)| {
-            let v: Vec<f32> = view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
+        .map(|(name, t)| {
+            let v = Vec::<f32>::try_from(t.to_kind(tch::Kind::Float).flatten(0, -1)).unwrap();
             (name, v)
         })
         .collect()
@@ -228,7 +223,7 @@ fn a_dying_rank_ends_the_job_and_the_checkpoint_survives() {
     assert!(!o.status.success(), "the job survived a dead rank");
     let run = only_run(&runs);
     let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+        raptor_train::run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
     assert_eq!(state["update"].as_u64(), Some(5), "{state}");
     assert!(!run.join("record.json").exists());
     // mpirun may return while it is still killing rank 0 (which holds the run folder's lock):
