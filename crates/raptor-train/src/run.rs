@@ -62,6 +62,11 @@ pub struct Record {
     pub device: String,
     /// Where the noise came from and how it reached the device.
     pub noise_source: String,
+    /// Loss-threshold membership inference after training: training records (members) against
+    /// held-out validation records (non-members), up to 1,000 of each (evenly strided). AUC near
+    /// 0.5 and TPR near the FPR mean the losses do not tell members apart. Computed on private
+    /// records: a diagnostic for the data owner, not part of the DP release.
+    pub membership_inference: Option<raptor_eval::mia::MiaReport>,
     /// MPI ranks that trained the run data-parallel (1: one process).
     pub ranks: usize,
     /// Payload bytes rank 0 sent or received in collectives during the run (0 on one process).
@@ -194,6 +199,42 @@ struct CheckpointState {
     trainable_sha256: String,
     optimizer_file: String,
     optimizer_sha256: String,
+}
+
+/// Up to `n` records of `data`, evenly strided (deterministic, independent of the values).
+fn strided(data: &[crate::trainer::Example], n: usize) -> Vec<crate::trainer::Example> {
+    if data.len() <= n {
+        return data.to_vec();
+    }
+    (0..n).map(|i| data[i * data.len() / n].clone()).collect()
+}
+
+/// The loss-threshold attack of [`Record::membership_inference`]: `None` when either side has
+/// fewer than 2 records.
+fn membership_inference(
+    model: &dyn raptor_models::Model,
+    train: &[crate::trainer::Example],
+    validation: &[crate::trainer::Example],
+    micro_batch: usize,
+    pad_id: i64,
+    device: tch::Device,
+) -> Result<Option<raptor_eval::mia::MiaReport>> {
+    let n = train.len().min(validation.len()).min(1000);
+    if n < 2 {
+        return Ok(None);
+    }
+    let members =
+        crate::trainer::per_record_losses(model, &strided(train, n), micro_batch, pad_id, device)?;
+    let others = crate::trainer::per_record_losses(
+        model,
+        &strided(validation, n),
+        micro_batch,
+        pad_id,
+        device,
+    )?;
+    raptor_eval::mia::loss_attack(&members, &others)
+        .map(Some)
+        .map_err(|e| TrainError::Data(format!("membership inference: {e}")))
 }
 
 /// Hex SHA-256 of `bytes`.
@@ -897,7 +938,20 @@ pub(crate) fn train_session(
             format!("after one copy per release to {device_name} (no device generator is used)")
         }
     );
+    let membership_inference = if writer && !validation.is_empty() {
+        membership_inference(
+            model.as_ref(),
+            &train_set,
+            &validation,
+            cfg.train.micro_batch,
+            pad_id,
+            device,
+        )?
+    } else {
+        None
+    };
     let record = Record {
+        membership_inference,
         raptor_version: env!("CARGO_PKG_VERSION").into(),
         device: device_name,
         noise_source,

@@ -707,6 +707,27 @@ impl<'a> Trainer<'a> {
     }
 }
 
+/// Each record's loss under `model` (no gradient, no dropout), in order.
+pub fn per_record_losses(
+    model: &dyn Model,
+    data: &[Example],
+    micro_batch: usize,
+    pad_id: i64,
+    device: Device,
+) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(data.len());
+    for chunk in data.chunks(micro_batch.max(1)) {
+        let refs: Vec<&Example> = chunk.iter().collect();
+        let batch = make_batch(&refs, model.task(), pad_id, device)?;
+        let mut ctx = ForwardCtx::new(false);
+        let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
+        let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
+        let l: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
+        out.extend(l);
+    }
+    Ok(out)
+}
+
 /// Evaluation metrics.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct EvalMetrics {

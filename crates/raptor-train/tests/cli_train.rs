@@ -98,6 +98,17 @@ fn lora_and_raptor_learn_the_toy_task() {
         );
         let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let acc = rec["eval"]["accuracy"].as_f64().unwrap();
+        // The loss-threshold attack ran on equal numbers of members and held-out records.
+        let mia = &rec["membership_inference"];
+        let n = rec["train_records"]
+            .as_u64()
+            .unwrap()
+            .min(rec["validation_records"].as_u64().unwrap())
+            .min(1000);
+        assert_eq!(mia["members"].as_u64(), Some(n), "{mia}");
+        assert_eq!(mia["non_members"].as_u64(), Some(n), "{mia}");
+        let auc = mia["auc"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&auc), "{mia}");
         assert!(
             acc >= min_acc,
             "{method}: validation accuracy {acc} (chance 0.5)"
