@@ -424,7 +424,10 @@ fn save_checkpoint(dir: &Path, trainer: &Trainer<'_>, resumed: u32) -> Result<()
     if let Ok(entries) = std::fs::read_dir(&ck) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            let ours = name.starts_with("trainable-") || name.starts_with("optimizer-");
+            // Completed files only: a `.tmp` is never left by this process (it is renamed or the
+            // write failed and the error is reported).
+            let ours = (name.starts_with("trainable-") || name.starts_with("optimizer-"))
+                && name.ends_with(".safetensors");
             if ours && name != tname && name != oname {
                 let _ = std::fs::remove_file(e.path());
             }
