@@ -283,6 +283,27 @@ impl<'a> Trainer<'a> {
     pub fn with_collective(mut self, comm: &'a dyn Collective) -> Result<Self> {
         self.comm = comm;
         if comm.size() > 1 {
+            // The frozen weights are not broadcast: check that every rank built the same model
+            // (a sum and a sum of squares over every variable, compared with rank 0's).
+            let (mut sum, mut sq) = (0.0f64, 0.0f64);
+            for (name, t) in &self.vars {
+                if self.scope.binary_search(name).is_ok() {
+                    continue; // broadcast below
+                }
+                let d = t.f_detach()?.f_to_kind(Kind::Double)?;
+                sum += d.f_sum(Kind::Double)?.f_double_value(&[])?;
+                sq += d.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
+            }
+            let mut mine = vec![sum.to_bits(), sq.to_bits()];
+            comm.broadcast_u64(&mut mine)?;
+            let (s0, q0) = (f64::from_bits(mine[0]), f64::from_bits(mine[1]));
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+            if !(close(s0, sum) && close(q0, sq)) {
+                return Err(TrainError::Run(format!(
+                    "rank {} built a different model than rank 0 (parameter sums {sum} vs {s0}): every rank must load the same weights with the same config",
+                    comm.rank()
+                )));
+            }
             let vars: Vec<Tensor> = self
                 .scope
                 .iter()

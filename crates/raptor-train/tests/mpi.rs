@@ -243,3 +243,46 @@ fn a_dying_rank_ends_the_job_and_the_checkpoint_survives() {
     assert_eq!(rec["updates"].as_u64(), Some(10));
     assert!(rec["epsilon"]["steps"].as_u64().unwrap() >= 10);
 }
+
+/// Ranks that built different frozen weights (here: another initialization seed) are refused
+/// before any update, instead of averaging gradients of different models.
+#[test]
+fn ranks_with_different_models_are_refused() {
+    let d = tmp("mismatch");
+    let a = config(&d, "dp-adam", 4);
+    let text = std::fs::read_to_string(&a)
+        .unwrap()
+        .replace("[train]\n", "[train]\nseed = 99\n");
+    let b = d.join("other-seed.toml");
+    std::fs::write(&b, text).unwrap();
+    let runs = d.join("runs");
+    // MPMD launch: rank 0 with one config, rank 1 with the other.
+    let o = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "1"])
+        .arg(env!("CARGO_BIN_EXE_raptor"))
+        .args([
+            "train",
+            "--config",
+            a.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ])
+        .args([":", "-np", "1"])
+        .arg(env!("CARGO_BIN_EXE_raptor"))
+        .args([
+            "train",
+            "--config",
+            b.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ])
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "ranks with different models trained together"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("different model than rank 0"), "{err}");
+}
