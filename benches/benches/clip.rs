@@ -20,8 +20,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
-use raptor_clip::workload::{GroupedWorkload, synthetic_gradients};
 use raptor_benches::{criterion_median_s, machine_line, mark_ran, ran};
+use raptor_clip::workload::{GroupedWorkload, synthetic_gradients};
 use raptor_clip::{clip_blocks, clip_rows, plan, stream_read_sum, tensor};
 use tch::Tensor;
 
@@ -175,7 +175,10 @@ fn summary() {
     if rows.is_empty() {
         return;
     }
-    println!("\nclip summary (criterion medians of this run); {}", machine_line());
+    println!(
+        "\nclip summary (criterion medians of this run); {}",
+        machine_line()
+    );
     println!(
         "| form | size | MB | schedule | ours ms | libtorch ms | read ms | speed-up (libtorch / ours) | read time / our time |"
     );

@@ -8,11 +8,11 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{Criterion, criterion_group};
+use criterion::{BenchmarkId, Criterion, criterion_group};
+use raptor_benches::{criterion_median_s, machine_line, mark_ran, ran};
 use raptor_muon::diagnostics::gaussian_matrix;
 use raptor_muon::faer::Mat;
 use raptor_muon::tch_backend::{TchPrecision, newton_schulz_tch, tensor_from_slice};
-use raptor_benches::{criterion_median_s, machine_line, mark_ran, ran};
 use raptor_muon::{
     BcConfig, NsConfig, bias_corrected_direction, newton_schulz, newton_schulz_batch,
     planned_ns_schedule, probe_rng_seeded,
@@ -42,11 +42,11 @@ fn ns5(c: &mut Criterion) {
         let (v, m) = data(rows, cols);
         let t = tensor_from_slice(&v, rows, cols, Device::Cpu).unwrap();
         let id = format!("{rows}x{cols}");
-        g.bench_function(format!("raptor-faer/{id}"), |b| {
+        g.bench_function(BenchmarkId::new("raptor-faer", &id), |b| {
             mark_ran("ns5", &id);
             b.iter(|| black_box(newton_schulz(m.as_ref(), &cfg).unwrap()))
         });
-        g.bench_function(format!("libtorch-f32/{id}"), |b| {
+        g.bench_function(BenchmarkId::new("libtorch-f32", &id), |b| {
             b.iter(|| black_box(newton_schulz_tch(&t, &cfg, TchPrecision::F32).unwrap()))
         });
     }
@@ -97,18 +97,18 @@ fn ns5_batch(c: &mut Criterion) {
         .map(|(v, _)| tensor_from_slice(v, rows, cols, Device::Cpu).unwrap())
         .collect();
     let id = format!("{LAYERS}x{rows}x{cols}");
-    g.bench_function(format!("raptor-batch/{id}"), |b| {
+    g.bench_function(BenchmarkId::new("raptor-batch", &id), |b| {
         mark_ran("ns5_batch", &id);
         b.iter(|| black_box(newton_schulz_batch(&refs, &cfg).unwrap()))
     });
-    g.bench_function(format!("raptor-one-by-one/{id}"), |b| {
+    g.bench_function(BenchmarkId::new("raptor-one-by-one", &id), |b| {
         b.iter(|| {
             for m in &refs {
                 black_box(newton_schulz(*m, &cfg).unwrap());
             }
         })
     });
-    g.bench_function(format!("libtorch-f32/{id}"), |b| {
+    g.bench_function(BenchmarkId::new("libtorch-f32", &id), |b| {
         b.iter(|| {
             for t in &ts {
                 black_box(newton_schulz_tch(t, &cfg, TchPrecision::F32).unwrap());
@@ -159,7 +159,10 @@ fn summary() {
     if rows.is_empty() {
         return;
     }
-    println!("\nNewton-Schulz summary (Keller, 5 steps; criterion medians of this run); {}", machine_line());
+    println!(
+        "\nNewton-Schulz summary (Keller, 5 steps; criterion medians of this run); {}",
+        machine_line()
+    );
     println!("| shape | schedule | ours ms | libtorch f32 ms | speed-up (libtorch / ours) |");
     println!("|---|---|---|---|---|");
     for r in rows {

@@ -29,7 +29,10 @@ pub fn criterion_median_s(group: &str, function: &str, value: &str) -> Option<f6
         .join("estimates.json");
     let text = std::fs::read_to_string(p).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v.get("median")?.get("point_estimate")?.as_f64().map(|ns| ns * 1e-9)
+    v.get("median")?
+        .get("point_estimate")?
+        .as_f64()
+        .map(|ns| ns * 1e-9)
 }
 
 /// Benchmarks that ran in this process (criterion's filter may skip some): `(group, value)`.

@@ -969,11 +969,7 @@ pub(crate) fn shape_key(segs: &[Seg<'_>], batch: usize, n_groups: usize, threads
 
 /// The schedule a call of this shape would run now without timing anything: the forced one,
 /// else the remembered one (this process's wisdom), else `None`.
-pub(crate) fn known_schedule(
-    segs: &[Seg<'_>],
-    batch: usize,
-    n_groups: usize,
-) -> Option<Schedule> {
+pub(crate) fn known_schedule(segs: &[Seg<'_>], batch: usize, n_groups: usize) -> Option<Schedule> {
     if let Some(s) = FORCED.with(|c| c.get()) {
         return Some(s);
     }
@@ -1611,7 +1607,15 @@ mod tests {
         for s in SCHEDULES {
             assert_eq!(s.to_string().parse::<Schedule>().unwrap(), s);
         }
-        for bad in ["", "rows", "rows(3)", "columns(8)", "rows(8", "twopass", "rows(-1)"] {
+        for bad in [
+            "",
+            "rows",
+            "rows(3)",
+            "columns(8)",
+            "rows(8",
+            "twopass",
+            "rows(-1)",
+        ] {
             assert!(bad.parse::<Schedule>().is_err(), "{bad}");
         }
     }

@@ -152,7 +152,11 @@ proptest! {
 fn two_pass_and_column_schedules_do_not_depend_on_the_thread_count() {
     let (batch, width) = (13usize, 150_001usize);
     let g = data(5, batch * width);
-    for s in [Schedule::TwoPass, Schedule::Columns(2), Schedule::Columns(1)] {
+    for s in [
+        Schedule::TwoPass,
+        Schedule::Columns(2),
+        Schedule::Columns(1),
+    ] {
         let one = pool(1).install(|| plan::with_schedule(s, || clip_rows(&g, width, 0.7, None)));
         let one = one.unwrap();
         for t in [2, 3] {
@@ -176,9 +180,16 @@ fn the_choice_is_remembered_and_reused() {
         assert_eq!(plan::planned(batch, &[width], 1), None);
         let first = clip_rows(&g, width, 0.5, None).unwrap();
         let chosen = plan::planned(batch, &[width], 1).expect("planned on the first call");
-        assert!(plan::candidates(batch, width, 2).contains(&chosen), "{chosen}");
+        assert!(
+            plan::candidates(batch, width, 2).contains(&chosen),
+            "{chosen}"
+        );
         let forced = plan::with_schedule(chosen, || clip_rows(&g, width, 0.5, None)).unwrap();
-        assert_eq!(first.sum(), forced.sum(), "the first call returns the chosen schedule's result");
+        assert_eq!(
+            first.sum(),
+            forced.sum(),
+            "the first call returns the chosen schedule's result"
+        );
         let again = clip_rows(&g, width, 0.5, None).unwrap();
         assert_eq!(again.sum(), forced.sum());
         // a neighbouring batch size in the same class reuses it without planning
@@ -195,7 +206,10 @@ fn wisdom_entries_drive_the_choice() {
     p.install(|| {
         let key = plan::shape_class(batch, &[width], 1);
         raptor_plan::remember(&key, "columns(4)");
-        assert_eq!(plan::planned(batch, &[width], 1), Some(Schedule::Columns(4)));
+        assert_eq!(
+            plan::planned(batch, &[width], 1),
+            Some(Schedule::Columns(4))
+        );
         let out = clip_rows(&g, width, 0.5, None).unwrap();
         let want = plan::with_schedule(Schedule::Columns(4), || clip_rows(&g, width, 0.5, None));
         assert_eq!(out.sum(), want.unwrap().sum());
@@ -225,7 +239,12 @@ fn wisdom_file_round_trip_and_corrupt_files() {
         assert_eq!(plan::planned(batch, &[width], 1), None);
         assert!(plan::load_wisdom(&path).unwrap() >= 1);
         assert_eq!(plan::planned(batch, &[width], 1), Some(chosen));
-        for bad in ["", "raptor-wisdom 1\n", "garbage\u{0}\n", "raptor-wisdom 1\nmachine\tx\n"] {
+        for bad in [
+            "",
+            "raptor-wisdom 1\n",
+            "garbage\u{0}\n",
+            "raptor-wisdom 1\nmachine\tx\n",
+        ] {
             std::fs::write(&path, bad).unwrap();
             let e = plan::load_wisdom(&path).unwrap_err();
             let e: raptor_clip::ClipError = e.into();

@@ -495,9 +495,11 @@ impl std::str::FromStr for NsSchedule {
 
     /// Parse the `Display` form: `sym/par`, `sym/seq`, `full/par`, `full/seq`.
     fn from_str(s: &str) -> Result<Self, MuonError> {
-        let (p, q) = s.split_once('/').ok_or_else(|| MuonError::InvalidSchedule {
-            value: s.to_string(),
-        })?;
+        let (p, q) = s
+            .split_once('/')
+            .ok_or_else(|| MuonError::InvalidSchedule {
+                value: s.to_string(),
+            })?;
         let products = match p {
             "sym" => NsProducts::Symmetric,
             "full" => NsProducts::Full,

@@ -80,7 +80,11 @@ fn batch_equals_one_by_one() {
     let mats: Vec<Mat<f32>> = (0..5)
         .map(|k| {
             let m = gaussian_matrix(48, 80, 1.0, 200 + k);
-            if k % 2 == 0 { m } else { m.transpose().to_owned() }
+            if k % 2 == 0 {
+                m
+            } else {
+                m.transpose().to_owned()
+            }
         })
         .collect();
     let refs: Vec<_> = mats.iter().map(|m| m.as_ref()).collect();
@@ -97,7 +101,10 @@ fn batch_equals_one_by_one() {
                     let one = with_ns_schedule(seq, || newton_schulz(*m, &cfg).unwrap());
                     assert_eq!(max_diff(&one, b), 0.0, "{s} threads {threads}");
                     let par = with_ns_schedule(s, || newton_schulz(*m, &cfg).unwrap());
-                    assert!(max_diff(&par, b) <= 1e-4 * max_abs(b), "{s} threads {threads}");
+                    assert!(
+                        max_diff(&par, b) <= 1e-4 * max_abs(b),
+                        "{s} threads {threads}"
+                    );
                 }
             });
         }
@@ -109,7 +116,9 @@ fn batch_equals_one_by_one() {
 #[test]
 fn planned_batch_agrees_and_reports_errors() {
     let cfg = NsConfig::keller();
-    let mats: Vec<Mat<f32>> = (0..4).map(|k| gaussian_matrix(40, 64, 1.0, 300 + k)).collect();
+    let mats: Vec<Mat<f32>> = (0..4)
+        .map(|k| gaussian_matrix(40, 64, 1.0, 300 + k))
+        .collect();
     let refs: Vec<_> = mats.iter().map(|m| m.as_ref()).collect();
     let batch = pool(2).install(|| newton_schulz_batch(&refs, &cfg).unwrap());
     for (m, b) in refs.iter().zip(&batch) {
@@ -119,7 +128,11 @@ fn planned_batch_agrees_and_reports_errors() {
     let mut bad = mats.clone();
     bad[2][(3, 4)] = f32::NAN;
     let refs: Vec<_> = bad.iter().map(|m| m.as_ref()).collect();
-    assert!(pool(2).install(|| newton_schulz_batch(&refs, &cfg)).is_err());
+    assert!(
+        pool(2)
+            .install(|| newton_schulz_batch(&refs, &cfg))
+            .is_err()
+    );
     assert!(newton_schulz_batch(&[], &cfg).unwrap().is_empty());
 }
 

@@ -212,7 +212,11 @@ fn ensure_env(st: &mut Store) {
             }
             Err(e) => {
                 let ours = text.lines().next().map(str::trim_end) == Some(WISDOM_HEADER);
-                let also = if ours { "" } else { " (and not overwriting it)" };
+                let also = if ours {
+                    ""
+                } else {
+                    " (and not overwriting it)"
+                };
                 warn_in(
                     st,
                     format!("ignoring {WISDOM_ENV}={}{also}: {e}", path.display()),
@@ -222,10 +226,7 @@ fn ensure_env(st: &mut Store) {
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
         Err(e) => {
-            warn_in(
-                st,
-                format!("ignoring {WISDOM_ENV}={}: {e}", path.display()),
-            );
+            warn_in(st, format!("ignoring {WISDOM_ENV}={}: {e}", path.display()));
             false
         }
     };
@@ -481,7 +482,11 @@ mod tests {
         remember("test/bad\tkey", "v");
         remember("test/bad key2", "a\nb");
         assert!(entries().iter().all(|(k, _)| !k.starts_with("test/bad")));
-        assert!(warnings().iter().any(|w| w.contains("invalid wisdom entry")));
+        assert!(
+            warnings()
+                .iter()
+                .any(|w| w.contains("invalid wisdom entry"))
+        );
     }
 
     proptest! {

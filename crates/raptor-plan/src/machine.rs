@@ -209,10 +209,7 @@ mod tests {
     fn missing_or_garbage_sysfs_gives_none_or_partial() {
         let t = tempfile::tempdir().unwrap();
         assert_eq!(MachineInfo::caches_from_sysfs(t.path()), None);
-        assert_eq!(
-            MachineInfo::caches_from_sysfs(&t.path().join("nope")),
-            None
-        );
+        assert_eq!(MachineInfo::caches_from_sysfs(&t.path().join("nope")), None);
         write(t.path(), 0, "x", "Data", "48K");
         write(t.path(), 1, "2", "Unified", "lots");
         assert_eq!(MachineInfo::caches_from_sysfs(t.path()), None);

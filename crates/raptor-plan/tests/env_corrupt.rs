@@ -12,8 +12,15 @@ fn corrupt_env_wisdom_is_ignored_with_a_warning_and_kept() {
     unsafe { std::env::set_var(raptor_plan::WISDOM_ENV, &path) };
     assert_eq!(raptor_plan::lookup("clip b2^8 p2^20 s1 g1 t2"), None);
     let w = raptor_plan::warnings();
-    assert!(w.iter().any(|m| m.contains("ignoring") && m.contains("not overwriting")), "{w:?}");
+    assert!(
+        w.iter()
+            .any(|m| m.contains("ignoring") && m.contains("not overwriting")),
+        "{w:?}"
+    );
     raptor_plan::remember("some class", "some-choice");
-    assert_eq!(raptor_plan::lookup("some class").as_deref(), Some("some-choice"));
+    assert_eq!(
+        raptor_plan::lookup("some class").as_deref(),
+        Some("some-choice")
+    );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), garbage);
 }
