@@ -111,7 +111,7 @@ fn ns5_batch(c: &mut Criterion) {
     g.bench_function(BenchmarkId::new("libtorch-f32", &id), |b| {
         b.iter(|| {
             for t in &ts {
-                black_box(newton_schulz_tch(t, &cfg, TchPrecision::F32).unwrap());
+                let _ = black_box(newton_schulz_tch(t, &cfg, TchPrecision::F32).unwrap());
             }
         })
     });
