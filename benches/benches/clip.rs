@@ -1,9 +1,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Clip-and-sum throughput: raptor-clip's fused slice kernel beside libtorch's two-pass
+//! Clip-and-sum throughput: raptor-clip's planned slice kernel beside libtorch's two-pass
 //! (norms, then a matrix-vector product) on the same data, plus a STREAM-like read of the same
 //! bytes (the physical reference). Flat (one bound) and grouped (a shared block of P/2 and four
 //! expert blocks of P/8, each group its own bound) for B ∈ {64, 256, 1024}, P ∈ {1e4, 1e5, 1e6};
 //! combinations above 1.1 GB of gradients are skipped to keep the run short on a 24 GiB box.
+//!
+//! After the criterion groups, a summary table per size from criterion's medians of this run:
+//! the schedule the planner chose (`raptor_clip::plan`; planning happens during criterion's
+//! warm-up), our time, libtorch's, the speed-up (libtorch time / ours) and the fraction of the
+//! read bandwidth, with the machine (CPU model, caches) and both backends' thread counts.
 //!
 //! Then an interleaved comparison for flat B = 256, P = 1e6: each printed line times the read,
 //! the fused kernel and libtorch back to back (min wall of 4 calls each), so that a machine
@@ -14,9 +19,10 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
+use raptor_benches::{criterion_median_s, machine_line, mark_ran, ran};
 use raptor_clip::workload::{GroupedWorkload, synthetic_gradients};
-use raptor_clip::{clip_blocks, clip_rows, stream_read_sum, tensor};
+use raptor_clip::{clip_blocks, clip_rows, plan, stream_read_sum, tensor};
 use tch::Tensor;
 
 const MAX_BYTES: usize = 1_100_000_000;
@@ -46,6 +52,7 @@ fn bench_flat(c: &mut Criterion) {
         group.throughput(Throughput::Bytes((b * p * 4) as u64));
         let id = format!("B{b}_P{p}");
         group.bench_function(BenchmarkId::new("raptor_fused", &id), |bch| {
+            mark_ran("clip_flat", &id);
             bch.iter(|| black_box(clip_rows(black_box(&data), p, bound, None).unwrap()))
         });
         group.bench_function(BenchmarkId::new("libtorch_two_pass", &id), |bch| {
@@ -76,6 +83,7 @@ fn bench_grouped(c: &mut Criterion) {
         group.throughput(Throughput::Bytes((b * p * 4) as u64));
         let id = format!("B{b}_P{p}");
         group.bench_function(BenchmarkId::new("raptor_fused", &id), |bch| {
+            mark_ran("clip_grouped", &id);
             bch.iter(|| black_box(clip_blocks(black_box(&blocks), &grouping, None).unwrap()))
         });
         group.bench_function(BenchmarkId::new("libtorch_two_pass", &id), |bch| {
@@ -135,5 +143,55 @@ fn interleaved(_c: &mut Criterion) {
     }
 }
 
+/// The per-size table of this run: schedule chosen, criterion medians, ratios.
+fn summary() {
+    let mut rows = Vec::new();
+    for (form, group) in [("flat", "clip_flat"), ("grouped", "clip_grouped")] {
+        for (b, p) in sizes() {
+            let id = format!("B{b}_P{p}");
+            if !ran(group, &id) {
+                continue;
+            }
+            let widths: Vec<usize> = if form == "flat" {
+                vec![p]
+            } else {
+                GroupedWorkload::new(0, p).widths.to_vec()
+            };
+            let ng = widths.len();
+            let sched = plan::planned(b, &widths, ng).map_or("-".to_string(), |s| s.to_string());
+            let get = |f: &str| criterion_median_s(group, f, &id).map(|s| s * 1e3);
+            if let (Some(ours), Some(torch)) = (get("raptor_fused"), get("libtorch_two_pass")) {
+                let read = get("stream_read");
+                rows.push(format!(
+                    "| {form} | B{b}, P{p} | {} | {sched} | {ours:.3} | {torch:.3} | {} | {:.2} | {} |",
+                    b * p * 4 / 1_000_000,
+                    read.map_or("-".into(), |r| format!("{r:.3}")),
+                    torch / ours,
+                    read.map_or("-".into(), |r| format!("{:.2}", r / ours)),
+                ));
+            }
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    println!(
+        "\nclip summary (criterion medians of this run); {}",
+        machine_line()
+    );
+    println!(
+        "| form | size | MB | schedule | ours ms | libtorch ms | read ms | speed-up (libtorch / ours) | read time / our time |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+}
+
 criterion_group!(benches, bench_flat, bench_grouped, interleaved);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    summary();
+}

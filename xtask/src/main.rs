@@ -21,8 +21,9 @@ use clap::{Parser, Subcommand};
 
 /// The core crates (the tch-free data and metrics crates, and the libtorch-free programs built on
 /// them): they must not depend on tch with default features.
-const CORE_CRATES: [&str; 9] = [
+const CORE_CRATES: [&str; 10] = [
     "raptor-accountant",
+    "raptor-plan",
     "raptor-routing",
     "raptor-clip",
     "raptor-muon",

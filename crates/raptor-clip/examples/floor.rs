@@ -13,7 +13,9 @@
 //! - `part R`: the same plus the per-thread partial sums (P entries) updated once per R
 //!   records (norms of R records, then `p += Σ c_r · row_r`): what any such kernel must add
 //!   when a record does not fit in L2, since every record touches every output entry;
-//! - `fused`: `clip_rows`, the library's kernel (its schedule chosen as in production).
+//! - `fused`: `clip_rows`, the library's kernel (its schedule planned as in production; the
+//!   schedule is printed, and `twice / fused`: 1.0 means at the write-free floor, 0.9 within
+//!   10 % of it).
 use raptor_clip::workload::synthetic_gradients;
 use raptor_clip::{clip_rows, stream_read_sum};
 use rayon::prelude::*;
@@ -200,7 +202,12 @@ fn main() {
             },
             4,
         );
-        out += &format!(" | fused {fused:6.2} ({:.2})", read / fused);
+        let sched = raptor_clip::plan::planned(b, &[p], 1).map_or("-".into(), |s| s.to_string());
+        out += &format!(
+            " | fused {fused:6.2} ({:.2}) [{sched}] twice / fused {:.2}",
+            read / fused,
+            twice / fused
+        );
         println!("{out}");
     }
 }

@@ -69,6 +69,15 @@ pub enum ClipError {
         /// An offending value.
         value: f64,
     },
+    /// A schedule name that is not one of the kernel's (see `plan::Schedule`'s `Display`).
+    #[error("unknown clip schedule {value:?} (expected rows(1|2|4|8), columns(1|2|4) or two-pass)")]
+    InvalidSchedule {
+        /// The text given.
+        value: String,
+    },
+    /// A wisdom file could not be read, written or parsed.
+    #[error("wisdom: {0}")]
+    Wisdom(#[from] raptor_plan::PlanError),
     /// The operating system's random source failed.
     #[error("OS random source failed: {0}")]
     Rng(String),

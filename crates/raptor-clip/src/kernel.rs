@@ -12,16 +12,18 @@
 //! sums are read and written once per R records. Norms are accumulated in f64 (each f32 entry
 //! widened, so its square is exact), sums in f32.
 //!
-//! - Row pipeline ([`pipeline`], B ≥ 2 × threads and records small enough): the records are
-//!   split into one contiguous range per rayon thread with private partial sums (reduced in
-//!   parallel over column ranges at the end); R ∈ {8, 4, 2} is the largest whose per-thread
-//!   working set (2R + 1) × record bytes fits in L2 (768 KiB), else in its share of 8 MiB of
-//!   L3 (at most 4 MiB).
-//! - Column pipeline ([`column_pipeline`], otherwise: huge records or few of them): the whole
-//!   batch in steps of R ∈ {4, 2, 1} (working set ≤ 20 MiB, shared), each sweep split over
-//!   column chunks of 32 K entries, each pool thread always on the same contiguous range of
-//!   chunks (so a row's lines never move between cores), walked forward and backward in turn
-//!   so that it starts on the chunks it touched last.
+//! - Row pipeline ([`pipeline`]): the records are split into one contiguous range per rayon
+//!   thread with private partial sums (reduced in parallel over column ranges at the end);
+//!   R ∈ {8, 4, 2, 1} records per step.
+//! - Column pipeline ([`column_pipeline`]: huge records or few of them): the whole batch in
+//!   steps of R ∈ {4, 2, 1}, each sweep split over column chunks, each pool thread always on
+//!   the same contiguous range of chunks (so a row's lines never move between cores), walked
+//!   forward and backward in turn so that it starts on the chunks it touched last.
+//! - Two-pass ([`two_pass`], libtorch's schedule): all norms, then `Gᵀ f` over column chunks.
+//!
+//! Which one runs, and R, is planned per shape class (see [`fused_clip_sum`] and the `plan`
+//! module): the candidates admitted by cache budgets derived from the machine's L2 and L3 at
+//! run time ([`Budgets`]) are timed on the first call and the fastest kept.
 //!
 //! The inner sweep has an AVX2 + FMA version (intrinsics, chosen at run time) and a portable one.
 
@@ -213,37 +215,110 @@ fn factors_for_record(
     Ok(total)
 }
 
-/// Cache budget, over all threads, for the working sets of the row-pipeline steps (each: the r
-/// records being accumulated, the r records being streamed in and the thread's partial sums).
-/// Measured on the 2-core target: 8 MiB of working sets stay in its L3 at full speed, 14 MiB
-/// do not. A thread gets at most 4 MiB of it.
-const ROW_L3_BUDGET_BYTES: usize = 8 << 20;
-/// Working sets up to this size stay in a core's 1 MiB L2.
-const L2_BUDGET_BYTES: usize = 3 << 18;
-/// Budget for the working set of the column pipeline, shared by all threads (32 MiB L3).
-const COL_L3_BUDGET_BYTES: usize = 20 << 20;
-
-/// Which schedule runs, and how many records per pipeline step.
+/// Cache budgets of the schedules, derived at run time from the machine's caches
+/// ([`raptor_plan::machine`]): no size tuned for one machine is compiled in. The fractions
+/// leave room for the other data a sweep touches (partial sums of other blocks, the stack,
+/// the next records' prefetched lines); the timing planner then picks among the schedules
+/// these budgets admit, so a budget that is off for a machine costs at most a candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Schedule {
-    /// One record range per thread ([`pipeline`]), `r` records per step.
-    Rows(usize),
-    /// The whole batch, each sweep parallel over column chunks ([`column_pipeline`]).
-    Columns(usize),
+pub(crate) struct Budgets {
+    /// Working set of a row-pipeline step that stays in one core's L2 (3/4 of it).
+    pub l2: usize,
+    /// Row-pipeline working sets of all threads together in the L3 (1/4 of it).
+    pub row_l3: usize,
+    /// At most this much of the L3 for one thread's row pipeline (1/8 of it).
+    pub row_l3_thread: usize,
+    /// The column pipeline's shared working set (5/8 of the L3).
+    pub col_l3: usize,
+    /// Entries per column chunk of the column pipeline and of the two-pass GEMV (1/8 of L2
+    /// in f32, a multiple of 1024 in 4 Ki..64 Ki entries).
+    pub col_chunk: usize,
 }
 
-/// Pick the schedule for `batch` records of `rec_floats` entries on `threads` threads: the
-/// per-thread row pipeline with the largest r ∈ {8, 4, 2} whose working set (2r + 1) · record
-/// bytes fits in L2, else in the thread's share of the L3 budget, with at least two steps per
-/// thread; otherwise (huge records, or fewer than 2 records per thread) the column pipeline
-/// with the largest r ∈ {4, 2, 1} whose working set fits in the L3 budget.
-fn schedule(rec_floats: usize, batch: usize, threads: usize) -> Schedule {
+impl Budgets {
+    /// Budgets for caches of `l2` and `l3` bytes.
+    pub(crate) fn new(l2: usize, l3: usize) -> Self {
+        let l3 = l3.max(l2);
+        Budgets {
+            l2: l2 / 4 * 3,
+            row_l3: l3 / 4,
+            row_l3_thread: l3 / 8,
+            col_l3: l3 / 8 * 5,
+            col_chunk: (l2 / 32 / 1024 * 1024).clamp(4 << 10, 64 << 10),
+        }
+    }
+
+    /// Budgets for the machine this process runs on (read once).
+    pub(crate) fn here() -> Self {
+        static B: std::sync::OnceLock<Budgets> = std::sync::OnceLock::new();
+        *B.get_or_init(|| {
+            let m = raptor_plan::machine();
+            Budgets::new(m.l2_bytes, m.l3_bytes)
+        })
+    }
+}
+
+/// Which schedule runs, and how many records per pipeline step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// One record range per thread, software-pipelined with private partial sums, `r` records
+    /// per step (`r` ∈ {1, 2, 4, 8}).
+    Rows(usize),
+    /// The whole batch software-pipelined, each sweep parallel over column chunks with a
+    /// static owner per chunk, `r` records per step (`r` ∈ {1, 2, 4}).
+    Columns(usize),
+    /// libtorch's schedule: all squared norms first (parallel over records), then the sums as
+    /// a column-blocked matrix–vector product `Gᵀ f` (parallel over column chunks). Every
+    /// entry is read from memory twice.
+    TwoPass,
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Schedule::Rows(r) => write!(f, "rows({r})"),
+            Schedule::Columns(r) => write!(f, "columns({r})"),
+            Schedule::TwoPass => write!(f, "two-pass"),
+        }
+    }
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = ClipError;
+
+    /// Parse the [`Display`](std::fmt::Display) form: `rows(8)`, `columns(2)`, `two-pass`.
+    fn from_str(s: &str) -> Result<Self, ClipError> {
+        let bad = || ClipError::InvalidSchedule {
+            value: s.to_string(),
+        };
+        if s == "two-pass" {
+            return Ok(Schedule::TwoPass);
+        }
+        let (name, rest) = s.split_once('(').ok_or_else(bad)?;
+        let r: usize = rest
+            .strip_suffix(')')
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(bad)?;
+        match (name, r) {
+            ("rows", 1 | 2 | 4 | 8) => Ok(Schedule::Rows(r)),
+            ("columns", 1 | 2 | 4) => Ok(Schedule::Columns(r)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// The cache-model estimate for `batch` records of `rec_floats` entries on `threads` threads:
+/// the per-thread row pipeline with the largest r ∈ {8, 4, 2} whose working set (2r + 1) ·
+/// record bytes fits in L2, else in the thread's share of the L3 budget, with at least two
+/// steps per thread; otherwise (huge records, or fewer than 2 records per thread) the column
+/// pipeline with the largest r ∈ {4, 2, 1} whose working set fits in the L3 budget.
+pub(crate) fn schedule(rec_floats: usize, batch: usize, threads: usize, b: &Budgets) -> Schedule {
     let bytes = rec_floats.saturating_mul(4);
     let fits = |r: usize, budget: usize| (2 * r + 1).saturating_mul(bytes) <= budget;
     if batch >= 2 * threads {
         let per = batch.div_ceil(threads);
-        let l3_share = (ROW_L3_BUDGET_BYTES / threads).min(4 << 20);
-        for budget in [L2_BUDGET_BYTES, l3_share] {
+        let l3_share = (b.row_l3 / threads).min(b.row_l3_thread);
+        for budget in [b.l2, l3_share] {
             for r in [8usize, 4, 2] {
                 if fits(r, budget) && 2 * r <= per {
                     return Schedule::Rows(r);
@@ -252,11 +327,49 @@ fn schedule(rec_floats: usize, batch: usize, threads: usize) -> Schedule {
         }
     }
     for r in [4usize, 2] {
-        if fits(r, COL_L3_BUDGET_BYTES) && 2 * r <= batch {
+        if fits(r, b.col_l3) && 2 * r <= batch {
             return Schedule::Columns(r);
         }
     }
     Schedule::Columns(1)
+}
+
+/// The schedules worth timing for a shape, the estimate first (at most four): the estimate;
+/// the best row pipeline and the best column pipeline whose working sets fit the cache
+/// budgets (if they differ from it); and the two-pass schedule. Row pipelines need at least two
+/// records per thread; pipelines whose working set fits no cache are pruned, except the
+/// column pipeline with r = 1 when nothing else fits.
+pub(crate) fn candidates(
+    rec_floats: usize,
+    batch: usize,
+    threads: usize,
+    b: &Budgets,
+) -> Vec<Schedule> {
+    let est = schedule(rec_floats, batch, threads, b);
+    let mut v = vec![est];
+    let bytes = rec_floats.saturating_mul(4);
+    let fits = |r: usize, budget: usize| (2 * r + 1).saturating_mul(bytes) <= budget;
+    let per = batch.div_ceil(threads.max(1));
+    let l3_share = (b.row_l3 / threads.max(1)).min(b.row_l3_thread).max(b.l2);
+    if batch >= 2 * threads
+        && let Some(r) = [8usize, 4, 2, 1]
+            .into_iter()
+            .find(|&r| fits(r, l3_share) && 2 * r <= per)
+    {
+        let s = Schedule::Rows(r);
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+    let col = [4usize, 2]
+        .into_iter()
+        .find(|&r| fits(r, b.col_l3) && 2 * r <= batch)
+        .map_or(Schedule::Columns(1), Schedule::Columns);
+    if !v.contains(&col) {
+        v.push(col);
+    }
+    v.push(Schedule::TwoPass);
+    v
 }
 
 /// Read-only context of one thread's record range.
@@ -380,9 +493,6 @@ fn pipeline<const R: usize>(
 /// Column chunk of the column-parallel pipeline: (segment, first column, its partial sums).
 type ColChunk<'p> = (usize, usize, &'p mut [f32]);
 
-/// Entries per column chunk of the column-parallel pipeline (128 KiB of f32).
-const COL_CHUNK: usize = 1 << 15;
-
 /// The whole batch, software-pipelined in steps of `R` records like [`pipeline`], each sweep
 /// split over the columns. Used for records too large for per-thread pipelines (the working
 /// set (2R + 1) · record bytes is shared by all threads instead of per thread) and for batches
@@ -405,11 +515,12 @@ fn column_pipeline<const R: usize>(
     let n = out.totals.len();
     let ng = ctx.ng;
     let segs = ctx.segs;
+    let col_chunk = Budgets::here().col_chunk;
     let mut sums: Vec<Vec<f32>> = segs.iter().map(|s| vec![0f32; s.width]).collect();
     let mut chunks: Vec<ColChunk<'_>> = Vec::new();
     for (k, s) in sums.iter_mut().enumerate() {
-        for (c, p) in s.chunks_mut(COL_CHUNK).enumerate() {
-            chunks.push((k, c * COL_CHUNK, p));
+        for (c, p) in s.chunks_mut(col_chunk).enumerate() {
+            chunks.push((k, c * col_chunk, p));
         }
     }
     let owners = owner_ranges(&chunks, rayon::current_num_threads().max(1));
@@ -482,6 +593,76 @@ fn column_pipeline<const R: usize>(
             }
         }
     }
+    drop(chunks);
+    Ok(sums)
+}
+
+/// libtorch's schedule on slices: all squared norms first (records split over the pool, each
+/// record's rows in one go), then `sums = Gᵀ f` block by block as a column-blocked
+/// matrix–vector product: the output is cut into column chunks that stay in L1/L2, and each
+/// chunk runs over all records in order, four at a time (`axpy4`), records with factor 0
+/// skipped. Reads every entry from memory twice, writes each output entry once.
+fn two_pass(
+    ctx: &RangeCtx<'_, '_>,
+    out: Out<'_>,
+    threads: usize,
+) -> Result<Vec<Vec<f32>>, ClipError> {
+    let n = out.totals.len();
+    let ng = ctx.ng;
+    // Pass 1: norms and factors, several record ranges per thread for balance.
+    let per = n.div_ceil(threads * 4).max(1);
+    out.norms
+        .par_chunks_mut(per * ng)
+        .zip(out.factors.par_chunks_mut(per * ng))
+        .zip(out.totals.par_chunks_mut(per))
+        .enumerate()
+        .try_for_each(|(t, ((norm_c, fac_c), tot_c))| {
+            let sub = RangeCtx {
+                segs: ctx.segs,
+                start: ctx.start + t * per,
+                ng,
+                mode: ctx.mode,
+                weights: ctx.weights,
+            };
+            let len = tot_c.len();
+            let mut o = Out {
+                norms: norm_c,
+                factors: fac_c,
+                totals: tot_c,
+            };
+            sub.norms_plain(0, len, &mut o)
+        })?;
+    // Pass 2: Gᵀ f per block over column chunks.
+    let factors: &[f64] = out.factors;
+    let chunk = Budgets::here().col_chunk;
+    let mut sums: Vec<Vec<f32>> = ctx.segs.iter().map(|s| vec![0f32; s.width]).collect();
+    let mut chunks: Vec<ColChunk<'_>> = Vec::new();
+    for (k, s) in sums.iter_mut().enumerate() {
+        for (c, p) in s.chunks_mut(chunk).enumerate() {
+            chunks.push((k, c * chunk, p));
+        }
+    }
+    chunks.par_iter_mut().for_each(|(k, c0, p)| {
+        let s = &ctx.segs[*k];
+        let (c0, len) = (*c0, p.len());
+        let piece = |li: usize| {
+            let i = ctx.start + li;
+            &s.data[i * s.width + c0..i * s.width + c0 + len]
+        };
+        let f = |li: usize| factors[li * ng + s.group] as f32;
+        let mut li = 0;
+        while li + 4 <= n {
+            let a = [f(li), f(li + 1), f(li + 2), f(li + 3)];
+            axpy4(p, a, piece(li), piece(li + 1), piece(li + 2), piece(li + 3));
+            li += 4;
+        }
+        for l in li..n {
+            let a = f(l);
+            if a != 0.0 {
+                axpy(p, a, piece(l));
+            }
+        }
+    });
     drop(chunks);
     Ok(sums)
 }
@@ -744,7 +925,68 @@ unsafe fn sweep_avx2<const R: usize>(
     res
 }
 
-/// Run the fused kernel. Shapes are assumed validated by the caller.
+thread_local! {
+    /// Schedule forced on this thread by [`with_schedule`].
+    static FORCED: std::cell::Cell<Option<Schedule>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` with every clipping call made on this thread using schedule `s` (no planning, no
+/// wisdom lookup, nothing remembered). Nested calls restore the outer setting on return.
+pub fn with_schedule<T>(s: Schedule, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Schedule>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FORCED.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(FORCED.with(|c| c.replace(Some(s))));
+    f()
+}
+
+/// `round(log2(n))` (0 for n ≤ 1): shapes within a factor of √2 share a class.
+fn log2_bucket(n: usize) -> u32 {
+    if n <= 1 {
+        return 0;
+    }
+    let fl = usize::BITS - 1 - n.leading_zeros();
+    // round up when n ≥ 2^fl · √2, i.e. n² ≥ 2^(2·fl + 1)
+    let up = (n as u128) * (n as u128) >= 1u128 << (2 * fl + 1);
+    fl + u32::from(up)
+}
+
+/// The shape class of a call: records and record entries (each rounded to the nearest power
+/// of two), segments, groups and pool threads. Example: `clip b2^8 p2^20 s1 g1 t2`.
+pub(crate) fn shape_key(segs: &[Seg<'_>], batch: usize, n_groups: usize, threads: usize) -> String {
+    let rec: usize = segs.iter().map(|s| s.width).sum();
+    format!(
+        "clip b2^{} p2^{} s{} g{} t{threads}",
+        log2_bucket(batch),
+        log2_bucket(rec),
+        segs.len(),
+        n_groups
+    )
+}
+
+/// The schedule a call of this shape would run now without timing anything: the forced one,
+/// else the remembered one (this process's wisdom), else `None`.
+pub(crate) fn known_schedule(segs: &[Seg<'_>], batch: usize, n_groups: usize) -> Option<Schedule> {
+    if let Some(s) = FORCED.with(|c| c.get()) {
+        return Some(s);
+    }
+    let threads = rayon::current_num_threads().max(1);
+    raptor_plan::lookup(&shape_key(segs, batch, n_groups, threads)).and_then(|c| c.parse().ok())
+}
+
+/// Run the clip-and-sum kernel with the planned schedule. Shapes are assumed validated by the
+/// caller.
+///
+/// Planning: a schedule forced by [`with_schedule`] runs as is. Otherwise the shape class's
+/// remembered schedule runs ([`raptor_plan::lookup`]); a class without one is planned on this
+/// call: in [`raptor_plan::PlanMode::Estimate`] the cache-model estimate runs (and is not
+/// remembered), in `Measure` the [`candidates`] are timed on this call's data within
+/// [`raptor_plan::DEFAULT_BUDGET`] runs, the fastest is remembered, and its result returned.
+/// The candidates agree within the documented rounding tolerance, so the choice — which
+/// depends on timing — changes no result beyond it.
 pub(crate) fn fused_clip_sum(
     segs: &[Seg<'_>],
     batch: usize,
@@ -752,14 +994,32 @@ pub(crate) fn fused_clip_sum(
     mode: BoundMode<'_>,
     weights: Option<&[f64]>,
 ) -> Result<Fused, ClipError> {
+    if let Some(s) = known_schedule(segs, batch, n_groups) {
+        return fused_with(segs, batch, n_groups, mode, weights, s);
+    }
     let threads = rayon::current_num_threads().max(1);
     let rec_floats: usize = segs.iter().map(|s| s.width).sum();
-    let sched = schedule(rec_floats, batch, threads);
-    fused_with(segs, batch, n_groups, mode, weights, sched)
+    let budgets = Budgets::here();
+    let est = schedule(rec_floats, batch, threads, &budgets);
+    if batch == 0 || raptor_plan::mode() == raptor_plan::PlanMode::Estimate {
+        return fused_with(segs, batch, n_groups, mode, weights, est);
+    }
+    let cands = candidates(rec_floats, batch, threads, &budgets);
+    let measured = raptor_plan::measure(&cands, raptor_plan::DEFAULT_BUDGET, |&s| {
+        fused_with(segs, batch, n_groups, mode, weights, s)
+    })?;
+    match measured {
+        Some(m) => {
+            let key = shape_key(segs, batch, n_groups, threads);
+            raptor_plan::remember(&key, &cands[m.winner].to_string());
+            Ok(m.output)
+        }
+        None => fused_with(segs, batch, n_groups, mode, weights, est),
+    }
 }
 
 /// [`fused_clip_sum`] with a given schedule.
-fn fused_with(
+pub(crate) fn fused_with(
     segs: &[Seg<'_>],
     batch: usize,
     n_groups: usize,
@@ -846,6 +1106,21 @@ fn fused_with(
                 _ => column_pipeline::<1>(&ctx, out),
             }?
         }
+        Schedule::TwoPass => {
+            let ctx = RangeCtx {
+                segs,
+                start: 0,
+                ng,
+                mode,
+                weights,
+            };
+            let out = Out {
+                norms: &mut norms,
+                factors: &mut factors,
+                totals: &mut total_norms,
+            };
+            two_pass(&ctx, out, threads)?
+        }
     };
     // A record with a non-finite entry has factor 0, but 0 · NaN is NaN in the fused sums:
     // recompute the sums without those records (rare; the factors are already known).
@@ -901,7 +1176,8 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     /// Every schedule the kernel can pick, with every step size.
-    const SCHEDULES: [Schedule; 7] = [
+    const SCHEDULES: [Schedule; 8] = [
+        Schedule::TwoPass,
         Schedule::Rows(1),
         Schedule::Rows(2),
         Schedule::Rows(4),
@@ -1161,6 +1437,8 @@ mod tests {
         }
     }
 
+    const COL_CHUNK: usize = 1 << 15;
+
     #[test]
     fn owner_ranges_cover_the_chunks_in_balanced_contiguous_ranges() {
         let mut buf = vec![0f32; 10 * COL_CHUNK + 5];
@@ -1227,7 +1505,8 @@ mod tests {
     fn column_pipeline_result_does_not_depend_on_the_thread_count() {
         // 3 column chunks per row: the static split differs with 1, 2 and 3 threads, the
         // result must not (per-chunk sweeps are identical, norms are combined in chunk order)
-        let (batch, width) = (9usize, 2 * COL_CHUNK + 77);
+        let cc = Budgets::here().col_chunk;
+        let (batch, width) = (9usize, 2 * cc + 77);
         let data = random_block(12, batch, width);
         for r in [1, 2, 4] {
             let sched = Schedule::Columns(r);
@@ -1245,7 +1524,8 @@ mod tests {
     fn column_pipeline_runs_nested_inside_the_pool() {
         // calls from inside rayon jobs (several at once, each broadcasting to the whole pool)
         // must neither deadlock nor change the result
-        let (batch, width) = (6usize, 2 * COL_CHUNK + 5);
+        let cc = Budgets::here().col_chunk;
+        let (batch, width) = (6usize, 2 * cc + 5);
         let data = random_block(13, batch, width);
         let run = || joint_clip(&data, batch, width, Schedule::Columns(2)).sums;
         let want = in_pool(1, run);
@@ -1258,6 +1538,19 @@ mod tests {
 
     #[test]
     fn schedule_choice() {
+        // the cache model on a machine with 1 MiB L2 per core and a 32 MiB L3
+        let b = Budgets::new(1 << 20, 32 << 20);
+        assert_eq!(
+            b,
+            Budgets {
+                l2: 768 << 10,
+                row_l3: 8 << 20,
+                row_l3_thread: 4 << 20,
+                col_l3: 20 << 20,
+                col_chunk: 1 << 15
+            }
+        );
+        let schedule = |p, n, t| schedule(p, n, t, &b);
         // 40 KB records: row pipeline, 8 per step (17 records' working set in L2)
         assert_eq!(schedule(10_000, 256, 2), Schedule::Rows(8));
         // 400 KB records: 4 per step (3.6 MB per thread)
@@ -1273,5 +1566,68 @@ mod tests {
         // more threads: smaller per-thread share of the L3 budget
         assert_eq!(schedule(100_000, 1024, 8), Schedule::Columns(4));
         assert_eq!(schedule(50_000, 1024, 8), Schedule::Rows(2));
+        // a machine with 2 MiB L2 and a 260 MiB L3: the per-thread L3 share (32.5 MiB) holds
+        // steps of 8 records of 400 KB, and of 2 records of 4 MB
+        let big = Budgets::new(2 << 20, 260 << 20);
+        assert_eq!(super::schedule(100_000, 1024, 2, &big), Schedule::Rows(8));
+        assert_eq!(super::schedule(1_000_000, 256, 2, &big), Schedule::Rows(2));
+        // tiny caches (the generic fallback): chunks never below 4 Ki entries
+        assert_eq!(Budgets::new(64 << 10, 64 << 10).col_chunk, 4 << 10);
+    }
+
+    #[test]
+    fn candidates_start_with_the_estimate_and_end_with_two_pass() {
+        let b = Budgets::new(1 << 20, 32 << 20);
+        for (p, n, t) in [
+            (10_000usize, 256usize, 2usize),
+            (100_000, 1024, 2),
+            (1_000_000, 256, 2),
+            (1000, 3, 2),
+            (3_000_000, 64, 2),
+            (7, 1, 1),
+        ] {
+            let c = candidates(p, n, t, &b);
+            assert_eq!(c[0], schedule(p, n, t, &b));
+            assert_eq!(c.last(), Some(&Schedule::TwoPass));
+            assert!(c.len() <= 4);
+            let mut d = c.clone();
+            d.dedup();
+            assert_eq!(d.len(), c.len(), "{c:?}");
+        }
+        // row pipelines only with two steps per thread
+        assert!(
+            candidates(1000, 3, 2, &b)
+                .iter()
+                .all(|s| !matches!(s, Schedule::Rows(_)))
+        );
+    }
+
+    #[test]
+    fn schedules_print_and_parse() {
+        for s in SCHEDULES {
+            assert_eq!(s.to_string().parse::<Schedule>().unwrap(), s);
+        }
+        for bad in [
+            "",
+            "rows",
+            "rows(3)",
+            "columns(8)",
+            "rows(8",
+            "twopass",
+            "rows(-1)",
+        ] {
+            assert!(bad.parse::<Schedule>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn log2_buckets() {
+        assert_eq!(log2_bucket(0), 0);
+        assert_eq!(log2_bucket(1), 0);
+        assert_eq!(log2_bucket(64), 6);
+        assert_eq!(log2_bucket(90), 6);
+        assert_eq!(log2_bucket(91), 7);
+        assert_eq!(log2_bucket(1_000_000), 20);
+        assert_eq!(log2_bucket(usize::MAX), 64);
     }
 }

@@ -12,9 +12,13 @@
 //! - `tensor` and `linear` (feature `tch`): the same clipping on libtorch tensors (CPU or CUDA,
 //!   the device of the inputs) and the ghost-norm / book-keeping kernels for linear layers.
 //!
-//! The slice kernel is fused: each record's rows are read from memory once; the norm is
-//! computed and the scaled row accumulated while the row is still in cache (see the crate
-//! README for measured throughput against libtorch's two-pass norm-then-mv).
+//! The slice kernels plan for the machine they run on ([`plan`]): the fused pipelines (each
+//! record's rows read from memory once; the norm is computed and the scaled row accumulated
+//! while the row is still in cache) and libtorch's two-pass norms-then-`Gᵀf` schedule are
+//! timed on the first call of each shape class with the caller's data, the fastest kept (and
+//! optionally saved to a wisdom file, `RAPTOR_WISDOM`). Cache sizes are read at run time. The
+//! schedules agree within f32 rounding (see [`plan`] for the tolerance and why a timing-based
+//! choice is harmless for privacy). See the crate README for measured speed against libtorch.
 //!
 //! # Example
 //!
@@ -43,6 +47,7 @@
 
 mod error;
 mod kernel;
+pub mod plan;
 mod privatizer;
 mod slice;
 pub mod workload;

@@ -43,6 +43,13 @@ pub enum MuonError {
         /// What the valid range is.
         reason: &'static str,
     },
+    /// A Newton–Schulz schedule name that is not one of `sym/par`, `sym/seq`, `full/par`,
+    /// `full/seq`.
+    #[error("unknown Newton-Schulz schedule {value:?} (expected sym|full / par|seq)")]
+    InvalidSchedule {
+        /// The text given.
+        value: String,
+    },
     /// An SVD in the reference code did not converge.
     #[error("SVD did not converge ({rows} x {cols})")]
     SvdFailed {

@@ -23,8 +23,9 @@ pub use bc::{
 pub use error::MuonError;
 pub use momentum::{LrAdjust, MomentumForm, Muon, MuonConfig, momentum_update};
 pub use ns::{
-    Normalization, NsConfig, NsPolynomial, NsWorkspace, newton_schulz, newton_schulz_slice,
-    newton_schulz_with,
+    Normalization, NsConfig, NsPolynomial, NsProducts, NsSchedule, NsWorkspace, newton_schulz,
+    newton_schulz_batch, newton_schulz_slice, newton_schulz_with, planned_ns_schedule,
+    with_ns_schedule,
 };
 
 #[cfg(feature = "tch")]

@@ -246,15 +246,6 @@ fn check_finite_mat(what: &'static str, x: MatRef<'_, f32>) -> Result<(), MuonEr
     Ok(())
 }
 
-/// Parallelism for products of this size (rayon below this is pure overhead).
-fn par_for(m: usize, n: usize) -> Par {
-    if m * m * n >= 64 * 64 * 64 {
-        Par::rayon(0)
-    } else {
-        Par::Seq
-    }
-}
-
 /// Copy the lower triangle onto the upper one.
 fn mirror_lower(mut a: MatMut<'_, f32>) {
     let m = a.nrows();
@@ -265,8 +256,19 @@ fn mirror_lower(mut a: MatMut<'_, f32>) {
     }
 }
 
-/// `dst ← lower(lhs · rhs)`, mirrored to a full symmetric matrix (caller guarantees symmetry).
-fn sym_product(dst: &mut Mat<f32>, lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>, par: Par) {
+/// `dst ← lhs · rhs` for a product known to be symmetric: with [`NsProducts::Symmetric`] only
+/// the lower triangle is computed, then mirrored; with [`NsProducts::Full`] a plain GEMM.
+fn sym_product(
+    dst: &mut Mat<f32>,
+    lhs: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    products: NsProducts,
+    par: Par,
+) {
+    if products == NsProducts::Full {
+        faer::linalg::matmul::matmul(dst.as_mut(), Accum::Replace, lhs, rhs, 1.0f32, par);
+        return;
+    }
     triangular::matmul(
         dst.as_mut(),
         BlockStructure::TriangularLower,
@@ -311,10 +313,15 @@ impl NsWorkspace {
 }
 
 /// Run the iterations in place on a wide (`m ≤ n`), already normalized `x`.
-fn iterate_wide(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace) {
+fn iterate_wide(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, plan: NsSchedule) {
     let (m, n) = (x.nrows(), x.ncols());
     ws.fit(m, n);
-    let par = par_for(m, n);
+    let par = if plan.parallel {
+        Par::rayon(0)
+    } else {
+        Par::Seq
+    };
+    let products = plan.products;
     let d: Vec<f32> = cfg
         .polynomial
         .coefficients_in_a()
@@ -325,7 +332,7 @@ fn iterate_wide(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace) {
     let NsWorkspace { a, t, u, y } = ws;
     for _ in 0..cfg.steps {
         // A = X Xᵀ (lower triangle only, then mirrored).
-        sym_product(a, x.as_ref(), x.transpose(), par);
+        sym_product(a, x.as_ref(), x.transpose(), products, par);
         // T = Σ_{j≥0} d_j A^j by Horner: T = d_deg A + d_{deg−1} I, then T ← A T + d_j I.
         for jj in 0..m {
             for ii in 0..m {
@@ -334,7 +341,7 @@ fn iterate_wide(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace) {
             t[(jj, jj)] += d[deg - 1];
         }
         for j in (0..deg.saturating_sub(1)).rev() {
-            sym_product(u, a.as_ref(), t.as_ref(), par);
+            sym_product(u, a.as_ref(), t.as_ref(), products, par);
             std::mem::swap(t, u);
             for jj in 0..m {
                 t[(jj, jj)] += d[j];
@@ -373,11 +380,43 @@ pub fn newton_schulz(m: MatRef<'_, f32>, cfg: &NsConfig) -> Result<Mat<f32>, Muo
 }
 
 /// [`newton_schulz`] with caller-provided buffers (no `m × m` allocations per call).
+///
+/// The schedule (symmetric or plain products, parallel or sequential) is planned per shape
+/// class, see [`NsSchedule`].
 pub fn newton_schulz_with(
     m: MatRef<'_, f32>,
     cfg: &NsConfig,
     ws: &mut NsWorkspace,
 ) -> Result<Mat<f32>, MuonError> {
+    let (x, tall) = prepare(m, cfg)?;
+    let (mm, nn) = (x.nrows(), x.ncols());
+    let threads = rayon::current_num_threads().max(1);
+    if let Some(plan) = known_ns_schedule(mm, nn, cfg, threads) {
+        return Ok(finish(run_plan(x, cfg, ws, plan), tall));
+    }
+    let key = ns_key(mm, nn, cfg, threads);
+    if raptor_plan::mode() == raptor_plan::PlanMode::Estimate {
+        let plan = NsSchedule::estimate(mm, nn, threads);
+        return Ok(finish(run_plan(x, cfg, ws, plan), tall));
+    }
+    let cands = NsSchedule::candidates(mm, nn, threads);
+    // Two interleaved rounds at least (the first run of a candidate may pay for cold caches),
+    // six runs in all at least: 2 to 4 candidates → 6 to 8 calls.
+    let measured = raptor_plan::measure(&cands, (2 * cands.len()).max(6), |&plan| {
+        Ok::<_, MuonError>(run_plan(x.clone(), cfg, ws, plan))
+    })?;
+    let out = match measured {
+        Some(mres) => {
+            raptor_plan::remember(&key, &cands[mres.winner].to_string());
+            mres.output
+        }
+        None => run_plan(x, cfg, ws, NsSchedule::estimate(mm, nn, threads)),
+    };
+    Ok(finish(out, tall))
+}
+
+/// Validate, orient wide (transpose a tall matrix) and normalize: returns `(x, tall)`.
+fn prepare(m: MatRef<'_, f32>, cfg: &NsConfig) -> Result<(Mat<f32>, bool), MuonError> {
     cfg.validate()?;
     let (r, c) = (m.nrows(), m.ncols());
     if r == 0 || c == 0 {
@@ -396,8 +435,241 @@ pub fn newton_schulz_with(
             *v *= scale;
         }
     }
-    iterate_wide(&mut x, cfg, ws);
-    Ok(if tall { x.transpose().to_owned() } else { x })
+    Ok((x, tall))
+}
+
+fn run_plan(mut x: Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, plan: NsSchedule) -> Mat<f32> {
+    iterate_wide(&mut x, cfg, ws, plan);
+    x
+}
+
+fn finish(x: Mat<f32>, tall: bool) -> Mat<f32> {
+    if tall { x.transpose().to_owned() } else { x }
+}
+
+/// How the products of a Newton–Schulz call are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NsProducts {
+    /// The symmetric products (`A = X Xᵀ`, powers of `A`) by faer's lower-triangle kernel,
+    /// then mirrored: fewer flops, best on large matrices.
+    Symmetric,
+    /// Plain GEMMs for every product: more flops but faer's fastest kernel, often better on
+    /// small matrices.
+    Full,
+}
+
+/// A Newton–Schulz schedule: the kind of products and whether each product runs on the rayon
+/// pool (faer `Par::rayon`) or on the calling thread.
+///
+/// Planned like the clip kernels ([`raptor_plan`]): per shape class (oriented `m × n`, each
+/// rounded to the nearest power of two, polynomial degree, steps, pool threads) the
+/// [`candidates`](NsSchedule::candidates) are timed on the first call's data and the fastest
+/// is remembered (and saved with `RAPTOR_WISDOM`); `RAPTOR_PLAN=estimate` takes
+/// [`estimate`](NsSchedule::estimate) without timing; [`with_ns_schedule`] forces one.
+///
+/// Results: the schedules agree within f32 rounding of the products (symmetric products are
+/// exactly symmetric, plain GEMMs up to rounding; measured differences ≲ 1e-5 relative to the
+/// result's largest entry after 5 Keller steps, tested below 1e-4), and a given schedule is
+/// deterministic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NsSchedule {
+    /// Kind of products.
+    pub products: NsProducts,
+    /// Products on the rayon pool (`true`) or on the calling thread.
+    pub parallel: bool,
+}
+
+impl std::fmt::Display for NsSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = match self.products {
+            NsProducts::Symmetric => "sym",
+            NsProducts::Full => "full",
+        };
+        let q = if self.parallel { "par" } else { "seq" };
+        write!(f, "{p}/{q}")
+    }
+}
+
+impl std::str::FromStr for NsSchedule {
+    type Err = MuonError;
+
+    /// Parse the `Display` form: `sym/par`, `sym/seq`, `full/par`, `full/seq`.
+    fn from_str(s: &str) -> Result<Self, MuonError> {
+        let (p, q) = s
+            .split_once('/')
+            .ok_or_else(|| MuonError::InvalidSchedule {
+                value: s.to_string(),
+            })?;
+        let products = match p {
+            "sym" => NsProducts::Symmetric,
+            "full" => NsProducts::Full,
+            _ => {
+                return Err(MuonError::InvalidSchedule {
+                    value: s.to_string(),
+                });
+            }
+        };
+        let parallel = match q {
+            "par" => true,
+            "seq" => false,
+            _ => {
+                return Err(MuonError::InvalidSchedule {
+                    value: s.to_string(),
+                });
+            }
+        };
+        Ok(NsSchedule { products, parallel })
+    }
+}
+
+impl NsSchedule {
+    /// The cache-model estimate: symmetric products; on the pool when one product's operands
+    /// (`m·n` f32) exceed one core's L2 and there is more than one thread.
+    pub fn estimate(m: usize, n: usize, threads: usize) -> Self {
+        let l2 = raptor_plan::machine().l2_bytes;
+        NsSchedule {
+            products: NsProducts::Symmetric,
+            parallel: threads > 1 && m.saturating_mul(n).saturating_mul(4) > l2,
+        }
+    }
+
+    /// The schedules worth timing for an oriented `m × n` matrix, the estimate first: both
+    /// kinds of products, parallel; and sequential too while the matrix takes at most a
+    /// quarter of the last-level cache (beyond, one core is not faster than all of them).
+    pub fn candidates(m: usize, n: usize, threads: usize) -> Vec<Self> {
+        let est = Self::estimate(m, n, threads);
+        let mut v = vec![est];
+        let l3 = raptor_plan::machine().l3_bytes;
+        let seq_ok = threads <= 1 || m.saturating_mul(n).saturating_mul(4) <= l3 / 4;
+        for products in [NsProducts::Symmetric, NsProducts::Full] {
+            for parallel in [true, false] {
+                let s = NsSchedule { products, parallel };
+                if ((parallel && threads > 1) || (!parallel && seq_ok)) && !v.contains(&s) {
+                    v.push(s);
+                }
+            }
+        }
+        v
+    }
+}
+
+thread_local! {
+    static NS_FORCED: std::cell::Cell<Option<NsSchedule>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` with every Newton–Schulz call on this thread (and the per-matrix calls of
+/// [`newton_schulz_batch`] it makes) using schedule `s`: no planning, nothing remembered.
+pub fn with_ns_schedule<T>(s: NsSchedule, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<NsSchedule>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NS_FORCED.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(NS_FORCED.with(|c| c.replace(Some(s))));
+    f()
+}
+
+/// `round(log2(n))`.
+fn log2_bucket(n: usize) -> u32 {
+    if n <= 1 {
+        return 0;
+    }
+    let fl = usize::BITS - 1 - n.leading_zeros();
+    fl + u32::from((n as u128) * (n as u128) >= 1u128 << (2 * fl + 1))
+}
+
+/// The wisdom key of an oriented `m × n` call.
+fn ns_key(m: usize, n: usize, cfg: &NsConfig, threads: usize) -> String {
+    let deg = cfg.polynomial.coefficients_in_a().len() - 1;
+    format!(
+        "ns m2^{} n2^{} d{deg} q{} t{threads}",
+        log2_bucket(m),
+        log2_bucket(n),
+        cfg.steps
+    )
+}
+
+fn known_ns_schedule(m: usize, n: usize, cfg: &NsConfig, threads: usize) -> Option<NsSchedule> {
+    if let Some(s) = NS_FORCED.with(|c| c.get()) {
+        return Some(s);
+    }
+    raptor_plan::lookup(&ns_key(m, n, cfg, threads)).and_then(|c| c.parse().ok())
+}
+
+/// The schedule a call on a `rows × cols` matrix would run now without timing (the forced
+/// one, else the remembered one), or `None` (the next call plans).
+pub fn planned_ns_schedule(rows: usize, cols: usize, cfg: &NsConfig) -> Option<NsSchedule> {
+    let threads = rayon::current_num_threads().max(1);
+    known_ns_schedule(rows.min(cols), rows.max(cols), cfg, threads)
+}
+
+/// Newton–Schulz of many matrices (e.g. a Muon step over the layers), sharing the work across
+/// the rayon pool: when there are at least as many matrices as threads, each thread
+/// orthogonalizes whole matrices with sequential products (no synchronization inside a
+/// product); otherwise they run one by one ([`newton_schulz`], planned). In the first case the
+/// kind of products is planned for one thread (the first call of a shape class times both
+/// kinds on the first matrix, sequentially).
+///
+/// The result equals one-by-one [`newton_schulz`] calls with the same schedule bitwise
+/// (tested); with planned schedules, within the tolerance of [`NsSchedule`].
+///
+/// ```
+/// use faer::Mat;
+/// use raptor_muon::{NsConfig, newton_schulz_batch};
+/// let a = Mat::<f32>::from_fn(4, 6, |i, j| ((i * 7 + j * 3) % 5) as f32 - 2.0);
+/// let b = Mat::<f32>::from_fn(6, 4, |i, j| ((i + 2 * j) % 3) as f32 - 1.0);
+/// let out = newton_schulz_batch(&[a.as_ref(), b.as_ref()], &NsConfig::keller())?;
+/// assert_eq!((out[1].nrows(), out[1].ncols()), (6, 4));
+/// # Ok::<(), raptor_muon::MuonError>(())
+/// ```
+pub fn newton_schulz_batch(
+    mats: &[MatRef<'_, f32>],
+    cfg: &NsConfig,
+) -> Result<Vec<Mat<f32>>, MuonError> {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads().max(1);
+    if mats.len() < 2 || threads < 2 || mats.len() < threads {
+        return mats.iter().map(|m| newton_schulz(*m, cfg)).collect();
+    }
+    let forced = NS_FORCED.with(|c| c.get());
+    if forced.is_none() && raptor_plan::mode() == raptor_plan::PlanMode::Measure {
+        // Plan the sequential products of the first matrix's shape class if not known yet.
+        let (x, _) = prepare(mats[0], cfg)?;
+        let (mm, nn) = (x.nrows(), x.ncols());
+        let key = ns_key(mm, nn, cfg, 1);
+        if raptor_plan::lookup(&key).is_none() {
+            let cands = [NsProducts::Symmetric, NsProducts::Full].map(|products| NsSchedule {
+                products,
+                parallel: false,
+            });
+            let mut ws = NsWorkspace::new(mm, nn);
+            let measured = raptor_plan::measure(&cands, 4, |&plan| {
+                Ok::<_, MuonError>(run_plan(x.clone(), cfg, &mut ws, plan))
+            })?;
+            if let Some(mres) = measured {
+                raptor_plan::remember(&key, &cands[mres.winner].to_string());
+            }
+        }
+    }
+    mats.par_iter()
+        .map(|m| {
+            let (x, tall) = prepare(*m, cfg)?;
+            let (mm, nn) = (x.nrows(), x.ncols());
+            let products = match forced {
+                Some(s) => s.products,
+                None => raptor_plan::lookup(&ns_key(mm, nn, cfg, 1))
+                    .and_then(|c| c.parse::<NsSchedule>().ok())
+                    .map_or(NsProducts::Symmetric, |s| s.products),
+            };
+            let plan = NsSchedule {
+                products,
+                parallel: false,
+            };
+            let mut ws = NsWorkspace::new(mm, nn);
+            Ok(finish(run_plan(x, cfg, &mut ws, plan), tall))
+        })
+        .collect()
 }
 
 /// Newton–Schulz on a row-major `rows × cols` slice. Returns `f(M)` row-major.

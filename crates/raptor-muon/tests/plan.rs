@@ -1,0 +1,164 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Newton–Schulz planning: every schedule agrees with the others within the documented
+//! tolerance; the batch API equals one-by-one calls; the choice is remembered and reused.
+//! No test depends on wall-clock time.
+
+use faer::Mat;
+use proptest::prelude::*;
+use raptor_muon::diagnostics::gaussian_matrix;
+use raptor_muon::{
+    NsConfig, NsProducts, NsSchedule, newton_schulz, newton_schulz_batch, planned_ns_schedule,
+    with_ns_schedule,
+};
+
+fn all() -> Vec<NsSchedule> {
+    let mut v = Vec::new();
+    for products in [NsProducts::Symmetric, NsProducts::Full] {
+        for parallel in [false, true] {
+            v.push(NsSchedule { products, parallel });
+        }
+    }
+    v
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
+fn max_abs(m: &Mat<f32>) -> f32 {
+    let mut v = 0f32;
+    for j in 0..m.ncols() {
+        for i in 0..m.nrows() {
+            v = v.max(m[(i, j)].abs());
+        }
+    }
+    v
+}
+
+fn max_diff(a: &Mat<f32>, b: &Mat<f32>) -> f32 {
+    assert_eq!((a.nrows(), a.ncols()), (b.nrows(), b.ncols()));
+    let mut v = 0f32;
+    for j in 0..a.ncols() {
+        for i in 0..a.nrows() {
+            v = v.max((a[(i, j)] - b[(i, j)]).abs());
+        }
+    }
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// All four schedules agree within 1e-4 of the result's largest entry (Keller, 5 steps;
+    /// Taylor p₂, 8 steps), in either orientation.
+    #[test]
+    fn schedules_agree_within_tolerance(
+        rows in 1usize..90,
+        cols in 1usize..90,
+        seed in 0u64..500,
+        taylor in any::<bool>(),
+    ) {
+        let m = gaussian_matrix(rows, cols, 1.0, seed);
+        let cfg = if taylor { NsConfig::taylor(2, 8) } else { NsConfig::keller() };
+        let base = with_ns_schedule(all()[0], || newton_schulz(m.as_ref(), &cfg).unwrap());
+        let scale = max_abs(&base).max(1e-6);
+        for s in all() {
+            let o = with_ns_schedule(s, || newton_schulz(m.as_ref(), &cfg).unwrap());
+            prop_assert!(max_diff(&o, &base) <= 1e-4 * scale, "{s}: {}", max_diff(&o, &base));
+        }
+    }
+}
+
+/// The batch result equals one-by-one calls bitwise under every schedule, on 1–3 threads,
+/// for a mix of wide and tall matrices of one shape.
+#[test]
+fn batch_equals_one_by_one() {
+    let cfg = NsConfig::keller();
+    let mats: Vec<Mat<f32>> = (0..5)
+        .map(|k| {
+            let m = gaussian_matrix(48, 80, 1.0, 200 + k);
+            if k % 2 == 0 {
+                m
+            } else {
+                m.transpose().to_owned()
+            }
+        })
+        .collect();
+    let refs: Vec<_> = mats.iter().map(|m| m.as_ref()).collect();
+    for s in all() {
+        for threads in [1, 2, 3] {
+            pool(threads).install(|| {
+                let batch = with_ns_schedule(s, || newton_schulz_batch(&refs, &cfg).unwrap());
+                // the batch runs each matrix's products on one thread
+                let seq = NsSchedule {
+                    parallel: false,
+                    ..s
+                };
+                for (m, b) in refs.iter().zip(&batch) {
+                    let one = with_ns_schedule(seq, || newton_schulz(*m, &cfg).unwrap());
+                    assert_eq!(max_diff(&one, b), 0.0, "{s} threads {threads}");
+                    let par = with_ns_schedule(s, || newton_schulz(*m, &cfg).unwrap());
+                    assert!(
+                        max_diff(&par, b) <= 1e-4 * max_abs(b),
+                        "{s} threads {threads}"
+                    );
+                }
+            });
+        }
+    }
+}
+
+/// Planned (unforced) batch and one-by-one calls agree within the tolerance, and bad input in
+/// any matrix is an error.
+#[test]
+fn planned_batch_agrees_and_reports_errors() {
+    let cfg = NsConfig::keller();
+    let mats: Vec<Mat<f32>> = (0..4)
+        .map(|k| gaussian_matrix(40, 64, 1.0, 300 + k))
+        .collect();
+    let refs: Vec<_> = mats.iter().map(|m| m.as_ref()).collect();
+    let batch = pool(2).install(|| newton_schulz_batch(&refs, &cfg).unwrap());
+    for (m, b) in refs.iter().zip(&batch) {
+        let one = newton_schulz(*m, &cfg).unwrap();
+        assert!(max_diff(&one, b) <= 1e-4 * max_abs(b));
+    }
+    let mut bad = mats.clone();
+    bad[2][(3, 4)] = f32::NAN;
+    let refs: Vec<_> = bad.iter().map(|m| m.as_ref()).collect();
+    assert!(
+        pool(2)
+            .install(|| newton_schulz_batch(&refs, &cfg))
+            .is_err()
+    );
+    assert!(newton_schulz_batch(&[], &cfg).unwrap().is_empty());
+}
+
+/// The first call of a shape class plans and remembers; its result is the chosen schedule's.
+#[test]
+fn the_choice_is_remembered_and_reused() {
+    let cfg = NsConfig::keller();
+    let m = gaussian_matrix(33, 150, 1.0, 7);
+    pool(2).install(|| {
+        assert_eq!(planned_ns_schedule(33, 150, &cfg), None);
+        let first = newton_schulz(m.as_ref(), &cfg).unwrap();
+        let chosen = planned_ns_schedule(33, 150, &cfg).expect("planned");
+        assert!(NsSchedule::candidates(33, 150, 2).contains(&chosen));
+        let forced = with_ns_schedule(chosen, || newton_schulz(m.as_ref(), &cfg).unwrap());
+        assert_eq!(max_diff(&first, &forced), 0.0);
+        // the transposed shape is the same class
+        assert_eq!(planned_ns_schedule(150, 33, &cfg), Some(chosen));
+    });
+}
+
+#[test]
+fn schedules_print_and_parse() {
+    for s in all() {
+        assert_eq!(s.to_string().parse::<NsSchedule>().unwrap(), s);
+    }
+    for bad in ["", "sym", "sym/", "tri/par", "full/fast", "sym/par/x"] {
+        assert!(bad.parse::<NsSchedule>().is_err(), "{bad}");
+    }
+}
