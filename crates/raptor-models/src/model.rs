@@ -225,3 +225,58 @@ impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
         Ok(PrivateStepOutput { losses, clip })
     }
 }
+
+/// Implements [`Model`] for a wrapper type by delegating every method to its field `$field`
+/// (a family that is a configuration of a shared-block model, e.g. [`crate::OlmoeDecoder`]).
+macro_rules! delegate_model {
+    ($ty:ty, $field:ident) => {
+        impl $crate::model::Model for $ty {
+            fn var_store(&self) -> &tch::nn::VarStore {
+                self.$field.var_store()
+            }
+            fn var_store_mut(&mut self) -> &mut tch::nn::VarStore {
+                self.$field.var_store_mut()
+            }
+            fn vocab_size(&self) -> i64 {
+                self.$field.vocab_size()
+            }
+            fn task(&self) -> $crate::batch::Task {
+                self.$field.task()
+            }
+            fn num_labels(&self) -> Option<i64> {
+                self.$field.num_labels()
+            }
+            fn sparse_layers(&self) -> Vec<usize> {
+                self.$field.sparse_layers()
+            }
+            fn num_experts(&self) -> i64 {
+                self.$field.num_experts()
+            }
+            fn top_k(&self) -> i64 {
+                self.$field.top_k()
+            }
+            fn expert_capacity(&self) -> Option<i64> {
+                self.$field.expert_capacity()
+            }
+            fn linears_mut(
+                &mut self,
+            ) -> (&tch::nn::VarStore, Vec<&mut $crate::layers::Linear>) {
+                self.$field.linears_mut()
+            }
+            fn router_params(&self) -> Vec<String> {
+                self.$field.router_params()
+            }
+            fn hf_config_json(&self) -> Option<serde_json::Value> {
+                self.$field.hf_config_json()
+            }
+            fn forward(
+                &self,
+                batch: &$crate::batch::Batch,
+                ctx: &mut $crate::layers::ForwardCtx,
+            ) -> $crate::error::Result<tch::Tensor> {
+                self.$field.forward(batch, ctx)
+            }
+        }
+    };
+}
+pub(crate) use delegate_model;
