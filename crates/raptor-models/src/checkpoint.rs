@@ -436,6 +436,20 @@ impl HfLayout {
         l
     }
 
+    /// `BertForSequenceClassification` (also reads a `BertModel` checkpoint, whose names lack
+    /// the `bert.` prefix); `position_ids` buffers and, when the model pools by mean, the
+    /// checkpoint's pooler are never unexpected.
+    pub fn bert() -> Self {
+        Self {
+            transposed: vec![],
+            tied: vec![],
+            optional_prefixes: vec!["bert.".into()],
+            ignore_unexpected: ["*position_ids", "*pooler.dense.*"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+
     /// Adds a tie `(alias, source)`.
     pub fn with_tied(mut self, alias: &str, source: &str) -> Self {
         self.tied.push((alias.to_string(), source.to_string()));
@@ -449,8 +463,9 @@ impl HfLayout {
             "switch_transformers" => Ok(Self::switch_transformers()),
             "olmoe" => Ok(Self::olmoe()),
             "llama" | "mixtral" | "qwen2_moe" => Ok(Self::llama_family(false)),
+            "bert" => Ok(Self::bert()),
             other => Err(ModelError::InvalidConfig(format!(
-                "no checkpoint layout for model_type {other:?} (known: gpt2, switch_transformers, olmoe, llama, mixtral, qwen2_moe)"
+                "no checkpoint layout for model_type {other:?} (known: gpt2, switch_transformers, olmoe, llama, mixtral, qwen2_moe, bert)"
             ))),
         }
     }
@@ -1118,5 +1133,25 @@ pub fn load_decoder(
         });
     };
     let model = crate::Decoder::new(c.to_model_config(head)?, device)?;
+    load_into(model, dir, config, opts)
+}
+
+/// Builds a [`crate::Bert`] classifier (`num_labels` classes, `pooling`) from a Hugging Face
+/// BERT directory (`BertModel` or `BertForSequenceClassification`) and loads its weights (a
+/// `BertModel` lacks `classifier.*`, which [`LoadOptions::strict`] allows).
+pub fn load_bert(
+    dir: impl AsRef<Path>,
+    num_labels: i64,
+    pooling: crate::BertPooling,
+    device: Device,
+    opts: &LoadOptions,
+) -> Result<Pretrained<crate::Bert>> {
+    let dir = dir.as_ref();
+    let config = crate::hf_config::HfConfig::from_file(dir)?;
+    expect_type(dir, &config, "bert")?;
+    let crate::hf_config::HfConfig::Bert(c) = &config else {
+        return Err(ModelError::InvalidConfig("not a BERT config".into()));
+    };
+    let model = crate::Bert::new(c.to_model_config(num_labels, pooling)?, device)?;
     load_into(model, dir, config, opts)
 }

@@ -57,6 +57,8 @@ pub enum HfConfig {
     Gpt2(HfGpt2Config),
     /// `model_type: llama`, `mixtral` or `qwen2_moe` (see [`HfDecoderConfig::family`]).
     Decoder(HfDecoderConfig),
+    /// `model_type: bert`.
+    Bert(HfBertConfig),
 }
 
 impl HfConfig {
@@ -78,10 +80,11 @@ impl HfConfig {
             "llama" | "mixtral" | "qwen2_moe" => {
                 Ok(Self::Decoder(HfDecoderConfig::from_fields(&f)?))
             }
+            "bert" => Ok(Self::Bert(HfBertConfig::from_fields(&f)?)),
             other => Err(f.err(
                 "model_type",
                 format!(
-                    "{other:?} is not supported (switch_transformers, olmoe, gpt2, llama, mixtral, qwen2_moe)"
+                    "{other:?} is not supported (switch_transformers, olmoe, gpt2, llama, mixtral, qwen2_moe, bert)"
                 ),
             )),
         }
@@ -94,6 +97,7 @@ impl HfConfig {
             Self::Olmoe(_) => "olmoe",
             Self::Gpt2(_) => "gpt2",
             Self::Decoder(c) => c.family.model_type(),
+            Self::Bert(_) => "bert",
         }
     }
 
@@ -107,6 +111,7 @@ impl HfConfig {
             Self::Olmoe(_) => HfLayout::olmoe(),
             Self::Gpt2(_) => HfLayout::gpt2(),
             Self::Decoder(c) => HfLayout::llama_family(c.tie_word_embeddings),
+            Self::Bert(_) => HfLayout::bert(),
         }
     }
 
@@ -117,6 +122,7 @@ impl HfConfig {
             Self::Olmoe(c) => c.vocab_size,
             Self::Gpt2(c) => c.vocab_size,
             Self::Decoder(c) => c.vocab_size,
+            Self::Bert(c) => c.vocab_size,
         }
     }
 }
@@ -992,6 +998,96 @@ impl HfDecoderConfig {
             moe,
             tie_word_embeddings: self.tie_word_embeddings,
             head,
+        })
+    }
+}
+
+/// `BertConfig` (absolute positions only).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HfBertConfig {
+    /// Vocabulary size.
+    pub vocab_size: i64,
+    /// Hidden size.
+    pub hidden_size: i64,
+    /// Encoder layers.
+    pub num_hidden_layers: i64,
+    /// Attention heads.
+    pub num_attention_heads: i64,
+    /// FFN inner size.
+    pub intermediate_size: i64,
+    /// FFN activation (`gelu`, `gelu_new`, `relu`, `silu`).
+    pub hidden_act: String,
+    /// Learned positions.
+    pub max_position_embeddings: i64,
+    /// Token types.
+    pub type_vocab_size: i64,
+    /// Layer norm ε.
+    pub layer_norm_eps: f64,
+    /// Classes of a sequence-classification checkpoint (`num_labels` or the size of
+    /// `id2label`), if given.
+    pub num_labels: Option<i64>,
+    /// Padding token id.
+    pub pad_token_id: Option<i64>,
+}
+
+config_io!(HfBertConfig);
+
+impl HfBertConfig {
+    fn from_fields(f: &Fields) -> Result<Self> {
+        f.check_type("bert")?;
+        let hidden_size = f.size("hidden_size")?;
+        let heads = f.size("num_attention_heads")?;
+        if hidden_size % heads != 0 {
+            return Err(f.err(
+                "num_attention_heads",
+                format!("hidden_size {hidden_size} is not a multiple of {heads} heads"),
+            ));
+        }
+        let pos_type = f.string_or("position_embedding_type", "absolute")?;
+        f.one_of("position_embedding_type", pos_type, &["absolute"])?;
+        let act = f.string_or("hidden_act", "gelu")?;
+        let act = f.one_of("hidden_act", act, &["gelu", "gelu_new", "relu", "silu"])?;
+        let num_labels = match f.int_opt("num_labels")? {
+            Some(n) => Some(n),
+            None => f
+                .get("id2label")
+                .and_then(Value::as_object)
+                .map(|m| m.len() as i64),
+        };
+        Ok(Self {
+            vocab_size: f.size("vocab_size")?,
+            hidden_size,
+            num_hidden_layers: f.size("num_hidden_layers")?,
+            num_attention_heads: heads,
+            intermediate_size: f.size("intermediate_size")?,
+            hidden_act: act,
+            max_position_embeddings: f.size_or("max_position_embeddings", 512)?,
+            type_vocab_size: f.size_or("type_vocab_size", 2)?,
+            layer_norm_eps: f.positive_or("layer_norm_eps", 1e-12)?,
+            num_labels,
+            pad_token_id: f.int_opt("pad_token_id")?,
+        })
+    }
+
+    /// The model configuration of [`crate::Bert`] with a `num_labels`-way classifier pooled by
+    /// `pooling`.
+    pub fn to_model_config(
+        &self,
+        num_labels: i64,
+        pooling: crate::BertPooling,
+    ) -> Result<crate::BertConfig> {
+        Ok(crate::BertConfig {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            intermediate_size: self.intermediate_size,
+            hidden_act: Act::from_hf(&self.hidden_act)?,
+            max_position_embeddings: self.max_position_embeddings,
+            type_vocab_size: self.type_vocab_size,
+            layer_norm_eps: self.layer_norm_eps,
+            pooling,
+            num_labels,
         })
     }
 }

@@ -3,7 +3,7 @@
 //! Models: [`SwitchEncoder`] (Switch-style MoE encoder classifier), [`Decoder`] (Llama-family
 //! causal decoders composed from shared blocks: Llama, Mixtral, Qwen2-MoE with a shared expert,
 //! OLMoE, see [`DecoderFamily`]), [`OlmoeDecoder`] (the OLMoE configuration of [`Decoder`]),
-//! [`Gpt2`] (dense decoder, tied LM head). Every trainable op
+//! [`Gpt2`] (dense decoder, tied LM head), [`Bert`] (BERT-style encoder classifier). Every trainable op
 //! records itself in a private [`ForwardCtx`]; [`PerSampleGrads`] then gives exact per-record
 //! squared norms by parameter and by caller-named group, and clipped sums, from one backward.
 
@@ -12,6 +12,7 @@
 pub const CUDA_LINKED: bool = cfg!(raptor_cuda_linked);
 
 mod batch;
+mod bert;
 mod blocks;
 pub mod checkpoint;
 mod decoder;
@@ -29,6 +30,7 @@ mod tape;
 pub mod tokenizer;
 
 pub use batch::{Batch, Task, per_record_loss};
+pub use bert::{Bert, BertConfig, BertPooling};
 pub use blocks::RopeScaling;
 pub use decoder::{Decoder, DecoderConfig, DecoderFamily, MoeConfig};
 pub use error::{ModelError, Result};

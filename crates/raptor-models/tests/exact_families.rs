@@ -10,7 +10,8 @@ mod common;
 
 use common::*;
 use raptor_models::{
-    Batch, Decoder, DecoderConfig, DecoderFamily, DecoderHead, LoraConfig, Model, RopeScaling,
+    Batch, Bert, BertConfig, BertPooling, Decoder, DecoderConfig, DecoderFamily, DecoderHead,
+    LoraConfig, Model, RopeScaling,
     attach_lora, freeze_all, set_trainable, trainable_params,
 };
 use std::collections::BTreeMap;
@@ -275,4 +276,43 @@ fn bad_family_configs_are_errors() {
     let mut c = DecoderConfig::tiny(DecoderFamily::Llama, DecoderHead::LanguageModel);
     c.rope_scaling = RopeScaling::Linear { factor: 0.0 };
     assert!(Decoder::new(c, Device::Cpu).is_err());
+}
+
+#[test]
+fn bert_full_finetune_with_pooler_is_exact() {
+    tch::manual_seed(18);
+    let mut m = Bert::new(BertConfig::tiny(3), Device::Cpu).unwrap();
+    m.var_store_mut().double();
+    perturb(&m, 0.05);
+    let b = Batch::from_records(
+        &records(&[5, 1, 3, 5], m.vocab_size(), 9),
+        0,
+        Some(&[1, 0, 2, 0]),
+        Device::Cpu,
+    )
+    .unwrap();
+    check_exact(&m, &b, &BTreeMap::new(), TOL);
+}
+
+#[test]
+fn bert_lora_mean_pooling_is_exact() {
+    tch::manual_seed(19);
+    let mut cfg = BertConfig::tiny(2);
+    cfg.pooling = BertPooling::Mean;
+    let mut m = Bert::new(cfg, Device::Cpu).unwrap();
+    freeze_all(&m).unwrap();
+    attach_lora(
+        &mut m,
+        &LoraConfig {
+            r: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            targets: vec!["attention.self.query".into(), "intermediate.dense".into()],
+        },
+    )
+    .unwrap();
+    set_trainable(&m, &["classifier", "LayerNorm"], true).unwrap();
+    m.var_store_mut().double();
+    perturb(&m, 0.1);
+    check_exact(&m, &cls_batch(m.vocab_size()), &BTreeMap::new(), TOL);
 }

@@ -6,13 +6,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use raptor_models::checkpoint::{
-    LoadOptions, Pretrained, SafetensorsFile, SaveOptions, load_decoder, load_gpt2, load_olmoe,
+    LoadOptions, Pretrained, SafetensorsFile, SaveOptions, load_bert, load_decoder, load_gpt2,
+    load_olmoe,
     load_switch_encoder, read_safetensors, save_pretrained, save_var_store,
 };
 use raptor_models::hf_config::{
     HfConfig, HfDecoderConfig, HfGpt2Config, HfOlmoeConfig, HfSwitchConfig,
 };
-use raptor_models::{Batch, DecoderFamily, DecoderHead, ForwardCtx, Model, ModelError, RopeScaling};
+use raptor_models::{
+    Batch, BertPooling, DecoderFamily, DecoderHead, ForwardCtx, Model, ModelError, RopeScaling,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
@@ -709,4 +712,80 @@ fn llama_family_resave_and_save_pretrained_round_trip() {
 
 fn load_family_from(dir: &Path) -> Pretrained<raptor_models::Decoder> {
     load_decoder(dir, DecoderHead::LanguageModel, Device::Cpu, &exact_load()).unwrap()
+}
+
+#[test]
+fn bert_matches_transformers_with_token_types() {
+    let HfConfig::Bert(c) = HfConfig::from_file(fixture("bert")).unwrap() else {
+        panic!("not bert")
+    };
+    assert_eq!(
+        (c.hidden_size, c.num_hidden_layers, c.type_vocab_size, c.num_labels),
+        (32, 2, 2, Some(3))
+    );
+    let p = load_bert(
+        fixture("bert"),
+        3,
+        BertPooling::Pooler,
+        Device::Cpu,
+        &LoadOptions::exact(),
+    )
+    .unwrap();
+    assert!(p.report.missing.is_empty() && p.report.unexpected.is_empty());
+    let (batch, reference) = io("bert");
+    let inputs = read_map(fixture("bert").join("inputs.safetensors"));
+    let types = &inputs["token_type_ids"];
+    assert!(types.max().int64_value(&[]) == 1);
+    let m = &p.model;
+    let logits = tch::no_grad(|| {
+        m.forward_with_token_types(&batch, Some(types), &mut ForwardCtx::new(false))
+    })
+    .unwrap();
+    let diff = (&logits - &reference["logits"]).abs().max().double_value(&[]);
+    assert!(diff < TOL, "logits differ from transformers by {diff}");
+    let h = tch::no_grad(|| m.encode(&batch, Some(types), &mut ForwardCtx::new(false))).unwrap();
+    let diff = max_diff_valid(&h, &reference["hidden_states.2"], &batch.attention_mask);
+    assert!(diff < TOL, "last hidden state differs by {diff}");
+    let pooled = tch::no_grad(|| m.pool(&h, &batch.attention_mask, &mut ForwardCtx::new(false)))
+        .unwrap();
+    let diff = (&pooled - &reference["pooler_output"]).abs().max().double_value(&[]);
+    assert!(diff < TOL, "pooler output differs by {diff}");
+    // Token types matter (the fixture uses both segments).
+    let plain = tch::no_grad(|| m.forward(&batch, &mut ForwardCtx::new(false))).unwrap();
+    assert!((&plain - &logits).abs().max().double_value(&[]) > 1e-3);
+    // Bad token types are typed errors.
+    assert!(
+        m.forward_with_token_types(&batch, Some(&(types + 5)), &mut ForwardCtx::new(false))
+            .is_err()
+    );
+    // Mean pooling: the checkpoint's pooler is ignored, the classifier may be missing.
+    let mean = load_bert(
+        fixture("bert"),
+        2,
+        BertPooling::Mean,
+        Device::Cpu,
+        &LoadOptions::strict().allow_missing("classifier.*"),
+    );
+    assert!(mean.is_err(), "classifier shape [3, 32] must not load into a 2-way head");
+    let mean = load_bert(
+        fixture("bert"),
+        3,
+        BertPooling::Mean,
+        Device::Cpu,
+        &LoadOptions::strict(),
+    )
+    .unwrap();
+    assert!(mean.report.unexpected.is_empty());
+    // Re-saving gives back the transformers file (the pooler included).
+    let dir = std::env::temp_dir().join(format!("raptor-bert-resave-{}", std::process::id()));
+    save_pretrained(m, &dir).unwrap();
+    let (orig, again) = (
+        SafetensorsFile::open(fixture("bert").join("model.safetensors")).unwrap(),
+        SafetensorsFile::open(dir.join("model.safetensors")).unwrap(),
+    );
+    assert_eq!(orig.names(), again.names());
+    for n in orig.names() {
+        assert!(orig.tensor(&n).unwrap().equal(&again.tensor(&n).unwrap()), "{n}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
