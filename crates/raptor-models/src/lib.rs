@@ -28,6 +28,7 @@ mod olmoe;
 mod switch;
 mod tape;
 pub mod tokenizer;
+pub mod upcycle;
 
 pub use batch::{Batch, Task, per_record_loss};
 pub use bert::{Bert, BertConfig, BertPooling};
