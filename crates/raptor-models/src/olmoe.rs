@@ -7,14 +7,12 @@
 //! `model.norm.weight`, `lm_head.weight`); a classification head is `score.weight` (no bias) on
 //! the last valid token.
 
-use crate::batch::{Batch, Task};
+use crate::batch::Task;
 use crate::blocks::RopeScaling;
 use crate::decoder::{Decoder, DecoderConfig, DecoderFamily, MoeConfig};
 use crate::error::{ModelError, Result};
-use crate::layers::{Act, ForwardCtx, Linear};
-use crate::model::Model;
-use tch::nn::VarStore;
-use tch::{Device, Tensor};
+use crate::layers::Act;
+use tch::Device;
 
 /// What a decoder's head computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
