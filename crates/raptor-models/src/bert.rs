@@ -131,7 +131,9 @@ impl Bert {
             || cfg.type_vocab_size < 1
             || cfg.max_position_embeddings < 1
         {
-            return Err(ModelError::InvalidConfig(format!("bad BERT sizes in {cfg:?}")));
+            return Err(ModelError::InvalidConfig(format!(
+                "bad BERT sizes in {cfg:?}"
+            )));
         }
         let vs = VarStore::new(device);
         let (d, std, eps) = (cfg.hidden_size, 0.02, cfg.layer_norm_eps);

@@ -164,8 +164,18 @@ impl RotaryAttention {
         );
         let (q_norm, k_norm) = if spec.qk_norm {
             (
-                Some(RmsNorm::new(vs, &format!("{prefix}.q_norm"), qd, spec.norm_eps)?),
-                Some(RmsNorm::new(vs, &format!("{prefix}.k_norm"), kvd, spec.norm_eps)?),
+                Some(RmsNorm::new(
+                    vs,
+                    &format!("{prefix}.q_norm"),
+                    qd,
+                    spec.norm_eps,
+                )?),
+                Some(RmsNorm::new(
+                    vs,
+                    &format!("{prefix}.k_norm"),
+                    kvd,
+                    spec.norm_eps,
+                )?),
             )
         } else {
             (None, None)
@@ -278,7 +288,9 @@ impl GatedMlp {
         rows: RowSpec<'_>,
         mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let g = self.act.apply(&self.gate.forward_rows(x, ctx, rows, mask)?)?;
+        let g = self
+            .act
+            .apply(&self.gate.forward_rows(x, ctx, rows, mask)?)?;
         let u = self.up.forward_rows(x, ctx, rows, mask)?;
         self.down.forward_rows(&g.f_mul(&u)?, ctx, rows, mask)
     }

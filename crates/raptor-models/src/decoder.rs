@@ -207,10 +207,14 @@ impl DecoderConfig {
         if let RopeScaling::Linear { factor } = self.rope_scaling
             && !(factor.is_finite() && factor > 0.0)
         {
-            return bad(format!("RoPE linear scaling factor {factor} must be positive"));
+            return bad(format!(
+                "RoPE linear scaling factor {factor} must be positive"
+            ));
         }
         if let Some(m) = &self.moe {
-            if m.num_experts < 1 || m.num_experts_per_tok < 1 || m.num_experts_per_tok > m.num_experts
+            if m.num_experts < 1
+                || m.num_experts_per_tok < 1
+                || m.num_experts_per_tok > m.num_experts
             {
                 return bad(format!(
                     "num_experts_per_tok {} must be in [1, num_experts = {}]",
@@ -487,7 +491,10 @@ impl Model for Decoder {
                 obj.insert("qkv_bias".into(), c.qkv_bias.into());
                 obj.insert("num_experts".into(), m.num_experts.into());
                 obj.insert("num_experts_per_tok".into(), m.num_experts_per_tok.into());
-                obj.insert("moe_intermediate_size".into(), m.expert_intermediate_size.into());
+                obj.insert(
+                    "moe_intermediate_size".into(),
+                    m.expert_intermediate_size.into(),
+                );
                 obj.insert(
                     "shared_expert_intermediate_size".into(),
                     m.shared_expert_intermediate_size?.into(),

@@ -9,10 +9,10 @@
 //! transposes). A classification head is `score.weight` (no bias) on the last valid token.
 
 use crate::batch::{Batch, Task};
+use crate::blocks::{attend, causal_mask, last_valid, split_heads, tied_lm_head};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear};
 use crate::model::Model;
-use crate::blocks::{attend, causal_mask, last_valid, split_heads, tied_lm_head};
 use crate::olmoe::DecoderHead;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};

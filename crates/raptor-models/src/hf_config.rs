@@ -19,11 +19,11 @@
 //! # Ok::<(), raptor_models::ModelError>(())
 //! ```
 
+use crate::blocks::RopeScaling;
 use crate::checkpoint::HfLayout;
+use crate::decoder::{DecoderConfig, DecoderFamily, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::Act;
-use crate::blocks::RopeScaling;
-use crate::decoder::{DecoderConfig, DecoderFamily, MoeConfig};
 use crate::olmoe::DecoderHead;
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -867,7 +867,10 @@ impl HfDecoderConfig {
             }
         };
         if head_dim < 2 || head_dim % 2 != 0 {
-            return Err(f.err("head_dim", format!("must be even and positive, found {head_dim}")));
+            return Err(f.err(
+                "head_dim",
+                format!("must be even and positive, found {head_dim}"),
+            ));
         }
         let layers = f.size("num_hidden_layers")?;
         let intermediate_size = f.size("intermediate_size")?;
@@ -876,7 +879,14 @@ impl HfDecoderConfig {
         let hidden_act = f.one_of(
             "hidden_act",
             hidden_act,
-            &["silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu"],
+            &[
+                "silu",
+                "swish",
+                "gelu",
+                "gelu_new",
+                "gelu_pytorch_tanh",
+                "relu",
+            ],
         )?;
         let sliding = match family {
             DecoderFamily::Qwen2Moe => f.bool_or("use_sliding_window", false)?,
@@ -893,7 +903,11 @@ impl HfDecoderConfig {
                 "sliding-window attention is not supported",
             ));
         }
-        let eps_default = if family == DecoderFamily::Mixtral { 1e-5 } else { 1e-6 };
+        let eps_default = if family == DecoderFamily::Mixtral {
+            1e-5
+        } else {
+            1e-6
+        };
         let (mut qkv_bias, mut o_bias, mut mlp_bias) = (false, false, false);
         let (mut num_experts, mut top_k, mut expert_inner) = (0, 0, 0);
         let (mut shared, mut norm_topk, mut sparse_layers) = (None, false, Vec::new());

@@ -258,9 +258,7 @@ macro_rules! delegate_model {
             fn expert_capacity(&self) -> Option<i64> {
                 self.$field.expert_capacity()
             }
-            fn linears_mut(
-                &mut self,
-            ) -> (&tch::nn::VarStore, Vec<&mut $crate::layers::Linear>) {
+            fn linears_mut(&mut self) -> (&tch::nn::VarStore, Vec<&mut $crate::layers::Linear>) {
                 self.$field.linears_mut()
             }
             fn router_params(&self) -> Vec<String> {

@@ -11,8 +11,7 @@ mod common;
 use common::*;
 use raptor_models::{
     Batch, Bert, BertConfig, BertPooling, Decoder, DecoderConfig, DecoderFamily, DecoderHead,
-    LoraConfig, Model, RopeScaling,
-    attach_lora, freeze_all, set_trainable, trainable_params,
+    LoraConfig, Model, RopeScaling, attach_lora, freeze_all, set_trainable, trainable_params,
 };
 use std::collections::BTreeMap;
 use tch::{Device, Tensor};
@@ -118,7 +117,10 @@ fn mixtral_full_finetune_owner_masks_are_exact_and_do_not_leak() {
     // Routers stay frozen even when everything is set trainable.
     set_trainable(&m, &["*"], true).unwrap();
     let tp = trainable_params(&m);
-    assert!(!tp.iter().any(|n| n.ends_with("block_sparse_moe.gate.weight")));
+    assert!(
+        !tp.iter()
+            .any(|n| n.ends_with("block_sparse_moe.gate.weight"))
+    );
     assert!(tp.iter().any(|n| n.ends_with("experts.3.w2.weight")));
     let b = lm_batch(m.vocab_size());
     let owners: BTreeMap<usize, Tensor> = [
@@ -184,8 +186,7 @@ fn qwen2_moe_shared_expert_is_shared_stream_and_routed_experts_do_not_leak() {
     assert!(tp.contains(&"model.layers.0.mlp.shared_expert.up_proj.weight".to_string()));
     assert!(tp.contains(&"model.layers.1.mlp.up_proj.weight".to_string()));
     let b = lm_batch(m.vocab_size());
-    let owners: BTreeMap<usize, Tensor> =
-        [(0usize, Tensor::from_slice(&[3i64, 3, 0, 2]))].into();
+    let owners: BTreeMap<usize, Tensor> = [(0usize, Tensor::from_slice(&[3i64, 3, 0, 2]))].into();
     check_exact(&m, &b, &owners, TOL);
     assert!(assert_no_leak(&m, &b, &owners) > 0);
     // The shared expert and its gate are never owner-masked: every record reaches them.
@@ -230,8 +231,7 @@ fn qwen2_moe_lora_everywhere_with_owners_is_exact() {
     m.var_store_mut().double();
     perturb(&m, 0.1);
     let b = cls_batch(m.vocab_size());
-    let owners: BTreeMap<usize, Tensor> =
-        [(0usize, Tensor::from_slice(&[1i64, 0, 0, 2]))].into();
+    let owners: BTreeMap<usize, Tensor> = [(0usize, Tensor::from_slice(&[1i64, 0, 0, 2]))].into();
     check_exact(&m, &b, &owners, TOL);
     assert!(assert_no_leak(&m, &b, &owners) > 0);
 }

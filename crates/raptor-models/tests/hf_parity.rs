@@ -7,8 +7,7 @@
 
 use raptor_models::checkpoint::{
     LoadOptions, Pretrained, SafetensorsFile, SaveOptions, load_bert, load_decoder, load_gpt2,
-    load_olmoe,
-    load_switch_encoder, read_safetensors, save_pretrained, save_var_store,
+    load_olmoe, load_switch_encoder, read_safetensors, save_pretrained, save_var_store,
 };
 use raptor_models::hf_config::{
     HfConfig, HfDecoderConfig, HfGpt2Config, HfOlmoeConfig, HfSwitchConfig,
@@ -499,13 +498,19 @@ fn load_family(name: &str) -> Pretrained<raptor_models::Decoder> {
 
 /// Logits and final hidden states against transformers at valid positions; returns the router
 /// outputs.
-fn check_family_logits(name: &str, model: &raptor_models::Decoder) -> Vec<raptor_models::RouterOutput> {
+fn check_family_logits(
+    name: &str,
+    model: &raptor_models::Decoder,
+) -> Vec<raptor_models::RouterOutput> {
     let (batch, reference) = io(name);
     let mut ctx = ForwardCtx::new(false);
     ctx.collect_routing = true;
     let logits = tch::no_grad(|| model.forward(&batch, &mut ctx)).unwrap();
     let diff = max_diff_valid(&logits, &reference["logits"], &batch.attention_mask);
-    assert!(diff < TOL, "{name}: logits differ from transformers by {diff}");
+    assert!(
+        diff < TOL,
+        "{name}: logits differ from transformers by {diff}"
+    );
     let layers = model.config().num_hidden_layers;
     let h = tch::no_grad(|| model.hidden_states(&batch, &mut ForwardCtx::new(false))).unwrap();
     let diff = max_diff_valid(
@@ -557,7 +562,12 @@ fn llama_family_configs_parse() {
     };
     assert_eq!(l.family, DecoderFamily::Llama);
     assert_eq!(
-        (l.hidden_size, l.num_attention_heads, l.num_key_value_heads, l.head_dim),
+        (
+            l.hidden_size,
+            l.num_attention_heads,
+            l.num_key_value_heads,
+            l.head_dim
+        ),
         (32, 4, 2, 8)
     );
     assert_eq!(l.rope_theta, 5000.0);
@@ -568,7 +578,12 @@ fn llama_family_configs_parse() {
     };
     assert_eq!(m.family, DecoderFamily::Mixtral);
     assert_eq!(
-        (m.num_experts, m.num_experts_per_tok, m.expert_intermediate_size, m.norm_topk_prob),
+        (
+            m.num_experts,
+            m.num_experts_per_tok,
+            m.expert_intermediate_size,
+            m.norm_topk_prob
+        ),
         (4, 2, 16, true)
     );
     assert_eq!(m.sparse_layers, vec![0, 1]);
@@ -578,7 +593,11 @@ fn llama_family_configs_parse() {
     assert_eq!(q.family, DecoderFamily::Qwen2Moe);
     assert_eq!(q.sparse_layers, vec![0, 2]);
     assert_eq!(
-        (q.expert_intermediate_size, q.shared_expert_intermediate_size, q.intermediate_size),
+        (
+            q.expert_intermediate_size,
+            q.shared_expert_intermediate_size,
+            q.intermediate_size
+        ),
         (16, Some(24), 40)
     );
     assert!(q.qkv_bias && !q.o_bias && !q.norm_topk_prob);
@@ -591,7 +610,12 @@ fn llama_family_configs_parse() {
     )
     .unwrap();
     assert_eq!(
-        (old.rope_theta, old.rope_scaling, old.num_key_value_heads, old.head_dim),
+        (
+            old.rope_theta,
+            old.rope_scaling,
+            old.num_key_value_heads,
+            old.head_dim
+        ),
         (500000.0, RopeScaling::Linear { factor: 4.0 }, 4, 16)
     );
     // Unsupported RoPE kinds and sliding windows are errors naming the field.
@@ -602,7 +626,9 @@ fn llama_family_configs_parse() {
         )
     };
     let (f, _) = config_err(HfDecoderConfig::from_json_str(
-        &llama(r#", "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}"#),
+        &llama(
+            r#", "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}"#,
+        ),
         "t",
     ));
     assert_eq!(f, "rope_parameters.rope_type");
@@ -622,12 +648,16 @@ fn llama_family_configs_parse() {
     ));
     assert_eq!(f, "num_key_value_heads");
     let (f, _) = config_err(HfDecoderConfig::from_json_str(
-        &llama("").replace("llama", "mixtral").replace("}", r#", "sliding_window": 4096}"#),
+        &llama("")
+            .replace("llama", "mixtral")
+            .replace("}", r#", "sliding_window": 4096}"#),
         "t",
     ));
     assert_eq!(f, "sliding_window");
     let (f, _) = config_err(HfDecoderConfig::from_json_str(
-        &llama("").replace("llama", "qwen2_moe").replace("}", r#", "num_experts": 2, "num_experts_per_tok": 3}"#),
+        &llama("")
+            .replace("llama", "qwen2_moe")
+            .replace("}", r#", "num_experts": 2, "num_experts_per_tok": 3}"#),
         "t",
     ));
     assert_eq!(f, "num_experts_per_tok");
@@ -637,7 +667,12 @@ fn llama_family_configs_parse() {
 fn llama_matches_transformers() {
     let p = load_family("llama");
     // Tied head: no lm_head variable; GQA 4/2; linear RoPE scaling with θ 5000.
-    assert!(!p.model.var_store().variables().contains_key("lm_head.weight"));
+    assert!(
+        !p.model
+            .var_store()
+            .variables()
+            .contains_key("lm_head.weight")
+    );
     let routing = check_family_logits("llama", &p.model);
     assert!(routing.is_empty());
     assert!(p.model.sparse_layers().is_empty() && p.model.router_params().is_empty());
@@ -671,7 +706,12 @@ fn qwen2_moe_matches_transformers() {
     assert_eq!(p.model.sparse_layers(), vec![0, 2]);
     check_routing("qwen2_moe", &routing, 2, false);
     // The shared expert's gate is not a router: it stays trainable (shared stream).
-    assert!(p.model.router_params().iter().all(|n| !n.contains("shared_expert")));
+    assert!(
+        p.model
+            .router_params()
+            .iter()
+            .all(|n| !n.contains("shared_expert"))
+    );
 }
 
 #[test]
@@ -720,7 +760,12 @@ fn bert_matches_transformers_with_token_types() {
         panic!("not bert")
     };
     assert_eq!(
-        (c.hidden_size, c.num_hidden_layers, c.type_vocab_size, c.num_labels),
+        (
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.type_vocab_size,
+            c.num_labels
+        ),
         (32, 2, 2, Some(3))
     );
     let p = load_bert(
@@ -741,14 +786,20 @@ fn bert_matches_transformers_with_token_types() {
         m.forward_with_token_types(&batch, Some(types), &mut ForwardCtx::new(false))
     })
     .unwrap();
-    let diff = (&logits - &reference["logits"]).abs().max().double_value(&[]);
+    let diff = (&logits - &reference["logits"])
+        .abs()
+        .max()
+        .double_value(&[]);
     assert!(diff < TOL, "logits differ from transformers by {diff}");
     let h = tch::no_grad(|| m.encode(&batch, Some(types), &mut ForwardCtx::new(false))).unwrap();
     let diff = max_diff_valid(&h, &reference["hidden_states.2"], &batch.attention_mask);
     assert!(diff < TOL, "last hidden state differs by {diff}");
-    let pooled = tch::no_grad(|| m.pool(&h, &batch.attention_mask, &mut ForwardCtx::new(false)))
-        .unwrap();
-    let diff = (&pooled - &reference["pooler_output"]).abs().max().double_value(&[]);
+    let pooled =
+        tch::no_grad(|| m.pool(&h, &batch.attention_mask, &mut ForwardCtx::new(false))).unwrap();
+    let diff = (&pooled - &reference["pooler_output"])
+        .abs()
+        .max()
+        .double_value(&[]);
     assert!(diff < TOL, "pooler output differs by {diff}");
     // Token types matter (the fixture uses both segments).
     let plain = tch::no_grad(|| m.forward(&batch, &mut ForwardCtx::new(false))).unwrap();
@@ -766,7 +817,10 @@ fn bert_matches_transformers_with_token_types() {
         Device::Cpu,
         &LoadOptions::strict().allow_missing("classifier.*"),
     );
-    assert!(mean.is_err(), "classifier shape [3, 32] must not load into a 2-way head");
+    assert!(
+        mean.is_err(),
+        "classifier shape [3, 32] must not load into a 2-way head"
+    );
     let mean = load_bert(
         fixture("bert"),
         3,
@@ -785,7 +839,10 @@ fn bert_matches_transformers_with_token_types() {
     );
     assert_eq!(orig.names(), again.names());
     for n in orig.names() {
-        assert!(orig.tensor(&n).unwrap().equal(&again.tensor(&n).unwrap()), "{n}");
+        assert!(
+            orig.tensor(&n).unwrap().equal(&again.tensor(&n).unwrap()),
+            "{n}"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }

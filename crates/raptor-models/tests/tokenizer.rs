@@ -292,7 +292,11 @@ fn bert_wordpiece_tokenizer_json_matches_hf_with_padding_and_truncation_off() {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        assert_eq!(tok.encode_with_special_tokens(text).unwrap(), expect, "{text:?}");
+        assert_eq!(
+            tok.encode_with_special_tokens(text).unwrap(),
+            expect,
+            "{text:?}"
+        );
         // Without special tokens: the same ids less [CLS] and [SEP].
         assert_eq!(
             tok.encode(text).unwrap(),

@@ -6,9 +6,7 @@
 
 use raptor_models::checkpoint::{LoadOptions, load_decoder, save_pretrained};
 use raptor_models::upcycle::{UpcycleOptions, upcycle_llama};
-use raptor_models::{
-    Batch, Decoder, DecoderConfig, DecoderFamily, DecoderHead, ForwardCtx, Model,
-};
+use raptor_models::{Batch, Decoder, DecoderConfig, DecoderFamily, DecoderHead, ForwardCtx, Model};
 use tch::{Device, Tensor};
 
 fn dense(tied: bool) -> Decoder {
@@ -47,7 +45,12 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 
 #[test]
 fn identical_experts_give_the_dense_logits() {
-    for (tied, e, k, seed) in [(false, 4, 2, 0u64), (true, 8, 2, 1), (false, 3, 1, 2), (true, 2, 2, 3)] {
+    for (tied, e, k, seed) in [
+        (false, 4, 2, 0u64),
+        (true, 8, 2, 1),
+        (false, 3, 1, 2),
+        (true, 2, 2, 3),
+    ] {
         let d = dense(tied);
         let mut opts = UpcycleOptions::new(e, k);
         opts.seed = seed;
@@ -61,7 +64,11 @@ fn identical_experts_give_the_dense_logits() {
         let mut ctx = ForwardCtx::new(false);
         ctx.collect_routing = true;
         let _ = tch::no_grad(|| m.forward(&batch(), &mut ctx)).unwrap();
-        let used = ctx.routing[0].indices.flatten(0, -1).unique_dim(0, false, false, false).0;
+        let used = ctx.routing[0]
+            .indices
+            .flatten(0, -1)
+            .unique_dim(0, false, false, false)
+            .0;
         assert!(used.size()[0] > 1.min(e), "E={e}: one expert only");
     }
 }

@@ -10,8 +10,8 @@ use raptor_models::checkpoint::{
 };
 use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
 use raptor_models::{
-    Batch, Bert, BertConfig, BertPooling, Decoder, DecoderConfig, DecoderFamily, DecoderHead,
-    Gpt2, Gpt2Config, Model, OlmoeConfig, OlmoeDecoder, SwitchConfig, SwitchEncoder, Task,
+    Batch, Bert, BertConfig, BertPooling, Decoder, DecoderConfig, DecoderFamily, DecoderHead, Gpt2,
+    Gpt2Config, Model, OlmoeConfig, OlmoeDecoder, SwitchConfig, SwitchEncoder, Task,
 };
 use tch::Device;
 

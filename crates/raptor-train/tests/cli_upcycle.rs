@@ -3,9 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use raptor_models::checkpoint::{LoadOptions, load_decoder, save_pretrained};
-use raptor_models::{
-    Batch, Decoder, DecoderConfig, DecoderFamily, DecoderHead, ForwardCtx, Model,
-};
+use raptor_models::{Batch, Decoder, DecoderConfig, DecoderFamily, DecoderHead, ForwardCtx, Model};
 use std::process::Command;
 use tch::Device;
 
@@ -26,10 +24,23 @@ fn upcycle_cli_writes_a_mixtral_folder_with_the_dense_logits() {
         .arg(dir.join("dense"))
         .arg("--out")
         .arg(dir.join("moe"))
-        .args(["--experts", "4", "--top-k", "2", "--seed", "7", "--router-std", "1.0"])
+        .args([
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--seed",
+            "7",
+            "--router-std",
+            "1.0",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(dir.join("moe/tokenizer.json").is_file());
     let moe = load_decoder(
         dir.join("moe"),
