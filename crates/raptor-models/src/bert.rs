@@ -16,7 +16,7 @@
 //! ([`crate::checkpoint::HfLayout::bert`]).
 
 use crate::batch::{Batch, Task};
-use crate::blocks::{attend, split_heads};
+use crate::blocks::{attend, masked_mean, split_heads};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, mask_min};
 use crate::model::Model;
@@ -276,11 +276,7 @@ impl Bert {
     pub fn pool(&self, h: &Tensor, mask: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
         match &self.pooler {
             Some(p) => Ok(p.forward(&h.f_select(1, 0)?, ctx)?.f_tanh()?),
-            None => {
-                let m = mask.f_to_kind(h.kind())?.f_unsqueeze(-1)?;
-                let s = h.f_mul(&m)?.f_sum_dim_intlist(1, false, None::<Kind>)?;
-                Ok(s.f_div(&m.f_sum_dim_intlist(1, false, None::<Kind>)?)?)
-            }
+            None => masked_mean(h, mask),
         }
     }
 
@@ -337,22 +333,6 @@ impl Model for Bert {
         Some(self.cfg.num_labels)
     }
 
-    fn sparse_layers(&self) -> Vec<usize> {
-        Vec::new()
-    }
-
-    fn num_experts(&self) -> i64 {
-        0
-    }
-
-    fn top_k(&self) -> i64 {
-        0
-    }
-
-    fn expert_capacity(&self) -> Option<i64> {
-        None
-    }
-
     fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>) {
         let mut v: Vec<&mut Linear> = Vec::new();
         for l in &mut self.layers {
@@ -368,10 +348,6 @@ impl Model for Bert {
         }
         v.push(&mut self.classifier);
         (&self.vs, v)
-    }
-
-    fn router_params(&self) -> Vec<String> {
-        Vec::new()
     }
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {

@@ -1,5 +1,5 @@
 //! Shared transformer blocks that the model families compose from their configs: masks and
-//! pooling, the attention core (multi-head or grouped-query, additive bias/mask), rotary
+//! pooling (causal mask, last valid token, masked mean), the attention core (multi-head or grouped-query, additive bias/mask), rotary
 //! position embeddings (with linear scaling), a rotary self-attention block with optional q/k
 //! norms, gated (SwiGLU) and plain (GELU/ReLU) MLPs, a routed mixture-of-experts block with an
 //! optional always-on shared expert, and the tied language-model head.
@@ -35,6 +35,14 @@ pub(crate) fn last_valid(h: &Tensor, mask: &Tensor) -> Result<Tensor> {
         .f_reshape([-1, 1, 1])?
         .f_expand([-1, 1, d], false)?;
     Ok(h.f_gather(1, &last, false)?.f_squeeze_dim(1)?)
+}
+
+/// Mean of `h` `[B, T, d]` over each record's valid tokens (`mask` `[B, T]`) → `[B, d]`.
+pub(crate) fn masked_mean(h: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let m3 = mask.f_to_kind(h.kind())?.f_unsqueeze(2)?;
+    Ok(h.f_mul(&m3)?
+        .f_sum_dim_intlist(1, false, None::<Kind>)?
+        .f_div(&m3.f_sum_dim_intlist(1, false, None::<Kind>)?)?)
 }
 
 /// The attention core: `softmax(q kᵀ · scale + bias) v` over heads. `q` `[B, H, T, hd]`,

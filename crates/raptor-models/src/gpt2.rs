@@ -212,22 +212,6 @@ impl Model for Gpt2 {
         self.cfg.head.num_labels()
     }
 
-    fn sparse_layers(&self) -> Vec<usize> {
-        Vec::new()
-    }
-
-    fn num_experts(&self) -> i64 {
-        0
-    }
-
-    fn top_k(&self) -> i64 {
-        0
-    }
-
-    fn expert_capacity(&self) -> Option<i64> {
-        None
-    }
-
     fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>) {
         let mut v: Vec<&mut Linear> = Vec::new();
         for b in &mut self.blocks {
@@ -240,10 +224,6 @@ impl Model for Gpt2 {
             v.push(s);
         }
         (&self.vs, v)
-    }
-
-    fn router_params(&self) -> Vec<String> {
-        Vec::new()
     }
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {

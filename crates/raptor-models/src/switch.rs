@@ -9,7 +9,7 @@
 //! plus the classification head `classifier.{weight,bias}`.
 
 use crate::batch::{Batch, Task};
-use crate::blocks::{attend, split_heads};
+use crate::blocks::{attend, masked_mean, split_heads};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, Linear, RmsNorm, mask_min, new_var};
 use crate::model::Model;
@@ -506,12 +506,7 @@ impl Model for SwitchEncoder {
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
         let h = self.encode(batch, ctx)?;
-        let maskf = batch.attention_mask.f_to_kind(h.kind())?;
-        let m3 = maskf.f_unsqueeze(2)?;
-        let pooled = h
-            .f_mul(&m3)?
-            .f_sum_dim_intlist(1, false, None::<Kind>)?
-            .f_div(&m3.f_sum_dim_intlist(1, false, None::<Kind>)?)?;
+        let pooled = masked_mean(&h, &batch.attention_mask)?;
         self.classifier.forward(&pooled, ctx)
     }
 }
