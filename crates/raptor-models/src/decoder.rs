@@ -253,8 +253,8 @@ impl DecoderConfig {
 
 #[derive(Debug)]
 enum Ffn {
-    Dense(GatedMlp),
-    Sparse(SparseMoe),
+    Dense(Box<GatedMlp>),
+    Sparse(Box<SparseMoe>),
 }
 
 #[derive(Debug)]
@@ -342,7 +342,7 @@ impl Decoder {
                     let router =
                         Linear::new(&vs, &format!("{mp}.gate"), d, m.num_experts, false, std)?;
                     let _ = router.weight.f_set_requires_grad(false)?;
-                    Ffn::Sparse(SparseMoe {
+                    Ffn::Sparse(Box::new(SparseMoe {
                         routing: RoutingSpec {
                             num_experts: m.num_experts,
                             top_k: m.num_experts_per_tok,
@@ -351,9 +351,9 @@ impl Decoder {
                         router,
                         experts,
                         shared,
-                    })
+                    }))
                 }
-                _ => Ffn::Dense(GatedMlp::new(
+                _ => Ffn::Dense(Box::new(GatedMlp::new(
                     &vs,
                     &format!("{p}.mlp"),
                     GatedNames::PROJ,
@@ -362,7 +362,7 @@ impl Decoder {
                     cfg.mlp_bias,
                     cfg.hidden_act,
                     std,
-                )?),
+                )?)),
             };
             layers.push(Layer {
                 input_ln: RmsNorm::new(&vs, &format!("{p}.input_layernorm"), d, cfg.rms_norm_eps)?,
