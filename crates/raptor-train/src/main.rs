@@ -103,6 +103,9 @@ enum Command {
         /// Standard deviation of the router initialization.
         #[arg(long, default_value_t = 0.02)]
         router_std: f64,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Train privately from a config file (RAPTOR, its baselines, DP-SGD/Adam/Muon/MuonBC).
     Train(cli::train::TrainArgs),
@@ -170,7 +173,8 @@ fn main() {
             top_k,
             seed,
             router_std,
-        } => upcycle(&model, &out, experts, top_k, seed, router_std),
+            json,
+        } => upcycle(&model, &out, experts, top_k, seed, router_std, json),
         Command::Train(args) => cli::train::run_train(args),
         Command::Eval(args) => cli::train::run_eval(args),
         Command::Audit(args) => cli::audit::run_audit(args),
@@ -191,6 +195,7 @@ fn reproduce_run(config: &std::path::Path, dir: &std::path::Path) -> anyhow::Res
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn upcycle(
     model: &std::path::Path,
     out: &std::path::Path,
@@ -198,6 +203,7 @@ fn upcycle(
     top_k: i64,
     seed: u64,
     router_std: f64,
+    json: bool,
 ) -> anyhow::Result<()> {
     use raptor_models::checkpoint::{LoadOptions, load_decoder, save_pretrained};
     let dense = load_decoder(
@@ -222,6 +228,17 @@ fn upcycle(
             std::fs::copy(&src, out.join(f))
                 .map_err(|e| anyhow::anyhow!("copying {}: {e}", src.display()))?;
         }
+    }
+    if json {
+        return cli::print_json(&serde_json::json!({
+            "model": model.display().to_string(),
+            "out": out.display().to_string(),
+            "model_type": "mixtral",
+            "experts": experts,
+            "top_k": top_k,
+            "seed": seed,
+            "router_std": router_std,
+        }));
     }
     println!(
         "upcycled {} into {} ({experts} experts, top-{top_k}, Mixtral layout)",
