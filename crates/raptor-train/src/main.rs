@@ -195,6 +195,30 @@ fn reproduce_run(config: &std::path::Path, dir: &std::path::Path) -> anyhow::Res
     Ok(())
 }
 
+fn info(json: bool) -> anyhow::Result<()> {
+    let libtorch = raptor_train::libtorch_version();
+    let (available, devices) = (tch::Cuda::is_available(), tch::Cuda::device_count());
+    if json {
+        return cli::print_json(&serde_json::json!({
+            "raptor": env!("CARGO_PKG_VERSION"),
+            "tch": raptor_train::TCH_VERSION,
+            "libtorch": libtorch,
+            "cuda_linked": raptor_models::CUDA_LINKED,
+            "cuda_available": available,
+            "cuda_devices": devices,
+        }));
+    }
+    println!("raptor {}", env!("CARGO_PKG_VERSION"));
+    println!(
+        "tch {} / libtorch {libtorch} (loaded)",
+        raptor_train::TCH_VERSION
+    );
+    println!("cuda linked: {}", raptor_models::CUDA_LINKED);
+    println!("cuda available: {available}");
+    println!("cuda devices: {devices}");
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn upcycle(
     model: &std::path::Path,
@@ -245,29 +269,5 @@ fn upcycle(
         model.display(),
         out.display()
     );
-    Ok(())
-}
-
-fn info(json: bool) -> anyhow::Result<()> {
-    let libtorch = raptor_train::libtorch_version();
-    let (available, devices) = (tch::Cuda::is_available(), tch::Cuda::device_count());
-    if json {
-        return cli::print_json(&serde_json::json!({
-            "raptor": env!("CARGO_PKG_VERSION"),
-            "tch": raptor_train::TCH_VERSION,
-            "libtorch": libtorch,
-            "cuda_linked": raptor_models::CUDA_LINKED,
-            "cuda_available": available,
-            "cuda_devices": devices,
-        }));
-    }
-    println!("raptor {}", env!("CARGO_PKG_VERSION"));
-    println!(
-        "tch {} / libtorch {libtorch} (loaded)",
-        raptor_train::TCH_VERSION
-    );
-    println!("cuda linked: {}", raptor_models::CUDA_LINKED);
-    println!("cuda available: {available}");
-    println!("cuda devices: {devices}");
     Ok(())
 }
