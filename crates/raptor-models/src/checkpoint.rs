@@ -422,6 +422,34 @@ impl HfLayout {
         }
     }
 
+    /// `LlamaForCausalLM`, `MixtralForCausalLM`, `Qwen2MoeForCausalLM` (hub layout: one matrix
+    /// per expert). With `tied`, `lm_head.weight` is `model.embed_tokens.weight` (a file that
+    /// stores both is read); old checkpoints' `rotary_emb.inv_freq` buffers are ignored.
+    pub fn llama_family(tied: bool) -> Self {
+        let mut l = Self {
+            ignore_unexpected: vec!["*.rotary_emb.inv_freq".into()],
+            ..Self::default()
+        };
+        if tied {
+            l.ignore_unexpected.push("lm_head.weight".into());
+        }
+        l
+    }
+
+    /// `BertForSequenceClassification` (also reads a `BertModel` checkpoint, whose names lack
+    /// the `bert.` prefix); `position_ids` buffers and, when the model pools by mean, the
+    /// checkpoint's pooler are never unexpected.
+    pub fn bert() -> Self {
+        Self {
+            transposed: vec![],
+            tied: vec![],
+            optional_prefixes: vec!["bert.".into()],
+            ignore_unexpected: ["*position_ids", "*pooler.dense.*"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+
     /// Adds a tie `(alias, source)`.
     pub fn with_tied(mut self, alias: &str, source: &str) -> Self {
         self.tied.push((alias.to_string(), source.to_string()));
@@ -434,8 +462,10 @@ impl HfLayout {
             "gpt2" => Ok(Self::gpt2()),
             "switch_transformers" => Ok(Self::switch_transformers()),
             "olmoe" => Ok(Self::olmoe()),
+            "llama" | "mixtral" | "qwen2_moe" => Ok(Self::llama_family(false)),
+            "bert" => Ok(Self::bert()),
             other => Err(ModelError::InvalidConfig(format!(
-                "no checkpoint layout for model_type {other:?} (known: gpt2, switch_transformers, olmoe)"
+                "no checkpoint layout for model_type {other:?} (known: gpt2, switch_transformers, olmoe, llama, mixtral, qwen2_moe, bert)"
             ))),
         }
     }
@@ -1079,5 +1109,49 @@ pub fn load_gpt2(
         return Err(ModelError::InvalidConfig("not a GPT-2 config".into()));
     };
     let model = crate::Gpt2::new(c.to_model_config(head)?, device)?;
+    load_into(model, dir, config, opts)
+}
+
+/// Builds a [`crate::Decoder`] with `head` from a Hugging Face Llama, Mixtral or Qwen2-MoE
+/// directory (dispatching on `config.json`'s `model_type`) and loads its weights.
+pub fn load_decoder(
+    dir: impl AsRef<Path>,
+    head: crate::DecoderHead,
+    device: Device,
+    opts: &LoadOptions,
+) -> Result<Pretrained<crate::Decoder>> {
+    let dir = dir.as_ref();
+    let config = crate::hf_config::HfConfig::from_file(dir)?;
+    let crate::hf_config::HfConfig::Decoder(c) = &config else {
+        return Err(ModelError::HfConfig {
+            path: dir.join("config.json").display().to_string(),
+            field: "model_type".into(),
+            why: format!(
+                "expected llama, mixtral or qwen2_moe, found {:?}",
+                config.model_type()
+            ),
+        });
+    };
+    let model = crate::Decoder::new(c.to_model_config(head)?, device)?;
+    load_into(model, dir, config, opts)
+}
+
+/// Builds a [`crate::Bert`] classifier (`num_labels` classes, `pooling`) from a Hugging Face
+/// BERT directory (`BertModel` or `BertForSequenceClassification`) and loads its weights (a
+/// `BertModel` lacks `classifier.*`, which [`LoadOptions::strict`] allows).
+pub fn load_bert(
+    dir: impl AsRef<Path>,
+    num_labels: i64,
+    pooling: crate::BertPooling,
+    device: Device,
+    opts: &LoadOptions,
+) -> Result<Pretrained<crate::Bert>> {
+    let dir = dir.as_ref();
+    let config = crate::hf_config::HfConfig::from_file(dir)?;
+    expect_type(dir, &config, "bert")?;
+    let crate::hf_config::HfConfig::Bert(c) = &config else {
+        return Err(ModelError::InvalidConfig("not a BERT config".into()));
+    };
+    let model = crate::Bert::new(c.to_model_config(num_labels, pooling)?, device)?;
     load_into(model, dir, config, opts)
 }

@@ -9,11 +9,11 @@
 //! transposes). A classification head is `score.weight` (no bias) on the last valid token.
 
 use crate::batch::{Batch, Task};
+use crate::blocks::{attend, causal_mask, last_valid, split_heads, tied_lm_head};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear};
 use crate::model::Model;
-use crate::olmoe::{DecoderHead, causal_mask, last_valid};
-use crate::tape::{Part, Rows};
+use crate::olmoe::DecoderHead;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -159,20 +159,17 @@ impl Gpt2 {
         ctx: &mut ForwardCtx,
     ) -> Result<Tensor> {
         let size = x.size();
-        let (b, t, d) = (size[0], size[1], size[2]);
+        let d = size[2];
         let h = self.cfg.n_head;
         let hd = d / h;
         let qkv = blk.c_attn.forward(x, ctx)?;
         let parts = qkv.f_split(d, -1)?;
-        let heads =
-            |y: &Tensor| -> Result<Tensor> { Ok(y.f_reshape([b, t, h, hd])?.f_transpose(1, 2)?) };
-        let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
-        let scores = q
-            .f_matmul(&k.f_transpose(2, 3)?)?
-            .f_mul_scalar((hd as f64).powf(-0.5))?
-            .f_add(mask)?;
-        let attn = scores.f_softmax(-1, None::<Kind>)?;
-        let out = attn.f_matmul(&v)?.f_transpose(1, 2)?.f_reshape([b, t, d])?;
+        let (q, k, v) = (
+            split_heads(&parts[0], h, hd)?,
+            split_heads(&parts[1], h, hd)?,
+            split_heads(&parts[2], h, hd)?,
+        );
+        let out = attend(&q, &k, &v, mask, Some((hd as f64).powf(-0.5)))?;
         blk.attn_proj.forward(&out, ctx)
     }
 }
@@ -215,22 +212,6 @@ impl Model for Gpt2 {
         self.cfg.head.num_labels()
     }
 
-    fn sparse_layers(&self) -> Vec<usize> {
-        Vec::new()
-    }
-
-    fn num_experts(&self) -> i64 {
-        0
-    }
-
-    fn top_k(&self) -> i64 {
-        0
-    }
-
-    fn expert_capacity(&self) -> Option<i64> {
-        None
-    }
-
     fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>) {
         let mut v: Vec<&mut Linear> = Vec::new();
         for b in &mut self.blocks {
@@ -243,10 +224,6 @@ impl Model for Gpt2 {
             v.push(s);
         }
         (&self.vs, v)
-    }
-
-    fn router_params(&self) -> Vec<String> {
-        Vec::new()
     }
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
@@ -285,18 +262,8 @@ impl Model for Gpt2 {
         let h = self.ln_f.forward(&h, ctx)?;
         match &self.score {
             Some(s) => s.forward(&last_valid(&h, &batch.attention_mask)?, ctx),
-            None => {
-                // Tied LM head: logits = h · wteᵀ; a second use of `transformer.wte.weight`.
-                let z = h.f_matmul(&self.wte.weight.f_transpose(0, 1)?)?;
-                if ctx.recording() && self.wte.weight.requires_grad() {
-                    let parts = vec![Part::Weight {
-                        param: format!("{}.weight", self.wte.name),
-                        a: h.f_detach()?,
-                    }];
-                    return ctx.record(z, Rows::Dense, parts);
-                }
-                Ok(z)
-            }
+            // Tied LM head: logits = h · wteᵀ; a second use of `transformer.wte.weight`.
+            None => tied_lm_head(&h, &self.wte, ctx),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Hugging Face `config.json` for SwitchTransformers, OLMoE and GPT-2, parsed into plain structs
+//! Hugging Face `config.json` for SwitchTransformers, OLMoE, GPT-2, Llama, Mixtral and
+//! Qwen2-MoE, parsed into plain structs
 //! with the fields a model needs, validated, with typed errors ([`ModelError::HfConfig`]) naming
 //! the missing or invalid field.
 //!
@@ -18,7 +19,9 @@
 //! # Ok::<(), raptor_models::ModelError>(())
 //! ```
 
+use crate::blocks::RopeScaling;
 use crate::checkpoint::HfLayout;
+use crate::decoder::{DecoderConfig, DecoderFamily, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::Act;
 use crate::olmoe::DecoderHead;
@@ -52,6 +55,10 @@ pub enum HfConfig {
     Olmoe(HfOlmoeConfig),
     /// `model_type: gpt2`.
     Gpt2(HfGpt2Config),
+    /// `model_type: llama`, `mixtral` or `qwen2_moe` (see [`HfDecoderConfig::family`]).
+    Decoder(HfDecoderConfig),
+    /// `model_type: bert`.
+    Bert(HfBertConfig),
 }
 
 impl HfConfig {
@@ -70,9 +77,15 @@ impl HfConfig {
             "switch_transformers" => Ok(Self::Switch(HfSwitchConfig::from_fields(&f)?)),
             "olmoe" => Ok(Self::Olmoe(HfOlmoeConfig::from_fields(&f)?)),
             "gpt2" => Ok(Self::Gpt2(HfGpt2Config::from_fields(&f)?)),
+            "llama" | "mixtral" | "qwen2_moe" => {
+                Ok(Self::Decoder(HfDecoderConfig::from_fields(&f)?))
+            }
+            "bert" => Ok(Self::Bert(HfBertConfig::from_fields(&f)?)),
             other => Err(f.err(
                 "model_type",
-                format!("{other:?} is not supported (switch_transformers, olmoe, gpt2)"),
+                format!(
+                    "{other:?} is not supported (switch_transformers, olmoe, gpt2, llama, mixtral, qwen2_moe, bert)"
+                ),
             )),
         }
     }
@@ -83,6 +96,8 @@ impl HfConfig {
             Self::Switch(_) => "switch_transformers",
             Self::Olmoe(_) => "olmoe",
             Self::Gpt2(_) => "gpt2",
+            Self::Decoder(c) => c.family.model_type(),
+            Self::Bert(_) => "bert",
         }
     }
 
@@ -95,6 +110,8 @@ impl HfConfig {
             }
             Self::Olmoe(_) => HfLayout::olmoe(),
             Self::Gpt2(_) => HfLayout::gpt2(),
+            Self::Decoder(c) => HfLayout::llama_family(c.tie_word_embeddings),
+            Self::Bert(_) => HfLayout::bert(),
         }
     }
 
@@ -104,6 +121,8 @@ impl HfConfig {
             Self::Switch(c) => c.vocab_size,
             Self::Olmoe(c) => c.vocab_size,
             Self::Gpt2(c) => c.vocab_size,
+            Self::Decoder(c) => c.vocab_size,
+            Self::Bert(c) => c.vocab_size,
         }
     }
 }
@@ -690,6 +709,399 @@ impl HfGpt2Config {
             activation_function: Act::from_hf(&self.activation_function)?,
             layer_norm_epsilon: self.layer_norm_epsilon,
             head,
+        })
+    }
+}
+
+/// RoPE θ and scaling from the transformers-5 `rope_parameters` object (`rope_type` `default`
+/// or `linear` with `factor`, `rope_theta`) or the older top-level `rope_theta` and
+/// `rope_scaling` (`{"type" | "rope_type": "linear", "factor": f}`). Other scaling kinds (yarn,
+/// dynamic, llama3, longrope) are errors naming the field.
+fn rope_with_scaling(f: &Fields) -> Result<(f64, RopeScaling)> {
+    let mut theta = f.float_opt("rope_theta")?;
+    let mut scaling = RopeScaling::None;
+    let parse = |field: &str, v: &Value, theta: &mut Option<f64>| -> Result<RopeScaling> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| f.err(field, format!("expected an object, found {v}")))?;
+        if let Some(t) = obj.get("rope_theta").filter(|v| !v.is_null()) {
+            *theta = Some(t.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                f.err(
+                    &format!("{field}.rope_theta"),
+                    format!("expected a finite number, found {t}"),
+                )
+            })?);
+        }
+        let kind = obj
+            .get("rope_type")
+            .or_else(|| obj.get("type"))
+            .filter(|v| !v.is_null());
+        match kind.map(|k| k.as_str()) {
+            None | Some(Some("default")) => Ok(RopeScaling::None),
+            Some(Some("linear")) => {
+                let factor = obj
+                    .get("factor")
+                    .and_then(Value::as_f64)
+                    .filter(|x| x.is_finite() && *x > 0.0)
+                    .ok_or_else(|| {
+                        f.err(
+                            &format!("{field}.factor"),
+                            "linear RoPE scaling needs a positive factor",
+                        )
+                    })?;
+                Ok(RopeScaling::Linear { factor })
+            }
+            _ => Err(f.err(
+                &format!("{field}.rope_type"),
+                format!(
+                    "{} is not supported (only \"default\" and \"linear\")",
+                    kind.map(ToString::to_string).unwrap_or_default()
+                ),
+            )),
+        }
+    };
+    if let Some(rs) = f.get("rope_scaling") {
+        scaling = parse("rope_scaling", rs, &mut theta)?;
+    }
+    if let Some(rp) = f.get("rope_parameters") {
+        scaling = parse("rope_parameters", rp, &mut theta)?;
+    }
+    let theta = theta.unwrap_or(10000.0);
+    if theta <= 0.0 {
+        return Err(f.err("rope_theta", format!("must be positive, found {theta}")));
+    }
+    Ok((theta, scaling))
+}
+
+/// `LlamaConfig`, `MixtralConfig` and `Qwen2MoeConfig`: the Llama-family decoders built by
+/// [`crate::Decoder`]. Fields a family lacks take their neutral value (no experts for Llama,
+/// no shared expert for Mixtral). Mixtral's `router_jitter_noise` is ignored (raptor's routers
+/// never jitter); sliding-window attention is not supported (an error when set).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HfDecoderConfig {
+    /// The family (`model_type`).
+    pub family: DecoderFamily,
+    /// Vocabulary size.
+    pub vocab_size: i64,
+    /// Hidden size.
+    pub hidden_size: i64,
+    /// Dense MLP inner size (Mixtral: also each expert's).
+    pub intermediate_size: i64,
+    /// Decoder layers.
+    pub num_hidden_layers: i64,
+    /// Query heads.
+    pub num_attention_heads: i64,
+    /// Key/value heads (defaults to the query heads).
+    pub num_key_value_heads: i64,
+    /// Per-head size (`head_dim`, default `hidden_size / num_attention_heads`).
+    pub head_dim: i64,
+    /// MLP activation (the SwiGLU gate).
+    pub hidden_act: String,
+    /// RMS norm ε.
+    pub rms_norm_eps: f64,
+    /// RoPE θ.
+    pub rope_theta: f64,
+    /// RoPE scaling (none or linear).
+    pub rope_scaling: RopeScaling,
+    /// Bias on q/k/v (Llama `attention_bias`, Qwen2-MoE `qkv_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the output projection (Llama `attention_bias`).
+    pub o_bias: bool,
+    /// Bias on the dense MLP (Llama `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Routed experts per sparse layer (0 for Llama; Mixtral `num_local_experts`).
+    pub num_experts: i64,
+    /// Experts per token.
+    pub num_experts_per_tok: i64,
+    /// Routed expert inner size (Qwen2-MoE `moe_intermediate_size`; Mixtral
+    /// `intermediate_size`).
+    pub expert_intermediate_size: i64,
+    /// Shared-expert inner size (Qwen2-MoE).
+    pub shared_expert_intermediate_size: Option<i64>,
+    /// Top-k renormalization (Mixtral: always).
+    pub norm_topk_prob: bool,
+    /// Sparse layer indices (Mixtral: all; Qwen2-MoE: `(i + 1) % decoder_sparse_step == 0`
+    /// and `i` not in `mlp_only_layers`).
+    pub sparse_layers: Vec<usize>,
+    /// Whether `lm_head` is tied to `model.embed_tokens`.
+    pub tie_word_embeddings: bool,
+    /// Padding token id.
+    pub pad_token_id: Option<i64>,
+}
+
+config_io!(HfDecoderConfig);
+
+impl HfDecoderConfig {
+    fn from_fields(f: &Fields) -> Result<Self> {
+        let model_type = f.string("model_type")?;
+        let family = match model_type.as_str() {
+            "llama" => DecoderFamily::Llama,
+            "mixtral" => DecoderFamily::Mixtral,
+            "qwen2_moe" => DecoderFamily::Qwen2Moe,
+            other => {
+                return Err(f.err(
+                    "model_type",
+                    format!("{other:?} is not a Llama-family decoder (llama, mixtral, qwen2_moe)"),
+                ));
+            }
+        };
+        let hidden_size = f.size("hidden_size")?;
+        let heads = f.size("num_attention_heads")?;
+        let kv = f.size_or("num_key_value_heads", heads)?;
+        if heads % kv != 0 {
+            return Err(f.err(
+                "num_key_value_heads",
+                format!("{heads} query heads are not a multiple of {kv} key/value heads"),
+            ));
+        }
+        let head_dim = match f.int_opt("head_dim")? {
+            Some(h) => h,
+            None => {
+                if hidden_size % heads != 0 {
+                    return Err(f.err(
+                        "num_attention_heads",
+                        format!("hidden_size {hidden_size} is not a multiple of {heads} heads"),
+                    ));
+                }
+                hidden_size / heads
+            }
+        };
+        if head_dim < 2 || head_dim % 2 != 0 {
+            return Err(f.err(
+                "head_dim",
+                format!("must be even and positive, found {head_dim}"),
+            ));
+        }
+        let layers = f.size("num_hidden_layers")?;
+        let intermediate_size = f.size("intermediate_size")?;
+        let (rope_theta, rope_scaling) = rope_with_scaling(f)?;
+        let hidden_act = f.string_or("hidden_act", "silu")?;
+        let hidden_act = f.one_of(
+            "hidden_act",
+            hidden_act,
+            &[
+                "silu",
+                "swish",
+                "gelu",
+                "gelu_new",
+                "gelu_pytorch_tanh",
+                "relu",
+            ],
+        )?;
+        let sliding = match family {
+            DecoderFamily::Qwen2Moe => f.bool_or("use_sliding_window", false)?,
+            DecoderFamily::Mixtral => f.int_opt("sliding_window")?.is_some_and(|w| w > 0),
+            _ => false,
+        };
+        if sliding {
+            return Err(f.err(
+                if family == DecoderFamily::Mixtral {
+                    "sliding_window"
+                } else {
+                    "use_sliding_window"
+                },
+                "sliding-window attention is not supported",
+            ));
+        }
+        let eps_default = if family == DecoderFamily::Mixtral {
+            1e-5
+        } else {
+            1e-6
+        };
+        let (mut qkv_bias, mut o_bias, mut mlp_bias) = (false, false, false);
+        let (mut num_experts, mut top_k, mut expert_inner) = (0, 0, 0);
+        let (mut shared, mut norm_topk, mut sparse_layers) = (None, false, Vec::new());
+        match family {
+            DecoderFamily::Llama => {
+                let b = f.bool_or("attention_bias", false)?;
+                (qkv_bias, o_bias) = (b, b);
+                mlp_bias = f.bool_or("mlp_bias", false)?;
+            }
+            DecoderFamily::Mixtral => {
+                num_experts = f.size_or("num_local_experts", 8)?;
+                top_k = f.size_or("num_experts_per_tok", 2)?;
+                expert_inner = intermediate_size;
+                norm_topk = true;
+                sparse_layers = (0..layers as usize).collect();
+            }
+            DecoderFamily::Qwen2Moe => {
+                qkv_bias = f.bool_or("qkv_bias", true)?;
+                num_experts = f.size_or("num_experts", 60)?;
+                top_k = f.size_or("num_experts_per_tok", 4)?;
+                expert_inner = f.size_or("moe_intermediate_size", 1408)?;
+                shared = Some(f.size_or("shared_expert_intermediate_size", 5632)?);
+                norm_topk = f.bool_or("norm_topk_prob", false)?;
+                let step = f.size_or("decoder_sparse_step", 1)?;
+                let only: Vec<i64> = match f.get("mlp_only_layers") {
+                    None => Vec::new(),
+                    Some(v) => v
+                        .as_array()
+                        .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<i64>>>())
+                        .ok_or_else(|| {
+                            f.err("mlp_only_layers", format!("expected integers, found {v}"))
+                        })?,
+                };
+                sparse_layers = (0..layers)
+                    .filter(|i| !only.contains(i) && (i + 1) % step == 0)
+                    .map(|i| i as usize)
+                    .collect();
+            }
+            DecoderFamily::Olmoe => {}
+        }
+        if family != DecoderFamily::Llama && top_k > num_experts {
+            return Err(f.err(
+                "num_experts_per_tok",
+                format!("{top_k} exceeds the {num_experts} experts"),
+            ));
+        }
+        Ok(Self {
+            family,
+            vocab_size: f.size("vocab_size")?,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv,
+            head_dim,
+            hidden_act,
+            rms_norm_eps: f.positive_or("rms_norm_eps", eps_default)?,
+            rope_theta,
+            rope_scaling,
+            qkv_bias,
+            o_bias,
+            mlp_bias,
+            num_experts,
+            num_experts_per_tok: top_k,
+            expert_intermediate_size: expert_inner,
+            shared_expert_intermediate_size: shared,
+            norm_topk_prob: norm_topk,
+            sparse_layers,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            pad_token_id: f.int_opt("pad_token_id")?,
+        })
+    }
+
+    /// The model configuration of [`crate::Decoder`] with `head`.
+    pub fn to_model_config(&self, head: DecoderHead) -> Result<DecoderConfig> {
+        let moe = (self.family != DecoderFamily::Llama).then(|| MoeConfig {
+            num_experts: self.num_experts,
+            num_experts_per_tok: self.num_experts_per_tok,
+            expert_intermediate_size: self.expert_intermediate_size,
+            norm_topk_prob: self.norm_topk_prob,
+            shared_expert_intermediate_size: self.shared_expert_intermediate_size,
+            sparse_layers: self.sparse_layers.clone(),
+        });
+        Ok(DecoderConfig {
+            family: self.family,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            hidden_act: Act::from_hf(&self.hidden_act)?,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            rope_scaling: self.rope_scaling,
+            qkv_bias: self.qkv_bias,
+            o_bias: self.o_bias,
+            mlp_bias: self.mlp_bias,
+            qk_norm: false,
+            clip_qkv: None,
+            moe,
+            tie_word_embeddings: self.tie_word_embeddings,
+            head,
+        })
+    }
+}
+
+/// `BertConfig` (absolute positions only).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HfBertConfig {
+    /// Vocabulary size.
+    pub vocab_size: i64,
+    /// Hidden size.
+    pub hidden_size: i64,
+    /// Encoder layers.
+    pub num_hidden_layers: i64,
+    /// Attention heads.
+    pub num_attention_heads: i64,
+    /// FFN inner size.
+    pub intermediate_size: i64,
+    /// FFN activation (`gelu`, `gelu_new`, `relu`, `silu`).
+    pub hidden_act: String,
+    /// Learned positions.
+    pub max_position_embeddings: i64,
+    /// Token types.
+    pub type_vocab_size: i64,
+    /// Layer norm ε.
+    pub layer_norm_eps: f64,
+    /// Classes of a sequence-classification checkpoint (`num_labels` or the size of
+    /// `id2label`), if given.
+    pub num_labels: Option<i64>,
+    /// Padding token id.
+    pub pad_token_id: Option<i64>,
+}
+
+config_io!(HfBertConfig);
+
+impl HfBertConfig {
+    fn from_fields(f: &Fields) -> Result<Self> {
+        f.check_type("bert")?;
+        let hidden_size = f.size("hidden_size")?;
+        let heads = f.size("num_attention_heads")?;
+        if hidden_size % heads != 0 {
+            return Err(f.err(
+                "num_attention_heads",
+                format!("hidden_size {hidden_size} is not a multiple of {heads} heads"),
+            ));
+        }
+        let pos_type = f.string_or("position_embedding_type", "absolute")?;
+        f.one_of("position_embedding_type", pos_type, &["absolute"])?;
+        let act = f.string_or("hidden_act", "gelu")?;
+        let act = f.one_of("hidden_act", act, &["gelu", "gelu_new", "relu", "silu"])?;
+        let num_labels = match f.int_opt("num_labels")? {
+            Some(n) => Some(n),
+            None => f
+                .get("id2label")
+                .and_then(Value::as_object)
+                .map(|m| m.len() as i64),
+        };
+        Ok(Self {
+            vocab_size: f.size("vocab_size")?,
+            hidden_size,
+            num_hidden_layers: f.size("num_hidden_layers")?,
+            num_attention_heads: heads,
+            intermediate_size: f.size("intermediate_size")?,
+            hidden_act: act,
+            max_position_embeddings: f.size_or("max_position_embeddings", 512)?,
+            type_vocab_size: f.size_or("type_vocab_size", 2)?,
+            layer_norm_eps: f.positive_or("layer_norm_eps", 1e-12)?,
+            num_labels,
+            pad_token_id: f.int_opt("pad_token_id")?,
+        })
+    }
+
+    /// The model configuration of [`crate::Bert`] with a `num_labels`-way classifier pooled by
+    /// `pooling`.
+    pub fn to_model_config(
+        &self,
+        num_labels: i64,
+        pooling: crate::BertPooling,
+    ) -> Result<crate::BertConfig> {
+        Ok(crate::BertConfig {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            intermediate_size: self.intermediate_size,
+            hidden_act: Act::from_hf(&self.hidden_act)?,
+            max_position_embeddings: self.max_position_embeddings,
+            type_vocab_size: self.type_vocab_size,
+            layer_norm_eps: self.layer_norm_eps,
+            pooling,
+            num_labels,
         })
     }
 }

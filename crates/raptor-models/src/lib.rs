@@ -1,7 +1,9 @@
 //! raptor-models: MoE and dense transformers on libtorch (see the crate README).
 //!
-//! Models: [`SwitchEncoder`] (Switch-style MoE encoder classifier), [`OlmoeDecoder`]
-//! (OLMoE-style top-k MoE decoder), [`Gpt2`] (dense decoder, tied LM head). Every trainable op
+//! Models: [`SwitchEncoder`] (Switch-style MoE encoder classifier), [`Decoder`] (Llama-family
+//! causal decoders composed from shared blocks: Llama, Mixtral, Qwen2-MoE with a shared expert,
+//! OLMoE, see [`DecoderFamily`]), [`OlmoeDecoder`] (the OLMoE configuration of [`Decoder`]),
+//! [`Gpt2`] (dense decoder, tied LM head), [`Bert`] (BERT-style encoder classifier). Every trainable op
 //! records itself in a private [`ForwardCtx`]; [`PerSampleGrads`] then gives exact per-record
 //! squared norms by parameter and by caller-named group, and clipped sums, from one backward.
 
@@ -10,7 +12,10 @@
 pub const CUDA_LINKED: bool = cfg!(raptor_cuda_linked);
 
 mod batch;
+mod bert;
+mod blocks;
 pub mod checkpoint;
+mod decoder;
 mod error;
 pub mod generate;
 mod gpt2;
@@ -23,8 +28,12 @@ mod olmoe;
 mod switch;
 mod tape;
 pub mod tokenizer;
+pub mod upcycle;
 
 pub use batch::{Batch, Task, per_record_loss};
+pub use bert::{Bert, BertConfig, BertPooling};
+pub use blocks::RopeScaling;
+pub use decoder::{Decoder, DecoderConfig, DecoderFamily, MoeConfig};
 pub use error::{ModelError, Result};
 pub use gpt2::{Gpt2, Gpt2Config};
 pub use grad::{ClipOutput, ClipPolicy, ParamGroups, PerSampleGrads, clip_factors};

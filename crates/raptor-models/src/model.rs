@@ -20,18 +20,28 @@ pub trait Model {
     fn task(&self) -> Task;
     /// Number of classes for classification heads.
     fn num_labels(&self) -> Option<i64>;
-    /// Block indices of the sparse (MoE) layers.
-    fn sparse_layers(&self) -> Vec<usize>;
-    /// Experts per sparse layer (0 for dense models).
-    fn num_experts(&self) -> i64;
-    /// Experts per token.
-    fn top_k(&self) -> i64;
-    /// Expert capacity (token dropping), if on.
-    fn expert_capacity(&self) -> Option<i64>;
+    /// Block indices of the sparse (MoE) layers (default: none, a dense model).
+    fn sparse_layers(&self) -> Vec<usize> {
+        Vec::new()
+    }
+    /// Experts per sparse layer (default 0: a dense model).
+    fn num_experts(&self) -> i64 {
+        0
+    }
+    /// Experts per token (default 0: a dense model).
+    fn top_k(&self) -> i64 {
+        0
+    }
+    /// Expert capacity (token dropping), if on (default: off).
+    fn expert_capacity(&self) -> Option<i64> {
+        None
+    }
     /// All linear maps that can carry LoRA, with the VarStore to create adapter variables in.
     fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>);
-    /// Router parameter names (always frozen).
-    fn router_params(&self) -> Vec<String>;
+    /// Router parameter names (always frozen; default: none, a dense model).
+    fn router_params(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// The Hugging Face `config.json` of this model (what [`crate::checkpoint::save_pretrained`]
     /// writes beside the weights); None when the family cannot be exported.
     fn hf_config_json(&self) -> Option<serde_json::Value> {
@@ -225,3 +235,56 @@ impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
         Ok(PrivateStepOutput { losses, clip })
     }
 }
+
+/// Implements [`Model`] for a wrapper type by delegating every method to its field `$field`
+/// (a family that is a configuration of a shared-block model, e.g. [`crate::OlmoeDecoder`]).
+macro_rules! delegate_model {
+    ($ty:ty, $field:ident) => {
+        impl $crate::model::Model for $ty {
+            fn var_store(&self) -> &tch::nn::VarStore {
+                self.$field.var_store()
+            }
+            fn var_store_mut(&mut self) -> &mut tch::nn::VarStore {
+                self.$field.var_store_mut()
+            }
+            fn vocab_size(&self) -> i64 {
+                self.$field.vocab_size()
+            }
+            fn task(&self) -> $crate::batch::Task {
+                self.$field.task()
+            }
+            fn num_labels(&self) -> Option<i64> {
+                self.$field.num_labels()
+            }
+            fn sparse_layers(&self) -> Vec<usize> {
+                self.$field.sparse_layers()
+            }
+            fn num_experts(&self) -> i64 {
+                self.$field.num_experts()
+            }
+            fn top_k(&self) -> i64 {
+                self.$field.top_k()
+            }
+            fn expert_capacity(&self) -> Option<i64> {
+                self.$field.expert_capacity()
+            }
+            fn linears_mut(&mut self) -> (&tch::nn::VarStore, Vec<&mut $crate::layers::Linear>) {
+                self.$field.linears_mut()
+            }
+            fn router_params(&self) -> Vec<String> {
+                self.$field.router_params()
+            }
+            fn hf_config_json(&self) -> Option<serde_json::Value> {
+                self.$field.hf_config_json()
+            }
+            fn forward(
+                &self,
+                batch: &$crate::batch::Batch,
+                ctx: &mut $crate::layers::ForwardCtx,
+            ) -> $crate::error::Result<tch::Tensor> {
+                self.$field.forward(batch, ctx)
+            }
+        }
+    };
+}
+pub(crate) use delegate_model;

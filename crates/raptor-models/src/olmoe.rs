@@ -7,13 +7,12 @@
 //! `model.norm.weight`, `lm_head.weight`); a classification head is `score.weight` (no bias) on
 //! the last valid token.
 
-use crate::batch::{Batch, Task};
+use crate::batch::Task;
+use crate::blocks::RopeScaling;
+use crate::decoder::{Decoder, DecoderConfig, DecoderFamily, MoeConfig};
 use crate::error::{ModelError, Result};
-use crate::layers::{Act, Embedding, ForwardCtx, Linear, RmsNorm, mask_min};
-use crate::model::Model;
-use crate::moe::{dispatch, routing_and_owners};
-use tch::nn::VarStore;
-use tch::{Device, Kind, Tensor};
+use crate::layers::Act;
+use tch::Device;
 
 /// What a decoder's head computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -126,158 +125,59 @@ impl OlmoeConfig {
     fn head_dim(&self) -> i64 {
         self.hidden_size / self.num_attention_heads
     }
+
+    /// The shared-block decoder configuration this OLMoE configuration composes (every layer
+    /// sparse, q/k norms, attention bias on all four projections).
+    pub fn to_decoder_config(&self) -> DecoderConfig {
+        DecoderConfig {
+            family: DecoderFamily::Olmoe,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            head_dim: self.head_dim(),
+            hidden_act: self.hidden_act,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            rope_scaling: RopeScaling::None,
+            qkv_bias: self.attention_bias,
+            o_bias: self.attention_bias,
+            mlp_bias: false,
+            qk_norm: true,
+            clip_qkv: self.clip_qkv,
+            moe: Some(MoeConfig {
+                num_experts: self.num_experts,
+                num_experts_per_tok: self.num_experts_per_tok,
+                expert_intermediate_size: self.intermediate_size,
+                norm_topk_prob: self.norm_topk_prob,
+                shared_expert_intermediate_size: None,
+                sparse_layers: (0..self.num_hidden_layers.max(0) as usize).collect(),
+            }),
+            tie_word_embeddings: false,
+            head: self.head,
+        }
+    }
 }
 
-#[derive(Debug)]
-struct Layer {
-    input_ln: RmsNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    post_ln: RmsNorm,
-    gate: Linear,
-    experts: Vec<[Linear; 3]>,
-}
-
-/// OLMoE-style decoder.
+/// OLMoE-style decoder: the shared-block [`Decoder`] with the OLMoE family's configuration.
 #[derive(Debug)]
 pub struct OlmoeDecoder {
     cfg: OlmoeConfig,
-    vs: VarStore,
-    embed: Embedding,
-    layers: Vec<Layer>,
-    norm: RmsNorm,
-    head: Linear,
-}
-
-/// Additive mask `[B, 1, T, T]`: causal and key-padding, the most negative finite value where masked.
-pub(crate) fn causal_mask(mask: &Tensor, kind: Kind) -> Result<Tensor> {
-    let size = mask.size();
-    let (b, t) = (size[0], size[1]);
-    let causal = Tensor::f_ones([t, t], (Kind::Bool, mask.device()))?.f_tril(0)?;
-    let keys = mask.f_gt(0)?.f_reshape([b, 1, 1, t])?;
-    let allowed = keys.f_logical_and(&causal.f_reshape([1, 1, t, t])?)?;
-    let zero = Tensor::f_zeros([1], (kind, mask.device()))?;
-    let neg = Tensor::f_full([1], mask_min(kind), (kind, mask.device()))?;
-    Ok(zero.f_where_self(&allowed, &neg)?)
-}
-
-/// Hidden state of each record's last valid token: `h [B, T, d]` → `[B, d]`.
-pub(crate) fn last_valid(h: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    let d = h.size()[2];
-    let last = mask
-        .f_sum_dim_intlist(1, false, Kind::Int64)?
-        .f_sub_scalar(1)?
-        .f_reshape([-1, 1, 1])?
-        .f_expand([-1, 1, d], false)?;
-    Ok(h.f_gather(1, &last, false)?.f_squeeze_dim(1)?)
+    inner: Decoder,
 }
 
 impl OlmoeDecoder {
     /// Builds a randomly initialized model (std 0.02, Hugging Face's default) on `device`.
     pub fn new(cfg: OlmoeConfig, device: Device) -> Result<Self> {
-        if cfg.hidden_size % cfg.num_attention_heads != 0
-            || cfg.num_key_value_heads <= 0
-            || cfg.num_attention_heads % cfg.num_key_value_heads != 0
-            || cfg.head_dim() % 2 != 0
-        {
+        if cfg.num_attention_heads < 1 || cfg.hidden_size % cfg.num_attention_heads != 0 {
             return Err(ModelError::InvalidConfig(format!(
                 "bad attention sizes in {cfg:?}"
             )));
         }
-        if cfg.num_experts_per_tok < 1 || cfg.num_experts_per_tok > cfg.num_experts {
-            return Err(ModelError::InvalidConfig(format!(
-                "num_experts_per_tok {} must be in [1, num_experts = {}]",
-                cfg.num_experts_per_tok, cfg.num_experts
-            )));
-        }
-        let vs = VarStore::new(device);
-        let (d, hd) = (cfg.hidden_size, cfg.head_dim());
-        let kvd = cfg.num_key_value_heads * hd;
-        let std = 0.02;
-        let embed = Embedding::new(&vs, "model.embed_tokens", cfg.vocab_size, d, std)?;
-        let mut layers = Vec::new();
-        for i in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let mut experts = Vec::new();
-            for e in 0..cfg.num_experts {
-                let ep = format!("{p}.mlp.experts.{e}");
-                experts.push([
-                    Linear::new(
-                        &vs,
-                        &format!("{ep}.gate_proj"),
-                        d,
-                        cfg.intermediate_size,
-                        false,
-                        std,
-                    )?,
-                    Linear::new(
-                        &vs,
-                        &format!("{ep}.up_proj"),
-                        d,
-                        cfg.intermediate_size,
-                        false,
-                        std,
-                    )?,
-                    Linear::new(
-                        &vs,
-                        &format!("{ep}.down_proj"),
-                        cfg.intermediate_size,
-                        d,
-                        false,
-                        std,
-                    )?,
-                ]);
-            }
-            layers.push(Layer {
-                input_ln: RmsNorm::new(&vs, &format!("{p}.input_layernorm"), d, cfg.rms_norm_eps)?,
-                q: Linear::new(&vs, &format!("{a}.q_proj"), d, d, cfg.attention_bias, std)?,
-                k: Linear::new(&vs, &format!("{a}.k_proj"), d, kvd, cfg.attention_bias, std)?,
-                v: Linear::new(&vs, &format!("{a}.v_proj"), d, kvd, cfg.attention_bias, std)?,
-                o: Linear::new(&vs, &format!("{a}.o_proj"), d, d, cfg.attention_bias, std)?,
-                q_norm: RmsNorm::new(&vs, &format!("{a}.q_norm"), d, cfg.rms_norm_eps)?,
-                k_norm: RmsNorm::new(&vs, &format!("{a}.k_norm"), kvd, cfg.rms_norm_eps)?,
-                post_ln: RmsNorm::new(
-                    &vs,
-                    &format!("{p}.post_attention_layernorm"),
-                    d,
-                    cfg.rms_norm_eps,
-                )?,
-                gate: Linear::new(
-                    &vs,
-                    &format!("{p}.mlp.gate"),
-                    d,
-                    cfg.num_experts,
-                    false,
-                    std,
-                )?,
-                experts,
-            });
-        }
-        let norm = RmsNorm::new(&vs, "model.norm", d, cfg.rms_norm_eps)?;
-        let head = match cfg.head {
-            DecoderHead::LanguageModel => {
-                Linear::new(&vs, "lm_head", d, cfg.vocab_size, false, std)?
-            }
-            DecoderHead::Classification { num_labels } => {
-                Linear::new(&vs, "score", d, num_labels, false, std)?
-            }
-        };
-        for l in &layers {
-            let _ = l.gate.weight.f_set_requires_grad(false)?;
-        }
-        Ok(Self {
-            cfg,
-            vs,
-            embed,
-            layers,
-            norm,
-            head,
-        })
+        let inner = Decoder::new(cfg.to_decoder_config(), device)?;
+        Ok(Self { cfg, inner })
     }
 
     /// The configuration.
@@ -285,184 +185,10 @@ impl OlmoeDecoder {
         &self.cfg
     }
 
-    fn rope(&self, t: i64, kind: Kind, device: Device) -> Result<(Tensor, Tensor)> {
-        let hd = self.cfg.head_dim();
-        let inv = Tensor::f_arange_start_step(0, hd, 2, (Kind::Float, device))?
-            .f_div_scalar(hd as f64)?;
-        let inv = Tensor::f_full([hd / 2], self.cfg.rope_theta, (Kind::Float, device))?
-            .f_pow(&inv)?
-            .f_reciprocal()?;
-        let pos = Tensor::f_arange(t, (Kind::Float, device))?;
-        let freqs = pos.f_unsqueeze(1)?.f_mul(&inv.f_unsqueeze(0)?)?;
-        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
-        Ok((emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?))
-    }
-
-    fn attention(
-        &self,
-        l: &Layer,
-        x: &Tensor,
-        mask: &Tensor,
-        cs: &(Tensor, Tensor),
-        ctx: &mut ForwardCtx,
-    ) -> Result<Tensor> {
-        let size = x.size();
-        let (b, t) = (size[0], size[1]);
-        let (h, kvh, hd) = (
-            self.cfg.num_attention_heads,
-            self.cfg.num_key_value_heads,
-            self.cfg.head_dim(),
-        );
-        let mut q = l.q_norm.forward(&l.q.forward(x, ctx)?, ctx)?;
-        let mut k = l.k_norm.forward(&l.k.forward(x, ctx)?, ctx)?;
-        let mut v = l.v.forward(x, ctx)?;
-        if let Some(c) = self.cfg.clip_qkv {
-            q = q.f_clamp(-c, c)?;
-            k = k.f_clamp(-c, c)?;
-            v = v.f_clamp(-c, c)?;
-        }
-        let q = q.f_reshape([b, t, h, hd])?.f_transpose(1, 2)?;
-        let k = k.f_reshape([b, t, kvh, hd])?.f_transpose(1, 2)?;
-        let v = v.f_reshape([b, t, kvh, hd])?.f_transpose(1, 2)?;
-        let rot = |x: &Tensor| -> Result<Tensor> {
-            let halves = x.f_chunk(2, -1)?;
-            let r = Tensor::f_cat(&[&halves[1].f_neg()?, &halves[0]], -1)?;
-            Ok(x.f_mul(&cs.0)?.f_add(&r.f_mul(&cs.1)?)?)
-        };
-        let q = rot(&q)?;
-        let mut k = rot(&k)?;
-        let mut v = v;
-        if kvh != h {
-            let rep = h / kvh;
-            k = k.f_repeat_interleave_self_int(rep, 1, None::<i64>)?;
-            v = v.f_repeat_interleave_self_int(rep, 1, None::<i64>)?;
-        }
-        let scores = q
-            .f_matmul(&k.f_transpose(2, 3)?)?
-            .f_mul_scalar((hd as f64).powf(-0.5))?
-            .f_add(mask)?;
-        let attn = scores.f_softmax(-1, None::<Kind>)?;
-        let out = attn
-            .f_matmul(&v)?
-            .f_transpose(1, 2)?
-            .f_reshape([b, t, h * hd])?;
-        l.o.forward(&out, ctx)
-    }
-
-    fn moe(
-        &self,
-        li: usize,
-        l: &Layer,
-        x: &Tensor,
-        mask: &Tensor,
-        ctx: &mut ForwardCtx,
-    ) -> Result<Tensor> {
-        let logits = l.gate.forward(x, &mut ForwardCtx::new(false))?;
-        let probs = logits.f_softmax(-1, None::<Kind>)?;
-        let (mut w, sel) = probs.f_topk(self.cfg.num_experts_per_tok, -1, true, true)?;
-        if self.cfg.norm_topk_prob {
-            w = w.f_div(&w.f_sum_dim_intlist(-1, true, None::<Kind>)?)?;
-        }
-        let owners =
-            routing_and_owners(ctx, li, &sel, &w, mask, x.size()[0], self.cfg.num_experts)?;
-        let act = self.cfg.hidden_act;
-        dispatch(
-            x,
-            &sel,
-            &w,
-            None,
-            self.cfg.num_experts,
-            owners.as_ref(),
-            ctx,
-            |e, xe, rows, m, ctx| {
-                let [g, u, dn] = &l.experts[e];
-                let gv = act.apply(&g.forward_rows(xe, ctx, rows, m)?)?;
-                let uv = u.forward_rows(xe, ctx, rows, m)?;
-                dn.forward_rows(&gv.f_mul(&uv)?, ctx, rows, m)
-            },
-        )
+    /// The shared-block decoder inside.
+    pub fn decoder(&self) -> &Decoder {
+        &self.inner
     }
 }
 
-impl Model for OlmoeDecoder {
-    fn var_store(&self) -> &VarStore {
-        &self.vs
-    }
-
-    fn var_store_mut(&mut self) -> &mut VarStore {
-        &mut self.vs
-    }
-
-    fn vocab_size(&self) -> i64 {
-        self.cfg.vocab_size
-    }
-
-    fn task(&self) -> Task {
-        self.cfg.head.task()
-    }
-
-    fn num_labels(&self) -> Option<i64> {
-        self.cfg.head.num_labels()
-    }
-
-    fn sparse_layers(&self) -> Vec<usize> {
-        (0..self.cfg.num_hidden_layers as usize).collect()
-    }
-
-    fn num_experts(&self) -> i64 {
-        self.cfg.num_experts
-    }
-
-    fn top_k(&self) -> i64 {
-        self.cfg.num_experts_per_tok
-    }
-
-    fn expert_capacity(&self) -> Option<i64> {
-        None
-    }
-
-    fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>) {
-        let mut v: Vec<&mut Linear> = Vec::new();
-        for l in &mut self.layers {
-            v.push(&mut l.q);
-            v.push(&mut l.k);
-            v.push(&mut l.v);
-            v.push(&mut l.o);
-            for ex in &mut l.experts {
-                for lin in ex.iter_mut() {
-                    v.push(lin);
-                }
-            }
-        }
-        v.push(&mut self.head);
-        (&self.vs, v)
-    }
-
-    fn router_params(&self) -> Vec<String> {
-        self.layers
-            .iter()
-            .map(|l| format!("{}.weight", l.gate.name))
-            .collect()
-    }
-
-    fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
-        batch.validate(self.cfg.vocab_size, None)?;
-        let mut h = self.embed.forward(&batch.input_ids, ctx)?;
-        let kind = h.kind();
-        let mask = causal_mask(&batch.attention_mask, kind)?;
-        let cs = self.rope(batch.seq_len(), kind, h.device())?;
-        for (i, l) in self.layers.iter().enumerate() {
-            let n = l.input_ln.forward(&h, ctx)?;
-            h = h.f_add(&self.attention(l, &n, &mask, &cs, ctx)?)?;
-            let n = l.post_ln.forward(&h, ctx)?;
-            h = h.f_add(&self.moe(i, l, &n, &batch.attention_mask, ctx)?)?;
-        }
-        let h = self.norm.forward(&h, ctx)?;
-        match self.cfg.head {
-            DecoderHead::LanguageModel => self.head.forward(&h, ctx),
-            DecoderHead::Classification { .. } => self
-                .head
-                .forward(&last_valid(&h, &batch.attention_mask)?, ctx),
-        }
-    }
-}
+crate::model::delegate_model!(OlmoeDecoder, inner);

@@ -9,6 +9,7 @@
 //! plus the classification head `classifier.{weight,bias}`.
 
 use crate::batch::{Batch, Task};
+use crate::blocks::{attend, masked_mean, split_heads};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, Linear, RmsNorm, mask_min, new_var};
 use crate::model::Model;
@@ -333,20 +334,12 @@ impl SwitchEncoder {
         bias: &Tensor,
         ctx: &mut ForwardCtx,
     ) -> Result<Tensor> {
-        let size = x.size();
-        let (b, t) = (size[0], size[1]);
         let (h, dk) = (self.cfg.num_heads, self.cfg.d_kv);
-        let split =
-            |y: Tensor| -> Result<Tensor> { Ok(y.f_reshape([b, t, h, dk])?.f_transpose(1, 2)?) };
-        let q = split(blk.q.forward(x, ctx)?)?;
-        let k = split(blk.k.forward(x, ctx)?)?;
-        let v = split(blk.v.forward(x, ctx)?)?;
-        let scores = q.f_matmul(&k.f_transpose(2, 3)?)?.f_add(bias)?;
-        let attn = scores.f_softmax(-1, None::<Kind>)?;
-        let out = attn
-            .f_matmul(&v)?
-            .f_transpose(1, 2)?
-            .f_reshape([b, t, h * dk])?;
+        let q = split_heads(&blk.q.forward(x, ctx)?, h, dk)?;
+        let k = split_heads(&blk.k.forward(x, ctx)?, h, dk)?;
+        let v = split_heads(&blk.v.forward(x, ctx)?, h, dk)?;
+        // T5 attention: no 1/√d scaling; relative position bias plus the padding mask.
+        let out = attend(&q, &k, &v, bias, None)?;
         blk.o.forward(&out, ctx)
     }
 
@@ -513,12 +506,7 @@ impl Model for SwitchEncoder {
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
         let h = self.encode(batch, ctx)?;
-        let maskf = batch.attention_mask.f_to_kind(h.kind())?;
-        let m3 = maskf.f_unsqueeze(2)?;
-        let pooled = h
-            .f_mul(&m3)?
-            .f_sum_dim_intlist(1, false, None::<Kind>)?
-            .f_div(&m3.f_sum_dim_intlist(1, false, None::<Kind>)?)?;
+        let pooled = masked_mean(&h, &batch.attention_mask)?;
         self.classifier.forward(&pooled, ctx)
     }
 }

@@ -323,6 +323,30 @@ impl CorpusTokenizer {
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))
     }
 
+    /// Reads a `tokenizer.json` for an encoder (e.g. BERT's WordPiece) with the file's padding
+    /// and truncation switched off (all-MiniLM-L6-v2's file pads and truncates every input to
+    /// 128; raptor pads batches itself and truncates records explicitly). The padding id is
+    /// the file's padding setting, read before it is switched off.
+    pub fn from_file_unpadded(path: impl AsRef<Path>) -> Result<Self> {
+        let mut t = Self::from_file(path)?;
+        t.tok.with_padding(None);
+        t.tok
+            .with_truncation(None)
+            .map_err(|e| ModelError::Tokenizer(format!("switching truncation off: {e}")))?;
+        Ok(t)
+    }
+
+    /// Token ids with the tokenizer's special tokens (its post-processor's template, e.g.
+    /// `[CLS] … [SEP]` for BERT). [`TextTokenizer::encode`] adds none.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .tok
+            .encode(text, true)
+            .map_err(tok_err)?
+            .get_ids()
+            .to_vec())
+    }
+
     /// The id of a token string.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.tok.token_to_id(token)

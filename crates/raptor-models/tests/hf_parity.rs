@@ -1,16 +1,20 @@
 //! Parity with Hugging Face transformers 5.23.0: the tiny random SwitchTransformers encoder,
-//! OLMoE and GPT-2 checkpoints in `fixtures/models/` (built by `fixtures/models/generate.py`)
+//! OLMoE, GPT-2, Llama, Mixtral and Qwen2-MoE checkpoints in `fixtures/models/` (built by `fixtures/models/generate.py`)
 //! load into our models and reproduce transformers' outputs on fixed inputs to 1e-4, router
 //! decisions included; and the fixtures' `config.json` files parse, with typed errors for bad
 //! configs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use raptor_models::checkpoint::{
-    LoadOptions, Pretrained, SafetensorsFile, SaveOptions, load_gpt2, load_olmoe,
-    load_switch_encoder, read_safetensors, save_var_store,
+    LoadOptions, Pretrained, SafetensorsFile, SaveOptions, load_bert, load_decoder, load_gpt2,
+    load_olmoe, load_switch_encoder, read_safetensors, save_pretrained, save_var_store,
 };
-use raptor_models::hf_config::{HfConfig, HfGpt2Config, HfOlmoeConfig, HfSwitchConfig};
-use raptor_models::{Batch, DecoderHead, ForwardCtx, Model, ModelError};
+use raptor_models::hf_config::{
+    HfConfig, HfDecoderConfig, HfGpt2Config, HfOlmoeConfig, HfSwitchConfig,
+};
+use raptor_models::{
+    Batch, BertPooling, DecoderFamily, DecoderHead, ForwardCtx, Model, ModelError, RopeScaling,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
@@ -258,7 +262,7 @@ fn bad_configs_are_typed_errors_naming_the_field() {
         "t",
     ));
     assert_eq!(f, "num_experts");
-    let (f, _) = config_err(HfConfig::from_json_str(r#"{"model_type": "llama"}"#, "t"));
+    let (f, _) = config_err(HfConfig::from_json_str(r#"{"model_type": "falcon"}"#, "t"));
     assert_eq!(f, "model_type");
     assert!(matches!(
         HfConfig::from_file(fixture("absent-dir")),
@@ -471,6 +475,374 @@ fn saving_loaded_models_gives_back_the_hf_files() {
                 "{name}: {n}"
             );
         }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Loads a Llama-family fixture strictly (nothing missing, nothing unexpected).
+fn load_family(name: &str) -> Pretrained<raptor_models::Decoder> {
+    let p = load_decoder(
+        fixture(name),
+        DecoderHead::LanguageModel,
+        Device::Cpu,
+        &exact_load(),
+    )
+    .unwrap();
+    assert!(
+        p.report.missing.is_empty() && p.report.unexpected.is_empty(),
+        "{name}: {:?}",
+        p.report
+    );
+    p
+}
+
+/// Logits and final hidden states against transformers at valid positions; returns the router
+/// outputs.
+fn check_family_logits(
+    name: &str,
+    model: &raptor_models::Decoder,
+) -> Vec<raptor_models::RouterOutput> {
+    let (batch, reference) = io(name);
+    let mut ctx = ForwardCtx::new(false);
+    ctx.collect_routing = true;
+    let logits = tch::no_grad(|| model.forward(&batch, &mut ctx)).unwrap();
+    let diff = max_diff_valid(&logits, &reference["logits"], &batch.attention_mask);
+    assert!(
+        diff < TOL,
+        "{name}: logits differ from transformers by {diff}"
+    );
+    let layers = model.config().num_hidden_layers;
+    let h = tch::no_grad(|| model.hidden_states(&batch, &mut ForwardCtx::new(false))).unwrap();
+    let diff = max_diff_valid(
+        &h,
+        &reference[&format!("hidden_states.{layers}")],
+        &batch.attention_mask,
+    );
+    assert!(diff < TOL, "{name}: final hidden states differ by {diff}");
+    ctx.routing
+}
+
+/// Our top-k expert sets and gate weights equal transformers' (from its router logits:
+/// softmax, top-k, renormalized when `norm`).
+fn check_routing(name: &str, routing: &[raptor_models::RouterOutput], k: i64, norm: bool) {
+    let (batch, reference) = io(name);
+    let (b, t) = (batch.input_ids.size()[0], batch.input_ids.size()[1]);
+    for (i, r) in routing.iter().enumerate() {
+        let logits = reference[&format!("router_logits.{i}")].reshape([b, t, -1]);
+        let (mut vals, idx) = logits.softmax(-1, Kind::Float).topk(k, -1, true, true);
+        if norm {
+            vals = &vals / vals.sum_dim_intlist(-1, true, Kind::Float);
+        }
+        let valid = batch
+            .attention_mask
+            .to_kind(Kind::Bool)
+            .unsqueeze(-1)
+            .expand([b, t, k], false);
+        let (got_idx, got_order) = r.indices.sort(-1, false);
+        let (want_idx, order) = idx.sort(-1, false);
+        assert!(
+            got_idx
+                .masked_select(&valid)
+                .equal(&want_idx.masked_select(&valid)),
+            "{name} router {i}: expert sets differ"
+        );
+        let gd = (r.weights.gather(-1, &got_order, false) - vals.gather(-1, &order, false))
+            .abs()
+            .masked_select(&valid)
+            .max()
+            .double_value(&[]);
+        assert!(gd < TOL, "{name} router {i}: gate weights differ by {gd}");
+    }
+}
+
+#[test]
+fn llama_family_configs_parse() {
+    let HfConfig::Decoder(l) = HfConfig::from_file(fixture("llama")).unwrap() else {
+        panic!("not a decoder")
+    };
+    assert_eq!(l.family, DecoderFamily::Llama);
+    assert_eq!(
+        (
+            l.hidden_size,
+            l.num_attention_heads,
+            l.num_key_value_heads,
+            l.head_dim
+        ),
+        (32, 4, 2, 8)
+    );
+    assert_eq!(l.rope_theta, 5000.0);
+    assert_eq!(l.rope_scaling, RopeScaling::Linear { factor: 2.0 });
+    assert!(l.tie_word_embeddings && l.sparse_layers.is_empty());
+    let HfConfig::Decoder(m) = HfConfig::from_file(fixture("mixtral")).unwrap() else {
+        panic!("not a decoder")
+    };
+    assert_eq!(m.family, DecoderFamily::Mixtral);
+    assert_eq!(
+        (
+            m.num_experts,
+            m.num_experts_per_tok,
+            m.expert_intermediate_size,
+            m.norm_topk_prob
+        ),
+        (4, 2, 16, true)
+    );
+    assert_eq!(m.sparse_layers, vec![0, 1]);
+    let HfConfig::Decoder(q) = HfConfig::from_file(fixture("qwen2_moe")).unwrap() else {
+        panic!("not a decoder")
+    };
+    assert_eq!(q.family, DecoderFamily::Qwen2Moe);
+    assert_eq!(q.sparse_layers, vec![0, 2]);
+    assert_eq!(
+        (
+            q.expert_intermediate_size,
+            q.shared_expert_intermediate_size,
+            q.intermediate_size
+        ),
+        (16, Some(24), 40)
+    );
+    assert!(q.qkv_bias && !q.o_bias && !q.norm_topk_prob);
+    // Older forms: top-level rope_theta with rope_scaling {type: linear}.
+    let old = HfDecoderConfig::from_json_str(
+        r#"{"model_type": "llama", "vocab_size": 32000, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "rope_theta": 500000.0,
+            "rope_scaling": {"type": "linear", "factor": 4.0}}"#,
+        "<old llama>",
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            old.rope_theta,
+            old.rope_scaling,
+            old.num_key_value_heads,
+            old.head_dim
+        ),
+        (500000.0, RopeScaling::Linear { factor: 4.0 }, 4, 16)
+    );
+    // Unsupported RoPE kinds and sliding windows are errors naming the field.
+    let llama = |extra: &str| {
+        format!(
+            r#"{{"model_type": "llama", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 16,
+                "num_hidden_layers": 2, "num_attention_heads": 4{extra}}}"#
+        )
+    };
+    let (f, _) = config_err(HfDecoderConfig::from_json_str(
+        &llama(
+            r#", "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}"#,
+        ),
+        "t",
+    ));
+    assert_eq!(f, "rope_parameters.rope_type");
+    let (f, _) = config_err(HfDecoderConfig::from_json_str(
+        &llama(r#", "rope_scaling": {"type": "dynamic", "factor": 2.0}"#),
+        "t",
+    ));
+    assert_eq!(f, "rope_scaling.rope_type");
+    let (f, _) = config_err(HfDecoderConfig::from_json_str(
+        &llama(r#", "rope_scaling": {"type": "linear"}"#),
+        "t",
+    ));
+    assert_eq!(f, "rope_scaling.factor");
+    let (f, _) = config_err(HfDecoderConfig::from_json_str(
+        &llama(r#", "num_key_value_heads": 3"#),
+        "t",
+    ));
+    assert_eq!(f, "num_key_value_heads");
+    let (f, _) = config_err(HfDecoderConfig::from_json_str(
+        &llama("")
+            .replace("llama", "mixtral")
+            .replace("}", r#", "sliding_window": 4096}"#),
+        "t",
+    ));
+    assert_eq!(f, "sliding_window");
+    let (f, _) = config_err(HfDecoderConfig::from_json_str(
+        &llama("")
+            .replace("llama", "qwen2_moe")
+            .replace("}", r#", "num_experts": 2, "num_experts_per_tok": 3}"#),
+        "t",
+    ));
+    assert_eq!(f, "num_experts_per_tok");
+}
+
+#[test]
+fn llama_matches_transformers() {
+    let p = load_family("llama");
+    // Tied head: no lm_head variable; GQA 4/2; linear RoPE scaling with θ 5000.
+    assert!(
+        !p.model
+            .var_store()
+            .variables()
+            .contains_key("lm_head.weight")
+    );
+    let routing = check_family_logits("llama", &p.model);
+    assert!(routing.is_empty());
+    assert!(p.model.sparse_layers().is_empty() && p.model.router_params().is_empty());
+}
+
+#[test]
+fn mixtral_matches_transformers() {
+    let p = load_family("mixtral");
+    let routing = check_family_logits("mixtral", &p.model);
+    assert_eq!(routing.len(), 2);
+    check_routing("mixtral", &routing, 2, true);
+    assert_eq!(
+        p.model.router_params(),
+        vec![
+            "model.layers.0.block_sparse_moe.gate.weight".to_string(),
+            "model.layers.1.block_sparse_moe.gate.weight".to_string()
+        ]
+    );
+}
+
+#[test]
+fn qwen2_moe_matches_transformers() {
+    let p = load_family("qwen2_moe");
+    let routing = check_family_logits("qwen2_moe", &p.model);
+    // Layers 0 and 2 are sparse (layer 1 is in mlp_only_layers); transformers numbers its
+    // router logits over the sparse layers only.
+    assert_eq!(
+        routing.iter().map(|r| r.layer).collect::<Vec<_>>(),
+        vec![0, 2]
+    );
+    assert_eq!(p.model.sparse_layers(), vec![0, 2]);
+    check_routing("qwen2_moe", &routing, 2, false);
+    // The shared expert's gate is not a router: it stays trainable (shared stream).
+    assert!(
+        p.model
+            .router_params()
+            .iter()
+            .all(|n| !n.contains("shared_expert"))
+    );
+}
+
+#[test]
+fn llama_family_resave_and_save_pretrained_round_trip() {
+    let dir = std::env::temp_dir().join(format!("raptor-family-resave-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["llama", "mixtral", "qwen2_moe"] {
+        let p = load_family(name);
+        // The same tensors, bytes included, as the file transformers wrote.
+        let out = dir.join(format!("{name}.safetensors"));
+        save_var_store(
+            p.model.var_store(),
+            &out,
+            &p.config.layout(),
+            &SaveOptions::default(),
+        )
+        .unwrap();
+        let (orig, again) = (
+            SafetensorsFile::open(fixture(name).join("model.safetensors")).unwrap(),
+            SafetensorsFile::open(&out).unwrap(),
+        );
+        assert_eq!(orig.names(), again.names(), "{name}");
+        for n in orig.names() {
+            assert!(
+                orig.tensor(&n).unwrap().equal(&again.tensor(&n).unwrap()),
+                "{name}: {n}"
+            );
+        }
+        // save_pretrained writes a config.json that parses back to the same model config.
+        let folder = dir.join(name);
+        save_pretrained(&p.model, &folder).unwrap();
+        let back = load_family_from(&folder);
+        assert_eq!(back.model.config(), p.model.config(), "{name}");
+        check_family_logits(name, &back.model);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn load_family_from(dir: &Path) -> Pretrained<raptor_models::Decoder> {
+    load_decoder(dir, DecoderHead::LanguageModel, Device::Cpu, &exact_load()).unwrap()
+}
+
+#[test]
+fn bert_matches_transformers_with_token_types() {
+    let HfConfig::Bert(c) = HfConfig::from_file(fixture("bert")).unwrap() else {
+        panic!("not bert")
+    };
+    assert_eq!(
+        (
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.type_vocab_size,
+            c.num_labels
+        ),
+        (32, 2, 2, Some(3))
+    );
+    let p = load_bert(
+        fixture("bert"),
+        3,
+        BertPooling::Pooler,
+        Device::Cpu,
+        &LoadOptions::exact(),
+    )
+    .unwrap();
+    assert!(p.report.missing.is_empty() && p.report.unexpected.is_empty());
+    let (batch, reference) = io("bert");
+    let inputs = read_map(fixture("bert").join("inputs.safetensors"));
+    let types = &inputs["token_type_ids"];
+    assert!(types.max().int64_value(&[]) == 1);
+    let m = &p.model;
+    let logits = tch::no_grad(|| {
+        m.forward_with_token_types(&batch, Some(types), &mut ForwardCtx::new(false))
+    })
+    .unwrap();
+    let diff = (&logits - &reference["logits"])
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(diff < TOL, "logits differ from transformers by {diff}");
+    let h = tch::no_grad(|| m.encode(&batch, Some(types), &mut ForwardCtx::new(false))).unwrap();
+    let diff = max_diff_valid(&h, &reference["hidden_states.2"], &batch.attention_mask);
+    assert!(diff < TOL, "last hidden state differs by {diff}");
+    let pooled =
+        tch::no_grad(|| m.pool(&h, &batch.attention_mask, &mut ForwardCtx::new(false))).unwrap();
+    let diff = (&pooled - &reference["pooler_output"])
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(diff < TOL, "pooler output differs by {diff}");
+    // Token types matter (the fixture uses both segments).
+    let plain = tch::no_grad(|| m.forward(&batch, &mut ForwardCtx::new(false))).unwrap();
+    assert!((&plain - &logits).abs().max().double_value(&[]) > 1e-3);
+    // Bad token types are typed errors.
+    assert!(
+        m.forward_with_token_types(&batch, Some(&(types + 5)), &mut ForwardCtx::new(false))
+            .is_err()
+    );
+    // Mean pooling: the checkpoint's pooler is ignored, the classifier may be missing.
+    let mean = load_bert(
+        fixture("bert"),
+        2,
+        BertPooling::Mean,
+        Device::Cpu,
+        &LoadOptions::strict().allow_missing("classifier.*"),
+    );
+    assert!(
+        mean.is_err(),
+        "classifier shape [3, 32] must not load into a 2-way head"
+    );
+    let mean = load_bert(
+        fixture("bert"),
+        3,
+        BertPooling::Mean,
+        Device::Cpu,
+        &LoadOptions::strict(),
+    )
+    .unwrap();
+    assert!(mean.report.unexpected.is_empty());
+    // Re-saving gives back the transformers file (the pooler included).
+    let dir = std::env::temp_dir().join(format!("raptor-bert-resave-{}", std::process::id()));
+    save_pretrained(m, &dir).unwrap();
+    let (orig, again) = (
+        SafetensorsFile::open(fixture("bert").join("model.safetensors")).unwrap(),
+        SafetensorsFile::open(dir.join("model.safetensors")).unwrap(),
+    );
+    assert_eq!(orig.names(), again.names());
+    for n in orig.names() {
+        assert!(
+            orig.tensor(&n).unwrap().equal(&again.tensor(&n).unwrap()),
+            "{n}"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }

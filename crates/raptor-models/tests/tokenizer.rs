@@ -270,3 +270,43 @@ fn bad_tokenizer_files_and_settings_are_typed_errors() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn bert_wordpiece_tokenizer_json_matches_hf_with_padding_and_truncation_off() {
+    // A WordPiece tokenizer.json saved (like all-MiniLM-L6-v2's) with padding and truncation to
+    // 128 on; golden ids by Python `tokenizers` with both off, [CLS] … [SEP] added.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/bert_tokenizer");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let padded = CorpusTokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let tok = CorpusTokenizer::from_file_unpadded(dir.join("tokenizer.json")).unwrap();
+    assert_eq!(tok.vocab_size() as u64, doc["vocab_size"].as_u64().unwrap());
+    assert_eq!((tok.pad_id(), tok.token_to_id("[CLS]")), (0, Some(2)));
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let expect: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(
+            tok.encode_with_special_tokens(text).unwrap(),
+            expect,
+            "{text:?}"
+        );
+        // Without special tokens: the same ids less [CLS] and [SEP].
+        assert_eq!(
+            tok.encode(text).unwrap(),
+            expect[1..expect.len() - 1].to_vec(),
+            "{text:?}"
+        );
+        // The file as saved pads to 128.
+        assert_eq!(padded.encode_with_special_tokens(text).unwrap().len(), 128);
+    }
+    // Truncation is off too: a long input keeps every token.
+    let long = "the ".repeat(300);
+    assert_eq!(tok.encode_with_special_tokens(&long).unwrap().len(), 302);
+}

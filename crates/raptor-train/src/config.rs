@@ -95,8 +95,9 @@ impl Default for DataConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Architecture: `switch` (MoE encoder classifier), `olmoe` (MoE decoder), `gpt2` (dense
-    /// decoder).
+    /// Architecture: `switch` (MoE encoder classifier), `olmoe`, `mixtral`, `qwen2-moe` (MoE
+    /// decoder classifiers), `gpt2`, `llama` (dense decoders, language modelling), `bert`
+    /// (dense encoder classifier, mean pooling).
     pub kind: ModelKind,
     /// A Hugging Face model folder (config.json + safetensors); empty: a randomly initialized
     /// model of the sizes below.
@@ -141,6 +142,30 @@ pub enum ModelKind {
     Olmoe,
     /// GPT-2 dense decoder (language modelling head).
     Gpt2,
+    /// Llama-style dense decoder (language modelling head; tied or untied).
+    Llama,
+    /// Mixtral-style MoE decoder (classification head on the last token).
+    Mixtral,
+    /// Qwen2-MoE-style decoder, routed experts plus a shared expert in the shared stream
+    /// (classification head on the last token).
+    Qwen2Moe,
+    /// BERT-style encoder classifier (mean pooling over the valid tokens).
+    Bert,
+}
+
+impl ModelKind {
+    /// Whether the model is a language model (trained on the text column; data-to-text).
+    pub fn is_language_model(self) -> bool {
+        matches!(self, ModelKind::Gpt2 | ModelKind::Llama)
+    }
+
+    /// Whether the model has routed experts.
+    pub fn is_moe(self) -> bool {
+        matches!(
+            self,
+            ModelKind::Switch | ModelKind::Olmoe | ModelKind::Mixtral | ModelKind::Qwen2Moe
+        )
+    }
 }
 
 /// The method.
@@ -556,12 +581,13 @@ impl RunConfig {
                 "must be >= 1 when alternating".into(),
             );
         }
-        if self.method.name.needs_experts() && self.model.kind == ModelKind::Gpt2 {
+        if self.method.name.needs_experts() && !self.model.kind.is_moe() {
             return bad(
                 "method.name",
                 format!(
-                    "{} needs an MoE model (switch or olmoe), not gpt2",
-                    m.name.name()
+                    "{} needs an MoE model (switch, olmoe, mixtral or qwen2-moe), not {:?}",
+                    m.name.name(),
+                    self.model.kind
                 ),
             );
         }
@@ -577,10 +603,10 @@ impl RunConfig {
                 format!("{:?} is not table, e2e or dart", self.data.format),
             );
         }
-        if self.data.format != "table" && self.model.kind != ModelKind::Gpt2 {
+        if self.data.format != "table" && !self.model.kind.is_language_model() {
             return bad(
                 "data.format",
-                "data-to-text needs a language model (model.kind = \"gpt2\")".into(),
+                "data-to-text needs a language model (model.kind = \"gpt2\" or \"llama\")".into(),
             );
         }
         if self.eval.beams == 0 {

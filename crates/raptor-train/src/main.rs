@@ -81,6 +81,32 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Sparse upcycling: turn a dense Llama-style Hugging Face folder into a Mixtral-style MoE
+    /// folder (every layer's MLP copied into E experts, a new random router, seeded and frozen
+    /// in training). Tokenizer files beside the checkpoint are copied.
+    Upcycle {
+        /// The dense Llama folder (`config.json` + safetensors).
+        #[arg(long)]
+        model: PathBuf,
+        /// The folder to write (Mixtral layout).
+        #[arg(long)]
+        out: PathBuf,
+        /// Experts per layer.
+        #[arg(long, default_value_t = 8)]
+        experts: i64,
+        /// Experts per token.
+        #[arg(long, default_value_t = 2)]
+        top_k: i64,
+        /// Seed of the router initialization.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Standard deviation of the router initialization.
+        #[arg(long, default_value_t = 0.02)]
+        router_std: f64,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Train privately from a config file (RAPTOR, its baselines, DP-SGD/Adam/Muon/MuonBC).
     Train(cli::train::TrainArgs),
     /// Evaluate a run folder on a data file.
@@ -140,6 +166,15 @@ fn main() {
         Command::Export { run, out } => raptor_train::run::export_run(&run, &out)
             .map(|()| println!("exported {} to {}", run.display(), out.display()))
             .map_err(anyhow::Error::from),
+        Command::Upcycle {
+            model,
+            out,
+            experts,
+            top_k,
+            seed,
+            router_std,
+            json,
+        } => upcycle(&model, &out, experts, top_k, seed, router_std, json),
         Command::Train(args) => cli::train::run_train(args),
         Command::Eval(args) => cli::train::run_eval(args),
         Command::Audit(args) => cli::audit::run_audit(args),
@@ -194,5 +229,58 @@ fn info(json: bool) -> anyhow::Result<()> {
     println!("cuda linked: {}", raptor_models::CUDA_LINKED);
     println!("cuda available: {available}");
     println!("cuda devices: {devices}");
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn upcycle(
+    model: &std::path::Path,
+    out: &std::path::Path,
+    experts: i64,
+    top_k: i64,
+    seed: u64,
+    router_std: f64,
+    json: bool,
+) -> anyhow::Result<()> {
+    use raptor_models::checkpoint::{LoadOptions, load_decoder, save_pretrained};
+    let dense = load_decoder(
+        model,
+        raptor_models::DecoderHead::LanguageModel,
+        tch::Device::Cpu,
+        &LoadOptions::strict(),
+    )?;
+    let mut opts = raptor_models::upcycle::UpcycleOptions::new(experts, top_k);
+    opts.seed = seed;
+    opts.router_std = router_std;
+    let moe = raptor_models::upcycle::upcycle_llama(&dense.model, &opts)?;
+    save_pretrained(&moe, out)?;
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+    ] {
+        let src = model.join(f);
+        if src.is_file() {
+            std::fs::copy(&src, out.join(f))
+                .map_err(|e| anyhow::anyhow!("copying {}: {e}", src.display()))?;
+        }
+    }
+    if json {
+        return cli::print_json(&serde_json::json!({
+            "model": model.display().to_string(),
+            "out": out.display().to_string(),
+            "model_type": "mixtral",
+            "experts": experts,
+            "top_k": top_k,
+            "seed": seed,
+            "router_std": router_std,
+        }));
+    }
+    println!(
+        "upcycled {} into {} ({experts} experts, top-{top_k}, Mixtral layout)",
+        model.display(),
+        out.display()
+    );
     Ok(())
 }

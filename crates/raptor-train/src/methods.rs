@@ -31,13 +31,19 @@ impl Family {
                 "SelfAttention.v",
                 "SelfAttention.o",
             ],
-            ModelKind::Olmoe => &[
+            ModelKind::Olmoe | ModelKind::Llama | ModelKind::Mixtral | ModelKind::Qwen2Moe => &[
                 "self_attn.q_proj",
                 "self_attn.k_proj",
                 "self_attn.v_proj",
                 "self_attn.o_proj",
             ],
             ModelKind::Gpt2 => &["attn.c_attn", "attn.c_proj"],
+            ModelKind::Bert => &[
+                "attention.self.query",
+                "attention.self.key",
+                "attention.self.value",
+                "attention.output.dense",
+            ],
         };
         v.iter().map(|s| s.to_string()).collect()
     }
@@ -46,6 +52,7 @@ impl Family {
     pub fn expert_prefix(&self, l: usize, e: i64) -> String {
         match self.kind {
             ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.expert_{e}."),
+            ModelKind::Mixtral => format!("model.layers.{l}.block_sparse_moe.experts.{e}."),
             _ => format!("model.layers.{l}.mlp.experts.{e}."),
         }
     }
@@ -56,6 +63,10 @@ impl Family {
             ModelKind::Switch => ["wi", "wo"]
                 .iter()
                 .map(|p| format!("encoder.block.{l}.layer.1.mlp.experts.*.{p}"))
+                .collect(),
+            ModelKind::Mixtral => ["w1", "w2", "w3"]
+                .iter()
+                .map(|p| format!("model.layers.{l}.block_sparse_moe.experts.*.{p}"))
                 .collect(),
             _ => ["gate_proj", "up_proj", "down_proj"]
                 .iter()
@@ -68,6 +79,7 @@ impl Family {
     pub fn expert_modules(&self, l: usize) -> String {
         match self.kind {
             ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.*"),
+            ModelKind::Mixtral => format!("model.layers.{l}.block_sparse_moe.experts.*"),
             _ => format!("model.layers.{l}.mlp.experts.*"),
         }
     }
@@ -75,7 +87,7 @@ impl Family {
     /// Parameter patterns of the task head (trained with the shared stream).
     pub fn head_patterns(&self) -> Vec<&'static str> {
         match self.kind {
-            ModelKind::Switch => vec!["classifier"],
+            ModelKind::Switch | ModelKind::Bert => vec!["classifier"],
             _ => vec!["score"],
         }
     }
@@ -88,6 +100,7 @@ impl Family {
                 "wte",
                 "wpe",
                 "embed_tokens",
+                "_embeddings",
                 "shared.weight",
                 "relative_attention_bias",
                 "lm_head",
@@ -101,9 +114,11 @@ impl Family {
 }
 
 /// The sparse layer of a routed-expert parameter name (Switch `encoder.block.{l}.layer.1.mlp.
-/// experts.…`, OLMoE `model.layers.{l}.mlp.experts.…`), if it is one.
+/// experts.…`, OLMoE / Qwen2-MoE `model.layers.{l}.mlp.experts.…`, Mixtral
+/// `model.layers.{l}.block_sparse_moe.experts.…`), if it is one. A Qwen2-MoE shared expert
+/// (`mlp.shared_expert.…`, `mlp.shared_expert_gate`) is not: it belongs to the shared stream.
 pub fn routed_expert_layer(name: &str) -> Option<usize> {
-    if !name.contains(".mlp.experts.") {
+    if !name.contains(".mlp.experts.") && !name.contains(".block_sparse_moe.experts.") {
         return None;
     }
     let rest = name

@@ -5,11 +5,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use raptor_data::{LabelMap, TableSpec};
-use raptor_models::checkpoint::{LoadOptions, load_gpt2, load_olmoe, load_switch_encoder};
+use raptor_models::checkpoint::{
+    LoadOptions, load_bert, load_decoder, load_gpt2, load_olmoe, load_switch_encoder,
+};
 use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
 use raptor_models::{
-    Batch, DecoderHead, Gpt2, Gpt2Config, Model, OlmoeConfig, OlmoeDecoder, SwitchConfig,
-    SwitchEncoder, Task,
+    Batch, Bert, BertConfig, BertPooling, Decoder, DecoderConfig, DecoderFamily, DecoderHead, Gpt2,
+    Gpt2Config, Model, OlmoeConfig, OlmoeDecoder, SwitchConfig, SwitchEncoder, Task,
 };
 use tch::Device;
 
@@ -93,7 +95,7 @@ pub fn open_tokenizer(spec: &str) -> Result<Box<dyn TextTokenizer>> {
 
 /// Whether the model classifies (else: language modelling over the text column).
 pub fn is_classifier(cfg: &RunConfig) -> bool {
-    cfg.model.kind != ModelKind::Gpt2
+    !cfg.model.kind.is_language_model()
 }
 
 /// Reads a table with the config's columns.
@@ -255,6 +257,31 @@ pub fn build_model(
         (ModelKind::Gpt2, Some(p)) => {
             Box::new(load_gpt2(p, DecoderHead::LanguageModel, device, &opts)?.model)
         }
+        (ModelKind::Llama | ModelKind::Mixtral | ModelKind::Qwen2Moe, Some(p)) => {
+            let head = if m.kind.is_language_model() {
+                DecoderHead::LanguageModel
+            } else {
+                DecoderHead::Classification { num_labels }
+            };
+            let model = load_decoder(p, head, device, &opts)?.model;
+            let want = match m.kind {
+                ModelKind::Llama => DecoderFamily::Llama,
+                ModelKind::Mixtral => DecoderFamily::Mixtral,
+                _ => DecoderFamily::Qwen2Moe,
+            };
+            if model.config().family != want {
+                return Err(TrainError::Config(format!(
+                    "model.path {} holds a {} checkpoint, not model.kind {:?}",
+                    p.display(),
+                    model.config().family.model_type(),
+                    m.kind
+                )));
+            }
+            Box::new(model)
+        }
+        (ModelKind::Bert, Some(p)) => {
+            Box::new(load_bert(p, num_labels, BertPooling::Mean, device, &opts)?.model)
+        }
         (ModelKind::Switch, None) => {
             let mut c = SwitchConfig::tiny();
             c.vocab_size = vocab;
@@ -280,6 +307,48 @@ pub fn build_model(
             c.num_experts = m.experts;
             c.num_experts_per_tok = 2.min(m.experts);
             Box::new(OlmoeDecoder::new(c, device)?)
+        }
+        (ModelKind::Llama | ModelKind::Mixtral | ModelKind::Qwen2Moe, None) => {
+            let (family, head) = match m.kind {
+                ModelKind::Llama => (DecoderFamily::Llama, DecoderHead::LanguageModel),
+                ModelKind::Mixtral => (
+                    DecoderFamily::Mixtral,
+                    DecoderHead::Classification { num_labels },
+                ),
+                _ => (
+                    DecoderFamily::Qwen2Moe,
+                    DecoderHead::Classification { num_labels },
+                ),
+            };
+            let mut c = DecoderConfig::tiny(family, head);
+            c.vocab_size = vocab;
+            c.hidden_size = m.d_model;
+            c.intermediate_size = m.d_ff;
+            c.num_hidden_layers = m.layers;
+            c.num_attention_heads = m.heads;
+            c.num_key_value_heads = m.heads;
+            c.head_dim = m.d_model / m.heads.max(1);
+            if let Some(moe) = c.moe.as_mut() {
+                moe.num_experts = m.experts;
+                moe.num_experts_per_tok = 2.min(m.experts);
+                moe.expert_intermediate_size = m.d_ff;
+                moe.sparse_layers = (0..m.layers.max(0) as usize).collect();
+                if moe.shared_expert_intermediate_size.is_some() {
+                    moe.shared_expert_intermediate_size = Some(m.d_ff);
+                }
+            }
+            Box::new(Decoder::new(c, device)?)
+        }
+        (ModelKind::Bert, None) => {
+            let mut c = BertConfig::tiny(num_labels);
+            c.vocab_size = vocab;
+            c.hidden_size = m.d_model;
+            c.intermediate_size = m.d_ff;
+            c.num_hidden_layers = m.layers;
+            c.num_attention_heads = m.heads;
+            c.max_position_embeddings = (cfg.data.max_length as i64).max(8);
+            c.pooling = BertPooling::Mean;
+            Box::new(Bert::new(c, device)?)
         }
         (ModelKind::Gpt2, None) => {
             let mut c = Gpt2Config::tiny(DecoderHead::LanguageModel);
@@ -477,7 +546,7 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
         };
         Some(choose_layer(cfg, &sparse, public.as_ref())?)
     } else {
-        if cfg.model.kind != ModelKind::Gpt2
+        if !cfg.model.kind.is_language_model()
             && matches!(cfg.method.name, Method::DpAdamLora | Method::Lora)
             && model.sparse_layers().is_empty()
         {

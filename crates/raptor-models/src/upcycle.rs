@@ -1,0 +1,196 @@
+//! Sparse upcycling (Komatsuzaki et al., "Sparse upcycling", 2023): a dense Llama-style
+//! [`Decoder`] becomes a Mixtral-style MoE [`Decoder`] whose experts are copies of each layer's
+//! dense SwiGLU MLP, with a new router drawn at random (seeded) and frozen like every router.
+//!
+//! Tensor names: `model.layers.{i}.mlp.{gate,up,down}_proj.weight` →
+//! `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight` for every expert `e`;
+//! the router is `model.layers.{i}.block_sparse_moe.gate.weight`; every other tensor is copied
+//! unchanged. With every layer upcycled the result is an ordinary `MixtralForCausalLM`
+//! checkpoint ([`crate::checkpoint::save_pretrained`]). Mixtral renormalizes the top-k gate
+//! weights to sum to 1, so while the experts are identical copies the upcycled model computes
+//! exactly the dense model's function, whatever the router.
+//!
+//! ```
+//! use raptor_models::upcycle::{UpcycleOptions, upcycle_llama};
+//! use raptor_models::{Decoder, DecoderConfig, DecoderFamily, DecoderHead, Model};
+//! let dense = Decoder::new(
+//!     DecoderConfig::tiny(DecoderFamily::Llama, DecoderHead::LanguageModel),
+//!     tch::Device::Cpu,
+//! )?;
+//! let moe = upcycle_llama(&dense, &UpcycleOptions::new(4, 2))?;
+//! assert_eq!((moe.num_experts(), moe.top_k()), (4, 2));
+//! assert_eq!(moe.config().family, DecoderFamily::Mixtral);
+//! # Ok::<(), raptor_models::ModelError>(())
+//! ```
+
+use crate::decoder::{Decoder, DecoderFamily, MoeConfig};
+use crate::error::{ModelError, Result};
+use crate::model::Model;
+use tch::{Kind, Tensor};
+
+/// Settings of [`upcycle_llama`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpcycleOptions {
+    /// Experts per upcycled layer (E ≥ 1).
+    pub num_experts: i64,
+    /// Experts per token (1 ≤ k ≤ E).
+    pub top_k: i64,
+    /// Layers to upcycle (None: all; a Mixtral checkpoint needs all).
+    pub layers: Option<Vec<usize>>,
+    /// Standard deviation of the router's N(0, σ²) initialization.
+    pub router_std: f64,
+    /// Seed of the router initialization.
+    pub seed: u64,
+}
+
+impl UpcycleOptions {
+    /// E experts, top-k, every layer, router σ = 0.02, seed 0.
+    pub fn new(num_experts: i64, top_k: i64) -> Self {
+        Self {
+            num_experts,
+            top_k,
+            layers: None,
+            router_std: 0.02,
+            seed: 0,
+        }
+    }
+}
+
+/// Upcycles a dense Llama-style decoder into a Mixtral-style MoE decoder (see the module
+/// docs). The new model has the dense model's kind and device; LoRA adapters are not copied.
+pub fn upcycle_llama(dense: &Decoder, opts: &UpcycleOptions) -> Result<Decoder> {
+    let c = dense.config();
+    if c.family != DecoderFamily::Llama || c.moe.is_some() {
+        return Err(ModelError::InvalidConfig(format!(
+            "upcycling needs a dense llama decoder, not {}",
+            c.family.model_type()
+        )));
+    }
+    if c.qkv_bias || c.o_bias || c.mlp_bias {
+        return Err(ModelError::InvalidConfig(
+            "Mixtral has no attention or MLP biases: a Llama with attention_bias or mlp_bias cannot be upcycled into the Mixtral layout".into(),
+        ));
+    }
+    if opts.num_experts < 1 || opts.top_k < 1 || opts.top_k > opts.num_experts {
+        return Err(ModelError::InvalidConfig(format!(
+            "upcycling needs 1 <= top_k ({}) <= num_experts ({})",
+            opts.top_k, opts.num_experts
+        )));
+    }
+    if !(opts.router_std.is_finite() && opts.router_std >= 0.0) {
+        return Err(ModelError::InvalidConfig(format!(
+            "router_std {} must be finite and non-negative",
+            opts.router_std
+        )));
+    }
+    let n = c.num_hidden_layers.max(0) as usize;
+    let layers: Vec<usize> = match &opts.layers {
+        None => (0..n).collect(),
+        Some(v) => {
+            let mut v = v.clone();
+            v.sort_unstable();
+            v.dedup();
+            if let Some(&l) = v.iter().find(|&&l| l >= n) {
+                return Err(ModelError::InvalidConfig(format!(
+                    "layer {l} to upcycle is outside the {n} layers"
+                )));
+            }
+            v
+        }
+    };
+    let mut cfg = c.clone();
+    cfg.family = DecoderFamily::Mixtral;
+    cfg.moe = Some(MoeConfig {
+        num_experts: opts.num_experts,
+        num_experts_per_tok: opts.top_k,
+        expert_intermediate_size: c.intermediate_size,
+        norm_topk_prob: true,
+        shared_expert_intermediate_size: None,
+        sparse_layers: layers.clone(),
+    });
+    let mut moe = Decoder::new(cfg, dense.var_store().device())?;
+    let kind = dense
+        .var_store()
+        .variables()
+        .get("model.embed_tokens.weight")
+        .map(Tensor::kind)
+        .unwrap_or(Kind::Float);
+    if kind == Kind::Double {
+        moe.var_store_mut().double();
+    } else if kind == Kind::Half {
+        moe.var_store_mut().half();
+    } else if kind == Kind::BFloat16 {
+        moe.var_store_mut().bfloat16();
+    }
+    let src = dense.var_store().variables();
+    let dst = moe.var_store().variables();
+    let renamed = |name: &str| -> Vec<String> {
+        for &l in &layers {
+            let p = format!("model.layers.{l}.mlp.");
+            if let Some(rest) = name.strip_prefix(&p) {
+                let (proj, tail) = rest.split_once('.').unwrap_or((rest, ""));
+                let w = match proj {
+                    "gate_proj" => "w1",
+                    "up_proj" => "w3",
+                    "down_proj" => "w2",
+                    _ => return vec![name.to_string()],
+                };
+                return (0..opts.num_experts)
+                    .map(|e| format!("model.layers.{l}.block_sparse_moe.experts.{e}.{w}.{tail}"))
+                    .collect();
+            }
+        }
+        vec![name.to_string()]
+    };
+    tch::no_grad(|| -> Result<()> {
+        for (name, t) in &src {
+            if name.contains(".lora_A.") || name.contains(".lora_B.") {
+                continue;
+            }
+            for target in renamed(name) {
+                let mut d = dst
+                    .get(&target)
+                    .ok_or_else(|| {
+                        ModelError::InvalidConfig(format!(
+                            "upcycled model lacks {target} (from {name})"
+                        ))
+                    })?
+                    .shallow_clone();
+                d.f_copy_(t)?;
+            }
+        }
+        // Routers: N(0, σ²) from a seeded generator, independent of libtorch's global one.
+        for (i, &l) in layers.iter().enumerate() {
+            let name = format!("model.layers.{l}.block_sparse_moe.gate.weight");
+            let mut d = dst
+                .get(&name)
+                .ok_or_else(|| ModelError::InvalidConfig(format!("upcycled model lacks {name}")))?
+                .shallow_clone();
+            let w = seeded_normal(&d.size(), opts.seed.wrapping_add(i as u64), opts.router_std)?;
+            d.f_copy_(&w)?;
+        }
+        Ok(())
+    })?;
+    Ok(moe)
+}
+
+/// `N(0, std²)` of `shape` by Box–Muller over a ChaCha8 stream keyed by `seed` (reproducible
+/// across platforms and libtorch versions).
+fn seeded_normal(shape: &[i64], seed: u64, std: f64) -> Result<Tensor> {
+    use rand_chacha::ChaCha8Rng;
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
+    let n: usize = shape.iter().map(|&d| d.max(0) as usize).product();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut uniform = || (f64::from(rng.next_u32()) + 0.5) / 4_294_967_296.0;
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        let (u1, u2) = (uniform(), uniform());
+        let r = (-2.0 * u1.ln()).sqrt();
+        let a = 2.0 * std::f64::consts::PI * u2;
+        v.push(std * r * a.cos());
+        if v.len() < n {
+            v.push(std * r * a.sin());
+        }
+    }
+    Ok(Tensor::f_from_slice(&v)?.f_reshape(shape)?)
+}
