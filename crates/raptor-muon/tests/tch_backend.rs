@@ -14,6 +14,8 @@ fn devices() -> Vec<Device> {
     let mut d = vec![Device::Cpu];
     if tch::Cuda::is_available() {
         d.push(Device::Cuda(0));
+    } else {
+        eprintln!("CUDA cases skipped: no CUDA device visible to libtorch (CPU cases run)");
     }
     d
 }
