@@ -564,14 +564,20 @@ fn link_into_workspace(root: &Path, libtorch: &Path) -> anyhow::Result<()> {
             eprintln!(
                 "setup: target/libtorch now points at another libtorch: cleaning the packages built against the old one"
             );
-            let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-            cmd.arg("clean").arg("--target-dir").arg(&t);
-            for p in LIBTORCH_DEPENDENT {
-                cmd.args(["-p", p]);
-            }
-            let status = cmd.status().context("could not run cargo clean")?;
-            if !status.success() {
-                bail!("cargo clean of the libtorch-dependent packages failed ({status})");
+            // `cargo clean -p` only cleans one profile's folder: the dev one (tests too) and the
+            // release one (benches too).
+            for profile in [None, Some("--release")] {
+                let mut cmd =
+                    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+                cmd.arg("clean").arg("--target-dir").arg(&t);
+                cmd.args(profile);
+                for p in LIBTORCH_DEPENDENT {
+                    cmd.args(["-p", p]);
+                }
+                let status = cmd.status().context("could not run cargo clean")?;
+                if !status.success() {
+                    bail!("cargo clean of the libtorch-dependent packages failed ({status})");
+                }
             }
         }
     }
