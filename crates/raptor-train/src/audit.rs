@@ -37,15 +37,15 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use raptor_eval::audit::{AuditResult, audit_search, default_grid};
 use raptor_eval::mia::{MiaReport, mia_report};
-use raptor_models::{ForwardCtx, Model};
+use raptor_models::Model;
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind};
+use tch::Device;
 
 use crate::config::RunConfig;
 use crate::error::{Result, TrainError, io};
 use crate::run::{Progress, new_run_id, train_session, write_atomic};
 use crate::session::{DataInfo, is_classifier, prepare_with};
-use crate::trainer::{Example, make_batch};
+use crate::trainer::Example;
 
 /// The default number of canaries (fewer when the training set is small: at most N/4).
 pub const DEFAULT_CANARIES: usize = 200;
@@ -322,16 +322,7 @@ pub fn per_record_losses(
     pad_id: i64,
     device: Device,
 ) -> Result<Vec<f64>> {
-    let mut out = Vec::with_capacity(data.len());
-    for chunk in data.chunks(micro_batch.max(1)) {
-        let refs: Vec<&Example> = chunk.iter().collect();
-        let batch = make_batch(&refs, model.task(), pad_id, device)?;
-        let mut ctx = ForwardCtx::new(false);
-        let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
-        let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
-        let v: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
-        out.extend(v);
-    }
+    let out = crate::trainer::per_record_losses(model, data, micro_batch, pad_id, device)?;
     if let Some(i) = out.iter().position(|l| !l.is_finite()) {
         return Err(TrainError::Data(format!(
             "audit: canary {i} has a non-finite loss"

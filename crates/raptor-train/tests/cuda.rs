@@ -3,12 +3,10 @@
 //! was skipped and why (`scripts/gpu-check.sh` runs it on a GPU machine).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
 /// Why the CUDA tests cannot run here, if they cannot.
 fn no_cuda() -> Option<String> {
@@ -22,42 +20,11 @@ fn no_cuda() -> Option<String> {
 }
 
 fn train(dir: &Path, method: &str, device: &str) -> serde_json::Value {
-    let toy = root().join("examples/toy");
     let cfg = dir.join(format!("{method}-{device}.toml").replace(':', "_"));
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"[data]
-train = "{}"
-validation = "{}"
-public = "{}"
-max_length = 40
-[model]
-kind = "switch"
-tokenizer = "bytes"
-d_model = 32
-layers = 4
-heads = 2
-d_ff = 64
-experts = 4
-[method]
-name = "{method}"
-[privacy]
-epsilon = 8.0
-[train]
-batch_size = 64.0
-steps = 30
-lr = 0.05
-micro_batch = 64
-insecure_seed = 5
-device = "{device}"
-"#,
-            toy.join("train.csv").display(),
-            toy.join("valid.csv").display(),
-            toy.join("public.csv").display()
-        ),
-    )
-    .unwrap();
+    let train = format!(
+        "batch_size = 64.0\nsteps = 30\nlr = 0.05\nmicro_batch = 64\ninsecure_seed = 5\ndevice = \"{device}\""
+    );
+    std::fs::write(&cfg, common::toy_config(method, &train)).unwrap();
     let runs = dir.join(format!("runs-{method}-{device}").replace(':', "_"));
     let o = Command::new(env!("CARGO_BIN_EXE_raptor"))
         .args(["train", "--json", "--config"])

@@ -12,43 +12,13 @@ use std::path::{Path, PathBuf};
 use raptor_train::config::RunConfig;
 use raptor_train::run::{read_checked_json, train_in};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
 fn cfg(steps: u64) -> RunConfig {
-    let toy = root().join("examples/toy");
-    RunConfig::from_toml(&format!(
-        r#"[data]
-train = "{}"
-validation = "{}"
-public = "{}"
-max_length = 40
-[model]
-kind = "switch"
-tokenizer = "bytes"
-d_model = 32
-layers = 4
-heads = 2
-d_ff = 64
-experts = 4
-[method]
-name = "dp-adam"
-[privacy]
-epsilon = 8.0
-[train]
-batch_size = 64.0
-steps = {steps}
-lr = 0.05
-micro_batch = 64
-checkpoint_every = 5
-insecure_seed = 2
-"#,
-        toy.join("train.csv").display(),
-        toy.join("valid.csv").display(),
-        toy.join("public.csv").display()
-    ))
-    .unwrap()
+    let train = format!(
+        "batch_size = 64.0\nsteps = {steps}\nlr = 0.05\nmicro_batch = 64\ncheckpoint_every = 5\ninsecure_seed = 2"
+    );
+    RunConfig::from_toml(&common::toy_config("dp-adam", &train)).unwrap()
 }
 
 fn full_disk_at(path: &Path) {

@@ -9,9 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("raptor-mpi-{name}-{}", std::process::id()));
@@ -23,40 +21,11 @@ fn tmp(name: &str) -> PathBuf {
 /// A seeded (NOT private) toy config, so one process and two ranks draw the same samples and
 /// the same noise.
 fn config(dir: &Path, method: &str, steps: u64) -> PathBuf {
-    let toy = root().join("examples/toy");
-    let text = format!(
-        r#"[data]
-train = "{train}"
-validation = "{valid}"
-public = "{public}"
-max_length = 40
-
-[model]
-kind = "switch"
-tokenizer = "bytes"
-d_model = 32
-layers = 4
-heads = 2
-d_ff = 64
-experts = 4
-
-[method]
-name = "{method}"
-
-[privacy]
-epsilon = 8.0
-
-[train]
-batch_size = 32.0
-steps = {steps}
-lr = 0.02
-micro_batch = 16
-checkpoint_every = 5
-insecure_seed = 11
-"#,
-        train = toy.join("train.csv").display(),
-        valid = toy.join("valid.csv").display(),
-        public = toy.join("public.csv").display(),
+    let text = common::toy_config(
+        method,
+        &format!(
+            "batch_size = 32.0\nsteps = {steps}\nlr = 0.02\nmicro_batch = 16\ncheckpoint_every = 5\ninsecure_seed = 11"
+        ),
     );
     let p = dir.join(format!("{method}.toml"));
     std::fs::write(&p, text).unwrap();
