@@ -135,6 +135,41 @@ fn perturb_trainable(m: &dyn Model, names: &[String]) {
     });
 }
 
+/// The largest relative difference, over the released parameters of phase `ph`, between the
+/// update an SGD step with lr 1 made (`before` → `after`) and −g / denominator, where
+/// `grad(i, group)` is the reference gradient of `phase_params[i]` (undefined: zero).
+fn worst_sgd_error(
+    ph: &raptor_train::streams::Phase,
+    phase_params: &[String],
+    before: &BTreeMap<String, Tensor>,
+    after: &BTreeMap<String, Tensor>,
+    grad: impl Fn(usize, &raptor_train::streams::ClipGroup) -> Tensor,
+) -> f64 {
+    let mut worst = 0.0f64;
+    for (i, p) in phase_params.iter().enumerate() {
+        let group = ph.groups.iter().find(|gr| gr.params.contains(p)).unwrap();
+        if !group.release {
+            continue;
+        }
+        let rel = ph
+            .releases
+            .iter()
+            .find(|r| r.groups.contains(&group.name))
+            .unwrap();
+        let g = grad(i, group);
+        let g = if g.defined() {
+            g
+        } else {
+            before[p].zeros_like()
+        };
+        let want = &before[p] - g / rel.denominator;
+        let diff = (&after[p] - &want).abs().max().double_value(&[]);
+        let scale = want.abs().max().double_value(&[]).max(1e-12);
+        worst = worst.max(diff / scale);
+    }
+    worst
+}
+
 /// σ = 0, every bound huge: the phase's update (SGD, lr 1) is −(gradient of Σ loss)/denominator,
 /// the gradient taken by plain autograd with the phase's owner masks.
 #[test]
@@ -196,27 +231,9 @@ fn sigma_zero_and_no_clipping_give_the_plain_gradient_of_each_scope() {
                 panic!("{method:?} phase {}: {e}", ph.name);
             }
             let after = snapshot(tr.model(), &names);
-            let mut worst = 0.0f64;
-            for (p, g) in phase_params.iter().zip(grads) {
-                let group = ph.groups.iter().find(|gr| gr.params.contains(p)).unwrap();
-                if !group.release {
-                    continue;
-                }
-                let rel = ph
-                    .releases
-                    .iter()
-                    .find(|r| r.groups.contains(&group.name))
-                    .unwrap();
-                let g = if g.defined() {
-                    g
-                } else {
-                    before[p].zeros_like()
-                };
-                let want = &before[p] - g / rel.denominator;
-                let diff = (&after[p] - &want).abs().max().double_value(&[]);
-                let scale = want.abs().max().double_value(&[]).max(1e-12);
-                worst = worst.max(diff / scale);
-            }
+            let worst = worst_sgd_error(ph, &phase_params, &before, &after, |i, _| {
+                grads[i].shallow_clone()
+            });
             assert!(
                 worst < 1e-9,
                 "{method:?} phase {}: relative error {worst}",
@@ -517,32 +534,13 @@ fn residual_weights_scale_each_records_gradient_in_the_weighted_groups() {
             let mut noop = |_: &raptor_accountant::Ledger| Ok(());
             tr.step(&mut noop).unwrap();
             let after = snapshot(tr.model(), &names);
-            let mut worst = 0.0f64;
-            for ((p, gw), gp) in phase_params.iter().zip(gw).zip(gp) {
-                let group = ph.groups.iter().find(|gr| gr.params.contains(p)).unwrap();
-                if !group.release {
-                    continue;
+            let worst = worst_sgd_error(ph, &phase_params, &before, &after, |i, group| {
+                if group.weighted && ph.residual != raptor_train::streams::Residual::None {
+                    gw[i].shallow_clone()
+                } else {
+                    gp[i].shallow_clone()
                 }
-                let rel = ph
-                    .releases
-                    .iter()
-                    .find(|r| r.groups.contains(&group.name))
-                    .unwrap();
-                let g = if group.weighted && ph.residual != raptor_train::streams::Residual::None {
-                    gw
-                } else {
-                    gp
-                };
-                let g = if g.defined() {
-                    g
-                } else {
-                    before[p].zeros_like()
-                };
-                let want = &before[p] - g / rel.denominator;
-                let diff = (&after[p] - &want).abs().max().double_value(&[]);
-                let scale = want.abs().max().double_value(&[]).max(1e-12);
-                worst = worst.max(diff / scale);
-            }
+            });
             // The trainer holds the weights in f32 (this model is f64): agreement to f32 precision;
             // ignoring the weights (w ∈ [0, 1], far from 1 here) would be off by O(1).
             assert!(
