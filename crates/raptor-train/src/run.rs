@@ -1,8 +1,10 @@
 //! Run folders: `config.toml` (resolved), `record.json`, `metrics.jsonl`, `checkpoint/`
-//! (trainable parameters as safetensors in Hugging Face names, optimizer state, ledger, update
-//! counter), a lock file; training with checkpoints and resume; evaluation of a finished run.
+//! (trainable parameters and optimizer state as safetensors named by update, `state.json` with
+//! their SHA-256 and the update counter, `ledger.json`), a lock file; training with checkpoints
+//! and resume; evaluation of a finished run.
 //!
-//! Durability: every file is written to a temporary name, fsynced and renamed. The ledger is
+//! Durability: every file is written to a temporary name, fsynced and renamed; `state.json` is
+//! the commit point of a checkpoint, and it and the ledger carry the SHA-256 of their content. The ledger is
 //! written after each update's releases are charged and before they are applied, so after a
 //! crash the ledger can only be ahead of the parameters (it over-counts, never under-counts).
 
