@@ -12,7 +12,9 @@ use criterion::{BenchmarkId, Criterion, criterion_group};
 use raptor_benches::{criterion_median_s, machine_line, mark_ran, ran};
 use raptor_muon::diagnostics::gaussian_matrix;
 use raptor_muon::faer::Mat;
-use raptor_muon::tch_backend::{TchPrecision, newton_schulz_tch, tensor_from_slice};
+use raptor_muon::tch_backend::{
+    TchPrecision, newton_schulz_tch, newton_schulz_tch_batch, tensor_from_slice,
+};
 use raptor_muon::{
     BcConfig, NsConfig, bias_corrected_direction, newton_schulz, newton_schulz_batch,
     planned_ns_schedule, probe_rng_seeded,
@@ -77,44 +79,55 @@ fn dp_muonbc_step(c: &mut Criterion) {
     g.finish();
 }
 
+/// Batches of same-shape matrices: a Muon step over several layers (6 × 768²) and over the
+/// experts of an MoE model (24 × 64 × 256: 8 experts × 3 layers).
+const BATCHES: [(usize, usize, usize); 2] = [(LAYERS, 768, 768), (24, 64, 256)];
+
 fn ns5_batch(c: &mut Criterion) {
     let mut g = c.benchmark_group("ns5_batch");
     g.sample_size(10)
         .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_secs(1));
     let cfg = NsConfig::keller();
-    let (rows, cols) = (768usize, 768usize);
-    let mats: Vec<(Vec<f32>, Mat<f32>)> = (0..LAYERS)
-        .map(|k| {
-            let m = gaussian_matrix(rows, cols, 1.0, 100 + k as u64);
-            let v = (0..rows * cols).map(|i| m[(i / cols, i % cols)]).collect();
-            (v, m)
-        })
-        .collect();
-    let refs: Vec<_> = mats.iter().map(|(_, m)| m.as_ref()).collect();
-    let ts: Vec<_> = mats
-        .iter()
-        .map(|(v, _)| tensor_from_slice(v, rows, cols, Device::Cpu).unwrap())
-        .collect();
-    let id = format!("{LAYERS}x{rows}x{cols}");
-    g.bench_function(BenchmarkId::new("raptor-batch", &id), |b| {
-        mark_ran("ns5_batch", &id);
-        b.iter(|| black_box(newton_schulz_batch(&refs, &cfg).unwrap()))
-    });
-    g.bench_function(BenchmarkId::new("raptor-one-by-one", &id), |b| {
-        b.iter(|| {
-            for m in &refs {
-                black_box(newton_schulz(*m, &cfg).unwrap());
-            }
-        })
-    });
-    g.bench_function(BenchmarkId::new("libtorch-f32", &id), |b| {
-        b.iter(|| {
-            for t in &ts {
-                let _ = black_box(newton_schulz_tch(t, &cfg, TchPrecision::F32).unwrap());
-            }
-        })
-    });
+    for (count, rows, cols) in BATCHES {
+        let mats: Vec<(Vec<f32>, Mat<f32>)> = (0..count)
+            .map(|k| {
+                let m = gaussian_matrix(rows, cols, 1.0, 100 + k as u64);
+                let v = (0..rows * cols).map(|i| m[(i / cols, i % cols)]).collect();
+                (v, m)
+            })
+            .collect();
+        let refs: Vec<_> = mats.iter().map(|(_, m)| m.as_ref()).collect();
+        let ts: Vec<_> = mats
+            .iter()
+            .map(|(v, _)| tensor_from_slice(v, rows, cols, Device::Cpu).unwrap())
+            .collect();
+        let trefs: Vec<&tch::Tensor> = ts.iter().collect();
+        let id = format!("{count}x{rows}x{cols}");
+        g.bench_function(BenchmarkId::new("raptor-batch", &id), |b| {
+            mark_ran("ns5_batch", &id);
+            b.iter(|| black_box(newton_schulz_batch(&refs, &cfg).unwrap()))
+        });
+        g.bench_function(BenchmarkId::new("raptor-one-by-one", &id), |b| {
+            b.iter(|| {
+                for m in &refs {
+                    black_box(newton_schulz(*m, &cfg).unwrap());
+                }
+            })
+        });
+        g.bench_function(BenchmarkId::new("libtorch-f32", &id), |b| {
+            b.iter(|| {
+                for t in &ts {
+                    let _ = black_box(newton_schulz_tch(t, &cfg, TchPrecision::F32).unwrap());
+                }
+            })
+        });
+        g.bench_function(BenchmarkId::new("libtorch-f32-batched", &id), |b| {
+            b.iter(|| {
+                black_box(newton_schulz_tch_batch(&trefs, &cfg, TchPrecision::F32).unwrap())
+            })
+        });
+    }
     g.finish();
 }
 
@@ -139,17 +152,23 @@ fn summary() {
             ));
         }
     }
-    let id = format!("{LAYERS}x768x768");
-    if ran("ns5_batch", &id) {
+    for (count, r, c) in BATCHES {
+        let id = format!("{count}x{r}x{c}");
+        if !ran("ns5_batch", &id) {
+            continue;
+        }
         let get = |f: &str| criterion_median_s("ns5_batch", f, &id);
-        if let (Some(o), Some(one), Some(t)) = (
+        if let (Some(o), Some(one), Some(t), Some(tb)) = (
             get("raptor-batch"),
             get("raptor-one-by-one"),
             get("libtorch-f32"),
+            get("libtorch-f32-batched"),
         ) {
             rows.push(format!(
-                "| {id} batch (one by one: {:.3} ms) | batch | {:.3} | {:.3} | {:.2} |",
+                "| {id} batch (ours one by one: {:.3} ms; libtorch batched: {:.3} ms, {:.2}x its loop) | batch | {:.3} | {:.3} | {:.2} |",
                 one * 1e3,
+                tb * 1e3,
+                t / tb,
                 o * 1e3,
                 t * 1e3,
                 t / o

@@ -31,7 +31,7 @@ pub use ns::{
 #[cfg(feature = "tch")]
 pub mod tch_backend;
 #[cfg(feature = "tch")]
-pub use tch_backend::{TchPrecision, newton_schulz_tch};
+pub use tch_backend::{TchPrecision, newton_schulz_tch, newton_schulz_tch_batch};
 
 /// Re-export of the faer version used in the public API (`faer::Mat`, `faer::MatRef`).
 pub use faer;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use raptor_muon::{
     BcConfig, MomentumForm, NsConfig, TchPrecision, bias_corrected_direction, newton_schulz_tch,
+    newton_schulz_tch_batch,
 };
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -117,6 +118,55 @@ impl Optimizers {
         lr_scale: f64,
         noise: ReleaseNoise,
     ) -> Result<()> {
+        if let Some(p) = self.step_one(name, param, grad, lr_scale, noise)? {
+            apply_muon(&p, &newton_schulz_tch(&p.u, &self.settings.ns, TchPrecision::F32)?)?;
+        }
+        Ok(())
+    }
+
+    /// One step of every parameter of an update, each along its released gradient (`(name,
+    /// parameter, gradient, noise)`; the parameter tensors share storage with the model's and
+    /// are updated in place). The result is that of [`Self::step`] on each in turn; the
+    /// difference is that the Muon directions of matrices with one shape, kind and device are
+    /// orthogonalized together by [`newton_schulz_tch_batch`] (one batched product per
+    /// iteration step instead of one per matrix: the experts of an MoE layer, or the same
+    /// projection across layers). DP-MuonBC matrices with noise take their own path, as in
+    /// [`Self::step`].
+    pub fn step_all(
+        &mut self,
+        items: Vec<(String, Tensor, Tensor, ReleaseNoise)>,
+        lr_scale: f64,
+    ) -> Result<()> {
+        let mut groups: BTreeMap<(Vec<i64>, String), Vec<PendingMuon>> = BTreeMap::new();
+        for (name, mut param, grad, noise) in items {
+            if let Some(p) = self.step_one(&name, &mut param, &grad, lr_scale, noise)? {
+                let key = (
+                    p.u.size(),
+                    format!("{:?}/{:?}", p.u.f_kind()?, p.u.device()),
+                );
+                groups.entry(key).or_default().push(p);
+            }
+        }
+        for group in groups.values() {
+            let us: Vec<&Tensor> = group.iter().map(|p| &p.u).collect();
+            let dirs = newton_schulz_tch_batch(&us, &self.settings.ns, TchPrecision::F32)?;
+            for (p, d) in group.iter().zip(&dirs) {
+                apply_muon(p, d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::step`] except that a plain Muon step (no DP-MuonBC correction) stops before
+    /// Newton–Schulz and returns what is left to do.
+    fn step_one(
+        &mut self,
+        name: &str,
+        param: &mut Tensor,
+        grad: &Tensor,
+        lr_scale: f64,
+        noise: ReleaseNoise,
+    ) -> Result<Option<PendingMuon>> {
         let s = self.settings.clone();
         let st = self
             .states
@@ -125,7 +175,7 @@ impl Optimizers {
         st.t += 1;
         let g = grad.f_to_kind(param.kind())?;
         let lr = s.lr * lr_scale;
-        tch::no_grad(|| -> Result<()> {
+        tch::no_grad(|| -> Result<Option<PendingMuon>> {
             match st.kind {
                 Optim::Sgd => {
                     let _ = param.f_sub_(&g.f_mul_scalar(lr)?)?;
@@ -187,7 +237,14 @@ impl Optimizers {
                     };
                     let size = param.size();
                     let (rows, cols) = (size[0], size[1]);
-                    let dir = if st.kind == Optim::MuonBc && st.noise_var > 0.0 {
+                    let pending = PendingMuon {
+                        param: param.shallow_clone(),
+                        u: Tensor::new(),
+                        lr: s.muon_lr * lr_scale,
+                        weight_decay: s.weight_decay,
+                        scale: (rows as f64 / cols as f64).max(1.0).sqrt(),
+                    };
+                    if st.kind == Optim::MuonBc && st.noise_var > 0.0 {
                         let v: Vec<f32> = Vec::try_from(
                             u.f_to_kind(Kind::Float)?
                                 .f_to(tch::Device::Cpu)?
@@ -211,29 +268,27 @@ impl Optimizers {
                             &bc,
                             &mut self.probe_rng,
                         )?;
-                        let d = out.direction;
+                        let dir = out.direction;
                         // d is cols × rows (the transposed view); its columns, in order, are
                         // the rows of the rows × cols result.
                         let mut flat = Vec::with_capacity(v.len());
                         for i in 0..rows as usize {
-                            flat.extend(d.col_as_slice(i).iter().copied());
+                            flat.extend(dir.col_as_slice(i).iter().copied());
                         }
                         // flat is column-major of the transpose = row-major of the original.
-                        Tensor::f_from_slice(&flat)?
+                        let d = Tensor::f_from_slice(&flat)?
                             .f_reshape([rows, cols])?
                             .f_to_kind(param.kind())?
-                            .f_to(param.device())?
-                    } else {
-                        newton_schulz_tch(&u, &s.ns, TchPrecision::F32)?
-                    };
-                    let scale = (rows as f64 / cols as f64).max(1.0).sqrt();
-                    let mlr = s.muon_lr * lr_scale;
-                    let _ = param.f_mul_scalar_(1.0 - mlr * s.weight_decay)?;
-                    let _ = param.f_sub_(&dir.f_mul_scalar(mlr * scale)?)?;
+                            .f_to(param.device())?;
+                        apply_muon(&pending, &d)?;
+                        st.m = Some(m);
+                        return Ok(None);
+                    }
                     st.m = Some(m);
+                    return Ok(Some(PendingMuon { u, ..pending }));
                 }
             }
-            Ok(())
+            Ok(None)
         })
     }
 
@@ -289,6 +344,31 @@ impl Optimizers {
         }
         Ok(())
     }
+}
+
+/// A Muon step waiting for its orthogonalized direction (see [`Optimizers::step_all`]).
+#[derive(Debug)]
+struct PendingMuon {
+    /// The parameter (shares storage with the model's).
+    param: Tensor,
+    /// What Newton–Schulz orthogonalizes (momentum or its Nesterov look-ahead).
+    u: Tensor,
+    /// Muon learning rate of this update (schedule applied).
+    lr: f64,
+    /// Decoupled weight decay.
+    weight_decay: f64,
+    /// Shape factor √max(1, rows/cols).
+    scale: f64,
+}
+
+/// `param ← (1 − lr·wd)·param − lr·scale·dir`.
+fn apply_muon(p: &PendingMuon, dir: &Tensor) -> Result<()> {
+    tch::no_grad(|| -> Result<()> {
+        let mut param = p.param.shallow_clone();
+        let _ = param.f_mul_scalar_(1.0 - p.lr * p.weight_decay)?;
+        let _ = param.f_sub_(&dir.f_mul_scalar(p.lr * p.scale)?)?;
+        Ok(())
+    })
 }
 
 /// Learning-rate multiplier at update `t` of `total`: linear warm-up, then constant or cosine.
@@ -355,6 +435,68 @@ mod tests {
             Vec::<f32>::try_from(&p).unwrap(),
             Vec::<f32>::try_from(&p2).unwrap()
         );
+    }
+
+    /// `step_all` (same-shape Muon matrices orthogonalized in one batch) moves every parameter
+    /// as `step` does one at a time: Muon and DP-MuonBC (with and without noise) matrices of
+    /// two shapes, an AdamW vector, with weight decay and a schedule factor, over three updates.
+    #[test]
+    fn step_all_equals_one_at_a_time() {
+        let mut s = settings();
+        s.weight_decay = 0.1;
+        let kinds: Vec<(String, Optim)> = vec![
+            ("a".into(), Optim::Muon),
+            ("b".into(), Optim::Muon),
+            ("c".into(), Optim::Muon),
+            ("tall".into(), Optim::Muon),
+            ("bc".into(), Optim::MuonBc),
+            ("bias".into(), Optim::AdamW),
+        ];
+        let shape = |n: &str| -> Vec<i64> {
+            match n {
+                "tall" => vec![12, 5],
+                "bias" => vec![7],
+                _ => vec![5, 12],
+            }
+        };
+        tch::manual_seed(7);
+        let init: Vec<Tensor> = kinds
+            .iter()
+            .map(|(n, _)| Tensor::randn(shape(n), (Kind::Float, tch::Device::Cpu)))
+            .collect();
+        let mut one = Optimizers::new(s.clone(), &kinds, Some(3));
+        let mut all = Optimizers::new(s, &kinds, Some(3));
+        let p_one: Vec<Tensor> = init.iter().map(|t| t.copy()).collect();
+        let p_all: Vec<Tensor> = init.iter().map(|t| t.copy()).collect();
+        for update in 0..3 {
+            let noise = ReleaseNoise {
+                std: if update == 1 { 0.0 } else { 0.05 },
+            };
+            let grads: Vec<Tensor> = kinds
+                .iter()
+                .map(|(n, _)| Tensor::randn(shape(n), (Kind::Float, tch::Device::Cpu)))
+                .collect();
+            for (((n, _), p), g) in kinds.iter().zip(&p_one).zip(&grads) {
+                let mut p = p.shallow_clone();
+                one.step(n, &mut p, g, 0.5, noise).unwrap();
+            }
+            let items = kinds
+                .iter()
+                .zip(&p_all)
+                .zip(&grads)
+                .map(|(((n, _), p), g)| (n.clone(), p.shallow_clone(), g.shallow_clone(), noise))
+                .collect();
+            all.step_all(items, 0.5).unwrap();
+            for (((n, _), a), b) in kinds.iter().zip(&p_one).zip(&p_all) {
+                let diff = f64::try_from((a - b).abs().max()).unwrap();
+                let moved = f64::try_from((a - &init[0].zeros_like()).abs().max()).unwrap();
+                assert!(diff <= 1e-5 * moved.max(1.0), "{n} update {update}: {diff}");
+            }
+        }
+        // The parameters did move (the comparison is not between two unchanged tensors).
+        for (p, i) in p_all.iter().zip(&init) {
+            assert!(f64::try_from((p - i).abs().max()).unwrap() > 1e-3);
+        }
     }
 
     #[test]

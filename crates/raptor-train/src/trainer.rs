@@ -707,10 +707,16 @@ impl<'a> Trainer<'a> {
             self.opts.warmup_steps,
             self.opts.cosine,
         );
+        let mut steps = Vec::with_capacity(released.len());
         for (p, g, noise) in released {
-            let mut v = self.vars[&p].shallow_clone();
-            self.optim.step(&p, &mut v, &g, scale, noise)?;
+            let v = self
+                .vars
+                .get(&p)
+                .ok_or_else(|| TrainError::Run(format!("released gradient for unknown parameter {p}")))?
+                .shallow_clone();
+            steps.push((p, v, g, noise));
         }
+        self.optim.step_all(steps, scale)?;
         self.update += 1;
         let n = sample.len();
         Ok(UpdateMetrics {
