@@ -820,48 +820,12 @@ fn saddle_tilt(parts: &[(LogPmf, f64)], target: f64, start: Option<f64>) -> f64 
         } else {
             2.0 * lambda
         };
-        if (next - lambda).abs() <= 1e-7 * lambda {
+        if (next - lambda).abs() <= 1e-5 * lambda {
             return next;
         }
         lambda = next;
     }
     if lambda.is_finite() { lambda } else { lo }
-}
-
-/// The smallest λ in (0, `lambda_max`] with `K(λ) − λc ≤ ln_target` (K the cumulant of the
-/// composed index sum, convex, so `K(λ) − λc` decreases up to the saddle `lambda_max`):
-/// Newton steps from 0, which approach the root from below; `lambda_max` if even it misses.
-fn min_tilt(parts: &[(LogPmf, f64)], c: f64, ln_target: f64, lambda_max: f64) -> f64 {
-    if ln_target >= 0.0 {
-        return 0.0;
-    }
-    let f = |l: f64| {
-        let (mut k, mut k1) = (0.0, 0.0);
-        for (p, t) in parts {
-            let (a, b, _) = log_mgf(p, l);
-            k += t * a;
-            k1 += t * b;
-        }
-        (k - l * c - ln_target, k1 - c)
-    };
-    let (v, _) = f(lambda_max);
-    if v > 0.0 {
-        return lambda_max;
-    }
-    let mut l = 0.0_f64;
-    for _ in 0..30 {
-        let (v, d) = f(l);
-        if v <= 0.0 || d.is_nan() || d >= 0.0 {
-            break;
-        }
-        let next = (l - v / d).min(lambda_max);
-        if next - l <= 1e-6 * next {
-            l = next;
-            break;
-        }
-        l = next;
-    }
-    l.clamp(f64::MIN_POSITIVE, lambda_max)
 }
 
 /// A saddle-point estimate (grid index) of where δ(ε) of the composed grid pmfs equals
@@ -946,6 +910,9 @@ struct ComposedDirection {
     sd: f64,
     /// The Chernoff tilts (upper, lower side) of the window, in units of 1/ε.
     tilts: (f64, f64),
+    /// The composition's tilt and the tilted window's Chernoff parameter, in units of 1/ε
+    /// (starting points for a finer grid).
+    tilt_hint: (f64, f64),
     /// δ mass added to the upper bound at every ε (truncation, mass outside the window).
     extra_up: f64,
     /// δ mass subtracted from the lower bound at every ε.
@@ -982,6 +949,7 @@ impl ComposedDirection {
             n_steps: 0.0,
             sd: 0.0,
             tilts: (f64::NAN, f64::NAN),
+            tilt_hint: (f64::NAN, f64::NAN),
             extra_up,
             extra_low,
             b_up: 0.0,
@@ -1254,8 +1222,8 @@ fn grid_step(tol: f64, n_steps: f64, r: f64) -> f64 {
 enum Tilt {
     /// At the Chernoff point of the composed loss for tail mass δ (ε(δ) queries at this δ).
     Delta(f64),
-    /// At ε, for queries at about the given δ (0: tilt fully, to the saddle point of ε).
-    Eps(f64, f64),
+    /// At ε (δ(ε) queries at this ε, fine passes at their coarse pass's ε).
+    Eps(f64),
 }
 
 struct Plan {
@@ -1283,7 +1251,7 @@ fn compose_direction(
     dir: Direction,
     plan: &Plan,
     acc: &Accuracy,
-    hint: Option<(f64, f64)>,
+    hint: Option<((f64, f64), (f64, f64))>,
 ) -> Result<ComposedDirection> {
     let h = plan.h;
     let eps_error = plan.eps_error;
@@ -1307,8 +1275,13 @@ fn compose_direction(
     let logp: Vec<(LogPmf, f64)> = pmfs.iter().map(|(p, t)| (log_pmf(p), *t)).collect();
     // Tilts of a previous (coarser) grid, in units of 1/ε, rescaled to this grid's index units.
     let (hint_hi, hint_lo) = match hint {
-        Some((a, b)) => (Some(a * h), Some(b * h)),
+        Some(((a, b), _)) => (Some(a * h), Some(b * h)),
         None => (None, None),
+    };
+    // The tilt and the tilted window's Chernoff parameter of a previous (coarser) grid.
+    let (hint_tilt, hint_mu) = match hint {
+        Some((_, (a, b))) if a.is_finite() && b.is_finite() => (Some(a), Some(b * h)),
+        _ => (None, None),
     };
     let (k_hi, lambda_hi) = chernoff_point(&logp, plan.tau, true, hint_hi);
     let (k_lo, lambda_lo) = chernoff_point(&logp, plan.tau, false, hint_lo);
@@ -1322,31 +1295,13 @@ fn compose_direction(
     let mean_idx: f64 = logp.iter().map(|(c, t)| t * c.mean).sum();
     let centre = match plan.tilt {
         Tilt::Delta(d) => saddle_index(&logp, d.clamp(1e-300, 0.5), h),
-        Tilt::Eps(e, _) => Some(e / h),
+        Tilt::Eps(e) => Some(e / h),
     }
     .map(|c| c.min(mean_idx + 0.5 * (full_hi - mean_idx)));
-    // The δ the queries are expected at (for the size of the tilt).
-    let delta_t = match plan.tilt {
-        Tilt::Delta(d) => d,
-        Tilt::Eps(_, d) => d,
-    };
     let (mut lambda, k_ref) = match centre {
         Some(c) if c.is_finite() => {
-            let l = saddle_tilt(&logp, c, None);
+            let l = saddle_tilt(&logp, c, hint_tilt.map(|t| t * h));
             if l.is_finite() && l > 0.0 {
-                // Tilt no more than needed: the smallest λ whose Chernoff factor
-                // e^{K(λ) − λc} brings a crude a-priori size of the FFT's absolute round-off
-                // (N·FFT_LEVEL_C·log2(n)·u·√n) below 1e-9 of δ (a smaller tilt keeps the window
-                // narrower).
-                let n_est = (k_hi - k_lo).max(16.0);
-                let n_steps: f64 = logp.iter().map(|(_, t)| t).sum();
-                let f_est = n_steps * FFT_LEVEL_C * n_est.log2() * u * n_est.sqrt();
-                let ln_target = (1e-9 * delta_t).ln() - f_est.ln();
-                let l = if delta_t > 0.0 && ln_target.is_finite() {
-                    min_tilt(&logp, c, ln_target, l)
-                } else {
-                    l
-                };
                 (l, c - 1.0 - (2.0 / l).min(0.02 * c.abs() + 16.0))
             } else {
                 (0.0, f64::NEG_INFINITY)
@@ -1367,6 +1322,8 @@ fn compose_direction(
     };
     let base_width = k_hi - k_lo.max(full_lo);
     let mut tilted_hi = k_hi;
+    let mut mu_start = hint_mu;
+    let mut mu_used = f64::NAN;
     for _ in 0..12 {
         if lambda.is_nan() || lambda <= 0.0 {
             break;
@@ -1374,7 +1331,8 @@ fn compose_direction(
         let ln_inv = (1.0 / plan.tau).ln() + ln_g_of(lambda) - lambda * k_ref;
         tilted_hi = k_hi;
         if ln_inv > 0.0 {
-            let (kt, _) = chernoff_point_tilted(&logp, lambda, ln_inv, true, None);
+            let (kt, mu) = chernoff_point_tilted(&logp, lambda, ln_inv, true, mu_start.take());
+            mu_used = mu;
             tilted_hi = if kt.is_finite() {
                 k_hi.max(kt.ceil())
             } else {
@@ -1721,6 +1679,7 @@ fn compose_direction(
     composed.n_steps = n_steps;
     composed.sd = var_idx.max(0.0).sqrt() * h;
     composed.tilts = (lambda_hi / h, lambda_lo / h);
+    composed.tilt_hint = (lambda / h, mu_used / h);
     composed.lambda = lambda;
     composed.k_ref = k_ref;
     composed.b_up = b_up;
@@ -1971,7 +1930,7 @@ impl PrvAccountant {
             grid_tol,
             &measured,
             delta_error,
-            |d| Tilt::Eps(d.eps_w(delta), delta),
+            |d| Tilt::Eps(d.eps_w(delta)),
             &coarse_prv,
             |d| d.eps_upper(delta),
         )?;
@@ -1989,7 +1948,7 @@ impl PrvAccountant {
         };
         let flats = comp.expand(self.accuracy.max_combinations)?;
         let delta_error = self.accuracy.delta_error_abs;
-        let tilt = Tilt::Eps(eps, 0.0);
+        let tilt = Tilt::Eps(eps);
         let prior: Vec<f64> = flats
             .iter()
             .map(|f| gaussian_curvature_at(f, eps))
@@ -2007,7 +1966,7 @@ impl PrvAccountant {
             tol,
             &measured,
             delta_error,
-            |d| Tilt::Eps(eps, d.delta_w(eps)),
+            |_| Tilt::Eps(eps),
             &coarse,
             |d| Ok(d.delta_upper(eps)),
         )?
@@ -2059,7 +2018,11 @@ impl PrvAccountant {
                 delta_error,
                 tilt,
             );
-            let hint = |k: usize| hints.and_then(|p| p.dirs.get(2 * i + k)).map(|d| d.tilts);
+            let hint = |k: usize| {
+                hints
+                    .and_then(|p| p.dirs.get(2 * i + k))
+                    .map(|d| (d.tilts, d.tilt_hint))
+            };
             let (rem, add) = rayon::join(
                 || compose_direction(flat, Direction::Remove, &plan, &self.accuracy, hint(0)),
                 || compose_direction(flat, Direction::Add, &plan, &self.accuracy, hint(1)),
@@ -2126,8 +2089,13 @@ impl PrvAccountant {
                 } else {
                     Direction::Add
                 };
-                let d =
-                    compose_direction(flat, dir, &plan, &self.accuracy, Some(coarse_dir.tilts))?;
+                let d = compose_direction(
+                    flat,
+                    dir,
+                    &plan,
+                    &self.accuracy,
+                    Some((coarse_dir.tilts, coarse_dir.tilt_hint)),
+                )?;
                 bar = bar.max(upper(&d)?);
                 d
             };
@@ -2461,7 +2429,7 @@ mod tests {
         let mut bounds = Vec::new();
         for tol in [1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5] {
             let p = acc
-                .compose_flats(&flats, tol, &[20.0], 1e-17, Tilt::Eps(eps, 0.0), None)
+                .compose_flats(&flats, tol, &[20.0], 1e-17, Tilt::Eps(eps), None)
                 .unwrap();
             let d = &p.dirs[0];
             assert!(d.lambda > 0.0 && eps >= d.lowest);
@@ -2532,7 +2500,7 @@ mod tests {
             s
         };
         // The tilted composition is centred where δ ≈ 1e-12.
-        for (tilt, untilted) in [(Tilt::Eps(0.0, 0.0), true), (Tilt::Delta(1e-12), false)] {
+        for (tilt, untilted) in [(Tilt::Eps(0.0), true), (Tilt::Delta(1e-12), false)] {
             let plan = Plan {
                 h,
                 tilt,
