@@ -2024,7 +2024,9 @@ impl PrvAccountant {
     /// Discretize and compose both directions for an ε tolerance `eps_error` (the estimated
     /// excess of the upper bound over the truth, absolute) and δ error budget `delta_error`, for
     /// repeated queries. The grid step assumes the curvature of a Gaussian approximation of the
-    /// composed loss at δ ≈ 1e-5.
+    /// composed loss at δ ≈ 1e-5, and the composition's exponential tilt (module docs,
+    /// round-off) is centred at a saddle-point estimate of ε(1e-5): queries far from it stay
+    /// certified but lose tightness (far below it the upper bound on δ is 1).
     pub fn compose(
         &self,
         comp: &Composition,
