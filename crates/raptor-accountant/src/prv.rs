@@ -87,16 +87,16 @@
 //!    so that `Σ_{k > K_hi} w_k e^{λ(k − k_ref)} ≤ τ` (its untilted mass is then at most τ
 //!    too). For the upper bound wrapped mass only adds to `w` (δ_w cannot decrease) and the
 //!    mass missing above costs at most τ; the lower bound subtracts `τ·e^{−λ(k0 − k_ref)}`. Mass
-//!    below the window wraps damped by `e^{−λ(r − k)} ≤ e^{−λn}`: a fine pass's window starts 6
-//!    tilted standard deviations below `k_ref` provided `λ·n ≥ ln(1/τ)` (queries below it get
-//!    the trivial bounds, see 6).
+//!    below the window wraps damped by `e^{−λ(r − k)} ≤ e^{−λn}`: a pass centred on a known ε
+//!    (a fine pass, a δ(ε) query) starts its window 6 tilted standard deviations below `k_ref`
+//!    provided `λ·n ≥ ln(1/τ)` (queries below it get the trivial bounds, see 6).
 //! 3. **FFT error (proven for an assumed kernel constant).** We assume the standard error
 //!    bounds of a Cooley–Tukey FFT with accurate twiddle factors, with constant
 //!    `c = FFT_LEVEL_C = 32` per level: normwise `‖fl(Fx) − Fx‖₂ ≤ c·log2(n)·u·‖Fx‖₂` and
 //!    componentwise `|fl(Fx)_j − (Fx)_j| ≤ c·log2(n)·u·‖x‖₁` (Higham 2002, §24.1, gives
 //!    `c ≈ 5–7` for radix 2; the constants of rustfft's mixed-radix kernels and realfft's
-//!    post-processing pass are not published, so `c` is an **assumption**, checked by a unit
-//!    test against an exact DFT where the measured error stays below a quarter of it). From
+//!    post-processing pass are not published, so `c` is an **assumption**; a unit test finds
+//!    the normwise error against an exact DFT below a quarter of it). From
 //!    these: per frequency the power's error is at most `t·ε_c·m_j^{t−1}` (mean value theorem
 //!    for `z^t` on `|z| ≤ m_j = |X̂_j| + ε_c`), the parts' errors telescope through the product,
 //!    the polar evaluation of `z^t` adds a relative `u·(8t + 1600)` (assuming libm's `exp`,
@@ -1119,19 +1119,21 @@ impl ComposedDirection {
         let e0 = self.eps_w(room).max(self.lowest).max(0.0);
         let var0 = 3.0 * self.b_up * self.decay(e0);
         let target = room - var0;
-        if target.is_nan() || target <= 0.0 {
-            return Err(below(self.extra_up + (1.0 + self.rel) * var0));
-        }
-        let mut up = self.eps_w(target).max(e0).max(0.0);
+        let mut up = if target > 0.0 {
+            self.eps_w(target).max(e0).max(0.0)
+        } else {
+            e0
+        };
         if !up.is_finite() {
             return Err(AccountantError::NumericalFailure("epsilon query"));
         }
         if self.delta_upper(up) > delta {
-            // The tables' inversion disagreed with the direct evaluation (round-off): bisect
-            // between `up` and the top of the window for an ε whose bound holds.
+            // The decaying round-off term at e0 exceeded the room, or the tables' inversion
+            // disagreed with the direct evaluation (round-off): bisect between `up` and the top
+            // of the window for an ε whose bound holds.
             let mut hi = (self.k_lo + self.n() as i64) as f64 * self.h;
             if self.delta_upper(hi) > delta {
-                return Err(below(self.extra_up + (1.0 + self.rel) * var0));
+                return Err(below(self.delta_upper(hi)));
             }
             let mut lo = up;
             for _ in 0..64 {
@@ -1301,7 +1303,9 @@ fn compose_direction(
     .map(|c| c.min(mean_idx + 0.5 * (full_hi - mean_idx)));
     let (mut lambda, k_ref) = match centre {
         Some(c) if c.is_finite() => {
-            let l = saddle_tilt(&logp, c, hint_tilt.map(|t| t * h));
+            // (At most 0.5 per grid index: steeper tilts, near the top of the support, only
+            // push the untilting factors out of range.)
+            let l = saddle_tilt(&logp, c, hint_tilt.map(|t| t * h)).min(0.5);
             if l.is_finite() && l > 0.0 {
                 (l, c - 1.0 - (2.0 / l).min(0.02 * c.abs() + 16.0))
             } else {
