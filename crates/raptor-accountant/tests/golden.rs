@@ -5,10 +5,12 @@
 
 use raptor_accountant::{Accuracy, Composition, PrvAccountant, SubsampledGaussian};
 
-/// Below this δ the FFT's round-off allowance (about N·1e-15, see the docs of `prv`) dominates
-/// the upper bound: only soundness is checked there (δ = 1e-12 cases: about 3 % above the truth;
-/// dp_accounting's own values there also move by ~1e-4 between grids).
-const FFT_FLOOR_DELTA: f64 = 1e-10;
+/// Below this δ dp_accounting's own values are not a usable reference: its 1e-4 and 1e-5 grids
+/// disagree by up to 1.2e-3 at δ = 1e-12 (its FFT's absolute round-off and its truncated tail
+/// mass, 1e-15 per composition, are not small against δ), so the Richardson "truth" from them is
+/// not one either. There the reference is prv_accountant's estimate (golden.csv), which our own
+/// estimate matches to 2e-6, and every reference's lower bound.
+const DP_UNRELIABLE_DELTA: f64 = 1e-10;
 
 struct Case {
     name: String,
@@ -99,7 +101,7 @@ fn upper_bound_is_above_every_reference_lower_bound() {
             e.lower
         );
         // Sharp: within 0.3 % of dp_accounting's PLD ε (1e-4 grid) when ε ≥ 0.1.
-        if dp_upper >= 0.1 && c.delta >= FFT_FLOOR_DELTA {
+        if dp_upper >= 0.1 {
             assert!(
                 e.upper <= 1.003 * dp_upper,
                 "{}: upper {} vs dp {dp_upper}",
@@ -120,6 +122,28 @@ struct Fine {
     delta: f64,
     dp_fine: f64,
     truth: f64,
+    /// prv_accountant's estimate and the largest reference lower bound (golden.csv).
+    prv_estimate: Option<f64>,
+    /// dp_accounting's ε at the 1e-4 grid (golden.csv).
+    dp_coarse: Option<f64>,
+    lower: f64,
+}
+
+impl Fine {
+    /// The reference for soundness and tightness: the extrapolated truth, capped by both of
+    /// dp_accounting's pessimistic values (the extrapolation assumes an O(h²) excess; where
+    /// dp_accounting's 1e-4 value is below its 1e-5 value, as in the trap case, it overshoots
+    /// both), or prv_accountant's estimate where dp_accounting is unreliable (see
+    /// `DP_UNRELIABLE_DELTA`).
+    fn reference(&self) -> f64 {
+        if self.delta >= DP_UNRELIABLE_DELTA {
+            self.truth
+                .min(self.dp_fine)
+                .min(self.dp_coarse.unwrap_or(f64::INFINITY))
+        } else {
+            self.prv_estimate.unwrap()
+        }
+    }
 }
 
 fn fine_cases() -> Vec<Fine> {
@@ -131,6 +155,7 @@ fn fine_cases() -> Vec<Fine> {
         .comment(Some(b'#'))
         .from_path(path)
         .unwrap();
+    let coarse: Vec<Case> = cases();
     let mut out = Vec::new();
     for r in rdr.records() {
         let r = r.unwrap();
@@ -146,12 +171,23 @@ fn fine_cases() -> Vec<Fine> {
             )
             .unwrap();
         }
+        let c = coarse.iter().find(|c| c.name == r[0]);
         out.push(Fine {
             name: r[0].to_string(),
             comp,
             delta: r[2].parse().unwrap(),
             dp_fine: r[3].parse().unwrap(),
             truth: r[4].parse().unwrap(),
+            prv_estimate: c.and_then(|c| c.prv_estimate),
+            dp_coarse: c.and_then(|c| c.dp_upper),
+            lower: c
+                .map(|c| {
+                    [c.dp_lower, c.prv_lower]
+                        .into_iter()
+                        .flatten()
+                        .fold(0.0, f64::max)
+                })
+                .unwrap_or(0.0),
         });
     }
     out
@@ -163,10 +199,25 @@ fn is_sound(upper: f64, truth: f64) -> bool {
     upper >= truth * (1.0 - 1e-6) - 1e-12
 }
 
-fn assert_sound(name: &str, upper: f64, truth: f64) {
+/// Soundness against prv_accountant's estimate (δ below `DP_UNRELIABLE_DELTA`): more than 2e-5
+/// below it fails (a 0.01 % under-report fails by a factor of 5; our estimate and prv's agree
+/// to 2e-6 there).
+fn is_sound_vs_estimate(upper: f64, estimate: f64) -> bool {
+    upper >= estimate * (1.0 - 2e-5)
+}
+
+fn assert_sound(f: &Fine, upper: f64) {
+    let ok = if f.delta >= DP_UNRELIABLE_DELTA {
+        is_sound(upper, f.reference())
+    } else {
+        is_sound_vs_estimate(upper, f.reference())
+    };
     assert!(
-        is_sound(upper, truth),
-        "{name}: upper {upper} below the truth {truth}"
+        ok && upper >= f.lower,
+        "{}: upper {upper} below the reference {} (or a lower bound {})",
+        f.name,
+        f.reference(),
+        f.lower
     );
 }
 
@@ -183,11 +234,17 @@ fn fine_golden_file_has_the_cases_we_rely_on() {
             "{}",
             f.name
         );
+        if f.delta < DP_UNRELIABLE_DELTA {
+            let e = f
+                .prv_estimate
+                .expect("prv_accountant's estimate at small δ");
+            assert!(!is_sound_vs_estimate(e * (1.0 - 1e-4), e), "{}", f.name);
+        }
         // dp_accounting's pessimistic value at the 1e-5 grid is the extrapolated truth to 1e-3
         // (up to 1.4e-4 seen, at q = 0.001 where dp_accounting converges slowly; its 1e-4 value is
         // not always above its 1e-5 value).
         assert!(
-            f.delta < FFT_FLOOR_DELTA || (f.dp_fine - f.truth).abs() <= 1e-3 * f.truth + 1e-7,
+            f.delta < DP_UNRELIABLE_DELTA || (f.dp_fine - f.truth).abs() <= 1e-3 * f.truth + 1e-7,
             "{}: {} vs {}",
             f.name,
             f.dp_fine,
@@ -203,25 +260,35 @@ fn default_upper_is_sound_and_within_0_01_percent_of_the_truth() {
         let e = acc
             .epsilon(&f.comp, f.delta)
             .unwrap_or_else(|err| panic!("{}: {err}", f.name));
-        assert_sound(&f.name, e.upper, f.truth);
+        assert_sound(&f, e.upper);
+        // At δ = 1e-12 the round-off bound adds up to ~1e-4 (module docs of `prv`).
+        let slack = if f.delta >= DP_UNRELIABLE_DELTA {
+            1e-4
+        } else {
+            2.5e-4
+        };
         assert!(
-            f.delta < FFT_FLOOR_DELTA || e.upper <= f.truth * (1.0 + 1e-4) + 1e-9,
-            "{}: upper {} vs truth {} ({:+.2e})",
+            e.upper <= f.reference() * (1.0 + slack) + 1e-9,
+            "{}: upper {} vs reference {} ({:+.2e})",
             f.name,
             e.upper,
-            f.truth,
-            e.upper / f.truth - 1.0
+            f.reference(),
+            e.upper / f.reference() - 1.0
         );
         assert!(
-            e.lower <= f.truth,
-            "{}: lower {} above the truth {}",
+            e.lower <= f.reference(),
+            "{}: lower {} above the reference {}",
             f.name,
             e.lower,
-            f.truth
+            f.reference()
         );
     }
 }
 
+/// The tight preset: within 0.001 % of dp_accounting's ε at a 1e-5 grid wherever that is a
+/// usable reference (δ ≥ 1e-8 here); at δ = 1e-12 within 1.5e-4 of prv_accountant's estimate
+/// (dp_accounting's 1e-5 value lies 9.0e-4 below ours and 7.8e-4 below prv_accountant's
+/// estimate in one case, 2.2e-5 above ours in the other: see `DP_UNRELIABLE_DELTA`).
 #[test]
 fn tight_upper_is_within_0_001_percent_of_dp_accounting_at_a_1e_5_grid() {
     let acc = PrvAccountant::new(Accuracy::tight()).unwrap();
@@ -230,26 +297,40 @@ fn tight_upper_is_within_0_001_percent_of_dp_accounting_at_a_1e_5_grid() {
         let e = acc
             .epsilon(&f.comp, f.delta)
             .unwrap_or_else(|err| panic!("{}: {err}", f.name));
-        assert_sound(&f.name, e.upper, f.truth);
+        assert_sound(&f, e.upper);
         let over = e.upper / f.dp_fine - 1.0;
-        eprintln!("{}: tight upper / dp(1e-5) - 1 = {over:+.2e}", f.name);
-        if f.delta >= FFT_FLOOR_DELTA && over > worst.0 {
-            worst = (over, f.name.clone());
-        }
-        assert!(
-            f.delta < FFT_FLOOR_DELTA || e.upper <= f.dp_fine * (1.0 + 1e-5) + 1e-9,
-            "{}: upper {} vs dp (1e-5 grid) {} ({:+.2e})",
+        eprintln!(
+            "{}: tight upper {} / dp(1e-5) - 1 = {over:+.2e}, / reference - 1 = {:+.2e}",
             f.name,
             e.upper,
-            f.dp_fine,
-            e.upper / f.dp_fine - 1.0
+            e.upper / f.reference() - 1.0
         );
+        if f.delta >= DP_UNRELIABLE_DELTA {
+            if over > worst.0 {
+                worst = (over, f.name.clone());
+            }
+            assert!(
+                e.upper <= f.dp_fine * (1.0 + 1e-5) + 1e-9,
+                "{}: upper {} vs dp (1e-5 grid) {} ({over:+.2e})",
+                f.name,
+                e.upper,
+                f.dp_fine,
+            );
+        } else {
+            assert!(
+                e.upper <= f.reference() * (1.0 + 1.5e-4),
+                "{}: upper {} vs prv_accountant's estimate {}",
+                f.name,
+                e.upper,
+                f.reference()
+            );
+        }
         assert!(
-            e.lower <= f.truth,
-            "{}: lower {} above the truth {}",
+            e.lower <= f.reference(),
+            "{}: lower {} above the reference {}",
             f.name,
             e.lower,
-            f.truth
+            f.reference()
         );
     }
     eprintln!(
