@@ -543,7 +543,7 @@ impl GgufFile {
                     .try_fold(1u64, |a, &d| a.checked_mul(d))
                     .filter(|&n| n <= i64::MAX as u64)
                     .ok_or_else(|| bad(format!("dimensions {ne:?} overflow")))?;
-                if ne.first().is_some_and(|&d0| d0 % per_block != 0) {
+                if ne.first().is_some_and(|&d0| !d0.is_multiple_of(per_block)) {
                     return Err(bad(format!(
                         "first dimension {} is not a multiple of the {} block size {per_block}",
                         ne[0],
@@ -553,7 +553,7 @@ impl GgufFile {
                 let n_bytes = (n / per_block)
                     .checked_mul(block_bytes)
                     .ok_or_else(|| bad("byte size overflows".into()))?;
-                if offset % alignment != 0 {
+                if !offset.is_multiple_of(alignment) {
                     return Err(bad(format!(
                         "offset {offset} is not a multiple of the alignment {alignment}"
                     )));
@@ -689,7 +689,8 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: u64) -> Result<Vec<f32>> {
         )));
     }
     let (per_block, block_bytes) = ty.block();
-    let expected = (n % per_block == 0)
+    let expected = n
+        .is_multiple_of(per_block)
         .then(|| (n / per_block).checked_mul(block_bytes))
         .flatten();
     if expected != Some(bytes.len() as u64) {

@@ -75,7 +75,7 @@ fn reorder_qk_rows(
     forward: bool,
 ) -> Result<Vec<f32>> {
     let size_ok = rows.checked_mul(cols) == Some(values.len());
-    if heads == 0 || !size_ok || rows % heads != 0 || (rows / heads) % 2 != 0 {
+    if heads == 0 || !size_ok || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
         return Err(ModelError::ShapeMismatch {
             what: format!("q/k rows to reorder over {heads} heads (even head size)"),
             expected: vec![rows as i64, cols as i64],

@@ -716,7 +716,7 @@ fn smollm2_logits_match_transformers() {
             worst = worst.max((ours - v.as_f64().unwrap()).abs());
             scale = scale.max(v.as_f64().unwrap().abs());
         }
-        let lse = r.logsumexp(&[0], false).double_value(&[]);
+        let lse = r.logsumexp([0], false).double_value(&[]);
         worst = worst.max((lse - row["logsumexp"].as_f64().unwrap()).abs());
         // The top token agrees.
         assert_eq!(
