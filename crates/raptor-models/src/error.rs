@@ -157,6 +157,36 @@ pub enum ModelError {
         /// What is wrong.
         why: String,
     },
+    // ---- GGUF files (gguf.rs, gguf_model.rs) ----
+    /// A GGUF file whose bytes do not parse or whose extents do not fit the file.
+    #[error("{path}: corrupt GGUF at byte {offset}: {why}")]
+    CorruptGguf {
+        /// The file (or `<bytes>`).
+        path: String,
+        /// Byte offset where the problem was found.
+        offset: u64,
+        /// What is wrong.
+        why: String,
+    },
+    /// A well-formed GGUF file using something this reader does not implement (a version, a
+    /// tensor type, an architecture, a tokenizer model).
+    #[error("{path}: unsupported GGUF content: {what}")]
+    GgufUnsupported {
+        /// The file (or `<bytes>`).
+        path: String,
+        /// What is unsupported.
+        what: String,
+    },
+    /// A GGUF metadata key that the model needs, missing or of the wrong type.
+    #[error("{path}: GGUF metadata {key}: {why}")]
+    GgufMetadata {
+        /// The file.
+        path: String,
+        /// The key.
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
     /// A tokenizer that could not be built, trained, read or used.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -18,6 +18,8 @@ pub mod checkpoint;
 mod decoder;
 mod error;
 pub mod generate;
+pub mod gguf;
+pub mod gguf_model;
 mod gpt2;
 mod grad;
 pub mod hf_config;

@@ -99,11 +99,14 @@ pub struct ModelConfig {
     /// decoder classifiers), `gpt2`, `llama` (dense decoders, language modelling), `bert`
     /// (dense encoder classifier, mean pooling).
     pub kind: ModelKind,
-    /// A Hugging Face model folder (config.json + safetensors); empty: a randomly initialized
+    /// A Hugging Face model folder (config.json + safetensors), a `.gguf` file (Llama
+    /// architecture, `kind = "llama"`; dequantized to f32), or the name of a model fetched by
+    /// `cargo xtask setup --models` (`smollm2-135m-instruct`); empty: a randomly initialized
     /// model of the sizes below.
     pub path: Option<PathBuf>,
-    /// Tokenizer: `bytes` (UTF-8 bytes, data-independent), `gpt2` (GPT-2 BPE), or a path to a
-    /// `tokenizer.json`. Never trained on private records.
+    /// Tokenizer: `bytes` (UTF-8 bytes, data-independent), `gpt2` (GPT-2 BPE), `gguf` (the
+    /// tokenizer stored in the GGUF file of `path`), or a path to a `tokenizer.json`. Never
+    /// trained on private records.
     pub tokenizer: String,
     /// Hidden size of a from-scratch model.
     pub d_model: i64,
@@ -473,7 +476,7 @@ impl RunConfig {
         if let Some(p) = self.model.path.as_mut() {
             fix(p);
         }
-        if !matches!(self.model.tokenizer.as_str(), "bytes" | "gpt2") {
+        if !matches!(self.model.tokenizer.as_str(), "bytes" | "gpt2" | "gguf") {
             let p = base.join(&self.model.tokenizer);
             if Path::new(&self.model.tokenizer).is_relative() {
                 self.model.tokenizer = p.to_string_lossy().into_owned();

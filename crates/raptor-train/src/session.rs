@@ -2,7 +2,7 @@
 //! `raptor-data`), tokenizer, label map, model, RAPTOR's layer and owner maps, the plan.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use raptor_data::{LabelMap, TableSpec};
 use raptor_models::checkpoint::{
@@ -91,6 +91,100 @@ pub fn open_tokenizer(spec: &str) -> Result<Box<dyn TextTokenizer>> {
             Box::new(CorpusTokenizer::from_file(path)?)
         }
     })
+}
+
+/// The GGUF file a `model.path` names, if it names one: a `.gguf` file, a folder holding exactly
+/// one `.gguf` file, or (when the path does not exist) the name of a model folder in
+/// `<cache>/models/` that `cargo xtask setup --models` filled, e.g. `smollm2-135m-instruct`.
+pub fn gguf_model_file(path: &Path) -> Option<PathBuf> {
+    let is_gguf = |p: &Path| p.is_file() && p.extension().is_some_and(|e| e == "gguf");
+    let single_in = |dir: &Path| -> Option<PathBuf> {
+        let found: Vec<PathBuf> = std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| is_gguf(p))
+            .collect();
+        (found.len() == 1)
+            .then(|| found.into_iter().next())
+            .flatten()
+    };
+    if is_gguf(path) {
+        return Some(path.to_path_buf());
+    }
+    if path.is_dir() {
+        return single_in(path);
+    }
+    if path.exists() {
+        return None;
+    }
+    let name = path.file_name()?;
+    single_in(
+        &raptor_data::cache::default_cache_dir()?
+            .join("models")
+            .join(name),
+    )
+}
+
+/// `model.path`, resolved: a GGUF file ([`gguf_model_file`]) or the Hugging Face folder as
+/// written. A path that does not exist is an error saying how the cache's models are fetched.
+fn model_source(path: &Path) -> Result<(PathBuf, bool)> {
+    if let Some(f) = gguf_model_file(path) {
+        return Ok((f, true));
+    }
+    if !path.exists() {
+        return Err(TrainError::Config(format!(
+            "model.path {} does not exist (a bare name such as smollm2-135m-instruct means \
+             <cache>/models/<name>/, which `cargo xtask setup --models` fills)",
+            path.display()
+        )));
+    }
+    Ok((path.to_path_buf(), false))
+}
+
+/// Opens the tokenizer of `cfg`: [`open_tokenizer`], or with `model.tokenizer = "gguf"` the
+/// byte-level BPE stored in the GGUF model file of `model.path`.
+pub fn open_model_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
+    if cfg.model.tokenizer != "gguf" {
+        return open_tokenizer(&cfg.model.tokenizer);
+    }
+    let file = gguf_tokenizer_file(cfg)?;
+    let f = raptor_models::gguf::GgufFile::open(&file)?;
+    Ok(Box::new(raptor_models::gguf_model::gguf_tokenizer(&f)?))
+}
+
+fn gguf_tokenizer_file(cfg: &RunConfig) -> Result<PathBuf> {
+    let p = cfg.model.path.as_ref().ok_or_else(|| {
+        TrainError::Config("model.tokenizer = \"gguf\" needs model.path naming a GGUF model".into())
+    })?;
+    gguf_model_file(p).ok_or_else(|| {
+        TrainError::Config(format!(
+            "model.tokenizer = \"gguf\": model.path {} is not a GGUF model",
+            p.display()
+        ))
+    })
+}
+
+/// The end-of-sequence id of a GGUF file's tokenizer (read once per file and process).
+fn gguf_eos(cfg: &RunConfig) -> u32 {
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<BTreeMap<PathBuf, u32>>> = OnceLock::new();
+    let Ok(file) = gguf_tokenizer_file(cfg) else {
+        return 0;
+    };
+    let seen = SEEN.get_or_init(|| Mutex::new(BTreeMap::new()));
+    if let Some(&id) = seen.lock().ok().as_ref().and_then(|m| m.get(&file)) {
+        return id;
+    }
+    let id = raptor_models::gguf::GgufFile::open(&file)
+        .and_then(|f| raptor_models::gguf_model::gguf_special_ids(&f))
+        .ok()
+        .and_then(|ids| ids.eos)
+        .unwrap_or(0);
+    if let Ok(mut m) = seen.lock() {
+        m.insert(file, id);
+    }
+    id
 }
 
 /// Whether the model classifies (else: language modelling over the text column).
@@ -233,6 +327,7 @@ pub fn eos_id(cfg: &RunConfig) -> u32 {
     match cfg.model.tokenizer.as_str() {
         "bytes" => ByteTokenizer::EOS,
         "gpt2" => raptor_models::tokenizer::GPT2_EOS,
+        "gguf" => gguf_eos(cfg),
         _ => 0,
     }
 }
@@ -263,7 +358,13 @@ pub fn build_model(
             } else {
                 DecoderHead::Classification { num_labels }
             };
-            let model = load_decoder(p, head, device, &opts)?.model;
+            let (source, gguf) = model_source(p)?;
+            let model = if gguf {
+                // Llama-architecture GGUF: weights dequantized to f32.
+                raptor_models::gguf_model::load_gguf_llama(&source, head, device)?.model
+            } else {
+                load_decoder(&source, head, device, &opts)?.model
+            };
             let want = match m.kind {
                 ModelKind::Llama => DecoderFamily::Llama,
                 ModelKind::Mixtral => DecoderFamily::Mixtral,
@@ -451,7 +552,7 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
         )));
     }
     let classify = is_classifier(cfg);
-    let tokenizer = open_tokenizer(&cfg.model.tokenizer)?;
+    let tokenizer = open_model_tokenizer(cfg)?;
     let vocab = tokenizer.vocab_size() as i64;
     let pad_id = i64::from(tokenizer.pad_id());
     if cfg.data.format != "table" {
