@@ -97,14 +97,22 @@ impl Default for DataConfig {
 pub struct ModelConfig {
     /// Architecture: `switch` (MoE encoder classifier), `olmoe`, `mixtral`, `qwen2-moe` (MoE
     /// decoder classifiers), `gpt2`, `llama` (dense decoders, language modelling), `bert`
-    /// (dense encoder classifier, mean pooling).
+    /// (dense encoder classifier, mean pooling), `moe-bert` (raptor's MoE-BERT classifier).
     pub kind: ModelKind,
     /// A Hugging Face model folder (config.json + safetensors); empty: a randomly initialized
-    /// model of the sizes below.
+    /// model of the sizes below. A bare name that is not a folder next to the config file is a
+    /// model that `cargo xtask setup --models` put in the per-user cache (e.g.
+    /// `all-minilm-l6-v2` = `cache:models/all-minilm-l6-v2`).
     pub path: Option<PathBuf>,
-    /// Tokenizer: `bytes` (UTF-8 bytes, data-independent), `gpt2` (GPT-2 BPE), or a path to a
-    /// `tokenizer.json`. Never trained on private records.
+    /// Tokenizer: `bytes` (UTF-8 bytes, data-independent), `gpt2` (GPT-2 BPE), `model` (the
+    /// `tokenizer.json` of `path`), or a path to a `tokenizer.json` (`cache:` allowed). A
+    /// `tokenizer.json` is read with its padding and truncation off; for `bert` its template's
+    /// special tokens (`[CLS] … [SEP]`) wrap every record. Never trained on private records.
     pub tokenizer: String,
+    /// Pooling of a `bert` classifier: `mean` (over valid tokens, as sentence-transformers) or
+    /// `pooler` (`tanh(pooler.dense(h[CLS]))`, the checkpoint's pooler).
+    #[serde(skip_serializing_if = "is_mean_pooling")]
+    pub pooling: String,
     /// Hidden size of a from-scratch model.
     pub d_model: i64,
     /// Blocks of a from-scratch model.
@@ -123,6 +131,7 @@ impl Default for ModelConfig {
             kind: ModelKind::Switch,
             path: None,
             tokenizer: "bytes".into(),
+            pooling: "mean".into(),
             d_model: 32,
             layers: 4,
             heads: 2,
@@ -130,6 +139,10 @@ impl Default for ModelConfig {
             experts: 4,
         }
     }
+}
+
+fn is_mean_pooling(p: &str) -> bool {
+    p == "mean"
 }
 
 /// Supported architectures.
@@ -151,6 +164,9 @@ pub enum ModelKind {
     Qwen2Moe,
     /// BERT-style encoder classifier (mean pooling over the valid tokens).
     Bert,
+    /// MoE-BERT classifier (raptor's layout: routed experts in place of chosen layers' FFNs,
+    /// e.g. from `raptor upcycle` on a BERT folder).
+    MoeBert,
 }
 
 impl ModelKind {
@@ -163,7 +179,11 @@ impl ModelKind {
     pub fn is_moe(self) -> bool {
         matches!(
             self,
-            ModelKind::Switch | ModelKind::Olmoe | ModelKind::Mixtral | ModelKind::Qwen2Moe
+            ModelKind::Switch
+                | ModelKind::Olmoe
+                | ModelKind::Mixtral
+                | ModelKind::Qwen2Moe
+                | ModelKind::MoeBert
         )
     }
 }
@@ -427,6 +447,27 @@ pub fn resolve_cache_path(path: &Path, cache: Option<&Path>) -> Option<PathBuf> 
     Some(cache?.join(rest.trim_start_matches('/')))
 }
 
+/// Where `model.path` points: a `cache:` path in the cache; a relative path next to the config
+/// file (`base`) when it exists there; else, for a bare name (one path component), the model
+/// folder `<cache>/models/<name>` that `cargo xtask setup --models` writes when that exists;
+/// else the path next to the config file (reported missing when read).
+pub fn resolve_model_path(path: &Path, base: &Path, cache: Option<&Path>) -> PathBuf {
+    if let Some(c) = resolve_cache_path(path, cache) {
+        return c;
+    }
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    let local = base.join(path);
+    if local.exists() || path.components().count() != 1 {
+        return local;
+    }
+    match cache.map(|c| c.join("models").join(path)) {
+        Some(cached) if cached.exists() => cached,
+        _ => local,
+    }
+}
+
 impl RunConfig {
     /// Reads a config file; relative data paths become relative to the file's folder, and
     /// `cache:` paths relative to the per-user cache ([`resolve_cache_path`]).
@@ -471,12 +512,14 @@ impl RunConfig {
             fix(p);
         }
         if let Some(p) = self.model.path.as_mut() {
-            fix(p);
+            *p = resolve_model_path(p, base, cache.as_deref());
         }
-        if !matches!(self.model.tokenizer.as_str(), "bytes" | "gpt2") {
-            let p = base.join(&self.model.tokenizer);
-            if Path::new(&self.model.tokenizer).is_relative() {
-                self.model.tokenizer = p.to_string_lossy().into_owned();
+        if !matches!(self.model.tokenizer.as_str(), "bytes" | "gpt2" | "model") {
+            let t = Path::new(&self.model.tokenizer);
+            if let Some(c) = resolve_cache_path(t, cache.as_deref()) {
+                self.model.tokenizer = c.to_string_lossy().into_owned();
+            } else if t.is_relative() {
+                self.model.tokenizer = base.join(t).to_string_lossy().into_owned();
             }
         }
     }
@@ -585,7 +628,7 @@ impl RunConfig {
             return bad(
                 "method.name",
                 format!(
-                    "{} needs an MoE model (switch, olmoe, mixtral or qwen2-moe), not {:?}",
+                    "{} needs an MoE model (switch, olmoe, mixtral, qwen2-moe or moe-bert), not {:?}",
                     m.name.name(),
                     self.model.kind
                 ),
@@ -607,6 +650,18 @@ impl RunConfig {
             return bad(
                 "data.format",
                 "data-to-text needs a language model (model.kind = \"gpt2\" or \"llama\")".into(),
+            );
+        }
+        if !matches!(self.model.pooling.as_str(), "mean" | "pooler") {
+            return bad(
+                "model.pooling",
+                format!("{:?} is not mean or pooler", self.model.pooling),
+            );
+        }
+        if self.model.tokenizer == "model" && self.model.path.is_none() {
+            return bad(
+                "model.tokenizer",
+                "\"model\" reads <model.path>/tokenizer.json: set model.path".into(),
             );
         }
         if self.eval.beams == 0 {
