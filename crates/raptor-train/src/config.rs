@@ -736,6 +736,33 @@ mod path_tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::unwrap_used)]
+    fn model_names_resolve_to_the_cache_only_when_nothing_local_matches() {
+        let root = std::env::temp_dir().join(format!("raptor-model-path-{}", std::process::id()));
+        let (base, cache) = (root.join("cfg"), root.join("cache"));
+        std::fs::create_dir_all(cache.join("models/mini")).unwrap();
+        std::fs::create_dir_all(base.join("local")).unwrap();
+        let r = |p: &str| resolve_model_path(Path::new(p), &base, Some(&cache));
+        assert_eq!(r("mini"), cache.join("models/mini"));
+        assert_eq!(r("cache:models/mini"), cache.join("models/mini"));
+        assert_eq!(r("local"), base.join("local"));
+        assert_eq!(r("absent"), base.join("absent"));
+        assert_eq!(r("sub/mini"), base.join("sub/mini"));
+        assert_eq!(r("/abs/mini"), PathBuf::from("/abs/mini"));
+        std::fs::create_dir_all(base.join("mini")).unwrap();
+        assert_eq!(
+            r("mini"),
+            base.join("mini"),
+            "a folder next to the config wins"
+        );
+        assert_eq!(
+            resolve_model_path(Path::new("mini"), &root, None),
+            root.join("mini")
+        );
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
     fn cache_paths_resolve_against_the_cache_and_nothing_else_does() {
         let c = Path::new("/cache");
         assert_eq!(

@@ -1,9 +1,11 @@
 //! The real all-MiniLM-L6-v2 checkpoint (`cargo xtask setup --models`) fine-tunes privately end
 //! to end through `raptor train`: by name (`model.path = "all-minilm-l6-v2"`), with its own
-//! tokenizer (`model.tokenizer = "model"`), DP-Adam (`scope = "lora"`) over attention LoRA and a new head, a few
-//! updates on the toy sentiment data; the certified ε stays within the target and the
-//! validation loss goes down. Prints one `skipped …` line and passes when the model is not in
-//! the cache.
+//! tokenizer (`model.tokenizer = "model"`), DP-Adam (`scope = "lora"`) over attention LoRA and
+//! a new head, a few updates on the toy sentiment data; the certified ε stays within the target
+//! and the validation loss goes down. And `raptor upcycle` turns it into a MoE-BERT (E = 8,
+//! top-1) on which RAPTOR trains (shared + 8 expert streams of the entropy-selected layer)
+//! within its ε. Each test prints one `skipped …` line and passes when the model is not in the
+//! cache.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -17,32 +19,43 @@ fn cache_dir() -> Option<PathBuf> {
     raptor_data::cache::default_cache_dir()
 }
 
-#[test]
-fn minilm_fine_tunes_privately_by_name() {
+/// The cached MiniLM folder, or None after printing why `test` is skipped.
+fn cached_model(test: &str) -> Option<PathBuf> {
     let Some(model) = cache_dir().map(|c| c.join("models").join("all-minilm-l6-v2")) else {
-        println!("skipped minilm_fine_tunes_privately_by_name: no cache folder");
-        return;
+        println!("skipped {test}: no cache folder");
+        return None;
     };
     if !model.join("raptor-model.json").is_file() {
         println!(
-            "skipped minilm_fine_tunes_privately_by_name: {} not found (run `cargo xtask setup --models`)",
+            "skipped {test}: {} not found (run `cargo xtask setup --models`)",
             model.display()
         );
-        return;
+        return None;
     }
-    let d = std::env::temp_dir().join(format!("raptor-minilm-{}", std::process::id()));
+    Some(model)
+}
+
+/// A fresh folder with a small fixture: the first `n` toy training records, 80 validation
+/// records and 120 public records.
+fn fixture_dir(name: &str, n: usize) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("raptor-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    // A small fixture: the first 240 toy training records and 80 validation records.
     let toy = root().join("examples/toy");
-    for (src, dst, n) in [
-        ("train.csv", "train.csv", 240),
-        ("valid.csv", "valid.csv", 80),
-    ] {
-        let text = std::fs::read_to_string(toy.join(src)).unwrap();
+    for (file, n) in [("train.csv", n), ("valid.csv", 80), ("public.csv", 120)] {
+        let text = std::fs::read_to_string(toy.join(file)).unwrap();
         let rows: Vec<&str> = text.lines().take(n + 1).collect();
-        std::fs::write(d.join(dst), rows.join("\n") + "\n").unwrap();
+        std::fs::write(d.join(file), rows.join("\n") + "\n").unwrap();
     }
+    d
+}
+
+#[test]
+fn minilm_fine_tunes_privately_by_name() {
+    let Some(model) = cached_model("minilm_fine_tunes_privately_by_name") else {
+        return;
+    };
+    let d = fixture_dir("minilm", 240);
     let target = 4.0;
     let cfg = format!(
         r#"[data]
@@ -124,6 +137,94 @@ insecure_seed = 3
     assert!(
         last < first,
         "validation loss did not go down: {first} -> {last}"
+    );
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn raptor_trains_an_upcycled_minilm() {
+    if cached_model("raptor_trains_an_upcycled_minilm").is_none() {
+        return;
+    }
+    let d = fixture_dir("minilm-moe", 160);
+    let out = Command::new(env!("CARGO_BIN_EXE_raptor"))
+        .env("OMP_NUM_THREADS", "1")
+        .args([
+            "upcycle",
+            "--model",
+            "all-minilm-l6-v2",
+            "--experts",
+            "8",
+            "--top-k",
+            "1",
+        ])
+        .arg("--out")
+        .arg(d.join("moe8"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let up: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(up["model_type"], "moe-bert");
+    let target = 8.0;
+    let cfg = format!(
+        r#"[data]
+train = "train.csv"
+validation = "valid.csv"
+public = "public.csv"
+max_length = 24
+
+[model]
+kind = "moe-bert"
+path = "moe8"
+tokenizer = "model"
+
+[method]
+name = "raptor"
+layer = "entropy"
+
+[privacy]
+epsilon = {target}
+
+[lora]
+r = 2
+
+[train]
+batch_size = 40.0
+steps = 4
+lr = 0.02
+micro_batch = 40
+insecure_seed = 4
+"#
+    );
+    std::fs::write(d.join("raptor.toml"), cfg).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_raptor"))
+        .env("OMP_NUM_THREADS", "1")
+        .args(["train", "--config"])
+        .arg(d.join("raptor.toml"))
+        .arg("--runs-dir")
+        .arg(d.join("runs"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let eps = rec["epsilon"]["upper"].as_f64().unwrap();
+    assert!(eps.is_finite() && eps <= target, "epsilon {eps} > {target}");
+    let layer = rec["layer"]["layer"].as_u64().unwrap();
+    assert!(layer < 6, "layer {layer}");
+    println!(
+        "RAPTOR on MiniLM upcycled to E = 8 (top-1): layer {layer} chosen by routing entropy, \
+         ε {eps:.3} (target {target}), accuracy {} after 4 updates",
+        rec["eval"]["accuracy"]
     );
     std::fs::remove_dir_all(&d).ok();
 }
