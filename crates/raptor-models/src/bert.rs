@@ -46,7 +46,16 @@ pub enum BertPooling {
     Mean,
 }
 
-/// The routed experts of a MoE-BERT (see the module docs).
+/// The routed experts of a MoE-BERT (raptor's own layout, made by
+/// [`crate::upcycle::upcycle_bert`]): in each sparse layer `i` the FFN is replaced by E routed
+/// experts of the same shape,
+/// `bert.encoder.layer.{i}.moe.experts.{e}.{intermediate,output}.dense.{weight,bias}`, under a
+/// frozen bias-free router `bert.encoder.layer.{i}.moe.gate.weight` `[E, d]`: top-k of the
+/// router's softmax, renormalized to sum to 1, gate-weighted sum of the chosen experts'
+/// outputs; the residual and `output.LayerNorm` are unchanged. In `config.json`:
+/// `"architectures": ["RaptorMoeBertForSequenceClassification"]` and
+/// `"raptor_moe": {"num_experts", "num_experts_per_tok", "sparse_layers"}` (transformers does
+/// not read this layout).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BertMoeConfig {
     /// Experts per sparse layer (E ≥ 1).

@@ -1042,7 +1042,7 @@ pub struct HfBertConfig {
     pub num_labels: Option<i64>,
     /// Padding token id.
     pub pad_token_id: Option<i64>,
-    /// raptor's MoE-BERT experts (`raptor_moe`, see [`crate::bert`]); None: a dense BERT.
+    /// raptor's MoE-BERT experts (`raptor_moe`, see [`crate::BertMoeConfig`]); None: a dense BERT.
     pub moe: Option<crate::BertMoeConfig>,
 }
 

@@ -95,7 +95,7 @@ fn chosen_layers(opts: &UpcycleOptions, n: usize) -> Result<Vec<usize>> {
     }
 }
 
-/// Upcycles a dense BERT into a MoE-BERT (raptor's layout, see [`crate::bert`]): each chosen
+/// Upcycles a dense BERT into a MoE-BERT (raptor's layout, see [`crate::BertMoeConfig`]): each chosen
 /// layer's FFN `bert.encoder.layer.{l}.{intermediate,output}.dense.*` is copied into E experts
 /// `bert.encoder.layer.{l}.moe.experts.{e}.{intermediate,output}.dense.*`, and a router
 /// `bert.encoder.layer.{l}.moe.gate.weight` `[E, d]` is drawn N(0, σ²) from a seeded ChaCha8
