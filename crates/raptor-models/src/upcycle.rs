@@ -2,7 +2,7 @@
 //! [`Decoder`] becomes a Mixtral-style MoE [`Decoder`] whose experts are copies of each layer's
 //! dense SwiGLU MLP, with a new router drawn at random (seeded) and frozen like every router;
 //! a dense [`Bert`] becomes a MoE-BERT ([`upcycle_bert`], raptor's own layout described in
-//! [`crate::bert`]) the same way.
+//! [`crate::BertMoeConfig`]) the same way.
 //!
 //! Tensor names: `model.layers.{i}.mlp.{gate,up,down}_proj.weight` →
 //! `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight` for every expert `e`;
