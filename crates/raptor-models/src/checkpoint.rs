@@ -990,6 +990,16 @@ pub fn save_named(
 /// with [`load_switch_encoder`] / [`load_gpt2`]. Both files are written to temporary names and
 /// renamed, so an interrupted export leaves no half-written checkpoint under the final names.
 pub fn save_pretrained<M: crate::Model + ?Sized>(model: &M, dir: impl AsRef<Path>) -> Result<()> {
+    save_pretrained_without(model, dir, &[])
+}
+
+/// [`save_pretrained`] leaving out the variables that match `skip` (patterns, e.g.
+/// `classifier.*` for a head the source checkpoint did not have).
+pub fn save_pretrained_without<M: crate::Model + ?Sized>(
+    model: &M,
+    dir: impl AsRef<Path>,
+    skip: &[&str],
+) -> Result<()> {
     let dir = dir.as_ref();
     let config = model.hf_config_json().ok_or_else(|| {
         ModelError::InvalidConfig(
@@ -1004,10 +1014,11 @@ pub fn save_pretrained<M: crate::Model + ?Sized>(model: &M, dir: impl AsRef<Path
         .to_string();
     let layout = HfLayout::for_model_type(&model_type)?;
     std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
-    let opts = SaveOptions {
+    let mut opts = SaveOptions {
         skip: vec!["*.lora_A.weight".into(), "*.lora_B.weight".into()],
         ..SaveOptions::default()
     };
+    opts.skip.extend(skip.iter().map(|p| p.to_string()));
     let tmp = dir.join(format!("{SINGLE_FILE}.tmp"));
     save_var_store(model.var_store(), &tmp, &layout, &opts)?;
     let text = serde_json::to_string_pretty(&config)

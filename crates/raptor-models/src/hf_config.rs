@@ -1042,6 +1042,8 @@ pub struct HfBertConfig {
     pub num_labels: Option<i64>,
     /// Padding token id.
     pub pad_token_id: Option<i64>,
+    /// raptor's MoE-BERT experts (`raptor_moe`, see [`crate::BertMoeConfig`]); None: a dense BERT.
+    pub moe: Option<crate::BertMoeConfig>,
 }
 
 config_io!(HfBertConfig);
@@ -1080,6 +1082,13 @@ impl HfBertConfig {
             layer_norm_eps: f.positive_or("layer_norm_eps", 1e-12)?,
             num_labels,
             pad_token_id: f.int_opt("pad_token_id")?,
+            moe: match f.get("raptor_moe") {
+                None => None,
+                Some(v) => Some(
+                    serde_json::from_value(v.clone())
+                        .map_err(|e| f.err("raptor_moe", format!("not a MoE-BERT object: {e}")))?,
+                ),
+            },
         })
     }
 
@@ -1102,6 +1111,7 @@ impl HfBertConfig {
             layer_norm_eps: self.layer_norm_eps,
             pooling,
             num_labels,
+            moe: self.moe.clone(),
         })
     }
 }

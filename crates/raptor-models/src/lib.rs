@@ -33,7 +33,7 @@ pub mod tokenizer;
 pub mod upcycle;
 
 pub use batch::{Batch, Task, per_record_loss};
-pub use bert::{Bert, BertConfig, BertPooling};
+pub use bert::{Bert, BertConfig, BertMoeConfig, BertPooling};
 pub use blocks::RopeScaling;
 pub use decoder::{Decoder, DecoderConfig, DecoderFamily, MoeConfig};
 pub use error::{ModelError, Result};

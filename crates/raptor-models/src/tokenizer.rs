@@ -57,6 +57,11 @@ pub trait TextTokenizer {
     fn vocab_size(&self) -> usize;
     /// Padding id.
     fn pad_id(&self) -> u32;
+    /// Ids a classifier's record starts and ends with (e.g. BERT's `[CLS]` / `[SEP]`), added
+    /// around the (truncated) [`TextTokenizer::encode`] output; none by default.
+    fn special_ids(&self) -> (Vec<u32>, Vec<u32>) {
+        (Vec::new(), Vec::new())
+    }
 }
 
 /// GPT-2 byte-level BPE (tiktoken-rs `r50k_base`; ranks embedded in the binary).
@@ -204,6 +209,7 @@ impl Default for CorpusTokenizerConfig {
 pub struct CorpusTokenizer {
     tok: Tokenizer,
     pad_id: u32,
+    specials: (Vec<u32>, Vec<u32>),
 }
 
 impl CorpusTokenizer {
@@ -282,7 +288,11 @@ impl CorpusTokenizer {
         let pad_id = tok
             .token_to_id("[PAD]")
             .ok_or_else(|| ModelError::Tokenizer("trained tokenizer lacks [PAD]".into()))?;
-        Ok(Self { tok, pad_id })
+        Ok(Self {
+            tok,
+            pad_id,
+            specials: Default::default(),
+        })
     }
 
     /// Reads a `tokenizer.json`. The padding id is the file's padding setting, else the id of
@@ -312,7 +322,11 @@ impl CorpusTokenizer {
                     .find_map(|t| tok.token_to_id(t))
             })
             .unwrap_or(0);
-        Self { tok, pad_id }
+        Self {
+            tok,
+            pad_id,
+            specials: Default::default(),
+        }
     }
 
     /// Writes `tokenizer.json`.
@@ -345,6 +359,28 @@ impl CorpusTokenizer {
             .map_err(tok_err)?
             .get_ids()
             .to_vec())
+    }
+
+    /// Makes [`TextTokenizer::special_ids`] return the ids the file's post-processor puts
+    /// before and after a single sequence (`[CLS]` and `[SEP]` for BERT's template), found by
+    /// encoding a probe text with and without special tokens. A tokenizer without a
+    /// post-processor gets none. Error: the plain ids are not a contiguous part of the ids with
+    /// special tokens (a post-processor that rewrites the text's tokens).
+    pub fn with_special_tokens(mut self) -> Result<Self> {
+        let probe = "a b";
+        let plain = self.tok.encode(probe, false).map_err(tok_err)?;
+        let full = self.tok.encode(probe, true).map_err(tok_err)?;
+        let (plain, full) = (plain.get_ids(), full.get_ids());
+        let at = (0..=full.len().saturating_sub(plain.len()))
+            .find(|&i| full.get(i..i + plain.len()) == Some(plain))
+            .ok_or_else(|| {
+                ModelError::Tokenizer(format!(
+                    "the post-processor changes the tokens of {probe:?} ({plain:?} -> {full:?}): \
+                     cannot tell its special tokens apart"
+                ))
+            })?;
+        self.specials = (full[..at].to_vec(), full[at + plain.len()..].to_vec());
+        Ok(self)
     }
 
     /// The id of a token string.
@@ -384,6 +420,10 @@ impl TextTokenizer for CorpusTokenizer {
 
     fn pad_id(&self) -> u32 {
         self.pad_id
+    }
+
+    fn special_ids(&self) -> (Vec<u32>, Vec<u32>) {
+        self.specials.clone()
     }
 }
 

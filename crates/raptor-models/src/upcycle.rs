@@ -1,6 +1,8 @@
 //! Sparse upcycling (Komatsuzaki et al., "Sparse upcycling", 2023): a dense Llama-style
 //! [`Decoder`] becomes a Mixtral-style MoE [`Decoder`] whose experts are copies of each layer's
-//! dense SwiGLU MLP, with a new router drawn at random (seeded) and frozen like every router.
+//! dense SwiGLU MLP, with a new router drawn at random (seeded) and frozen like every router;
+//! a dense [`Bert`] becomes a MoE-BERT ([`upcycle_bert`], raptor's own layout described in
+//! [`crate::BertMoeConfig`]) the same way.
 //!
 //! Tensor names: `model.layers.{i}.mlp.{gate,up,down}_proj.weight` →
 //! `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight` for every expert `e`;
@@ -23,6 +25,7 @@
 //! # Ok::<(), raptor_models::ModelError>(())
 //! ```
 
+use crate::bert::{Bert, BertMoeConfig};
 use crate::decoder::{Decoder, DecoderFamily, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::model::Model;
@@ -54,6 +57,146 @@ impl UpcycleOptions {
             seed: 0,
         }
     }
+}
+
+/// The sorted, deduplicated layers to upcycle (None: all `n`), checked against `n`, and the
+/// options' E, k and σ.
+fn chosen_layers(opts: &UpcycleOptions, n: usize) -> Result<Vec<usize>> {
+    if opts.num_experts < 1 || opts.top_k < 1 || opts.top_k > opts.num_experts {
+        return Err(ModelError::InvalidConfig(format!(
+            "upcycling needs 1 <= top_k ({}) <= num_experts ({})",
+            opts.top_k, opts.num_experts
+        )));
+    }
+    if !(opts.router_std.is_finite() && opts.router_std >= 0.0) {
+        return Err(ModelError::InvalidConfig(format!(
+            "router_std {} must be finite and non-negative",
+            opts.router_std
+        )));
+    }
+    match &opts.layers {
+        None => Ok((0..n).collect()),
+        Some(v) => {
+            let mut v = v.clone();
+            v.sort_unstable();
+            v.dedup();
+            if let Some(&l) = v.iter().find(|&&l| l >= n) {
+                return Err(ModelError::InvalidConfig(format!(
+                    "layer {l} to upcycle is outside the {n} layers"
+                )));
+            }
+            if v.is_empty() {
+                return Err(ModelError::InvalidConfig(
+                    "no layer to upcycle (an empty layer list)".into(),
+                ));
+            }
+            Ok(v)
+        }
+    }
+}
+
+/// Upcycles a dense BERT into a MoE-BERT (raptor's layout, see [`crate::BertMoeConfig`]): each chosen
+/// layer's FFN `bert.encoder.layer.{l}.{intermediate,output}.dense.*` is copied into E experts
+/// `bert.encoder.layer.{l}.moe.experts.{e}.{intermediate,output}.dense.*`, and a router
+/// `bert.encoder.layer.{l}.moe.gate.weight` `[E, d]` is drawn N(0, σ²) from a seeded ChaCha8
+/// stream (seed + the layer's position in the list). Every other tensor (embeddings,
+/// attention, layer norms, pooler, classifier) is copied unchanged; LoRA adapters are not. The
+/// top-k gates are renormalized, so while the experts are identical the MoE-BERT computes the
+/// dense model's function.
+///
+/// ```
+/// use raptor_models::upcycle::{UpcycleOptions, upcycle_bert};
+/// use raptor_models::{Bert, BertConfig, Model};
+/// let dense = Bert::new(BertConfig::tiny(2), tch::Device::Cpu)?;
+/// let moe = upcycle_bert(&dense, &UpcycleOptions::new(8, 2))?;
+/// assert_eq!((moe.num_experts(), moe.top_k(), moe.sparse_layers()), (8, 2, vec![0, 1]));
+/// # Ok::<(), raptor_models::ModelError>(())
+/// ```
+pub fn upcycle_bert(dense: &Bert, opts: &UpcycleOptions) -> Result<Bert> {
+    let c = dense.config();
+    if c.moe.is_some() {
+        return Err(ModelError::InvalidConfig(
+            "upcycling needs a dense BERT, not a MoE-BERT".into(),
+        ));
+    }
+    let layers = chosen_layers(opts, c.num_hidden_layers.max(0) as usize)?;
+    let mut cfg = c.clone();
+    cfg.moe = Some(BertMoeConfig {
+        num_experts: opts.num_experts,
+        num_experts_per_tok: opts.top_k,
+        sparse_layers: layers.clone(),
+    });
+    let mut moe = Bert::new(cfg, dense.var_store().device())?;
+    match dense
+        .var_store()
+        .variables()
+        .get("bert.embeddings.word_embeddings.weight")
+        .map(Tensor::kind)
+    {
+        Some(Kind::Double) => moe.var_store_mut().double(),
+        Some(Kind::Half) => moe.var_store_mut().half(),
+        Some(Kind::BFloat16) => moe.var_store_mut().bfloat16(),
+        _ => {}
+    }
+    let renamed = |name: &str| -> Vec<String> {
+        for &l in &layers {
+            let p = format!("bert.encoder.layer.{l}.");
+            if let Some(rest) = name.strip_prefix(&p)
+                && (rest.starts_with("intermediate.dense.") || rest.starts_with("output.dense."))
+            {
+                return (0..opts.num_experts)
+                    .map(|e| format!("{p}moe.experts.{e}.{rest}"))
+                    .collect();
+            }
+        }
+        vec![name.to_string()]
+    };
+    let routers: Vec<String> = layers
+        .iter()
+        .map(|l| format!("bert.encoder.layer.{l}.moe.gate.weight"))
+        .collect();
+    copy_and_route(dense, &moe, renamed, &routers, opts)?;
+    Ok(moe)
+}
+
+/// Copies every non-adapter tensor of `dense` to its `renamed` targets in `moe`, then draws
+/// each router of `routers` (in order: seed + index).
+fn copy_and_route<A: Model, B: Model>(
+    dense: &A,
+    moe: &B,
+    renamed: impl Fn(&str) -> Vec<String>,
+    routers: &[String],
+    opts: &UpcycleOptions,
+) -> Result<()> {
+    let src = dense.var_store().variables();
+    let dst = moe.var_store().variables();
+    tch::no_grad(|| -> Result<()> {
+        for (name, t) in &src {
+            if name.contains(".lora_A.") || name.contains(".lora_B.") {
+                continue;
+            }
+            for target in renamed(name) {
+                let mut d = dst
+                    .get(&target)
+                    .ok_or_else(|| {
+                        ModelError::InvalidConfig(format!(
+                            "upcycled model lacks {target} (from {name})"
+                        ))
+                    })?
+                    .shallow_clone();
+                d.f_copy_(t)?;
+            }
+        }
+        for (i, name) in routers.iter().enumerate() {
+            let mut d = dst
+                .get(name)
+                .ok_or_else(|| ModelError::InvalidConfig(format!("upcycled model lacks {name}")))?
+                .shallow_clone();
+            let w = seeded_normal(&d.size(), opts.seed.wrapping_add(i as u64), opts.router_std)?;
+            d.f_copy_(&w.f_to_kind(d.kind())?)?;
+        }
+        Ok(())
+    })
 }
 
 /// Upcycles a dense Llama-style decoder into a Mixtral-style MoE decoder (see the module

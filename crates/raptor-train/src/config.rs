@@ -97,17 +97,24 @@ impl Default for DataConfig {
 pub struct ModelConfig {
     /// Architecture: `switch` (MoE encoder classifier), `olmoe`, `mixtral`, `qwen2-moe` (MoE
     /// decoder classifiers), `gpt2`, `llama` (dense decoders, language modelling), `bert`
-    /// (dense encoder classifier, mean pooling).
+    /// (dense encoder classifier, mean pooling), `moe-bert` (raptor's MoE-BERT classifier).
     pub kind: ModelKind,
     /// A Hugging Face model folder (config.json + safetensors), a `.gguf` file (Llama
-    /// architecture, `kind = "llama"`; dequantized to f32), or the name of a model fetched by
-    /// `cargo xtask setup --models` (`smollm2-135m-instruct`); empty: a randomly initialized
-    /// model of the sizes below.
+    /// architecture, `kind = "llama"`; dequantized to f32), or the name of a model that
+    /// `cargo xtask setup --models` put in the per-user cache (a bare name that is not a
+    /// folder next to the config file: `all-minilm-l6-v2` = `cache:models/all-minilm-l6-v2`,
+    /// `smollm2-135m-instruct`); empty: a randomly initialized model of the sizes below.
     pub path: Option<PathBuf>,
     /// Tokenizer: `bytes` (UTF-8 bytes, data-independent), `gpt2` (GPT-2 BPE), `gguf` (the
-    /// tokenizer stored in the GGUF file of `path`), or a path to a `tokenizer.json`. Never
-    /// trained on private records.
+    /// tokenizer stored in the GGUF file of `path`), `model` (the `tokenizer.json` of `path`),
+    /// or a path to a `tokenizer.json` (`cache:` allowed). A `tokenizer.json` is read with its
+    /// padding and truncation off; for `bert` its template's special tokens (`[CLS] … [SEP]`)
+    /// wrap every record. Never trained on private records.
     pub tokenizer: String,
+    /// Pooling of a `bert` classifier: `mean` (over valid tokens, as sentence-transformers) or
+    /// `pooler` (`tanh(pooler.dense(h[CLS]))`, the checkpoint's pooler).
+    #[serde(skip_serializing_if = "is_mean_pooling")]
+    pub pooling: String,
     /// Hidden size of a from-scratch model.
     pub d_model: i64,
     /// Blocks of a from-scratch model.
@@ -126,6 +133,7 @@ impl Default for ModelConfig {
             kind: ModelKind::Switch,
             path: None,
             tokenizer: "bytes".into(),
+            pooling: "mean".into(),
             d_model: 32,
             layers: 4,
             heads: 2,
@@ -133,6 +141,10 @@ impl Default for ModelConfig {
             experts: 4,
         }
     }
+}
+
+fn is_mean_pooling(p: &str) -> bool {
+    p == "mean"
 }
 
 /// Supported architectures.
@@ -154,6 +166,9 @@ pub enum ModelKind {
     Qwen2Moe,
     /// BERT-style encoder classifier (mean pooling over the valid tokens).
     Bert,
+    /// MoE-BERT classifier (raptor's layout: routed experts in place of chosen layers' FFNs,
+    /// e.g. from `raptor upcycle` on a BERT folder).
+    MoeBert,
 }
 
 impl ModelKind {
@@ -166,7 +181,11 @@ impl ModelKind {
     pub fn is_moe(self) -> bool {
         matches!(
             self,
-            ModelKind::Switch | ModelKind::Olmoe | ModelKind::Mixtral | ModelKind::Qwen2Moe
+            ModelKind::Switch
+                | ModelKind::Olmoe
+                | ModelKind::Mixtral
+                | ModelKind::Qwen2Moe
+                | ModelKind::MoeBert
         )
     }
 }
@@ -430,6 +449,27 @@ pub fn resolve_cache_path(path: &Path, cache: Option<&Path>) -> Option<PathBuf> 
     Some(cache?.join(rest.trim_start_matches('/')))
 }
 
+/// Where `model.path` points: a `cache:` path in the cache; a relative path next to the config
+/// file (`base`) when it exists there; else, for a bare name (one path component), the model
+/// folder `<cache>/models/<name>` that `cargo xtask setup --models` writes when that exists;
+/// else the path next to the config file (reported missing when read).
+pub fn resolve_model_path(path: &Path, base: &Path, cache: Option<&Path>) -> PathBuf {
+    if let Some(c) = resolve_cache_path(path, cache) {
+        return c;
+    }
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    let local = base.join(path);
+    if local.exists() || path.components().count() != 1 {
+        return local;
+    }
+    match cache.map(|c| c.join("models").join(path)) {
+        Some(cached) if cached.exists() => cached,
+        _ => local,
+    }
+}
+
 impl RunConfig {
     /// Reads a config file; relative data paths become relative to the file's folder, and
     /// `cache:` paths relative to the per-user cache ([`resolve_cache_path`]).
@@ -474,12 +514,14 @@ impl RunConfig {
             fix(p);
         }
         if let Some(p) = self.model.path.as_mut() {
-            fix(p);
+            *p = resolve_model_path(p, base, cache.as_deref());
         }
-        if !matches!(self.model.tokenizer.as_str(), "bytes" | "gpt2" | "gguf") {
-            let p = base.join(&self.model.tokenizer);
-            if Path::new(&self.model.tokenizer).is_relative() {
-                self.model.tokenizer = p.to_string_lossy().into_owned();
+        if !matches!(self.model.tokenizer.as_str(), "bytes" | "gpt2" | "gguf" | "model") {
+            let t = Path::new(&self.model.tokenizer);
+            if let Some(c) = resolve_cache_path(t, cache.as_deref()) {
+                self.model.tokenizer = c.to_string_lossy().into_owned();
+            } else if t.is_relative() {
+                self.model.tokenizer = base.join(t).to_string_lossy().into_owned();
             }
         }
     }
@@ -588,7 +630,7 @@ impl RunConfig {
             return bad(
                 "method.name",
                 format!(
-                    "{} needs an MoE model (switch, olmoe, mixtral or qwen2-moe), not {:?}",
+                    "{} needs an MoE model (switch, olmoe, mixtral, qwen2-moe or moe-bert), not {:?}",
                     m.name.name(),
                     self.model.kind
                 ),
@@ -610,6 +652,18 @@ impl RunConfig {
             return bad(
                 "data.format",
                 "data-to-text needs a language model (model.kind = \"gpt2\" or \"llama\")".into(),
+            );
+        }
+        if !matches!(self.model.pooling.as_str(), "mean" | "pooler") {
+            return bad(
+                "model.pooling",
+                format!("{:?} is not mean or pooler", self.model.pooling),
+            );
+        }
+        if self.model.tokenizer == "model" && self.model.path.is_none() {
+            return bad(
+                "model.tokenizer",
+                "\"model\" reads <model.path>/tokenizer.json: set model.path".into(),
             );
         }
         if self.eval.beams == 0 {
@@ -682,6 +736,33 @@ mod tests {
 #[cfg(test)]
 mod path_tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn model_names_resolve_to_the_cache_only_when_nothing_local_matches() {
+        let root = std::env::temp_dir().join(format!("raptor-model-path-{}", std::process::id()));
+        let (base, cache) = (root.join("cfg"), root.join("cache"));
+        std::fs::create_dir_all(cache.join("models/mini")).unwrap();
+        std::fs::create_dir_all(base.join("local")).unwrap();
+        let r = |p: &str| resolve_model_path(Path::new(p), &base, Some(&cache));
+        assert_eq!(r("mini"), cache.join("models/mini"));
+        assert_eq!(r("cache:models/mini"), cache.join("models/mini"));
+        assert_eq!(r("local"), base.join("local"));
+        assert_eq!(r("absent"), base.join("absent"));
+        assert_eq!(r("sub/mini"), base.join("sub/mini"));
+        assert_eq!(r("/abs/mini"), PathBuf::from("/abs/mini"));
+        std::fs::create_dir_all(base.join("mini")).unwrap();
+        assert_eq!(
+            r("mini"),
+            base.join("mini"),
+            "a folder next to the config wins"
+        );
+        assert_eq!(
+            resolve_model_path(Path::new("mini"), &root, None),
+            root.join("mini")
+        );
+        std::fs::remove_dir_all(&root).ok();
+    }
 
     #[test]
     fn cache_paths_resolve_against_the_cache_and_nothing_else_does() {

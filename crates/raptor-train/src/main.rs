@@ -82,10 +82,12 @@ enum Command {
         out: PathBuf,
     },
     /// Sparse upcycling: turn a dense Llama-style Hugging Face folder into a Mixtral-style MoE
-    /// folder (every layer's MLP copied into E experts, a new random router, seeded and frozen
-    /// in training). Tokenizer files beside the checkpoint are copied.
+    /// folder, or a BERT folder into a MoE-BERT folder (raptor's layout, `model.kind =
+    /// "moe-bert"`): every layer's MLP copied into E experts, a new random router, seeded and
+    /// frozen in training. Tokenizer files beside the checkpoint are copied.
     Upcycle {
-        /// The dense Llama folder (`config.json` + safetensors).
+        /// The dense Llama or BERT folder (`config.json` + safetensors), or the name of a model
+        /// of the cache (e.g. `all-minilm-l6-v2`).
         #[arg(long)]
         model: PathBuf,
         /// The folder to write (Mixtral layout).
@@ -174,7 +176,16 @@ fn main() {
             seed,
             router_std,
             json,
-        } => upcycle(&model, &out, experts, top_k, seed, router_std, json),
+        } => {
+            // A bare name is a model of the cache (`cargo xtask setup --models`), as in configs.
+            let cache = raptor_data::cache::default_cache_dir();
+            let model = raptor_train::config::resolve_model_path(
+                &model,
+                std::path::Path::new("."),
+                cache.as_deref(),
+            );
+            upcycle(&model, &out, experts, top_k, seed, router_std, json)
+        }
         Command::Train(args) => cli::train::run_train(args),
         Command::Eval(args) => cli::train::run_eval(args),
         Command::Audit(args) => cli::audit::run_audit(args),
@@ -242,23 +253,56 @@ fn upcycle(
     router_std: f64,
     json: bool,
 ) -> anyhow::Result<()> {
-    use raptor_models::checkpoint::{LoadOptions, load_decoder, save_pretrained};
-    let dense = load_decoder(
-        model,
-        raptor_models::DecoderHead::LanguageModel,
-        tch::Device::Cpu,
-        &LoadOptions::strict(),
-    )?;
+    use raptor_models::checkpoint::{
+        LoadOptions, load_bert, load_decoder, save_pretrained, save_pretrained_without,
+    };
+    use raptor_models::hf_config::HfConfig;
     let mut opts = raptor_models::upcycle::UpcycleOptions::new(experts, top_k);
     opts.seed = seed;
     opts.router_std = router_std;
-    let moe = raptor_models::upcycle::upcycle_llama(&dense.model, &opts)?;
-    save_pretrained(&moe, out)?;
+    let model_type = match HfConfig::from_file(model)? {
+        HfConfig::Bert(c) => {
+            // The pooler is kept (pooling by it reads it back); a head the source lacks (a
+            // `BertModel`) is not written.
+            let dense = load_bert(
+                model,
+                c.num_labels.unwrap_or(2),
+                raptor_models::BertPooling::Pooler,
+                tch::Device::Cpu,
+                &LoadOptions::strict(),
+            )?;
+            let skip: Vec<&str> = if dense
+                .report
+                .missing
+                .iter()
+                .any(|m| m.starts_with("classifier"))
+            {
+                vec!["classifier.*"]
+            } else {
+                vec![]
+            };
+            let moe = raptor_models::upcycle::upcycle_bert(&dense.model, &opts)?;
+            save_pretrained_without(&moe, out, &skip)?;
+            "moe-bert"
+        }
+        _ => {
+            let dense = load_decoder(
+                model,
+                raptor_models::DecoderHead::LanguageModel,
+                tch::Device::Cpu,
+                &LoadOptions::strict(),
+            )?;
+            let moe = raptor_models::upcycle::upcycle_llama(&dense.model, &opts)?;
+            save_pretrained(&moe, out)?;
+            "mixtral"
+        }
+    };
     for f in [
         "tokenizer.json",
         "tokenizer_config.json",
         "special_tokens_map.json",
         "generation_config.json",
+        "vocab.txt",
     ] {
         let src = model.join(f);
         if src.is_file() {
@@ -270,7 +314,7 @@ fn upcycle(
         return cli::print_json(&serde_json::json!({
             "model": model.display().to_string(),
             "out": out.display().to_string(),
-            "model_type": "mixtral",
+            "model_type": model_type,
             "experts": experts,
             "top_k": top_k,
             "seed": seed,
@@ -278,9 +322,14 @@ fn upcycle(
         }));
     }
     println!(
-        "upcycled {} into {} ({experts} experts, top-{top_k}, Mixtral layout)",
+        "upcycled {} into {} ({experts} experts, top-{top_k}, {} layout)",
         model.display(),
-        out.display()
+        out.display(),
+        if model_type == "moe-bert" {
+            "MoE-BERT"
+        } else {
+            "Mixtral"
+        }
     );
     Ok(())
 }

@@ -38,7 +38,7 @@ impl Family {
                 "self_attn.o_proj",
             ],
             ModelKind::Gpt2 => &["attn.c_attn", "attn.c_proj"],
-            ModelKind::Bert => &[
+            ModelKind::Bert | ModelKind::MoeBert => &[
                 "attention.self.query",
                 "attention.self.key",
                 "attention.self.value",
@@ -53,6 +53,7 @@ impl Family {
         match self.kind {
             ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.expert_{e}."),
             ModelKind::Mixtral => format!("model.layers.{l}.block_sparse_moe.experts.{e}."),
+            ModelKind::MoeBert => format!("bert.encoder.layer.{l}.moe.experts.{e}."),
             _ => format!("model.layers.{l}.mlp.experts.{e}."),
         }
     }
@@ -68,6 +69,10 @@ impl Family {
                 .iter()
                 .map(|p| format!("model.layers.{l}.block_sparse_moe.experts.*.{p}"))
                 .collect(),
+            ModelKind::MoeBert => ["intermediate.dense", "output.dense"]
+                .iter()
+                .map(|p| format!("bert.encoder.layer.{l}.moe.experts.*.{p}"))
+                .collect(),
             _ => ["gate_proj", "up_proj", "down_proj"]
                 .iter()
                 .map(|p| format!("model.layers.{l}.mlp.experts.*.{p}"))
@@ -80,6 +85,7 @@ impl Family {
         match self.kind {
             ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.*"),
             ModelKind::Mixtral => format!("model.layers.{l}.block_sparse_moe.experts.*"),
+            ModelKind::MoeBert => format!("bert.encoder.layer.{l}.moe.experts.*"),
             _ => format!("model.layers.{l}.mlp.experts.*"),
         }
     }
@@ -87,7 +93,7 @@ impl Family {
     /// Parameter patterns of the task head (trained with the shared stream).
     pub fn head_patterns(&self) -> Vec<&'static str> {
         match self.kind {
-            ModelKind::Switch | ModelKind::Bert => vec!["classifier"],
+            ModelKind::Switch | ModelKind::Bert | ModelKind::MoeBert => vec!["classifier"],
             _ => vec!["score"],
         }
     }
@@ -115,15 +121,20 @@ impl Family {
 
 /// The sparse layer of a routed-expert parameter name (Switch `encoder.block.{l}.layer.1.mlp.
 /// experts.…`, OLMoE / Qwen2-MoE `model.layers.{l}.mlp.experts.…`, Mixtral
-/// `model.layers.{l}.block_sparse_moe.experts.…`), if it is one. A Qwen2-MoE shared expert
+/// `model.layers.{l}.block_sparse_moe.experts.…`, MoE-BERT
+/// `bert.encoder.layer.{l}.moe.experts.…`), if it is one. A Qwen2-MoE shared expert
 /// (`mlp.shared_expert.…`, `mlp.shared_expert_gate`) is not: it belongs to the shared stream.
 pub fn routed_expert_layer(name: &str) -> Option<usize> {
-    if !name.contains(".mlp.experts.") && !name.contains(".block_sparse_moe.experts.") {
+    if !name.contains(".mlp.experts.")
+        && !name.contains(".block_sparse_moe.experts.")
+        && !name.contains(".moe.experts.")
+    {
         return None;
     }
     let rest = name
         .strip_prefix("encoder.block.")
-        .or_else(|| name.strip_prefix("model.layers."))?;
+        .or_else(|| name.strip_prefix("model.layers."))
+        .or_else(|| name.strip_prefix("bert.encoder.layer."))?;
     rest.split('.').next()?.parse().ok()
 }
 

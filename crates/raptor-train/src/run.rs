@@ -1019,7 +1019,7 @@ struct RunModel {
 fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
     let classify = crate::session::is_classifier(&cfg);
     let device = crate::device::open_device(&cfg.train.device)?;
-    let tok = crate::session::open_model_tokenizer(&cfg)?;
+    let tok = crate::session::open_run_tokenizer(&cfg)?;
     let labels = if classify {
         let lp = run.join("labels.json");
         let names: Vec<String> = serde_json::from_slice(&std::fs::read(&lp).map_err(io(&lp))?)?;

@@ -10,8 +10,9 @@ use raptor_models::checkpoint::{
 };
 use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
 use raptor_models::{
-    Batch, Bert, BertConfig, BertPooling, Decoder, DecoderConfig, DecoderFamily, DecoderHead, Gpt2,
-    Gpt2Config, Model, OlmoeConfig, OlmoeDecoder, SwitchConfig, SwitchEncoder, Task,
+    Batch, Bert, BertConfig, BertMoeConfig, BertPooling, Decoder, DecoderConfig, DecoderFamily,
+    DecoderHead, Gpt2, Gpt2Config, Model, OlmoeConfig, OlmoeDecoder, SwitchConfig, SwitchEncoder,
+    Task,
 };
 use tch::Device;
 
@@ -77,7 +78,8 @@ fn data_err(e: raptor_data::DataError) -> TrainError {
     TrainError::Data(e.to_string())
 }
 
-/// Opens the configured tokenizer (never trained on private records).
+/// Opens the configured tokenizer (never trained on private records); a `tokenizer.json` is read
+/// with its padding and truncation off (raptor pads batches and truncates records itself).
 pub fn open_tokenizer(spec: &str) -> Result<Box<dyn TextTokenizer>> {
     Ok(match spec {
         "bytes" => Box::new(ByteTokenizer),
@@ -88,7 +90,7 @@ pub fn open_tokenizer(spec: &str) -> Result<Box<dyn TextTokenizer>> {
                     "model.tokenizer: {path} does not exist (use bytes, gpt2 or a tokenizer.json path)"
                 )));
             }
-            Box::new(CorpusTokenizer::from_file(path)?)
+            Box::new(CorpusTokenizer::from_file_unpadded(path)?)
         }
     })
 }
@@ -187,6 +189,50 @@ fn gguf_eos(cfg: &RunConfig) -> u32 {
     id
 }
 
+/// Opens the run's tokenizer: [`open_tokenizer`] of `model.tokenizer`, where `gguf` is the GGUF
+/// model file's ([`open_model_tokenizer`]) and `model` is
+/// `<model.path>/tokenizer.json`; a `tokenizer.json` of a `bert` model also wraps each record
+/// in its template's special tokens (`[CLS] … [SEP]`, see
+/// [`TextTokenizer::special_ids`]).
+pub fn open_run_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
+    if cfg.model.tokenizer == "gguf" {
+        return open_model_tokenizer(cfg);
+    }
+    let spec = match (cfg.model.tokenizer.as_str(), &cfg.model.path) {
+        ("model", Some(p)) => p.join("tokenizer.json").to_string_lossy().into_owned(),
+        ("model", None) => {
+            return Err(TrainError::Config(
+                "model.tokenizer = \"model\" needs model.path".into(),
+            ));
+        }
+        (s, _) => s.to_string(),
+    };
+    if matches!(cfg.model.kind, ModelKind::Bert | ModelKind::MoeBert)
+        && !matches!(spec.as_str(), "bytes" | "gpt2")
+    {
+        if !Path::new(&spec).exists() {
+            return Err(TrainError::Config(format!(
+                "model.tokenizer: {spec} does not exist{}",
+                setup_hint(Path::new(&spec))
+            )));
+        }
+        return Ok(Box::new(
+            CorpusTokenizer::from_file_unpadded(&spec)?.with_special_tokens()?,
+        ));
+    }
+    open_tokenizer(&spec)
+}
+
+/// " (… run `cargo xtask setup --models` …)" when `path` lies in the cache's model folder.
+fn setup_hint(path: &Path) -> &'static str {
+    match raptor_data::cache::default_cache_dir() {
+        Some(c) if path.starts_with(c.join("models")) => {
+            " (a model of the cache: run `cargo xtask setup --models` first)"
+        }
+        _ => "",
+    }
+}
+
 /// Whether the model classifies (else: language modelling over the text column).
 pub fn is_classifier(cfg: &RunConfig) -> bool {
     !cfg.model.kind.is_language_model()
@@ -216,11 +262,21 @@ pub fn to_examples(
 ) -> Result<Vec<Example>> {
     let mut out = Vec::with_capacity(records.len());
     let lm = !is_classifier(cfg);
+    let (pre, post) = tok.special_ids();
+    let (pre, post): (Vec<i64>, Vec<i64>) = (
+        pre.into_iter().map(i64::from).collect(),
+        post.into_iter().map(i64::from).collect(),
+    );
     for r in records {
         let mut ids: Vec<i64> = tok.encode(&r.text)?.into_iter().map(i64::from).collect();
         if lm {
             ids.truncate(cfg.data.max_length.saturating_sub(1));
             ids.push(eos_id(cfg) as i64);
+        } else if !pre.is_empty() || !post.is_empty() {
+            ids.truncate(cfg.data.max_length.saturating_sub(pre.len() + post.len()));
+            if !ids.is_empty() {
+                ids = pre.iter().chain(&ids).chain(&post).copied().collect();
+            }
         } else {
             ids.truncate(cfg.data.max_length);
         }
@@ -332,6 +388,13 @@ pub fn eos_id(cfg: &RunConfig) -> u32 {
     }
 }
 
+fn bert_pooling(cfg: &RunConfig) -> BertPooling {
+    match cfg.model.pooling.as_str() {
+        "pooler" => BertPooling::Pooler,
+        _ => BertPooling::Mean,
+    }
+}
+
 /// Builds the model (from a Hugging Face folder or from scratch); seeded by `train.seed`.
 pub fn build_model(
     cfg: &RunConfig,
@@ -380,8 +443,28 @@ pub fn build_model(
             }
             Box::new(model)
         }
-        (ModelKind::Bert, Some(p)) => {
-            Box::new(load_bert(p, num_labels, BertPooling::Mean, device, &opts)?.model)
+        (ModelKind::Bert | ModelKind::MoeBert, Some(p)) => {
+            if !p.exists() {
+                return Err(TrainError::Config(format!(
+                    "model.path {} does not exist{}",
+                    p.display(),
+                    setup_hint(p)
+                )));
+            }
+            let model = load_bert(p, num_labels, bert_pooling(cfg), device, &opts)?.model;
+            if model.config().moe.is_some() != (m.kind == ModelKind::MoeBert) {
+                return Err(TrainError::Config(format!(
+                    "model.path {} holds a {} checkpoint, not model.kind {:?}",
+                    p.display(),
+                    if model.config().moe.is_some() {
+                        "MoE-BERT (raptor_moe)"
+                    } else {
+                        "dense BERT"
+                    },
+                    m.kind
+                )));
+            }
+            Box::new(model)
         }
         (ModelKind::Switch, None) => {
             let mut c = SwitchConfig::tiny();
@@ -440,7 +523,7 @@ pub fn build_model(
             }
             Box::new(Decoder::new(c, device)?)
         }
-        (ModelKind::Bert, None) => {
+        (ModelKind::Bert | ModelKind::MoeBert, None) => {
             let mut c = BertConfig::tiny(num_labels);
             c.vocab_size = vocab;
             c.hidden_size = m.d_model;
@@ -448,7 +531,14 @@ pub fn build_model(
             c.num_hidden_layers = m.layers;
             c.num_attention_heads = m.heads;
             c.max_position_embeddings = (cfg.data.max_length as i64).max(8);
-            c.pooling = BertPooling::Mean;
+            c.pooling = bert_pooling(cfg);
+            if m.kind == ModelKind::MoeBert {
+                c.moe = Some(BertMoeConfig {
+                    num_experts: m.experts,
+                    num_experts_per_tok: 2.min(m.experts),
+                    sparse_layers: (0..m.layers.max(0) as usize).collect(),
+                });
+            }
             Box::new(Bert::new(c, device)?)
         }
         (ModelKind::Gpt2, None) => {
@@ -552,7 +642,7 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
         )));
     }
     let classify = is_classifier(cfg);
-    let tokenizer = open_model_tokenizer(cfg)?;
+    let tokenizer = open_run_tokenizer(cfg)?;
     let vocab = tokenizer.vocab_size() as i64;
     let pad_id = i64::from(tokenizer.pad_id());
     if cfg.data.format != "table" {

@@ -4,7 +4,7 @@
 //! spends at most its ε and every loss is finite. The pretrained model already knows English,
 //! so its held-out NLL starts far below a random model's (ln 49152 ≈ 10.8).
 //!
-//! Needs the model in the cache (`cargo xtask setup --gguf-models`) and the E2E files
+//! Needs the model in the cache (`cargo xtask setup --models`) and the E2E files
 //! (`../shared/data/e2e` beside the checkout, or `$RAPTOR_E2E_DIR`); prints one line saying it
 //! was skipped otherwise.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -26,7 +26,7 @@ fn smollm2_trains_privately_on_e2e() {
     let model = raptor_train::session::gguf_model_file(Path::new("smollm2-135m-instruct"));
     let (Some(file), Some(_)) = (e2e_file(), model.as_ref()) else {
         eprintln!(
-            "skipped smollm2_trains_privately_on_e2e: needs SmolLM2-135M-Instruct in <cache>/models (cargo xtask setup --gguf-models) and the E2E data (../shared/data/e2e or RAPTOR_E2E_DIR)"
+            "skipped smollm2_trains_privately_on_e2e: needs SmolLM2-135M-Instruct in <cache>/models (cargo xtask setup --models) and the E2E data (../shared/data/e2e or RAPTOR_E2E_DIR)"
         );
         return;
     };
