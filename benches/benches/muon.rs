@@ -123,9 +123,7 @@ fn ns5_batch(c: &mut Criterion) {
             })
         });
         g.bench_function(BenchmarkId::new("libtorch-f32-batched", &id), |b| {
-            b.iter(|| {
-                black_box(newton_schulz_tch_batch(&trefs, &cfg, TchPrecision::F32).unwrap())
-            })
+            b.iter(|| black_box(newton_schulz_tch_batch(&trefs, &cfg, TchPrecision::F32).unwrap()))
         });
     }
     g.finish();

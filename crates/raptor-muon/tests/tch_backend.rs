@@ -119,7 +119,8 @@ fn batch_equals_one_by_one() {
                     .iter()
                     .map(|&scale| {
                         let m = gaussian(&mut r, rows, cols, scale);
-                        let v: Vec<f32> = (0..rows * cols).map(|k| m[(k / cols, k % cols)]).collect();
+                        let v: Vec<f32> =
+                            (0..rows * cols).map(|k| m[(k / cols, k % cols)]).collect();
                         let t = tensor_from_slice(&v, rows, cols, dev).unwrap();
                         (v, t)
                     })
@@ -129,17 +130,32 @@ fn batch_equals_one_by_one() {
                 assert_eq!(batch.len(), 3);
                 for ((v, t), b) in mats.iter().zip(&batch) {
                     assert_eq!(b.size(), vec![rows as i64, cols as i64]);
-                    let one = tensor_to_vec(&newton_schulz_tch(t, &cfg, TchPrecision::F32).unwrap())
-                        .unwrap();
+                    let one =
+                        tensor_to_vec(&newton_schulz_tch(t, &cfg, TchPrecision::F32).unwrap())
+                            .unwrap();
                     let got = tensor_to_vec(b).unwrap();
                     let want = newton_schulz_slice(v, rows, cols, &cfg).unwrap();
                     let norm = want.iter().map(|x| x * x).sum::<f32>().sqrt().max(1.0);
-                    let d_one = got.iter().zip(&one).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                    let d_ref = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    let d_one = got
+                        .iter()
+                        .zip(&one)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    let d_ref = got
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
                     let tol = if dev == Device::Cpu { 1e-5 } else { 1e-2 };
-                    assert!(d_one <= tol * norm, "{rows}x{cols} {cfg:?} {dev:?}: batch vs one {d_one}");
-                    assert!(d_ref <= 2e-4 * norm.max(1.0) * if dev == Device::Cpu { 1.0 } else { 100.0 },
-                        "{rows}x{cols} {cfg:?} {dev:?}: batch vs faer {d_ref}");
+                    assert!(
+                        d_one <= tol * norm,
+                        "{rows}x{cols} {cfg:?} {dev:?}: batch vs one {d_one}"
+                    );
+                    assert!(
+                        d_ref
+                            <= 2e-4 * norm.max(1.0) * if dev == Device::Cpu { 1.0 } else { 100.0 },
+                        "{rows}x{cols} {cfg:?} {dev:?}: batch vs faer {d_ref}"
+                    );
                 }
             }
         }
@@ -150,7 +166,11 @@ fn batch_equals_one_by_one() {
 fn batch_rejects_mixed_and_bad_inputs() {
     use raptor_muon::tch_backend::newton_schulz_tch_batch;
     let cfg = NsConfig::keller();
-    assert!(newton_schulz_tch_batch(&[], &cfg, TchPrecision::F32).unwrap().is_empty());
+    assert!(
+        newton_schulz_tch_batch(&[], &cfg, TchPrecision::F32)
+            .unwrap()
+            .is_empty()
+    );
     let a = Tensor::randn([4, 6], (Kind::Float, Device::Cpu));
     let b = Tensor::randn([6, 4], (Kind::Float, Device::Cpu));
     assert!(matches!(

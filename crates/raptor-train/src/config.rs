@@ -516,7 +516,10 @@ impl RunConfig {
         if let Some(p) = self.model.path.as_mut() {
             *p = resolve_model_path(p, base, cache.as_deref());
         }
-        if !matches!(self.model.tokenizer.as_str(), "bytes" | "gpt2" | "gguf" | "model") {
+        if !matches!(
+            self.model.tokenizer.as_str(),
+            "bytes" | "gpt2" | "gguf" | "model"
+        ) {
             let t = Path::new(&self.model.tokenizer);
             if let Some(c) = resolve_cache_path(t, cache.as_deref()) {
                 self.model.tokenizer = c.to_string_lossy().into_owned();

@@ -119,7 +119,10 @@ impl Optimizers {
         noise: ReleaseNoise,
     ) -> Result<()> {
         if let Some(p) = self.step_one(name, param, grad, lr_scale, noise)? {
-            apply_muon(&p, &newton_schulz_tch(&p.u, &self.settings.ns, TchPrecision::F32)?)?;
+            apply_muon(
+                &p,
+                &newton_schulz_tch(&p.u, &self.settings.ns, TchPrecision::F32)?,
+            )?;
         }
         Ok(())
     }

@@ -712,7 +712,9 @@ impl<'a> Trainer<'a> {
             let v = self
                 .vars
                 .get(&p)
-                .ok_or_else(|| TrainError::Run(format!("released gradient for unknown parameter {p}")))?
+                .ok_or_else(|| {
+                    TrainError::Run(format!("released gradient for unknown parameter {p}"))
+                })?
                 .shallow_clone();
             steps.push((p, v, g, noise));
         }
