@@ -1155,3 +1155,36 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
         generation: None,
     })
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// A checked JSON file holding arbitrary f64 values (as a ledger's ε and σ are) reads back
+    /// with its checksum intact and every value bit for bit. Fails without serde_json's
+    /// `float_roundtrip`: its fast parser can return a float 1 ulp off, which re-serializes to
+    /// other bytes and made a good ledger look corrupt on resume.
+    #[test]
+    fn checked_json_round_trips_every_float() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("values.json");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for _ in 0..20 {
+            let values: Vec<f64> = (0..500)
+                .map(|_| {
+                    let m: f64 = rng.random::<f64>();
+                    let e: i32 = rng.random_range(-30..30);
+                    m * 10f64.powi(e)
+                })
+                .collect();
+            write_checked_json(&path, &values).unwrap();
+            let back: Vec<f64> = read_checked_json(&path).unwrap();
+            assert_eq!(
+                values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                back.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+}
