@@ -2,8 +2,8 @@
 //! The ledger and RAPTOR's budget plans.
 
 use raptor_accountant::{
-    Accuracy, Composition, Ledger, PlanRequest, PrvAccountant, Stream, SubsampledGaussian,
-    plan_budget,
+    AccountantError, Accuracy, Composition, Ledger, MAX_TOTAL_STEPS, PlanRequest, PrvAccountant,
+    Stream, SubsampledGaussian, plan_budget,
 };
 
 #[test]
@@ -116,4 +116,101 @@ fn ledger_and_parallel_group_reject_empty_groups_on_load() {
     assert!(serde_json::from_str::<Ledger>(&short).is_err());
     let group = r#"{"members":[]}"#;
     assert!(serde_json::from_str::<raptor_accountant::ParallelGroup>(group).is_err());
+}
+
+/// The ledger's total-step cap is [`MAX_TOTAL_STEPS`] exactly: reaching it is allowed, one step
+/// beyond it is an error (for a sequential and for a parallel step), and a refused step leaves
+/// the ledger as it was. Two mechanisms are used so that the per-entry count check (which
+/// only sees one mechanism's count) cannot stand in for the total check.
+#[test]
+fn total_step_cap_is_exact_and_a_refused_step_changes_nothing() {
+    let a = SubsampledGaussian::new(0.01, 1.0).unwrap();
+    let b = SubsampledGaussian::new(0.02, 1.0).unwrap();
+    let mut l = Ledger::new();
+    assert!(l.is_empty());
+    assert_eq!(l.len(), 0);
+    l.step_many(a, MAX_TOTAL_STEPS - 1).unwrap();
+    assert!(!l.is_empty());
+    assert_eq!(l.len(), MAX_TOTAL_STEPS - 1);
+    // The last allowed step, of another mechanism: exactly at the cap.
+    l.step(b).unwrap();
+    assert_eq!(l.len(), MAX_TOTAL_STEPS);
+    let full = l.clone();
+    let over = u128::from(MAX_TOTAL_STEPS) + 1;
+    assert_eq!(
+        l.step(b).unwrap_err(),
+        AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
+    );
+    assert_eq!(
+        l.step_many(SubsampledGaussian::new(0.03, 1.0).unwrap(), 1)
+            .unwrap_err(),
+        AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
+    );
+    assert_eq!(
+        l.step_parallel("g", &[a, b]).unwrap_err(),
+        AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
+    );
+    assert_eq!(l, full);
+    assert_eq!(l.len(), MAX_TOTAL_STEPS);
+    assert_eq!(l.releases(), MAX_TOTAL_STEPS);
+
+    // A parallel step may also take the ledger exactly to the cap, not beyond.
+    let mut p = Ledger::new();
+    p.step_many(a, MAX_TOTAL_STEPS - 1).unwrap();
+    p.step_parallel("g", &[a, b]).unwrap();
+    assert_eq!(p.len(), MAX_TOTAL_STEPS);
+    assert_eq!(p.releases(), MAX_TOTAL_STEPS - 1 + 2);
+    assert_eq!(
+        p.step_parallel("g", &[a, b]).unwrap_err(),
+        AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
+    );
+    // Small counts add (not multiply): 3 + 4 steps on an empty ledger are 7.
+    let mut s = Ledger::new();
+    s.step_many(a, 3).unwrap();
+    s.step_many(b, 4).unwrap();
+    assert_eq!(s.len(), 7);
+    assert_eq!(s.releases(), 7);
+}
+
+/// A ledger loaded from a file is held to the same cap: the parallel groups' steps count
+/// toward it, and a file beyond it is refused.
+#[test]
+fn total_step_cap_applies_to_a_loaded_ledger() {
+    let m = r#"{"mechanism":{"sampling_rate":0.1,"noise_multiplier":1.0},"count":COUNT}"#;
+    let entry = |c: u64| m.replace("COUNT", &c.to_string());
+    let file = |seq: u64, par: u64| {
+        format!(
+            r#"{{"history":[{}],"parallel":[{{"group":"g","members":[[{}]],"steps":{par}}}]}}"#,
+            entry(seq),
+            entry(par)
+        )
+    };
+    let at_cap: Ledger = serde_json::from_str(&file(MAX_TOTAL_STEPS - 5, 5)).unwrap();
+    assert_eq!(at_cap.len(), MAX_TOTAL_STEPS);
+    assert!(serde_json::from_str::<Ledger>(&file(MAX_TOTAL_STEPS - 5, 6)).is_err());
+}
+
+/// `would_exceed` answers "strictly above the budget": a step whose certified ε equals the
+/// budget is allowed (as calibration allows ε = target), the next float below is not.
+#[test]
+fn would_exceed_allows_spending_exactly_the_budget() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
+    let s = SubsampledGaussian::new(0.02, 1.1).unwrap();
+    let mut l = Ledger::new();
+    for _ in 0..20 {
+        l.step(s).unwrap();
+    }
+    let mut next = l.clone();
+    next.step(s).unwrap();
+    let after = next.epsilon(1e-5, &acc).unwrap().upper;
+    assert!(!l.would_exceed(s, after, 1e-5, &acc).unwrap());
+    assert!(l.would_exceed(s, after.next_down(), 1e-5, &acc).unwrap());
+    // An empty ledger's first step is judged the same way.
+    let empty = Ledger::new();
+    let one = acc
+        .epsilon(&Composition::single(s, 1).unwrap(), 1e-5)
+        .unwrap()
+        .upper;
+    assert!(!empty.would_exceed(s, one, 1e-5, &acc).unwrap());
+    assert!(empty.would_exceed(s, one.next_down(), 1e-5, &acc).unwrap());
 }
