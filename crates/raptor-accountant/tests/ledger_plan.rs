@@ -214,3 +214,134 @@ fn would_exceed_allows_spending_exactly_the_budget() {
     assert!(!empty.would_exceed(s, one, 1e-5, &acc).unwrap());
     assert!(empty.would_exceed(s, one.next_down(), 1e-5, &acc).unwrap());
 }
+
+/// Relative difference below 1e-12 (the same formula evaluated in another order).
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
+/// Every figure of a budget plan, re-derived from its definition. The streams differ in q and
+/// T and L = 3, so that no factor of a formula can be dropped or swapped without changing a
+/// number (with equal streams most of them cancel).
+#[test]
+fn budget_plan_figures_are_what_they_claim() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
+    let (eps, delta, rho, l) = (3.0, 1e-5, 0.7, 3u64);
+    let (qs, ts, qe, te) = (0.02, 300u64, 0.05, 120u64);
+    let req = PlanRequest {
+        epsilon: eps,
+        delta,
+        rho,
+        shared: Stream { q: qs, steps: ts },
+        expert: Stream { q: qe, steps: te },
+        layers: l,
+    };
+    let p = plan_budget(&req, &acc).unwrap();
+    assert_eq!(p.request, req);
+    let mech = |q: f64, s: f64| SubsampledGaussian::new(q, s).unwrap();
+    let alone = |q: f64, s: f64, t: u64, d: f64| {
+        acc.epsilon(&Composition::single(mech(q, s), t).unwrap(), d)
+            .unwrap()
+            .upper
+    };
+    let whole = |ss: f64, se: f64| {
+        let c = Composition::single(mech(qs, ss), ts)
+            .unwrap()
+            .with(mech(qe, se), te * l)
+            .unwrap();
+        acc.epsilon(&c, delta).unwrap()
+    };
+
+    // Additive: ε_s = ρε, δ_s = ρδ; ε_e = (1 − ρ)ε/L, δ_e = (1 − ρ)δ/L; each σ meets its own
+    // target and 1 % less noise would not.
+    let a = &p.additive;
+    let targets = [
+        (&a.shared, rho * eps, rho * delta, ts),
+        (
+            &a.expert,
+            (1.0 - rho) * eps / 3.0,
+            (1.0 - rho) * delta / 3.0,
+            te,
+        ),
+    ];
+    for (s, e_t, d_t, t) in targets {
+        assert!(close(s.epsilon_target, e_t), "{s:?}");
+        assert!(close(s.delta_target, d_t), "{s:?}");
+        assert_eq!(s.steps, t);
+        assert_eq!(
+            s.epsilon_alone,
+            alone(s.q, s.sigma, t, s.delta_target),
+            "{s:?}"
+        );
+        assert!(s.epsilon_alone <= s.epsilon_target, "{s:?}");
+        assert!(
+            alone(s.q, s.sigma * 0.99, t, s.delta_target) > s.epsilon_target,
+            "{s:?}"
+        );
+    }
+    assert_eq!((a.shared.q, a.expert.q), (qs, qe));
+    assert!(close(
+        a.epsilon_claimed,
+        a.shared.epsilon_alone + 3.0 * a.expert.epsilon_alone
+    ));
+    assert_eq!(a.epsilon_composed, whole(a.shared.sigma, a.expert.sigma));
+
+    // Joint: σ_e²/σ_s² = ρ·L·T_e·q_e² / ((1 − ρ)·T_s·q_s²), the whole run certified at (ε, δ)
+    // and not wastefully (1 % less noise on both streams would miss ε).
+    let j = &p.joint;
+    let ratio = rho * 3.0 * 120.0 * qe * qe / ((1.0 - rho) * 300.0 * qs * qs);
+    assert!(
+        close(p.variance_ratio, ratio),
+        "{} vs {ratio}",
+        p.variance_ratio
+    );
+    assert!(
+        close(j.expert.sigma, j.shared.sigma * ratio.sqrt()),
+        "{j:?}"
+    );
+    assert_eq!(j.epsilon_composed, whole(j.shared.sigma, j.expert.sigma));
+    assert_eq!(j.epsilon_claimed, j.epsilon_composed.upper);
+    assert!(j.epsilon_claimed <= eps);
+    assert!(whole(j.shared.sigma * 0.99, j.expert.sigma * 0.99).upper > eps);
+    assert_eq!(
+        j.shared.epsilon_alone,
+        alone(qs, j.shared.sigma, ts, delta),
+        "{j:?}"
+    );
+    assert_eq!(
+        j.expert.epsilon_alone,
+        alone(qe, j.expert.sigma, te * l, delta),
+        "{j:?}"
+    );
+    assert!(j.shared.epsilon_target.is_nan() && j.expert.delta_target.is_nan());
+
+    // The run's composition: the shared stream's T_s steps, then T_e·L expert steps.
+    let c = raptor_accountant::calibrate::run_composition(&req, 1.3, 2.1).unwrap();
+    assert_eq!(acc.epsilon(&c, delta).unwrap(), whole(1.3, 2.1));
+}
+
+/// ρ must lie strictly between 0 and 1: both ends are errors, values inside are not.
+#[test]
+fn rho_must_be_strictly_inside_the_unit_interval() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.05)).unwrap();
+    let req = |rho: f64| PlanRequest {
+        epsilon: 2.0,
+        delta: 1e-5,
+        rho,
+        shared: Stream { q: 0.02, steps: 50 },
+        expert: Stream { q: 0.02, steps: 50 },
+        layers: 1,
+    };
+    for bad in [0.0, -0.1, 1.0, 1.5, f64::NAN, f64::INFINITY] {
+        assert!(
+            matches!(
+                plan_budget(&req(bad), &acc),
+                Err(AccountantError::InvalidRho(_))
+            ),
+            "rho {bad}"
+        );
+    }
+    for good in [1e-3, 0.5, 0.999] {
+        assert!(plan_budget(&req(good), &acc).is_ok(), "rho {good}");
+    }
+}
