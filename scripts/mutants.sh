@@ -21,6 +21,7 @@ export CARGO_PROFILE_DEV_DEBUG=line-tables-only OMP_NUM_THREADS=1
 target=${1:?usage: scripts/mutants.sh accountant|accountant-prv|clip|routing [cargo-mutants args]}
 shift
 out=${MUTANTS_OUT:-target/mutants}
+mkdir -p "$out"
 common=(-j "${MUTANTS_JOBS:-1}" --timeout "${MUTANTS_TIMEOUT:-120}" --copy-target=true)
 # The PRV unit test against direct convolution takes ~50 s and exercises prv.rs alone: it is
 # skipped for the other accountant modules.
