@@ -40,11 +40,14 @@ accountant-prv)
 clip)
     # kernel.rs: only the functions that turn norms into factors and apply them; the rest of
     # it (schedules, cache budgets, SIMD sweeps) is covered by the kernel's agreement tests
-    # but is not in this score.
+    # but is not in this score. Tests per mutant: the unit tests and the slice and privatizer
+    # integration tests (the schedule-planning tests and the doc tests are left out: they
+    # take most of the time and test the schedule choice, not the privacy figures).
     cargo mutants "${common[@]}" -o "$out/clip" -p raptor-clip \
         -f crates/raptor-clip/src/privatizer.rs -f crates/raptor-clip/src/slice.rs \
         -f crates/raptor-clip/src/kernel.rs \
-        --re 'privatizer\.rs|slice\.rs|clip_factor|factors_for_record|sums_skipping_non_finite' "$@"
+        --re 'privatizer\.rs|slice\.rs|clip_factor|factors_for_record|sums_skipping_non_finite' "$@" \
+        -- --lib --test slice --test privatizer
     ;;
 routing)
     cargo mutants "${common[@]}" -o "$out/routing" -p raptor-routing \
