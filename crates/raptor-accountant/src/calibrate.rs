@@ -430,7 +430,8 @@ mod tests {
     #[test]
     fn squeeze_finds_the_root_from_either_side() {
         for start in [0.3, 0.5, 1.99, 2.0, 2.01, 10.0, 300.0] {
-            let c = calibrate_scale(&|s| Ok(bounds(2.0 / s)), 1.0, 1e-5, start).unwrap();
+            let calls = std::cell::Cell::new(0);
+            let c = calibrate_scale(&counted(&calls, |s| 2.0 / s), 1.0, 1e-5, start).unwrap();
             assert!(c.epsilon.upper <= 1.0, "start {start}: {c:?}");
             assert!(
                 c.sigma >= 2.0 && c.sigma <= 2.0 * (1.0 + SIGMA_TOLERANCE),
@@ -440,7 +441,8 @@ mod tests {
             assert!(c.evaluations <= 30, "start {start}: {c:?}");
         }
         // A steep, non-linear ε(σ).
-        let c = calibrate_scale(&|s| Ok(bounds((3.0 / s).powi(3))), 1.0, 1e-5, 1.0).unwrap();
+        let calls = std::cell::Cell::new(0);
+        let c = calibrate_scale(&counted(&calls, |s| (3.0 / s).powi(3)), 1.0, 1e-5, 1.0).unwrap();
         assert!(
             c.sigma >= 3.0 && c.sigma <= 3.0 * (1.0 + SIGMA_TOLERANCE),
             "{c:?}"
@@ -628,10 +630,17 @@ mod tests {
     /// Never certified below σ_max: a typed error.
     #[test]
     fn unreachable_target_is_a_typed_error() {
-        let r = calibrate_scale(&|_| Ok(bounds(5.0)), 1.0, 1e-5, 1.0);
+        let calls = std::cell::Cell::new(0);
+        let r = calibrate_scale(&counted(&calls, |_| 5.0), 1.0, 1e-5, 1.0);
         assert!(
-            matches!(r, Err(AccountantError::CalibrationFailed { .. })),
+            matches!(
+                r,
+                Err(AccountantError::CalibrationFailed { sigma_max: SIGMA_MAX, epsilon_at_max, .. })
+                    if epsilon_at_max == 5.0
+            ),
             "{r:?}"
         );
+        // From 1 to σ_max = 1e5 in steps of 1.25: ⌈ln(1e5)/ln(1.25)⌉ = 52 steps after the first.
+        assert_eq!(calls.get(), 1 + 52);
     }
 }
