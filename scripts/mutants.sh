@@ -8,29 +8,45 @@
 # ("Privacy and reliability").
 #
 #   cargo install cargo-mutants          # the scores in the README were measured with 27.1.0
-#   scripts/mutants.sh accountant        # ledger, sampler, calibration
+#   scripts/mutants.sh accountant        # ledger and sampler, then calibration
+#   scripts/mutants.sh ledger            # ledger and sampler only
+#   scripts/mutants.sh calibrate         # calibration only
 #   scripts/mutants.sh accountant-prv    # the PRV accountant (about 1,100 mutants: hours)
 #   scripts/mutants.sh clip              # privatizer and public denominator, clipping factors
 #   scripts/mutants.sh routing           # owner maps
 #
 # Environment: MUTANTS_JOBS (default 1), MUTANTS_TIMEOUT (seconds per test run, default 120),
-# MUTANTS_OUT (default target/mutants). Extra arguments go to cargo mutants (e.g. `--list`).
+# MUTANTS_OUT (default target/mutants), MUTANTS_TARGET_DIR (a cargo target folder shared by
+# the scratch copies, so that the dependencies are built once rather than once per run; one
+# per concurrent run). Extra arguments go to cargo mutants (e.g. `--list`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_PROFILE_DEV_DEBUG=line-tables-only OMP_NUM_THREADS=1
+if [ -n "${MUTANTS_TARGET_DIR:-}" ]; then
+    export CARGO_TARGET_DIR="$MUTANTS_TARGET_DIR"
+fi
 target=${1:?usage: scripts/mutants.sh accountant|accountant-prv|clip|routing [cargo-mutants args]}
 shift
 out=${MUTANTS_OUT:-target/mutants}
 mkdir -p "$out"
-common=(-j "${MUTANTS_JOBS:-1}" --timeout "${MUTANTS_TIMEOUT:-120}" --copy-target=true)
+common=(-j "${MUTANTS_JOBS:-1}" --timeout "${MUTANTS_TIMEOUT:-120}")
 # The PRV unit test against direct convolution takes ~50 s and exercises prv.rs alone: it is
 # skipped for the other accountant modules.
 slow_prv=round_off_allowance_covers_the_fft_error_against_direct_convolution
 acc=crates/raptor-accountant/src
 case "$target" in
 accountant)
-    cargo mutants "${common[@]}" -o "$out/accountant" -p raptor-accountant \
-        -f "$acc/ledger.rs" -f "$acc/sampling.rs" -f "$acc/calibrate.rs" "$@" \
+    "$0" ledger "$@"
+    "$0" calibrate "$@"
+    ;;
+ledger)
+    cargo mutants "${common[@]}" -o "$out/ledger" -p raptor-accountant \
+        -f "$acc/ledger.rs" -f "$acc/sampling.rs" "$@" \
+        -- -- --skip "$slow_prv"
+    ;;
+calibrate)
+    cargo mutants "${common[@]}" -o "$out/calibrate" -p raptor-accountant \
+        -f "$acc/calibrate.rs" "$@" \
         -- -- --skip "$slow_prv"
     ;;
 accountant-prv)
