@@ -45,9 +45,12 @@ ledger)
         -- -- --skip "$slow_prv"
     ;;
 calibrate)
+    # The tests that reach calibration: the unit tests, the plan and ledger tests, the
+    # properties (calibration meets its target) and the error tests (the doc tests and the
+    # golden PRV files do not calibrate).
     cargo mutants "${common[@]}" -o "$out/calibrate" -p raptor-accountant \
         -f "$acc/calibrate.rs" "$@" \
-        -- -- --skip "$slow_prv"
+        -- --lib --test ledger_plan --test properties --test errors -- --skip "$slow_prv"
     ;;
 accountant-prv)
     cargo mutants "${common[@]}" -o "$out/accountant-prv" -p raptor-accountant \
