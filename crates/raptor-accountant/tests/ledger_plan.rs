@@ -81,6 +81,21 @@ fn parallel_groups_cost_the_worst_member_and_round_trip() {
     }
     assert_eq!(l.len(), 80);
     assert_eq!(l.releases(), 40 + 40 * 4);
+    // The group as recorded: its name, 40 steps, and per member one entry of 40 steps.
+    let groups = l.parallel_groups();
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0].group, "experts[layer 1]");
+    assert_eq!(groups[0].steps, 40);
+    let mechanisms: Vec<SubsampledGaussian> =
+        groups[0].members.iter().map(|m| m[0].mechanism).collect();
+    assert_eq!(mechanisms, [quiet, quiet, loud, quiet]);
+    assert!(
+        groups[0]
+            .members
+            .iter()
+            .all(|m| m.len() == 1 && m[0].count.get() == 40)
+    );
+    assert_eq!(l.history().len(), 1);
     // The group costs its worst member's history: shared ∘ 40 × loud.
     let worst = Composition::single(shared, 40)
         .unwrap()
