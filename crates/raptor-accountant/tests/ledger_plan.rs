@@ -360,3 +360,35 @@ fn rho_must_be_strictly_inside_the_unit_interval() {
         assert!(plan_budget(&req(good), &acc).is_ok(), "rho {good}");
     }
 }
+
+/// The expert stream's total T_e·L is checked: beyond the cap it is an error, and when the
+/// product overflows 64 bits the error reports the exact product.
+#[test]
+fn run_composition_rejects_too_many_expert_steps() {
+    let req = |steps: u64, layers: u64| PlanRequest {
+        epsilon: 1.0,
+        delta: 1e-5,
+        rho: 0.5,
+        shared: Stream { q: 0.01, steps: 10 },
+        expert: Stream { q: 0.01, steps },
+        layers,
+    };
+    let run = raptor_accountant::calibrate::run_composition;
+    assert_eq!(
+        run(&req(1 << 40, 1 << 30), 1.0, 1.0).unwrap_err(),
+        AccountantError::TooManySteps(1u128 << 70, MAX_TOTAL_STEPS)
+    );
+    assert_eq!(
+        run(&req(3 << 62, 5), 1.0, 1.0).unwrap_err(),
+        AccountantError::TooManySteps((3u128 << 62) * 5, MAX_TOTAL_STEPS)
+    );
+    assert!(matches!(
+        run(&req(MAX_TOTAL_STEPS, 2), 1.0, 1.0),
+        Err(AccountantError::TooManySteps(..))
+    ));
+    assert_eq!(
+        run(&req(10, 0), 1.0, 1.0).unwrap_err(),
+        AccountantError::InvalidLayers(0)
+    );
+    assert!(run(&req(MAX_TOTAL_STEPS / 2 - 10, 2), 1.0, 1.0).is_ok());
+}
