@@ -689,3 +689,20 @@ fn accessors_are_checked() {
     assert_eq!(out.group_sensitivity(0), Some(1.0));
     assert!(out.factor(1, 0).is_some());
 }
+
+/// A block whose data is not a whole number of records of its width (or whose width is 0) is
+/// a shape error, whatever the other blocks hold.
+#[test]
+fn blocks_of_a_broken_shape_are_errors() {
+    let ok = [1.0f32, 2.0];
+    let seven = [0.5f32; 7];
+    let flat = Grouping::Flat { bound: 1.0 };
+    for bad in [
+        Block::new("seven", &seven, 3),
+        Block::new("zero-width", &[], 0),
+        Block::new("zero-width-data", &ok, 0),
+    ] {
+        let r = clip_blocks(&[Block::new("ok", &ok, 1), bad], &flat, None);
+        assert!(matches!(r, Err(ClipError::ShapeMismatch { .. })), "{r:?}");
+    }
+}
