@@ -430,7 +430,8 @@ mod tests {
     #[test]
     fn squeeze_finds_the_root_from_either_side() {
         for start in [0.3, 0.5, 1.99, 2.0, 2.01, 10.0, 300.0] {
-            let c = calibrate_scale(&|s| Ok(bounds(2.0 / s)), 1.0, 1e-5, start).unwrap();
+            let calls = std::cell::Cell::new(0);
+            let c = calibrate_scale(&counted(&calls, |s| 2.0 / s), 1.0, 1e-5, start).unwrap();
             assert!(c.epsilon.upper <= 1.0, "start {start}: {c:?}");
             assert!(
                 c.sigma >= 2.0 && c.sigma <= 2.0 * (1.0 + SIGMA_TOLERANCE),
@@ -440,7 +441,8 @@ mod tests {
             assert!(c.evaluations <= 30, "start {start}: {c:?}");
         }
         // A steep, non-linear ε(σ).
-        let c = calibrate_scale(&|s| Ok(bounds((3.0 / s).powi(3))), 1.0, 1e-5, 1.0).unwrap();
+        let calls = std::cell::Cell::new(0);
+        let c = calibrate_scale(&counted(&calls, |s| (3.0 / s).powi(3)), 1.0, 1e-5, 1.0).unwrap();
         assert!(
             c.sigma >= 3.0 && c.sigma <= 3.0 * (1.0 + SIGMA_TOLERANCE),
             "{c:?}"
@@ -470,13 +472,175 @@ mod tests {
         );
     }
 
+    /// `eval` wrapped to count its calls and to fail after 300 of them, so that a search that
+    /// never ends is a failed test rather than a hang.
+    fn counted<'a>(
+        calls: &'a std::cell::Cell<u32>,
+        f: impl Fn(f64) -> f64 + 'a,
+    ) -> impl Fn(f64) -> Result<EpsilonBounds> + 'a {
+        move |s| {
+            calls.set(calls.get() + 1);
+            if calls.get() > 300 {
+                return Err(AccountantError::NumericalFailure(
+                    "test: too many evaluations",
+                ));
+            }
+            Ok(bounds(f(s)))
+        }
+    }
+
+    /// Evaluations the 1.25-step bracket search needs from `start` for a decreasing ε(σ) with
+    /// root `root` (the first evaluation included): the obvious count, one σ at a time.
+    fn bracket_evaluations(start: f64, root: f64) -> u32 {
+        let mut s = start;
+        let mut n = 1;
+        if s >= root {
+            while s / 1.25 >= root {
+                s /= 1.25;
+                n += 1;
+            }
+            n + 1 // the infeasible probe below the root
+        } else {
+            while s < root {
+                s *= 1.25;
+                n += 1;
+            }
+            n
+        }
+    }
+
+    /// The checks every calibration result must pass against a decreasing ε(σ) with root
+    /// `root`: certified, within the tolerance of the root, the reported bracket true (its
+    /// lower end, σ / (1 + bracket), is not certified) and the evaluations counted.
+    fn check(c: &Calibration, f: &dyn Fn(f64) -> f64, target: f64, root: f64, calls: u32) {
+        assert!(c.epsilon.upper <= target, "{c:?}");
+        assert_eq!(c.epsilon.upper, f(c.sigma), "{c:?}");
+        assert!(
+            c.sigma >= root && c.sigma <= root * (1.0 + SIGMA_TOLERANCE),
+            "root {root}: {c:?}"
+        );
+        assert!(
+            c.relative_bracket > 0.0 && c.relative_bracket <= SIGMA_TOLERANCE,
+            "{c:?}"
+        );
+        assert!(f(c.sigma / (1.0 + c.relative_bracket)) > target, "{c:?}");
+        assert_eq!(c.evaluations, calls, "{c:?}");
+    }
+
+    /// For a power law ε(σ) = (a/σ)^p (a straight line in log ε against log σ) false position
+    /// lands on the root, and the two probes placed 0.45 tolerance on either side of it close the
+    /// bracket: exactly two evaluations after the bracket search, from below and from above,
+    /// for targets other than 1 (where ln(upper/target) and ln(upper·target) would agree).
+    #[test]
+    fn false_position_closes_a_power_law_in_two_probes() {
+        for (a, p, target) in [(2.0f64, 1.0f64, 1.0f64), (3.0, 2.0, 0.25), (0.7, 0.5, 3.0)] {
+            let f = move |s: f64| (a / s).powf(p);
+            let root = a / target.powf(1.0 / p);
+            for start in [
+                root * 0.11,
+                root * 0.5,
+                root * 0.97,
+                root * 1.4,
+                root * 30.0,
+            ] {
+                let calls = std::cell::Cell::new(0);
+                let c = calibrate_scale(&counted(&calls, f), target, 1e-5, start).unwrap();
+                check(&c, &f, target, root, calls.get());
+                assert_eq!(
+                    c.evaluations,
+                    bracket_evaluations(start, root) + 2,
+                    "a {a}, p {p}, target {target}, start {start}: {c:?}"
+                );
+            }
+        }
+    }
+
+    /// The upward bracket search (the start below every certified σ) must stop at the first
+    /// certified σ and never take an uncertified one as the upper end: from far below, the
+    /// answer is the root, certified, and the search took the obvious number of 1.25 steps.
+    #[test]
+    fn upward_search_from_below_the_feasible_sigma() {
+        let f = |s: f64| 5.0 / s;
+        for start in [SIGMA_MIN, 0.02, 0.9, 3.1] {
+            let calls = std::cell::Cell::new(0);
+            let c = calibrate_scale(&counted(&calls, f), 1.0, 1e-5, start).unwrap();
+            check(&c, &f, 1.0, 5.0, calls.get());
+            assert!(c.evaluations > bracket_evaluations(start, 5.0), "{c:?}");
+            assert!(
+                c.evaluations <= bracket_evaluations(start, 5.0) + 2,
+                "{c:?}"
+            );
+        }
+    }
+
+    /// A step function (ε jumps from 2 to 0 at σ = 1): the logarithm of the upper end is −∞, so
+    /// false position has nothing to go on and the bracket is bisected; bisection halves it
+    /// each time, so it takes ⌈log2(ln 1.25 / tolerance)⌉ ≈ 8 probes, not hundreds.
+    #[test]
+    fn a_step_in_epsilon_is_bisected() {
+        let f = |s: f64| if s >= 1.0 { 0.0 } else { 2.0 };
+        for start in [0.3, 0.99, 1.0, 1.7, 40.0] {
+            let calls = std::cell::Cell::new(0);
+            let c = calibrate_scale(&counted(&calls, f), 1.0, 1e-5, start).unwrap();
+            check(&c, &f, 1.0, 1.0, calls.get());
+            let probes = c.evaluations - bracket_evaluations(start, 1.0);
+            // Bisecting ln σ from width ln 1.25 to below ln(1 + tolerance) takes 8 halvings.
+            let halvings = ((1.25f64.ln() / (1.0 + SIGMA_TOLERANCE).ln()).log2()).ceil() as u32;
+            assert_eq!(probes, halvings, "start {start}: {c:?}");
+        }
+    }
+
+    /// Already certified at σ_min: σ_min itself, found by stepping down to it.
+    #[test]
+    fn certified_at_sigma_min_returns_sigma_min() {
+        let calls = std::cell::Cell::new(0);
+        let c = calibrate_scale(&counted(&calls, |_| 0.5), 1.0, 1e-5, 0.05).unwrap();
+        assert_eq!(c.sigma, SIGMA_MIN);
+        assert_eq!(c.relative_bracket, 0.0);
+        assert_eq!(c.evaluations, calls.get());
+        // 0.05 / 1.25^k reaches 0.01 at k = 8 (the last step clamped to σ_min).
+        assert_eq!(c.evaluations, 9);
+        // The same from a start clamped to σ_min: one evaluation.
+        let calls = std::cell::Cell::new(0);
+        let c = calibrate_scale(&counted(&calls, |_| 0.5), 1.0, 1e-5, 1e-9).unwrap();
+        assert_eq!((c.sigma, c.evaluations), (SIGMA_MIN, 1));
+    }
+
+    /// The RDP starting point: certified by RDP, and the bisection of ln σ in 14 halvings leaves
+    /// it within 0.1 % of the smallest RDP-certified σ (checked against a fine scan); a target
+    /// that even σ_max misses gives σ_max.
+    #[test]
+    fn rdp_start_is_the_rdp_root() {
+        let rdp = RdpAccountant::default();
+        let build = |s: f64| Composition::single(SubsampledGaussian::new(0.02, s)?, 300);
+        let eps = |s: f64| rdp.epsilon(&build(s).unwrap(), 1e-5).unwrap().epsilon;
+        for target in [0.5, 2.0, 8.0] {
+            let s = rdp_sigma(&build, target, 1e-5).unwrap();
+            assert!(eps(s) <= target, "target {target}: sigma {s}");
+            let halvings_width = (SIGMA_MAX / SIGMA_MIN).ln() / 2f64.powi(14);
+            assert!(
+                eps(s * (-halvings_width).exp()) > target,
+                "target {target}: sigma {s} is not the RDP root"
+            );
+        }
+        // Unreachable: even σ_max is not enough for ε = 1e-9 at 300 steps of q = 0.02.
+        assert_eq!(rdp_sigma(&build, 1e-9, 1e-5).unwrap(), SIGMA_MAX);
+    }
+
     /// Never certified below σ_max: a typed error.
     #[test]
     fn unreachable_target_is_a_typed_error() {
-        let r = calibrate_scale(&|_| Ok(bounds(5.0)), 1.0, 1e-5, 1.0);
+        let calls = std::cell::Cell::new(0);
+        let r = calibrate_scale(&counted(&calls, |_| 5.0), 1.0, 1e-5, 1.0);
         assert!(
-            matches!(r, Err(AccountantError::CalibrationFailed { .. })),
+            matches!(
+                r,
+                Err(AccountantError::CalibrationFailed { sigma_max: SIGMA_MAX, epsilon_at_max, .. })
+                    if epsilon_at_max == 5.0
+            ),
             "{r:?}"
         );
+        // From 1 to σ_max = 1e5 in steps of 1.25: ⌈ln(1e5)/ln(1.25)⌉ = 52 steps after the first.
+        assert_eq!(calls.get(), 1 + 52);
     }
 }

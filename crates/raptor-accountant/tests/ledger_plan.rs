@@ -2,8 +2,8 @@
 //! The ledger and RAPTOR's budget plans.
 
 use raptor_accountant::{
-    Accuracy, Composition, Ledger, PlanRequest, PrvAccountant, Stream, SubsampledGaussian,
-    plan_budget,
+    AccountantError, Accuracy, Composition, Ledger, MAX_TOTAL_STEPS, PlanRequest, PrvAccountant,
+    Stream, SubsampledGaussian, plan_budget,
 };
 
 #[test]
@@ -81,6 +81,21 @@ fn parallel_groups_cost_the_worst_member_and_round_trip() {
     }
     assert_eq!(l.len(), 80);
     assert_eq!(l.releases(), 40 + 40 * 4);
+    // The group as recorded: its name, 40 steps, and per member one entry of 40 steps.
+    let groups = l.parallel_groups();
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0].group, "experts[layer 1]");
+    assert_eq!(groups[0].steps, 40);
+    let mechanisms: Vec<SubsampledGaussian> =
+        groups[0].members.iter().map(|m| m[0].mechanism).collect();
+    assert_eq!(mechanisms, [quiet, quiet, loud, quiet]);
+    assert!(
+        groups[0]
+            .members
+            .iter()
+            .all(|m| m.len() == 1 && m[0].count.get() == 40)
+    );
+    assert_eq!(l.history().len(), 1);
     // The group costs its worst member's history: shared ∘ 40 × loud.
     let worst = Composition::single(shared, 40)
         .unwrap()
@@ -116,4 +131,264 @@ fn ledger_and_parallel_group_reject_empty_groups_on_load() {
     assert!(serde_json::from_str::<Ledger>(&short).is_err());
     let group = r#"{"members":[]}"#;
     assert!(serde_json::from_str::<raptor_accountant::ParallelGroup>(group).is_err());
+}
+
+/// The ledger's total-step cap is [`MAX_TOTAL_STEPS`] exactly: reaching it is allowed, one step
+/// beyond it is an error (for a sequential and for a parallel step), and a refused step leaves
+/// the ledger as it was. Two mechanisms are used so that the per-entry count check (which
+/// only sees one mechanism's count) cannot stand in for the total check.
+#[test]
+fn total_step_cap_is_exact_and_a_refused_step_changes_nothing() {
+    let a = SubsampledGaussian::new(0.01, 1.0).unwrap();
+    let b = SubsampledGaussian::new(0.02, 1.0).unwrap();
+    let mut l = Ledger::new();
+    assert!(l.is_empty());
+    assert_eq!(l.len(), 0);
+    l.step_many(a, MAX_TOTAL_STEPS - 1).unwrap();
+    assert!(!l.is_empty());
+    assert_eq!(l.len(), MAX_TOTAL_STEPS - 1);
+    // The last allowed step, of another mechanism: exactly at the cap.
+    l.step(b).unwrap();
+    assert_eq!(l.len(), MAX_TOTAL_STEPS);
+    let full = l.clone();
+    let over = u128::from(MAX_TOTAL_STEPS) + 1;
+    assert_eq!(
+        l.step(b).unwrap_err(),
+        AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
+    );
+    assert_eq!(
+        l.step_many(SubsampledGaussian::new(0.03, 1.0).unwrap(), 1)
+            .unwrap_err(),
+        AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
+    );
+    assert_eq!(
+        l.step_parallel("g", &[a, b]).unwrap_err(),
+        AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
+    );
+    assert_eq!(l, full);
+    assert_eq!(l.len(), MAX_TOTAL_STEPS);
+    assert_eq!(l.releases(), MAX_TOTAL_STEPS);
+
+    // A parallel step may also take the ledger exactly to the cap, not beyond.
+    let mut p = Ledger::new();
+    p.step_many(a, MAX_TOTAL_STEPS - 1).unwrap();
+    p.step_parallel("g", &[a, b]).unwrap();
+    assert_eq!(p.len(), MAX_TOTAL_STEPS);
+    assert_eq!(p.releases(), MAX_TOTAL_STEPS - 1 + 2);
+    assert_eq!(
+        p.step_parallel("g", &[a, b]).unwrap_err(),
+        AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
+    );
+    // Small counts add (not multiply): 3 + 4 steps on an empty ledger are 7.
+    let mut s = Ledger::new();
+    s.step_many(a, 3).unwrap();
+    s.step_many(b, 4).unwrap();
+    assert_eq!(s.len(), 7);
+    assert_eq!(s.releases(), 7);
+}
+
+/// A ledger loaded from a file is held to the same cap: the parallel groups' steps count
+/// toward it, and a file beyond it is refused.
+#[test]
+fn total_step_cap_applies_to_a_loaded_ledger() {
+    let m = r#"{"mechanism":{"sampling_rate":0.1,"noise_multiplier":1.0},"count":COUNT}"#;
+    let entry = |c: u64| m.replace("COUNT", &c.to_string());
+    let file = |seq: u64, par: u64| {
+        format!(
+            r#"{{"history":[{}],"parallel":[{{"group":"g","members":[[{}]],"steps":{par}}}]}}"#,
+            entry(seq),
+            entry(par)
+        )
+    };
+    let at_cap: Ledger = serde_json::from_str(&file(MAX_TOTAL_STEPS - 5, 5)).unwrap();
+    assert_eq!(at_cap.len(), MAX_TOTAL_STEPS);
+    assert!(serde_json::from_str::<Ledger>(&file(MAX_TOTAL_STEPS - 5, 6)).is_err());
+}
+
+/// `would_exceed` answers "strictly above the budget": a step whose certified ε equals the
+/// budget is allowed (as calibration allows ε = target), the next float below is not.
+#[test]
+fn would_exceed_allows_spending_exactly_the_budget() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
+    let s = SubsampledGaussian::new(0.02, 1.1).unwrap();
+    let mut l = Ledger::new();
+    for _ in 0..20 {
+        l.step(s).unwrap();
+    }
+    let mut next = l.clone();
+    next.step(s).unwrap();
+    let after = next.epsilon(1e-5, &acc).unwrap().upper;
+    assert!(!l.would_exceed(s, after, 1e-5, &acc).unwrap());
+    assert!(l.would_exceed(s, after.next_down(), 1e-5, &acc).unwrap());
+    // An empty ledger's first step is judged the same way.
+    let empty = Ledger::new();
+    let one = acc
+        .epsilon(&Composition::single(s, 1).unwrap(), 1e-5)
+        .unwrap()
+        .upper;
+    assert!(!empty.would_exceed(s, one, 1e-5, &acc).unwrap());
+    assert!(empty.would_exceed(s, one.next_down(), 1e-5, &acc).unwrap());
+}
+
+/// Relative difference below 1e-12 (the same formula evaluated in another order).
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
+/// Every figure of a budget plan, re-derived from its definition. The streams differ in q and
+/// T and L = 3, so that no factor of a formula can be dropped or swapped without changing a
+/// number (with equal streams most of them cancel).
+#[test]
+fn budget_plan_figures_are_what_they_claim() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
+    let (eps, delta, rho, l) = (3.0, 1e-5, 0.7, 3u64);
+    let (qs, ts, qe, te) = (0.02, 300u64, 0.05, 120u64);
+    let req = PlanRequest {
+        epsilon: eps,
+        delta,
+        rho,
+        shared: Stream { q: qs, steps: ts },
+        expert: Stream { q: qe, steps: te },
+        layers: l,
+    };
+    let p = plan_budget(&req, &acc).unwrap();
+    assert_eq!(p.request, req);
+    let mech = |q: f64, s: f64| SubsampledGaussian::new(q, s).unwrap();
+    let alone = |q: f64, s: f64, t: u64, d: f64| {
+        acc.epsilon(&Composition::single(mech(q, s), t).unwrap(), d)
+            .unwrap()
+            .upper
+    };
+    let whole = |ss: f64, se: f64| {
+        let c = Composition::single(mech(qs, ss), ts)
+            .unwrap()
+            .with(mech(qe, se), te * l)
+            .unwrap();
+        acc.epsilon(&c, delta).unwrap()
+    };
+
+    // Additive: ε_s = ρε, δ_s = ρδ; ε_e = (1 − ρ)ε/L, δ_e = (1 − ρ)δ/L; each σ meets its own
+    // target and 1 % less noise would not.
+    let a = &p.additive;
+    let targets = [
+        (&a.shared, rho * eps, rho * delta, ts),
+        (
+            &a.expert,
+            (1.0 - rho) * eps / 3.0,
+            (1.0 - rho) * delta / 3.0,
+            te,
+        ),
+    ];
+    for (s, e_t, d_t, t) in targets {
+        assert!(close(s.epsilon_target, e_t), "{s:?}");
+        assert!(close(s.delta_target, d_t), "{s:?}");
+        assert_eq!(s.steps, t);
+        assert_eq!(
+            s.epsilon_alone,
+            alone(s.q, s.sigma, t, s.delta_target),
+            "{s:?}"
+        );
+        assert!(s.epsilon_alone <= s.epsilon_target, "{s:?}");
+        assert!(
+            alone(s.q, s.sigma * 0.99, t, s.delta_target) > s.epsilon_target,
+            "{s:?}"
+        );
+    }
+    assert_eq!((a.shared.q, a.expert.q), (qs, qe));
+    assert!(close(
+        a.epsilon_claimed,
+        a.shared.epsilon_alone + 3.0 * a.expert.epsilon_alone
+    ));
+    assert_eq!(a.epsilon_composed, whole(a.shared.sigma, a.expert.sigma));
+
+    // Joint: σ_e²/σ_s² = ρ·L·T_e·q_e² / ((1 − ρ)·T_s·q_s²), the whole run certified at (ε, δ)
+    // and not wastefully (1 % less noise on both streams would miss ε).
+    let j = &p.joint;
+    let ratio = rho * 3.0 * 120.0 * qe * qe / ((1.0 - rho) * 300.0 * qs * qs);
+    assert!(
+        close(p.variance_ratio, ratio),
+        "{} vs {ratio}",
+        p.variance_ratio
+    );
+    assert!(
+        close(j.expert.sigma, j.shared.sigma * ratio.sqrt()),
+        "{j:?}"
+    );
+    assert_eq!(j.epsilon_composed, whole(j.shared.sigma, j.expert.sigma));
+    assert_eq!(j.epsilon_claimed, j.epsilon_composed.upper);
+    assert!(j.epsilon_claimed <= eps);
+    assert!(whole(j.shared.sigma * 0.99, j.expert.sigma * 0.99).upper > eps);
+    assert_eq!(
+        j.shared.epsilon_alone,
+        alone(qs, j.shared.sigma, ts, delta),
+        "{j:?}"
+    );
+    assert_eq!(
+        j.expert.epsilon_alone,
+        alone(qe, j.expert.sigma, te * l, delta),
+        "{j:?}"
+    );
+    assert!(j.shared.epsilon_target.is_nan() && j.expert.delta_target.is_nan());
+
+    // The run's composition: the shared stream's T_s steps, then T_e·L expert steps.
+    let c = raptor_accountant::calibrate::run_composition(&req, 1.3, 2.1).unwrap();
+    assert_eq!(acc.epsilon(&c, delta).unwrap(), whole(1.3, 2.1));
+}
+
+/// ρ must lie strictly between 0 and 1: both ends are errors, values inside are not.
+#[test]
+fn rho_must_be_strictly_inside_the_unit_interval() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.05)).unwrap();
+    let req = |rho: f64| PlanRequest {
+        epsilon: 2.0,
+        delta: 1e-5,
+        rho,
+        shared: Stream { q: 0.02, steps: 50 },
+        expert: Stream { q: 0.02, steps: 50 },
+        layers: 1,
+    };
+    for bad in [0.0, -0.1, 1.0, 1.5, f64::NAN, f64::INFINITY] {
+        assert!(
+            matches!(
+                plan_budget(&req(bad), &acc),
+                Err(AccountantError::InvalidRho(_))
+            ),
+            "rho {bad}"
+        );
+    }
+    for good in [1e-3, 0.5, 0.999] {
+        assert!(plan_budget(&req(good), &acc).is_ok(), "rho {good}");
+    }
+}
+
+/// The expert stream's total T_e·L is checked: beyond the cap it is an error, and when the
+/// product overflows 64 bits the error reports the exact product.
+#[test]
+fn run_composition_rejects_too_many_expert_steps() {
+    let req = |steps: u64, layers: u64| PlanRequest {
+        epsilon: 1.0,
+        delta: 1e-5,
+        rho: 0.5,
+        shared: Stream { q: 0.01, steps: 10 },
+        expert: Stream { q: 0.01, steps },
+        layers,
+    };
+    let run = raptor_accountant::calibrate::run_composition;
+    assert_eq!(
+        run(&req(1 << 40, 1 << 30), 1.0, 1.0).unwrap_err(),
+        AccountantError::TooManySteps(1u128 << 70, MAX_TOTAL_STEPS)
+    );
+    assert_eq!(
+        run(&req(3 << 62, 5), 1.0, 1.0).unwrap_err(),
+        AccountantError::TooManySteps((3u128 << 62) * 5, MAX_TOTAL_STEPS)
+    );
+    assert!(matches!(
+        run(&req(MAX_TOTAL_STEPS, 2), 1.0, 1.0),
+        Err(AccountantError::TooManySteps(..))
+    ));
+    assert_eq!(
+        run(&req(10, 0), 1.0, 1.0).unwrap_err(),
+        AccountantError::InvalidLayers(0)
+    );
+    assert!(run(&req(MAX_TOTAL_STEPS / 2 - 10, 2), 1.0, 1.0).is_ok());
 }

@@ -157,3 +157,19 @@ fn two_samplers_from_one_seed_draw_the_same_batches() {
     }
     assert!(a.is_seeded_insecure());
 }
+
+/// The accessors report what the sampler was built with, and every draw covers exactly the
+/// population: masks of length N, indices below N.
+#[test]
+fn a_sampler_reports_its_rate_and_population_and_draws_within_it() {
+    for (q, n) in [(0.25, 1usize), (0.5, 37), (0.01, 1000)] {
+        let mut s = sampler(q, n, 9);
+        assert_eq!(s.population(), n);
+        assert_eq!(s.rate().get(), q);
+        assert_eq!(s.expected_batch(), q * n as f64);
+        for _ in 0..10 {
+            assert_eq!(s.sample_mask().len(), n);
+            assert!(s.sample().iter().all(|&i| i < n));
+        }
+    }
+}

@@ -215,3 +215,67 @@ fn privatizer_errors_are_typed() {
     let d = PublicDenominator::expected_lot_size(0.01, 5000).unwrap();
     assert!((d.value() - 50.0).abs() < 1e-9);
 }
+
+/// What a release reports about itself: σ, Δ, σΔ, the denominator, its blocks by position
+/// and by name (the first block's values for `values`, nothing for a release without blocks),
+/// and the values (also when taken out of a block).
+#[test]
+fn a_release_reports_how_it_was_made() {
+    let d = PublicDenominator::new(3.0).unwrap();
+    let mut p = Privatizer::seeded_insecure(1.7, 8).unwrap();
+    assert_eq!(p.noise_multiplier(), 1.7);
+    let r = p
+        .release(&[("first", &[1.0, 2.0]), ("second", &[3.0])], 0.4, d)
+        .unwrap();
+    assert_eq!(r.noise_multiplier(), 1.7);
+    assert_eq!(r.sensitivity(), 0.4);
+    assert_eq!(r.noise_std(), 1.7 * 0.4);
+    assert_eq!(r.denominator(), 3.0);
+    assert_eq!(r.values(), r.blocks()[0].values());
+    assert_eq!(r.values().len(), 2);
+    assert_eq!(r.block("second").unwrap().name(), "second");
+    assert_eq!(r.block("second").unwrap().values(), r.blocks()[1].values());
+    assert_eq!(r.block("first").unwrap().values(), r.values());
+    assert!(r.block("third").is_none());
+    let second = r.blocks()[1].clone();
+    assert_eq!(second.clone().into_values(), second.values().to_vec());
+    let none = p.release(&[], 0.4, d).unwrap();
+    assert!(none.values().is_empty() && none.blocks().is_empty());
+}
+
+/// `next_u64` draws from the privatizer's own generator: reproducible from a seed, fresh for
+/// each call and each OS-seeded privatizer, and it moves the noise stream on.
+#[test]
+fn next_u64_comes_from_the_privatizers_generator() {
+    use rand::{RngCore, SeedableRng};
+    let mut a = Privatizer::seeded_insecure(1.0, 21).unwrap();
+    let mut b = Privatizer::seeded_insecure(1.0, 21).unwrap();
+    let mut reference = rand_chacha::ChaCha20Rng::seed_from_u64(21);
+    for _ in 0..3 {
+        let x = a.next_u64();
+        assert_eq!(x, b.next_u64());
+        assert_eq!(x, reference.next_u64());
+    }
+    let (x, y) = (a.next_u64(), a.next_u64());
+    assert_ne!(x, y);
+    let mut os1 = Privatizer::new(1.0).unwrap();
+    let mut os2 = Privatizer::new(1.0).unwrap();
+    assert_ne!(
+        (os1.next_u64(), os1.next_u64()),
+        (os2.next_u64(), os2.next_u64())
+    );
+}
+
+/// The debug form names σ and whether the noise is seeded, and never prints the generator
+/// (whose state is the noise).
+#[test]
+fn debug_shows_sigma_and_seeding_but_not_the_generator() {
+    let p = Privatizer::seeded_insecure(1.25, 99).unwrap();
+    let s = format!("{p:?}");
+    assert!(s.starts_with("Privatizer"), "{s}");
+    assert!(s.contains("noise_multiplier: 1.25"), "{s}");
+    assert!(s.contains("seeded: true"), "{s}");
+    assert!(!s.contains("rng") && !s.contains("ChaCha"), "{s}");
+    let q = format!("{:?}", Privatizer::new(2.0).unwrap());
+    assert!(q.contains("seeded: false"), "{q}");
+}

@@ -255,6 +255,37 @@ fn check_forms(batch: usize, threads: usize, weighted: bool) {
         let out = in_pool(threads, || clip_blocks(&blocks, &grouping, wref).unwrap());
         assert_eq!(out.n_groups(), ng);
         assert_eq!(out.block_group(), bg);
+        assert_eq!(out.batch(), batch);
+        assert_eq!(out.block_names(), names);
+        assert_eq!(out.group_bounds(), bounds);
+        let want_names: Vec<String> = match &grouping {
+            Grouping::Flat { .. } => vec!["all".into()],
+            Grouping::PerBlock { .. } => names.clone(),
+            Grouping::Grouped { groups, .. } | Grouping::GlobalOverGroups { groups, .. } => {
+                groups.iter().map(|g| g.name.clone()).collect()
+            }
+        };
+        assert_eq!(out.group_names(), want_names);
+        for (g, &c) in bounds.iter().enumerate() {
+            assert_eq!(out.group_sensitivity(g), Some(c));
+        }
+        assert_eq!(out.group_sensitivity(ng), None);
+        assert_eq!(out.norms().len(), batch * ng);
+        assert_eq!(out.factors().len(), batch * ng);
+        // The norm over all groups of the weighted record: sqrt(Σ_g norm_g²).
+        assert_eq!(out.total_norms().len(), batch);
+        for i in 0..batch {
+            let want = r.norms[i * ng..(i + 1) * ng]
+                .iter()
+                .map(|n| n * n)
+                .sum::<f64>()
+                .sqrt();
+            let got = out.total_norms()[i];
+            assert!(
+                (got - want).abs() <= 1e-9 * want.max(1e-30),
+                "total norm {i}: {got} vs {want}"
+            );
+        }
         for k in 0..widths.len() {
             assert!(
                 sum_err(&out.sums()[k], &r.sums[k], &r.abs_sums[k]) < 1e-6,
@@ -586,6 +617,59 @@ fn non_finite_records_contribute_zero() {
     }
 }
 
+/// A record with an infinite entry (and no NaN) has total norm +∞; its group norms are reported
+/// as computed (the weighted norm, w·‖g‖, finite in the groups without the infinite entry),
+/// and its factors are 0 everywhere.
+#[test]
+fn non_finite_records_report_their_norms() {
+    let a = [0.6f32, 0.8, 3.0, f32::INFINITY];
+    let e = [2.0f32, 4.0];
+    let blocks = [Block::new("a", &a, 2), Block::new("e", &e, 1)];
+    let grouping = Grouping::Grouped {
+        groups: vec![Group::new("s", vec![0]), Group::new("x", vec![1])],
+        bounds: vec![1.0, 1.0],
+    };
+    let w = [0.5, 0.25];
+    let out = clip_blocks(&blocks, &grouping, Some(&w)).unwrap();
+    assert_eq!(out.total_norms()[1], f64::INFINITY);
+    assert_eq!(out.norm(1, 0), Some(f64::INFINITY));
+    assert_eq!(out.norm(1, 1), Some(0.25 * 4.0));
+    assert_eq!((out.factor(1, 0), out.factor(1, 1)), (Some(0.0), Some(0.0)));
+    // Record 0 is finite: norms 0.5·1 and 0.5·2, factors 0.5·1 and 0.5·(1/1).
+    assert!((out.norm(0, 0).unwrap() - 0.5).abs() < 1e-7);
+    assert!((out.norm(0, 1).unwrap() - 1.0).abs() < 1e-12);
+    assert!((out.total_norms()[0] - 0.5 * 5f64.sqrt()).abs() < 1e-7);
+    assert!((out.sums()[1][0] - 1.0).abs() < 1e-6);
+    // One row: a NaN entry gives a NaN total norm, never a finite one.
+    let rows = clip_rows(&[f32::NAN, 1.0], 2, 1.0, None).unwrap();
+    assert!(rows.norms()[0].is_nan());
+    assert_eq!(rows.factors(), &[0.0]);
+}
+
+/// The bound a row clip reports is the bound it clipped to, and it is the sensitivity; the
+/// joint sensitivity of independently clipped parts is sqrt(Σ C²).
+#[test]
+fn bounds_and_sensitivities_are_reported() {
+    let g = [3.0f32, 4.0, 0.3, 0.4];
+    for c in [0.25, 1.0, 7.5] {
+        let rows = clip_rows(&g, 2, c, None).unwrap();
+        assert_eq!(rows.bound(), c);
+        assert_eq!(rows.sensitivity(), c);
+        // Record 0 has norm 5 exactly: factor min(1, C/5); record 1 has norm 0.5 (to f32
+        // rounding of 0.3 and 0.4).
+        assert_eq!(rows.factor(0), Some(if c < 5.0 { c / 5.0 } else { 1.0 }));
+        assert_eq!(rows.norm(0), Some(5.0));
+        let n1 = rows.norm(1).unwrap();
+        assert!((n1 - 0.5).abs() < 1e-7);
+        assert_eq!(rows.factor(1), Some(if n1 > c { c / n1 } else { 1.0 }));
+    }
+    assert_eq!(raptor_clip::joint_sensitivity(&[3.0, 4.0]), 5.0);
+    assert_eq!(raptor_clip::joint_sensitivity(&[2.0]), 2.0);
+    assert_eq!(raptor_clip::joint_sensitivity(&[]), 0.0);
+    let s = raptor_clip::joint_sensitivity(&[0.5, 1.5, 2.5]);
+    assert!((s - (0.25f64 + 2.25 + 6.25).sqrt()).abs() < 1e-15);
+}
+
 /// The per-record accessors of the slice outputs return `None` out of range instead of
 /// panicking, and so does a group's sensitivity.
 #[test]
@@ -604,4 +688,21 @@ fn accessors_are_checked() {
     assert_eq!(out.group_sensitivity(1), None);
     assert_eq!(out.group_sensitivity(0), Some(1.0));
     assert!(out.factor(1, 0).is_some());
+}
+
+/// A block whose data is not a whole number of records of its width (or whose width is 0) is
+/// a shape error, whatever the other blocks hold.
+#[test]
+fn blocks_of_a_broken_shape_are_errors() {
+    let ok = [1.0f32, 2.0];
+    let seven = [0.5f32; 7];
+    let flat = Grouping::Flat { bound: 1.0 };
+    for bad in [
+        Block::new("seven", &seven, 3),
+        Block::new("zero-width", &[], 0),
+        Block::new("zero-width-data", &ok, 0),
+    ] {
+        let r = clip_blocks(&[Block::new("ok", &ok, 1), bad], &flat, None);
+        assert!(matches!(r, Err(ClipError::ShapeMismatch { .. })), "{r:?}");
+    }
 }

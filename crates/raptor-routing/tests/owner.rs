@@ -243,3 +243,33 @@ fn append_preserves_records() {
     assert_eq!(a.num_valid_tokens(), 3);
     assert_eq!(owner_map(&a, GW).owners(), &[2, 1, 0]);
 }
+
+/// Many experts (E > 1024, the sparse argmax) and records whose experts no other record uses:
+/// every owner must come from the record's own tokens (top-2, gate-weighted and token count).
+#[test]
+fn sparse_argmax_reads_each_records_own_tokens() {
+    let (e, k) = (1500usize, 2usize);
+    let mut layer = LayerRouting::new(e, k).unwrap();
+    let mut want_gate = Vec::new();
+    let mut want_count = Vec::new();
+    for r in 0..20u32 {
+        // Record r: three tokens over experts 7r+1 .. 7r+4; expert 7r+3 has the largest total
+        // gate weight, expert 7r+2 the most top-1 choices.
+        let b = 7 * r + 1;
+        let experts = [b + 1, b + 2, b + 1, b, b + 2, b + 3];
+        let weights = [0.6, 0.4, 0.55, 0.45, 0.9, 0.95];
+        layer
+            .push_record(&experts, &weights, &[true, true, true])
+            .unwrap();
+        want_gate.push(b + 2); // 0.4 + 0.9 = 1.3 against 0.6 + 0.55 = 1.15 and 0.95
+        want_count.push(b + 1); // top-1 of the tokens: b+1, b+1, b+3
+    }
+    assert_eq!(
+        owner_map(&layer, OwnerRule::GateWeighted).owners(),
+        want_gate
+    );
+    assert_eq!(
+        owner_map(&layer, OwnerRule::TokenCount).owners(),
+        want_count
+    );
+}

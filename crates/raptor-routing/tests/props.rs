@@ -32,6 +32,41 @@ fn corpus() -> impl Strategy<Value = (usize, usize, Vec<Rec>)> {
         })
 }
 
+/// (E, k, records) with more experts than the dense score array covers (E > 1024, the sparse
+/// argmax): each corpus draws its tokens' experts from a palette of six (expert 0 often among
+/// them), so that scores tie and collide across records.
+fn corpus_many_experts() -> impl Strategy<Value = (usize, usize, Vec<Rec>)> {
+    (
+        prop_oneof![Just(1025usize), Just(1100), Just(2048)],
+        1usize..=3,
+    )
+        .prop_flat_map(|(e, k)| {
+            (
+                Just(e),
+                Just(k),
+                proptest::collection::vec(0..e as u32, 5),
+                any::<bool>(),
+            )
+        })
+        .prop_flat_map(|(e, k, mut palette, with_zero)| {
+            palette.push(if with_zero { 0 } else { e as u32 - 1 });
+            let token = (
+                proptest::collection::vec(proptest::sample::select(palette), k),
+                proptest::collection::vec(
+                    prop_oneof![Just(0.0f32), Just(0.25), Just(0.5), 0.0f32..1.0],
+                    k,
+                ),
+                proptest::bool::weighted(0.8),
+            );
+            let rec = proptest::collection::vec(token, 0..8).prop_map(|toks| Rec {
+                experts: toks.iter().flat_map(|t| t.0.clone()).collect(),
+                weights: toks.iter().flat_map(|t| t.1.clone()).collect(),
+                mask: toks.iter().map(|t| t.2).collect(),
+            });
+            (Just(e), Just(k), proptest::collection::vec(rec, 1..40))
+        })
+}
+
 fn build(e: usize, k: usize, recs: &[Rec]) -> LayerRouting {
     let mut l = LayerRouting::new(e, k).unwrap();
     for r in recs {
@@ -51,6 +86,41 @@ proptest! {
             let want: Vec<u32> = recs.iter().map(|r| reference_owner(r, e, k, rule)).collect();
             prop_assert_eq!(m.owners(), &want[..]);
         }
+    }
+
+    /// Owners under f16 storage are the reference owners of the f16-rounded weights (dense E).
+    #[test]
+    fn f16_owners_match_reference_on_rounded_weights((e, k, recs) in corpus()) {
+        let mut half = LayerRouting::with_precision(e, k, WeightPrecision::F16).unwrap();
+        for r in &recs {
+            half.push_record(&r.experts, &r.weights, &r.mask).unwrap();
+        }
+        for rule in [OwnerRule::GateWeighted, OwnerRule::TokenCount] {
+            let want: Vec<u32> = recs
+                .iter()
+                .map(|r| {
+                    let w = r.weights.iter().map(|&w| half::f16::from_f32(w).to_f32()).collect();
+                    reference_owner(&Rec { weights: w, ..r.clone() }, e, k, rule)
+                })
+                .collect();
+            let got = owner_map(&half, rule);
+            prop_assert_eq!(got.owners(), &want[..]);
+        }
+    }
+
+    /// Counts and groups of an owner map against the obvious loops.
+    #[test]
+    fn counts_and_groups_match_the_owners(owners in proptest::collection::vec(0u32..7, 0..60)) {
+        let m = OwnerMap::from_owners(owners.clone(), 7).unwrap();
+        prop_assert_eq!(m.num_records(), owners.len());
+        prop_assert_eq!(m.num_experts(), 7);
+        for e in 0..7u32 {
+            let members: Vec<usize> = (0..owners.len()).filter(|&r| owners[r] == e).collect();
+            prop_assert_eq!(m.counts()[e as usize], members.len() as u64);
+            prop_assert_eq!(&m.groups()[e as usize], &members);
+        }
+        prop_assert_eq!(m.counts().len(), 7);
+        prop_assert_eq!(m.groups().len(), 7);
     }
 
     #[test]
@@ -127,5 +197,44 @@ proptest! {
         let same = stability(&a, &a).unwrap().declassify_without_dp();
         prop_assert_eq!(same.changed(), 0);
         prop_assert_eq!(same.l1(), 0.0);
+    }
+}
+
+proptest! {
+    // The brute-force reference visits every one of the > 1024 experts: fewer cases.
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// The sparse argmax (E > 1024) agrees with the brute-force reference, under both rules and
+    /// in both weight precisions (f16 weights compared with the reference on the f16-rounded
+    /// weights), and the map's accessors describe it.
+    #[test]
+    fn owners_match_reference_with_many_experts((e, k, recs) in corpus_many_experts()) {
+        let layer = build(e, k, &recs);
+        let mut half = LayerRouting::with_precision(e, k, WeightPrecision::F16).unwrap();
+        for r in &recs {
+            half.push_record(&r.experts, &r.weights, &r.mask).unwrap();
+        }
+        let rounded: Vec<Rec> = recs
+            .iter()
+            .map(|r| Rec {
+                weights: r.weights.iter().map(|&w| half::f16::from_f32(w).to_f32()).collect(),
+                ..r.clone()
+            })
+            .collect();
+        for rule in [OwnerRule::GateWeighted, OwnerRule::TokenCount] {
+            let m = owner_map(&layer, rule);
+            let want: Vec<u32> = recs.iter().map(|r| reference_owner(r, e, k, rule)).collect();
+            prop_assert_eq!(m.owners(), &want[..]);
+            prop_assert_eq!(m.num_experts(), e);
+            prop_assert_eq!(m.num_records(), recs.len());
+            for (i, &o) in want.iter().enumerate() {
+                prop_assert_eq!(m.owner(i), Some(o));
+            }
+            prop_assert_eq!(m.owner(recs.len()), None);
+            let h = owner_map(&half, rule);
+            let want_h: Vec<u32> =
+                rounded.iter().map(|r| reference_owner(r, e, k, rule)).collect();
+            prop_assert_eq!(h.owners(), &want_h[..]);
+        }
     }
 }
