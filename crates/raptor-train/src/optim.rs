@@ -131,10 +131,12 @@ impl Optimizers {
     /// parameter, gradient, noise)`; the parameter tensors share storage with the model's and
     /// are updated in place). The result is that of [`Self::step`] on each in turn; the
     /// difference is that the Muon directions of matrices with one shape, kind and device are
-    /// orthogonalized together by [`newton_schulz_tch_batch`] (one batched product per
-    /// iteration step instead of one per matrix: the experts of an MoE layer, or the same
-    /// projection across layers). DP-MuonBC matrices with noise take their own path, as in
-    /// [`Self::step`].
+    /// orthogonalized together: on CPU by raptor-muon's batched kernel (whole matrices per
+    /// rayon thread; 2.2–3.2× faster than libtorch's loop, whose batched products are slower
+    /// still), on a GPU by [`newton_schulz_tch_batch`] (one batched product per iteration step
+    /// instead of one per matrix: the experts of an MoE layer, or the same projection across
+    /// layers). The two backends agree to f32 round-off (the test allows 1e-5 relative).
+    /// DP-MuonBC matrices with noise take their own path, as in [`Self::step`].
     pub fn step_all(
         &mut self,
         items: Vec<(String, Tensor, Tensor, ReleaseNoise)>,
@@ -152,7 +154,11 @@ impl Optimizers {
         }
         for group in groups.values() {
             let us: Vec<&Tensor> = group.iter().map(|p| &p.u).collect();
-            let dirs = newton_schulz_tch_batch(&us, &self.settings.ns, TchPrecision::F32)?;
+            let dirs = if us.iter().all(|u| u.device() == tch::Device::Cpu) {
+                ns_batch_cpu(&us, &self.settings.ns)?
+            } else {
+                newton_schulz_tch_batch(&us, &self.settings.ns, TchPrecision::F32)?
+            };
             for (p, d) in group.iter().zip(&dirs) {
                 apply_muon(p, d)?;
             }
@@ -362,6 +368,53 @@ struct PendingMuon {
     weight_decay: f64,
     /// Shape factor √max(1, rows/cols).
     scale: f64,
+}
+
+/// Newton–Schulz of same-shape CPU tensors with raptor-muon's own batched kernel
+/// ([`raptor_muon::newton_schulz_batch`]): on CPU it is 2.2–3.2× faster than libtorch's loop, and
+/// libtorch's batched products are slower than its loop (`cargo bench -p raptor-benches --bench
+/// muon`, group `ns5_batch`). A row-major `rows × cols` buffer is the column-major view of the
+/// transpose, and Newton–Schulz commutes with transposition, so no copy is transposed.
+fn ns_batch_cpu(us: &[&Tensor], ns: &NsConfig) -> Result<Vec<Tensor>> {
+    let mut bufs = Vec::with_capacity(us.len());
+    let mut shapes = Vec::with_capacity(us.len());
+    for u in us {
+        let size = u.size();
+        let (rows, cols) = match size.as_slice() {
+            [r, c] => (*r, *c),
+            _ => {
+                return Err(TrainError::Run(format!(
+                    "Muon needs matrices; got a tensor of shape {size:?}"
+                )));
+            }
+        };
+        let v: Vec<f32> =
+            Vec::try_from(u.f_to_kind(Kind::Float)?.f_contiguous()?.f_flatten(0, -1)?)?;
+        bufs.push(v);
+        shapes.push((rows, cols, u.kind()));
+    }
+    let views: Vec<raptor_muon::faer::MatRef<'_, f32>> = bufs
+        .iter()
+        .zip(&shapes)
+        .map(|(v, (rows, cols, _))| {
+            raptor_muon::faer::MatRef::from_column_major_slice(v, *cols as usize, *rows as usize)
+        })
+        .collect();
+    let outs = raptor_muon::newton_schulz_batch(&views, ns)?;
+    let mut dirs = Vec::with_capacity(outs.len());
+    for (o, (rows, cols, kind)) in outs.iter().zip(&shapes) {
+        // o is cols × rows; its columns, in order, are the rows of the rows × cols result.
+        let mut flat = Vec::with_capacity((*rows * *cols) as usize);
+        for i in 0..*rows as usize {
+            flat.extend(o.col_as_slice(i).iter().copied());
+        }
+        dirs.push(
+            Tensor::f_from_slice(&flat)?
+                .f_reshape([*rows, *cols])?
+                .f_to_kind(*kind)?,
+        );
+    }
+    Ok(dirs)
 }
 
 /// `param ← (1 − lr·wd)·param − lr·scale·dir`.
