@@ -298,6 +298,15 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
                 .args(&features)
                 .args(["--", "-D", "warnings"]),
         )?;
+        // Every public item is documented and its links resolve: rustdoc's warnings (broken
+        // intra-doc links, private items linked from public docs) are errors too.
+        run_step(
+            "cargo doc (-D warnings)",
+            cargo()
+                .args(["doc", "--workspace", "--no-deps"])
+                .args(&features)
+                .env("RUSTDOCFLAGS", "-D warnings"),
+        )?;
     }
     architecture_invariant()?;
     // Benches and examples are compiled (and linted) by clippy --all-targets above; running

@@ -216,7 +216,7 @@ fn factors_for_record(
 }
 
 /// Cache budgets of the schedules, derived at run time from the machine's caches
-/// ([`raptor_plan::machine`]): no size tuned for one machine is compiled in. The fractions
+/// ([`raptor_plan::machine()`]): no size tuned for one machine is compiled in. The fractions
 /// leave room for the other data a sweep touches (partial sums of other blocks, the stack,
 /// the next records' prefetched lines); the timing planner then picks among the schedules
 /// these budgets admit, so a budget that is off for a machine costs at most a candidate.

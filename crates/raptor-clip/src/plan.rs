@@ -8,7 +8,7 @@
 //! norms-then-`Gᵀf` schedule that libtorch uses ([`candidates`]) — in interleaved rounds within
 //! [`raptor_plan::DEFAULT_BUDGET`] runs, returns the fastest one's result and remembers it for
 //! the process; later calls of the class run it with no timing. Cache sizes come from the
-//! machine at run time ([`raptor_plan::machine`]).
+//! machine at run time ([`raptor_plan::machine()`]).
 //!
 //! - Wisdom: with `RAPTOR_WISDOM=path` the choices are loaded from and saved to that file;
 //!   [`load_wisdom`] / [`save_wisdom`] do it explicitly. A missing file means "plan again"; a

@@ -306,8 +306,19 @@ impl CorpusTokenizer {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such tokenizer.json"),
             });
         }
-        let tok = Tokenizer::from_file(path)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_json_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// Parses the bytes of a `tokenizer.json` (`origin` names them in errors, e.g. the file's
+    /// path); the padding id as in [`CorpusTokenizer::from_file`]. Bytes that are not a valid
+    /// tokenizer are an error, never a panic.
+    pub fn from_json_bytes(bytes: &[u8], origin: &str) -> Result<Self> {
+        let tok = Tokenizer::from_bytes(bytes)
+            .map_err(|e| ModelError::Tokenizer(format!("{origin}: {e}")))?;
         Ok(Self::from_tokenizer(tok))
     }
 

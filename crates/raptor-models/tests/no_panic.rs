@@ -21,8 +21,8 @@ fn bytes_like(prefix: &'static str) -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-/// Cases per target: 2,000 by default (200 for tokenizer files, which go through the
-/// filesystem), `RAPTOR_FUZZ_CASES` for a long run.
+/// Cases per target: 2,000 by default (200 for tokenizer files through the filesystem, at most
+/// 2,000 of them in a long run), `RAPTOR_FUZZ_CASES` for a long run.
 fn cases(default: u32) -> u32 {
     std::env::var("RAPTOR_FUZZ_CASES")
         .ok()
@@ -79,22 +79,42 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(200), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(2000), ..ProptestConfig::default() })]
+
+    /// In memory (what `from_file` calls after reading the file), so a long run reaches 10^6
+    /// inputs; `tokenizer_file` below covers the path through the filesystem.
+    #[test]
+    fn tokenizer_json(
+        a in bytes_like("{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\", \"vocab\": {"),
+        b in bytes_like("{\"version\": \"1.0\", \"truncation\": null, \"padding\": {\"pad_id\": "),
+        c in bytes_like("{\"version\": \"1.0\", \"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": {"),
+        raw in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        for input in [&a, &b, &c, &raw] {
+            if let Ok(t) = CorpusTokenizer::from_json_bytes(input, "fuzz") {
+                let _ = t.token_to_id("a");
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(200).min(2000), ..ProptestConfig::default() })]
 
     #[test]
     fn tokenizer_file(
         a in bytes_like("{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\", \"vocab\": {"),
-        b in bytes_like("{\"version\": \"1.0\", \"truncation\": null, \"padding\": {\"pad_id\": "),
         raw in proptest::collection::vec(any::<u8>(), 0..300),
     ) {
         let dir = std::env::temp_dir().join(format!("raptor-fuzz-tok-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tokenizer.json");
-        for input in [&a, &b, &raw] {
+        for input in [&a, &raw] {
             std::fs::write(&path, input).unwrap();
-            if let Ok(t) = CorpusTokenizer::from_file(&path) {
-                let _ = t.token_to_id("a");
-            }
+            let from_file = CorpusTokenizer::from_file(&path).map(|t| t.token_to_id("a"));
+            let from_bytes = CorpusTokenizer::from_json_bytes(input, "fuzz").map(|t| t.token_to_id("a"));
+            // The file path and the in-memory path agree.
+            prop_assert_eq!(from_file.ok(), from_bytes.ok());
         }
     }
 }

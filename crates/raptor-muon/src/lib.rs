@@ -6,7 +6,7 @@
 //! - [`momentum`]: heavy-ball, EMA and Nesterov momentum, lr adjustment, weight decay, [`Muon`].
 //! - [`bc`]: DP-MuonBC — exact buffer noise variance and the antithetic bias correction.
 //! - [`diagnostics`]: Monte Carlo bias of plain vs corrected directions.
-//! - [`reference`]: slow SVD-based references (polar factor, NS applied to singular values).
+//! - [`mod@reference`]: slow SVD-based references (polar factor, NS applied to singular values).
 //! - `tch_backend` (feature `tch`): the same Newton–Schulz on libtorch tensors (CPU/CUDA, f32/bf16).
 
 pub mod bc;

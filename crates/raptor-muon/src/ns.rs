@@ -283,7 +283,7 @@ fn sym_product(
     mirror_lower(dst.as_mut());
 }
 
-/// Reusable buffers for [`newton_schulz_into`] on a fixed oriented shape `m × n` (`m ≤ n`).
+/// Reusable buffers for [`newton_schulz_with`] on a fixed oriented shape `m × n` (`m ≤ n`).
 #[derive(Debug, Clone)]
 pub struct NsWorkspace {
     a: Mat<f32>,

@@ -1,5 +1,5 @@
 //! Data-parallel private training: the collective operations the trainer needs, on one process
-//! ([`Solo`]) or over MPI ([`Mpi`], cargo feature `mpi`).
+//! ([`Solo`]) or over MPI (`Mpi`, cargo feature `mpi`).
 //!
 //! One private update over K ranks (see `ARCHITECTURE.md`, "one private step"):
 //!

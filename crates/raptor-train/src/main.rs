@@ -333,3 +333,74 @@ fn upcycle(
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The argument parser of `raptor` never panics on arbitrary command lines (issue 14's
+    //! fuzzing of the CLI's arguments; the parsers of the files they name have their own
+    //! harnesses). 2,000 cases by default; `RAPTOR_FUZZ_CASES=N` for a long run.
+    use super::Cli;
+    use clap::{CommandFactory, Parser};
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("RAPTOR_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000)
+    }
+
+    fn word(vocabulary: Vec<String>) -> impl Strategy<Value = String> {
+        let values = prop::sample::select(vec![
+            "0",
+            "1",
+            "-1",
+            "0.5",
+            "1e-5",
+            "nan",
+            "inf",
+            "-inf",
+            "18446744073709551616",
+            "",
+            "=",
+            "--",
+            "-",
+            "x.toml",
+            "/nonexistent",
+            "cpu",
+            "cuda:7",
+            "🦖",
+        ]);
+        prop_oneof![
+            4 => prop::sample::select(vocabulary),
+            3 => values.prop_map(str::to_string),
+            1 => any::<f64>().prop_map(|v| v.to_string()),
+            1 => ".{0,12}",
+        ]
+    }
+
+    #[test]
+    fn the_command_definition_is_consistent() {
+        Cli::command().debug_assert();
+        let v = raptor_cli::argv_vocabulary(&Cli::command());
+        for w in [
+            "train", "eval", "audit", "upcycle", "account", "--config", "--resume",
+        ] {
+            assert!(v.iter().any(|x| x == w), "{w} missing from {v:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+        #[test]
+        fn command_lines_never_panic(
+            words in proptest::collection::vec(word(raptor_cli::argv_vocabulary(&Cli::command())), 0..12),
+        ) {
+            let argv: Vec<String> =
+                std::iter::once("raptor".to_string()).chain(words).collect();
+            // An error (usage, help, version) or a parsed command: never a panic.
+            let _ = Cli::try_parse_from(&argv);
+        }
+    }
+}

@@ -257,7 +257,7 @@ pub(crate) fn write_checked_json<T: Serialize>(path: &Path, value: &T) -> Result
     write_atomic(path, &serde_json::to_vec_pretty(&wrapped)?)
 }
 
-/// Read a file written by [`write_checked_json`], verifying its checksum: a flipped byte or a
+/// Read a file written by `write_checked_json` (this module's atomic writer), verifying its checksum: a flipped byte or a
 /// torn write is an error naming the file, never a silently different ledger or state.
 pub fn read_checked_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let bytes = std::fs::read(path).map_err(io(path))?;
