@@ -32,7 +32,7 @@ mkdir -p "$out"
 common=(-j "${MUTANTS_JOBS:-1}" --timeout "${MUTANTS_TIMEOUT:-120}")
 # The PRV unit test against direct convolution takes ~50 s and exercises prv.rs alone: it is
 # skipped for the other accountant modules.
-slow_prv=round_off_allowance_covers_the_fft_error_against_direct_convolution
+slow_prv=round_off_bound_covers_the_fft_error_against_direct_convolution
 acc=crates/raptor-accountant/src
 case "$target" in
 accountant)
