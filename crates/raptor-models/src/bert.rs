@@ -393,6 +393,9 @@ impl Bert {
         ctx: &mut ForwardCtx,
     ) -> Result<Tensor> {
         let (e, k) = (self.num_experts(), self.top_k());
+        if let Some(inputs) = ctx.router_inputs.as_mut() {
+            inputs.push((layer, x.shallow_clone()));
+        }
         let probs = router
             .forward(x, &mut ForwardCtx::new(false))?
             .f_softmax(-1, None::<Kind>)?;

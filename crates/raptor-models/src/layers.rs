@@ -35,6 +35,9 @@ pub struct ForwardCtx {
     /// Ids of the batch's records (`[B]`, e.g. their indices in the dataset) keying their
     /// dropout masks; `None`: their positions `0..B` in the batch.
     pub record_ids: Option<Vec<u64>>,
+    /// When `Some`, each sparse layer of a MoE-BERT appends (layer, the hidden states `[B, T,
+    /// d]` its router reads) here: what [`crate::upcycle::train_bert_routers`] trains on.
+    pub router_inputs: Option<Vec<(usize, Tensor)>>,
 }
 
 impl ForwardCtx {

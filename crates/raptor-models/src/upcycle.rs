@@ -337,3 +337,202 @@ fn seeded_normal(shape: &[i64], seed: u64, std: f64) -> Result<Tensor> {
     }
     Ok(Tensor::f_from_slice(&v)?.f_reshape(shape)?)
 }
+
+/// Settings of [`train_bert_routers`]: brief non-private training of the routers on
+/// **public** text with the Switch load-balancing loss, after which they stay frozen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterTraining {
+    /// Adam steps per layer (each over every public token: full batch).
+    pub steps: usize,
+    /// Adam learning rate.
+    pub lr: f64,
+}
+
+impl Default for RouterTraining {
+    /// 100 steps at learning rate 10⁻³.
+    fn default() -> Self {
+        Self {
+            steps: 100,
+            lr: 1e-3,
+        }
+    }
+}
+
+/// How one sparse layer's router spreads a set of tokens over the experts.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RouterLoad {
+    /// The sparse layer.
+    pub layer: usize,
+    /// Fraction of the top-k assignments that go to each expert (sums to 1).
+    pub load: Vec<f64>,
+    /// Coefficient of variation (standard deviation / mean) of `load`: 0 is perfectly
+    /// balanced.
+    pub load_cv: f64,
+    /// The Switch load-balancing loss `E · Σ_e f_e P_e` (f: `load`, P: mean router
+    /// probability of expert e); 1 when both are uniform.
+    pub balance_loss: f64,
+}
+
+/// The valid tokens' router inputs `[n, d]` of every sparse layer of a MoE-BERT over
+/// `batches` (no grad). Right after upcycling the experts are identical, so these hidden states
+/// do not depend on any router: training the routers on them is exact.
+///
+/// # Errors
+/// A model without sparse layers, or a batch the model rejects.
+pub fn bert_router_inputs(
+    moe: &Bert,
+    batches: &[crate::Batch],
+) -> Result<std::collections::BTreeMap<usize, Tensor>> {
+    if moe.sparse_layers().is_empty() {
+        return Err(ModelError::InvalidConfig(
+            "router training needs a MoE-BERT (no sparse layer)".into(),
+        ));
+    }
+    let mut per: std::collections::BTreeMap<usize, Vec<Tensor>> = Default::default();
+    for b in batches {
+        let mut ctx = crate::ForwardCtx::new(false);
+        ctx.router_inputs = Some(Vec::new());
+        tch::no_grad(|| moe.encode(b, None, &mut ctx))?;
+        let valid = b.attention_mask.f_gt(0)?;
+        for (layer, x) in ctx.router_inputs.take().unwrap_or_default() {
+            let rows = x.f_index(&[Some(&valid)])?.f_to_kind(Kind::Float)?;
+            per.entry(layer).or_default().push(rows);
+        }
+    }
+    per.into_iter()
+        .map(|(l, v)| -> Result<(usize, Tensor)> { Ok((l, Tensor::f_cat(&v, 0)?)) })
+        .collect()
+}
+
+/// Router probabilities `[n, E]`, the hard load `f` `[E]` of the top-k choices and the
+/// Switch loss `E · Σ f_e P_e` (differentiable in `w` through P).
+fn balance(x: &Tensor, w: &Tensor, k: i64) -> Result<(Tensor, Tensor)> {
+    let e = w.size().first().copied().unwrap_or(0);
+    let p = x.f_matmul(&w.f_tr()?)?.f_softmax(-1, Kind::Float)?;
+    let (_, sel) = p.f_detach()?.f_topk(k, -1, true, true)?;
+    let n = (x.size().first().copied().unwrap_or(0) * k).max(1);
+    let f = sel
+        .f_one_hot(e)?
+        .f_to_kind(Kind::Float)?
+        .f_sum_dim_intlist([0i64, 1].as_slice(), false, Kind::Float)?
+        .f_div_scalar(n as f64)?;
+    let mean_p = p.f_mean_dim([0i64].as_slice(), false, Kind::Float)?;
+    let loss = f.f_mul(&mean_p)?.f_sum(Kind::Float)?.f_mul_scalar(e as f64)?;
+    Ok((f, loss))
+}
+
+fn load_of(layer: usize, x: &Tensor, w: &Tensor, k: i64) -> Result<RouterLoad> {
+    let (f, loss) = tch::no_grad(|| balance(x, &w.f_to_kind(Kind::Float)?, k))?;
+    let load: Vec<f64> = Vec::<f64>::try_from(&f.f_to_kind(Kind::Double)?)?;
+    let mean = load.iter().sum::<f64>() / load.len().max(1) as f64;
+    let var = load.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / load.len().max(1) as f64;
+    Ok(RouterLoad {
+        layer,
+        load,
+        load_cv: if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
+        balance_loss: loss.f_double_value(&[])?,
+    })
+}
+
+/// Each sparse layer's router load on `inputs` (from [`bert_router_inputs`]).
+///
+/// # Errors
+/// A layer of `inputs` that the model does not route.
+pub fn bert_router_loads(
+    moe: &Bert,
+    inputs: &std::collections::BTreeMap<usize, Tensor>,
+) -> Result<Vec<RouterLoad>> {
+    let vars = moe.var_store().variables();
+    inputs
+        .iter()
+        .map(|(&l, x)| {
+            let name = format!("bert.encoder.layer.{l}.moe.gate.weight");
+            let w = vars
+                .get(&name)
+                .ok_or_else(|| ModelError::InvalidConfig(format!("the model lacks {name}")))?;
+            load_of(l, x, w, moe.top_k())
+        })
+        .collect()
+}
+
+/// Trains every router of an (upcycled) MoE-BERT on public batches, non-privately: `steps`
+/// Adam steps per layer on the Switch load-balancing loss `E · Σ_e f_e P_e` over all the
+/// public tokens' router inputs ([`bert_router_inputs`]), starting from the current (seeded
+/// random) router. The routers stay frozen (`requires_grad` false): private training never
+/// updates them, and the owner maps RAPTOR derives from them are then a function of public
+/// data only. Returns the loads before and after, per layer.
+///
+/// Only public records may be passed: nothing here is private.
+///
+/// # Errors
+/// No public batch or token, a model without sparse layers, a batch the model rejects, or a
+/// non-finite loss.
+pub fn train_bert_routers(
+    moe: &mut Bert,
+    public: &[crate::Batch],
+    opts: &RouterTraining,
+) -> Result<(Vec<RouterLoad>, Vec<RouterLoad>)> {
+    if public.is_empty() {
+        return Err(ModelError::InvalidConfig(
+            "router training needs at least one public batch".into(),
+        ));
+    }
+    let inputs = bert_router_inputs(moe, public)?;
+    let before = bert_router_loads(moe, &inputs)?;
+    let k = moe.top_k();
+    let vars = moe.var_store().variables();
+    for (&l, x) in &inputs {
+        if x.size().first().copied().unwrap_or(0) == 0 {
+            return Err(ModelError::InvalidConfig(
+                "router training: the public batches have no valid token".into(),
+            ));
+        }
+        let name = format!("bert.encoder.layer.{l}.moe.gate.weight");
+        let mut target = vars
+            .get(&name)
+            .ok_or_else(|| ModelError::InvalidConfig(format!("the model lacks {name}")))?
+            .shallow_clone();
+        // A fresh float leaf (a copy, not a view of the frozen router).
+        let w = target
+            .f_detach()?
+            .f_to_kind(Kind::Float)?
+            .f_mul_scalar(1.0)?
+            .f_set_requires_grad(true)?;
+        let mut m = w.f_zeros_like()?;
+        let mut v = w.f_zeros_like()?;
+        let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8);
+        for t in 1..=opts.steps {
+            let (_, loss) = balance(x, &w, k)?;
+            let lv = loss.f_double_value(&[])?;
+            if !lv.is_finite() {
+                return Err(ModelError::InvalidConfig(format!(
+                    "router training of layer {l}: non-finite loss at step {t}"
+                )));
+            }
+            let g = Tensor::f_run_backward(&[&loss], &[&w], false, false)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| ModelError::InvalidConfig("no router gradient".into()))?;
+            tch::no_grad(|| -> Result<()> {
+                m = m.f_mul_scalar(b1)?.f_add(&g.f_mul_scalar(1.0 - b1)?)?;
+                v = v
+                    .f_mul_scalar(b2)?
+                    .f_add(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
+                let mh = m.f_div_scalar(1.0 - b1.powi(t as i32))?;
+                let vh = v.f_div_scalar(1.0 - b2.powi(t as i32))?;
+                let step = mh
+                    .f_div(&vh.f_sqrt()?.f_add_scalar(eps)?)?
+                    .f_mul_scalar(opts.lr)?;
+                let mut w2 = w.shallow_clone();
+                w2.f_sub_(&step)?;
+                Ok(())
+            })?;
+        }
+        tch::no_grad(|| -> Result<()> {
+            target.f_copy_(&w.f_detach()?.f_to_kind(target.kind())?)?;
+            Ok(())
+        })?;
+    }
+    let after = bert_router_loads(moe, &inputs)?;
+    Ok((before, after))
+}

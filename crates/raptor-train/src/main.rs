@@ -38,8 +38,8 @@ enum Command {
         /// CPU run).
         #[arg(long)]
         full: bool,
-        /// Run only these parts (default: all): paper, dpmuon, environment, accountant,
-        /// routing, kernels, muon.
+        /// Run only these parts (default: all): paper, dpmuon, backbones, environment,
+        /// accountant, routing, kernels, muon.
         #[arg(long = "only")]
         only: Vec<String>,
         /// Per-user cache with the corpora of `cargo xtask setup --data` (default:
@@ -85,30 +85,7 @@ enum Command {
     /// folder, or a BERT folder into a MoE-BERT folder (raptor's layout, `model.kind =
     /// "moe-bert"`): every layer's MLP copied into E experts, a new random router, seeded and
     /// frozen in training. Tokenizer files beside the checkpoint are copied.
-    Upcycle {
-        /// The dense Llama or BERT folder (`config.json` + safetensors), or the name of a model
-        /// of the cache (e.g. `all-minilm-l6-v2`).
-        #[arg(long)]
-        model: PathBuf,
-        /// The folder to write (Mixtral layout).
-        #[arg(long)]
-        out: PathBuf,
-        /// Experts per layer.
-        #[arg(long, default_value_t = 8)]
-        experts: i64,
-        /// Experts per token.
-        #[arg(long, default_value_t = 2)]
-        top_k: i64,
-        /// Seed of the router initialization.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Standard deviation of the router initialization.
-        #[arg(long, default_value_t = 0.02)]
-        router_std: f64,
-        /// One JSON object on stdout.
-        #[arg(long)]
-        json: bool,
-    },
+    Upcycle(cli::upcycle::UpcycleArgs),
     /// Train privately from a config file (RAPTOR, its baselines, DP-SGD/Adam/Muon/MuonBC).
     Train(cli::train::TrainArgs),
     /// Evaluate a run folder on a data file.
@@ -155,6 +132,7 @@ fn main() {
                     cache,
                     d2t_data,
                     inputs: None,
+                    backbones: None,
                     device,
                     exe: std::env::current_exe().ok(),
                     workers,
@@ -168,24 +146,7 @@ fn main() {
         Command::Export { run, out } => raptor_train::run::export_run(&run, &out)
             .map(|()| println!("exported {} to {}", run.display(), out.display()))
             .map_err(anyhow::Error::from),
-        Command::Upcycle {
-            model,
-            out,
-            experts,
-            top_k,
-            seed,
-            router_std,
-            json,
-        } => {
-            // A bare name is a model of the cache (`cargo xtask setup --models`), as in configs.
-            let cache = raptor_data::cache::default_cache_dir();
-            let model = raptor_train::config::resolve_model_path(
-                &model,
-                std::path::Path::new("."),
-                cache.as_deref(),
-            );
-            upcycle(&model, &out, experts, top_k, seed, router_std, json)
-        }
+        Command::Upcycle(args) => cli::upcycle::run_upcycle(args),
         Command::Train(args) => cli::train::run_train(args),
         Command::Eval(args) => cli::train::run_eval(args),
         Command::Audit(args) => cli::audit::run_audit(args),
@@ -240,97 +201,6 @@ fn info(json: bool) -> anyhow::Result<()> {
     println!("cuda linked: {}", raptor_models::CUDA_LINKED);
     println!("cuda available: {available}");
     println!("cuda devices: {devices}");
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn upcycle(
-    model: &std::path::Path,
-    out: &std::path::Path,
-    experts: i64,
-    top_k: i64,
-    seed: u64,
-    router_std: f64,
-    json: bool,
-) -> anyhow::Result<()> {
-    use raptor_models::checkpoint::{
-        LoadOptions, load_bert, load_decoder, save_pretrained, save_pretrained_without,
-    };
-    use raptor_models::hf_config::HfConfig;
-    let mut opts = raptor_models::upcycle::UpcycleOptions::new(experts, top_k);
-    opts.seed = seed;
-    opts.router_std = router_std;
-    let model_type = match HfConfig::from_file(model)? {
-        HfConfig::Bert(c) => {
-            // The pooler is kept (pooling by it reads it back); a head the source lacks (a
-            // `BertModel`) is not written.
-            let dense = load_bert(
-                model,
-                c.num_labels.unwrap_or(2),
-                raptor_models::BertPooling::Pooler,
-                tch::Device::Cpu,
-                &LoadOptions::strict(),
-            )?;
-            let skip: Vec<&str> = if dense
-                .report
-                .missing
-                .iter()
-                .any(|m| m.starts_with("classifier"))
-            {
-                vec!["classifier.*"]
-            } else {
-                vec![]
-            };
-            let moe = raptor_models::upcycle::upcycle_bert(&dense.model, &opts)?;
-            save_pretrained_without(&moe, out, &skip)?;
-            "moe-bert"
-        }
-        _ => {
-            let dense = load_decoder(
-                model,
-                raptor_models::DecoderHead::LanguageModel,
-                tch::Device::Cpu,
-                &LoadOptions::strict(),
-            )?;
-            let moe = raptor_models::upcycle::upcycle_llama(&dense.model, &opts)?;
-            save_pretrained(&moe, out)?;
-            "mixtral"
-        }
-    };
-    for f in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "generation_config.json",
-        "vocab.txt",
-    ] {
-        let src = model.join(f);
-        if src.is_file() {
-            std::fs::copy(&src, out.join(f))
-                .map_err(|e| anyhow::anyhow!("copying {}: {e}", src.display()))?;
-        }
-    }
-    if json {
-        return cli::print_json(&serde_json::json!({
-            "model": model.display().to_string(),
-            "out": out.display().to_string(),
-            "model_type": model_type,
-            "experts": experts,
-            "top_k": top_k,
-            "seed": seed,
-            "router_std": router_std,
-        }));
-    }
-    println!(
-        "upcycled {} into {} ({experts} experts, top-{top_k}, {} layout)",
-        model.display(),
-        out.display(),
-        if model_type == "moe-bert" {
-            "MoE-BERT"
-        } else {
-            "Mixtral"
-        }
-    );
     Ok(())
 }
 

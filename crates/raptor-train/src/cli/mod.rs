@@ -9,6 +9,7 @@ pub use raptor_cli::account;
 pub use raptor_cli::routing;
 pub mod audit;
 pub mod train;
+pub mod upcycle;
 
 /// Exit code for bad input (invalid arguments, malformed files): errors go to stderr.
 pub const EXIT_BAD_INPUT: i32 = raptor_cli::EXIT_BAD_INPUT;

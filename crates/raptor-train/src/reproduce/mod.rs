@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 mod accountant;
+pub mod backbones;
 mod kernels;
 mod muon;
 pub mod paper;
@@ -31,6 +32,9 @@ pub struct Context {
     pub d2t_data: PathBuf,
     /// Explicit inputs of the paper parts (tests); None: the real data.
     pub inputs: Option<paper::Inputs>,
+    /// Explicit inputs of the `backbones` part (tests: tiny checkpoints); None: the real
+    /// checkpoints and corpora of `cargo xtask setup --models --data`.
+    pub backbones: Option<backbones::Inputs>,
     /// Device of the training runs (`cpu`, `cuda`, `cuda:N`).
     pub device: String,
     /// The `raptor` program, to run the training grid in parallel worker processes
@@ -56,6 +60,7 @@ fn parts() -> Vec<(&'static str, Part)> {
         ("muon", muon::tables),
         ("paper", |c| paper::tables(c, &["paper"])),
         ("dpmuon", |c| paper::tables(c, &["dpmuon"])),
+        ("backbones", backbones::tables),
     ]
 }
 
@@ -94,6 +99,7 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
     let order = [
         "paper",
         "dpmuon",
+        "backbones",
         "environment",
         "accountant",
         "routing",

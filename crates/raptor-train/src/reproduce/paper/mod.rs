@@ -18,7 +18,7 @@
 
 mod pretrain;
 mod report;
-mod runs;
+pub(super) mod runs;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -317,17 +317,17 @@ fn cls_base(task: &ClsTask, s: &Scale, tok: &Path, model: &Path, device: &str) -
 }
 
 /// The expected batch, capped at half the records (small inputs: q = B/N stays ≤ 1/2).
-fn fit_batch(b: f64, n: usize) -> f64 {
+pub(super) fn fit_batch(b: f64, n: usize) -> f64 {
     b.min((n / 2).max(1) as f64)
 }
 
-fn seeded(mut c: RunConfig, seed: u64) -> RunConfig {
+pub(super) fn seeded(mut c: RunConfig, seed: u64) -> RunConfig {
     c.train.seed = seed;
     c.train.insecure_seed = Some(1000 + seed);
     c
 }
 
-fn read_lines(path: &Path, column: &str) -> anyhow::Result<Vec<String>> {
+pub(super) fn read_lines(path: &Path, column: &str) -> anyhow::Result<Vec<String>> {
     let spec = raptor_data::TableSpec::new(column, None);
     let ds = raptor_data::read_table(path, &spec)
         .with_context(|| format!("reading {}", path.display()))?;
@@ -483,7 +483,7 @@ fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str) -> Vec<Job> {
 
 /// The file, or an evenly strided subset of `cap` of its records written as TSV into the cache
 /// (a fixed subset: every run of the task uses the same records).
-fn capped(
+pub(super) fn capped(
     cache: &Path,
     task: &str,
     split: &str,
@@ -531,7 +531,7 @@ fn pretrained_note(c: &ClsPrepared) -> Option<String> {
 }
 
 /// Writes `records` as an E2E-style CSV (`mr`, `ref`).
-fn write_e2e_csv(path: &Path, records: &[(String, String)]) -> anyhow::Result<()> {
+pub(super) fn write_e2e_csv(path: &Path, records: &[(String, String)]) -> anyhow::Result<()> {
     let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
     let mut text = String::from("mr,ref\n");
     for (src, tgt) in records {
@@ -544,7 +544,7 @@ fn write_e2e_csv(path: &Path, records: &[(String, String)]) -> anyhow::Result<()
     Ok(())
 }
 
-fn read_d2t(format: &str, path: &Path) -> anyhow::Result<raptor_data::D2tDataset> {
+pub(super) fn read_d2t(format: &str, path: &Path) -> anyhow::Result<raptor_data::D2tDataset> {
     let ds = match format {
         "e2e" => raptor_data::read_e2e(path),
         _ if path
