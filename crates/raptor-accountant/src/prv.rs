@@ -2803,6 +2803,37 @@ mod tests {
         }
     }
 
+    /// The ε-dependent round-off term is charged at `k0`, the first grid index that δ_w(ε)
+    /// reads (`k0 > ε/h`, module docs, round-off 6): a point mass at index `k` counts in δ_w(ε)
+    /// exactly for ε < k·h, and at every such ε in `[(k − 1)h, kh)` the decay is
+    /// `e^{−λ(k − k_ref)}`. A decay taken at a lower index would only loosen the bound; one
+    /// taken at a higher index would under-charge the round-off of the mass at `k`.
+    #[test]
+    fn decay_is_taken_at_the_first_grid_index_that_delta_reads() {
+        let (h, k, k_lo) = (0.25, 12_i64, 9_i64);
+        let mut w = vec![0.0; 8];
+        w[(k - k_lo) as usize] = 1.0;
+        let mut d = ComposedDirection::new(h, k_lo, w, 0.0, 0.0, 0.0);
+        (d.lambda, d.k_ref) = (0.3, 5.0);
+        let at = |k0: i64| (-0.3 * (k0 as f64 - 5.0)).exp();
+        for f in [0.0, 0.1, 0.5, 0.9, 0.999] {
+            let eps = (k - 1) as f64 * h + f * h;
+            let expect = -(eps - k as f64 * h).exp_m1();
+            assert!(
+                (d.delta_w(eps) - expect).abs() <= 1e-15,
+                "δ_w({eps}) = {} ≠ {expect}",
+                d.delta_w(eps)
+            );
+            assert_eq!(d.decay(eps), at(k), "ε = {eps}");
+        }
+        // At ε = k·h the mass at k no longer counts, and the decay moves to k + 1.
+        assert_eq!(d.delta_w(k as f64 * h), 0.0);
+        assert_eq!(d.decay(k as f64 * h), at(k + 1));
+        // Untilted: no decay.
+        d.lambda = 0.0;
+        assert_eq!(d.decay(1.0), 1.0);
+    }
+
     #[test]
     fn fft_sizes_are_smooth() {
         assert_eq!(fft_size(1000), 1024);
