@@ -360,7 +360,9 @@ impl Loss {
         }
     }
 
-    /// Inverse of `g` (−∞ at or below ln(1−q)).
+    /// Inverse of `g` (−∞ at or below ln(1−q)); [`Self::ginv_err`] is the same computation
+    /// with its error bound.
+    #[cfg(test)]
     fn ginv(&self, y: f64) -> f64 {
         let s2 = self.sigma * self.sigma;
         let z = if self.q == 1.0 {
@@ -424,60 +426,140 @@ impl Loss {
     /// where `Q(Y ∈ A) = E_P[e^{−Y}; Y ∈ A]` (the pair is mutually absolutely continuous).
     #[cfg(test)]
     fn tails_pq(&self, y: f64, upper: bool) -> (f64, f64) {
-        let (p, q, _) = self.tails_pq_err(y, upper);
-        (p, q)
+        let t = self.edge_tails(y, upper);
+        (t.p, t.q)
     }
 
-    /// [`Self::tails_pq`] with the modelled relative error of both values (module docs,
-    /// round-off): `u·(16 + 4z²)` with `z = (|x| + 1)/σ` for the output `x` at which the loss
-    /// equals `y` — `16u` for erfc (within 4u, unit test) and the mixture's sum, `4z²u` for the
-    /// inversion `x = g⁻¹(y)` (an absolute error `~u·z·σ` in `x` moves a Gaussian tail at `x/σ`
-    /// by a relative `~z·u·z`).
-    fn tails_pq_err(&self, y: f64, upper: bool) -> (f64, f64, f64) {
+    /// `g⁻¹(y)` as [`Self::ginv`] computes it, with a bound on its backward error (module docs,
+    /// round-off, 5): `(x̂, d, abs)`. For finite `x̂`, the exact loss at `x' = σ·fl(x̂/σ)` (the
+    /// common point of the tails) lies within `d` of the real number `y` was rounded from
+    /// (`|y − y_exact| ≤ u|y|` included). `x̂ = −∞` means `y_exact` is at or below the infimum
+    /// `ln(1 − q)` of the loss (tails exactly 0 / 1) when `abs == 0`, or that it may lie just
+    /// above it (`1 + (e^{y_exact} − 1)/q ≤ 16u`), where the exact tails are at most `abs`.
+    fn ginv_err(&self, y: f64) -> (f64, f64, f64) {
+        let (u, l) = (UNIT_ROUNDOFF, LIBM_REL);
         let (q, s) = (self.q, self.sigma);
-        let rel = |x: f64| {
-            let z = (x.abs() + 1.0) / s;
-            UNIT_ROUNDOFF * (16.0 + 4.0 * z * z)
+        let s2 = s * s;
+        // z = the computed (2x − 1)/(2σ²) and a bound on |G(z) − y|, G(z) = ln(1 − q + q e^z)
+        // the loss as a function of z (G' ∈ (0, 1], ln G' 1-Lipschitz).
+        let (z, dg) = if q == 1.0 {
+            (y, 0.0)
+        } else if y > 0.0 {
+            // z = (y − ln q) + ln_1p(w), w = −(1 − q)e^{−y}; G'(z*) = 1 + w.
+            let lq = q.ln();
+            let a1 = y - lq;
+            let w = -(1.0 - q) * (-y).exp();
+            let l1 = w.ln_1p();
+            let z = a1 + l1;
+            let tw = l + 2.01 * u;
+            let den = 1.0 + w - tw * w.abs();
+            if !(den > 0.0) {
+                return (f64::NAN, f64::INFINITY, 0.0);
+            }
+            let dz = u * z.abs() + u * a1.abs() + l * lq.abs() + l * l1.abs() + tw * w.abs() / den;
+            let gp = (1.0 + w + tw * w.abs()).min(1.0);
+            (z, dz * gp * dz.exp())
+        } else {
+            // z = ln_1p(r), r = expm1(y)/q ∈ (−1, 0]; G'(z*) = q(1 + r*)e^{−y}.
+            let r = y.exp_m1() / q;
+            // Relative error of r against expm1(y_exact)/q (libm, the division, y's rounding).
+            let tr = l + 2.02 * u;
+            let xb = 0.5 + s2 * (16.0 * u).ln();
+            let edge_abs = 1.01 * norm_cdf(xb / s) + 1e-300;
+            if r <= -1.0 - 16.0 * u {
+                return (f64::NEG_INFINITY, 0.0, 0.0);
+            }
+            let rs = r.abs() / (1.0 - tr);
+            let den = 1.0 + r - tr * rs;
+            if r <= -1.0 || !(den > 0.0) {
+                // 1 + r_exact ≤ 16u: the output lies below 0.5 + σ² ln(16u).
+                return (f64::NEG_INFINITY, 0.0, edge_abs);
+            }
+            let z = r.ln_1p();
+            let dz = l * z.abs() + tr * rs / den;
+            let gp = (q * (1.0 + r + tr * rs) * (-y).exp() * (1.0 + 2.0 * l)).min(1.0);
+            (z, dz * gp * dz.exp())
         };
-        match self.dir {
-            Direction::Remove => {
-                // Y = g(X), increasing in the output X; P = mixture, Q = N(0, σ²).
-                let x = self.ginv(y);
-                if x == f64::NEG_INFINITY {
-                    return if upper {
-                        (1.0, 1.0, 0.0)
-                    } else {
-                        (0.0, 0.0, 0.0)
-                    };
-                }
-                let (u0, u1) = (x / s, (x - 1.0) / s);
-                if upper {
-                    let q0 = norm_sf(u0);
-                    ((1.0 - q) * q0 + q * norm_sf(u1), q0, rel(x))
-                } else {
-                    let q0 = norm_cdf(u0);
-                    ((1.0 - q) * q0 + q * norm_cdf(u1), q0, rel(x))
-                }
+        let x = s2 * z + 0.5;
+        // |z' − z| for z' = (x' − 1/2)/σ² (x̂'s two roundings, x' = x̂(1 + θ)), through G' ≤ 1.
+        let d = dg + 2.01 * u * z.abs() + 2.0 * u * x.abs() / s2 + u * y.abs();
+        (x, 1.01 * d, 0.0)
+    }
+
+    /// The tails of [`Self::tails_pq`] at the (rounded) grid value `y`, with rigorous error
+    /// bounds (module docs, round-off, 5).
+    fn edge_tails(&self, y: f64, upper: bool) -> EdgeTails {
+        let (q, s) = (self.q, self.sigma);
+        let u = UNIT_ROUNDOFF;
+        let yy = match self.dir {
+            Direction::Remove => y,
+            Direction::Add => -y,
+        };
+        let (x, d, abs) = self.ginv_err(yy);
+        if x == f64::NEG_INFINITY {
+            // Remove: Y ≤ y is impossible; add: certain (Y = −g(X) < −ln(1 − q)).
+            let v = match (self.dir, upper) {
+                (Direction::Remove, true) | (Direction::Add, false) => 1.0,
+                _ => 0.0,
+            };
+            return EdgeTails {
+                p: v,
+                q: v,
+                rel: 0.0,
+                abs,
+                d: 0.0,
+            };
+        }
+        if !(x.is_finite() && d.is_finite()) {
+            return EdgeTails {
+                p: f64::NAN,
+                q: f64::NAN,
+                rel: f64::INFINITY,
+                abs: f64::INFINITY,
+                d: f64::INFINITY,
+            };
+        }
+        let (u0, u1) = (x / s, (x - 1.0) / s);
+        // A normal tail 0.5·erfc(±v/√2) at the computed v against the exact tail at v: erfc's
+        // own error and its argument's two roundings (|Δw| ≤ 2.01u|w|) through
+        // |d ln erfc(w)/dw| ≤ 2|w| + 1.5.
+        let comp = |v: f64| {
+            let w = v.abs() / std::f64::consts::SQRT_2;
+            let dw = 2.01 * u * w;
+            ERFC_REL + 1.01 * dw * (2.0 * (w + dw) + 1.5)
+        };
+        // The second component's argument against (x' − 1)/σ, through |d ln Φ(ζ)/dζ| ≤ |ζ| + 1.07.
+        let d1 = (2.01 * u * (x - 1.0).abs() + u * x.abs()) / s;
+        let rel0 = comp(u0);
+        let rel1 = comp(u1) + 1.01 * d1 * (u1.abs() + d1 + 1.07);
+        // The mixture (1 − q)·T0 + q·T1: the weight's rounding, two products and the sum.
+        let rel = 1.01 * ((rel0 + 2.01 * u).max(rel1 + u) + u);
+        let (p, qq) = match (self.dir, upper) {
+            // Y = g(X), increasing in the output X; P = mixture, Q = N(0, σ²).
+            (Direction::Remove, true) => {
+                let q0 = norm_sf(u0);
+                ((1.0 - q) * q0 + q * norm_sf(u1), q0)
             }
-            Direction::Add => {
-                // Y = −g(X): Y ≤ y ⇔ X ≥ g⁻¹(−y); P = N(0, σ²), Q = mixture.
-                let x = self.ginv(-y);
-                if x == f64::NEG_INFINITY {
-                    return if upper {
-                        (0.0, 0.0, 0.0)
-                    } else {
-                        (1.0, 1.0, 0.0)
-                    };
-                }
-                let (u0, u1) = (x / s, (x - 1.0) / s);
-                if upper {
-                    let p0 = norm_cdf(u0);
-                    (p0, (1.0 - q) * p0 + q * norm_cdf(u1), rel(x))
-                } else {
-                    let p0 = norm_sf(u0);
-                    (p0, (1.0 - q) * p0 + q * norm_sf(u1), rel(x))
-                }
+            (Direction::Remove, false) => {
+                let q0 = norm_cdf(u0);
+                ((1.0 - q) * q0 + q * norm_cdf(u1), q0)
             }
+            // Y = −g(X): Y ≤ y ⇔ X ≥ g⁻¹(−y); P = N(0, σ²), Q = mixture.
+            (Direction::Add, true) => {
+                let p0 = norm_cdf(u0);
+                (p0, (1.0 - q) * p0 + q * norm_cdf(u1))
+            }
+            (Direction::Add, false) => {
+                let p0 = norm_sf(u0);
+                (p0, (1.0 - q) * p0 + q * norm_sf(u1))
+            }
+        };
+        EdgeTails {
+            p,
+            q: qq,
+            rel,
+            abs: 0.0,
+            d,
         }
     }
 
@@ -490,46 +572,145 @@ impl Loss {
     }
 }
 
+/// The P- and Q-tails of the loss at one bin edge, as computed, with their error bounds
+/// (module docs, round-off, 5).
+#[derive(Debug, Clone, Copy)]
+struct EdgeTails {
+    /// P-tail (lower: P(Y ≤ y); upper: P(Y > y)).
+    p: f64,
+    /// Q-tail (lower: Q(Y ≤ y); upper: Q(Y > y)).
+    q: f64,
+    /// Both values are within a relative `rel` of the exact tails at a common output `x'`...
+    rel: f64,
+    /// ...or (`abs > 0`, at the end of the support) within `abs` of the exact tails at `y`.
+    abs: f64,
+    /// The exact loss at `x'` lies within `d` of the exact grid value.
+    d: f64,
+}
+
+/// The round-off summary of one step's computed grid pmf `p̂` against the exact pessimistic
+/// pmf `p` (module docs, round-off, 5). For every non-negative measure `R` on the grid (the
+/// other steps), with `g(k) = E[f_ε(R + kh)]`:
+/// `|⟨p − p̂, g⟩| ≤ tail_coef·τ(ε − 3h) + Σ_{(k, m) ∈ abs} m·P(R ≥ ε − kh)`, where τ(x) bounds
+/// the tail `P(S ≥ x)` of every composition of the steps' exact or computed pmfs.
+#[derive(Debug, Clone)]
+struct PmfRoundoff {
+    /// The largest backward error `d` of the edges' common points.
+    d: f64,
+    /// The largest relative error of the upper-tail edges above the switch.
+    r_up: f64,
+    /// The largest `rel·(F + e^{y}G)` of the lower-tail edges below the switch.
+    x_low: f64,
+    /// The relative error at the switch between lower and upper tails, and `e^{y}` there.
+    r_sw: f64,
+    e_sw: f64,
+    /// A lower bound on `P(Ỹ ≥ y_{sw+1})` (the exact pmf's mass above the switch).
+    pi_sw: f64,
+    /// Per unit of a bin's P-mass, the bound on its split's rounding effect (the relative part).
+    c_rel: f64,
+    /// `(grid index k, mass m)`: the remaining per-bin and per-edge terms.
+    abs: Vec<(i64, f64)>,
+    /// The coefficient of τ(ε − 3h).
+    tail_coef: f64,
+}
+
+impl PmfRoundoff {
+    /// `(ρ₁, ρ₂)` with `|M − M̂| ≤ ρ₁·M + ρ₂·M̂` for the exact and computed MGFs
+    /// `M(λ) = Σ p_k e^{λk}` at the tilt `λ` (per grid index; `ln_m` = ln M̂): the same bound
+    /// for the weight `g(k) = e^{λk}` (`Ψ(v) = v^{1+μ}`, `μ = λ/h`), so that
+    /// `M ≤ M̂(1 + ρ₂)/(1 − ρ₁)` (module docs, round-off, 5).
+    fn mgf_drift(&self, lambda: f64, h: f64, omeh: f64, ln_m: f64) -> (f64, f64) {
+        let u = UNIT_ROUNDOFF;
+        let mu = lambda / h;
+        let nu = lambda.exp_m1() / omeh;
+        let el = lambda.exp();
+        let ed = self.d.exp();
+        let shift = self.d.exp_m1() * (1.0 + mu) * (2.0 * lambda + lambda * self.d / h).exp();
+        let upper = self.r_up * (1.0 + ed) * (1.0 + mu) * (el + 2.0) * (lambda * (1.0 + self.d / h)).exp();
+        let low = (3.0 * self.x_low * (1.0 + mu) / el
+            + self.r_sw * ((1.0 + self.e_sw) * (1.0 + mu) + (1.0 + (1.0 + self.e_sw) * nu) / el))
+            / self.pi_sw;
+        let rho1 = 1.01 * (shift + upper + low);
+        let w = 1.0_f64.max(nu).max(1.0 + mu);
+        let mut a = 0.0_f64;
+        for &(k, m) in &self.abs {
+            a += m * (lambda * k as f64 - ln_m).exp();
+        }
+        let rho2 = 1.01 * (w * a + 1.0_f64.max(nu) * self.c_rel * (1.0 + 3.0 * u) * el);
+        (rho1, rho2)
+    }
+}
+
 /// The pessimistic ("connect the dots") pmf of one step's clamped loss on the grid `k·h`.
 #[derive(Debug, Clone)]
 struct GridPmf {
     offset: i64,
     p: Vec<f64>,
-    /// P(Y > b'): the clamp moved this mass down (already enlarged by its modelled error).
+    /// An upper bound on P(Y > b'): the clamp moved this mass down.
     trunc_upper: f64,
-    /// P(Y < a'): the clamp moved this mass up.
+    /// An upper bound on P(Y < a'): the clamp moved this mass up.
     trunc_lower: f64,
-    /// `dip[j]`: a bound on the mass that round-off (modelled accuracy of the tails) may have
-    /// moved between grid points `offset + j` and `offset + j + 1` (module docs, round-off).
-    dip: Vec<f64>,
-    /// `(index, mass)`: bounds on mass created or lost by round-off at single grid points (the
-    /// switch between lower and upper tails, the clamped tails).
-    mono: Vec<(i64, f64)>,
+    /// The round-off of `p` (module docs, round-off, 5).
+    roundoff: PmfRoundoff,
 }
 
 /// The unit round-off of f64 (2^−53).
 const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
 
-/// The pessimistic split of a bin `[y0, y0 + h]` with `P`-mass `pm` and `Q`-mass `qm`:
-/// `(p⁻, p⁺)` at `(y0, y0 + h)` with `p⁻ + p⁺ = pm` and `p⁻e^{−y0} + p⁺e^{−y0−h} = qm`, where
-/// `omeh = 1 − e^{−h}`, and `e^{y0}` (`scale`, used for the error bound). `p⁺` is clamped to
-/// `[0, pm]` (round-off only: `qm ∈ [e^{−h}, 1]·pm·e^{−y0}` for masses of a bin of the loss).
+/// Assumed relative accuracy of the platform libm's `exp`, `exp_m1`, `ln` and `ln_1p` (2 ulp;
+/// glibc documents at most 1–2 ulp for these on x86_64): an assumption of the round-off bounds.
+const LIBM_REL: f64 = 4.0 * UNIT_ROUNDOFF;
+
+/// Assumed relative accuracy of `libm::erfc` (4 ulp; a unit test finds it within 2 ulp of
+/// 20-digit references): an assumption of the round-off bounds.
+const ERFC_REL: f64 = 8.0 * UNIT_ROUNDOFF;
+
+/// The pessimistic split of a bin `[y0, y0 + h]` with computed `P`-mass `pm` and `Q`-mass
+/// `qm`: `(p⁻, p⁺, m)` at `(y0, y0 + h)` with `p⁻ + p⁺ = pm` and
+/// `p⁻e^{−y0} + p⁺e^{−y0−h} = qm` (`omeh = 1 − e^{−h}`), `p⁺` clamped to `[0, pm]`, and `m` a
+/// bound on the effect of the split's rounding (and the clamp, and the later sums into the
+/// pmf) on `⟨p̂, g⟩` per unit of `P(R ≥ ε − y0 − h)` (module docs, round-off, 5), against the
+/// exact split of the same masses.
 fn split_bin(y0: f64, pm: f64, qm: f64, omeh: f64) -> (f64, f64, f64) {
-    if pm <= 0.0 {
-        return (0.0, 0.0, 0.0);
-    }
-    let qm = qm.max(0.0);
-    // e^{y0}·qm ≤ pm ≤ 1; in log space where e^{y0} alone would overflow.
-    let (scaled, scale) = if y0 < 700.0 {
-        let e = y0.exp();
-        (e * qm, e)
+    let (u, l) = (UNIT_ROUNDOFF, LIBM_REL);
+    // `scaled` = e^{y0}·qm, with its relative error against the exact e^{y0}·qm (y0's rounding
+    // included): directly, or in log space where e^{y0} alone would overflow.
+    let (scaled, ts) = if y0 < 700.0 {
+        (y0.exp() * qm, l + 1.01 * u * y0.abs() + u)
     } else if qm > 0.0 {
-        ((y0 + qm.ln()).exp(), f64::INFINITY)
+        let lq = qm.ln();
+        (
+            (y0 + lq).exp(),
+            l + 1.01 * (u * y0.abs() + l * lq.abs() + u * (y0 + lq).abs()),
+        )
     } else {
-        (0.0, f64::INFINITY)
+        (0.0, 0.0)
     };
-    let hi = ((pm - scaled) / omeh).clamp(0.0, pm);
-    (pm - hi, hi, scale)
+    // e^{y0}|qm| (also where a negative qm was dropped in log space).
+    let eq = if y0 >= 700.0 && qm < 0.0 {
+        ((y0 + (-qm).ln()).exp() * (1.0 + 1e-9)).min(f64::MAX)
+    } else {
+        scaled.abs() * (1.0 + 2.0 * ts)
+    };
+    if pm <= 0.0 {
+        // No mass: the exact split of (pm, qm) would put pm at y0 and (pm − e^{y0}qm)/omeh
+        // on top: its effect is at most 2|pm| + e^{y0}|qm| per unit.
+        return (0.0, 0.0, 2.01 * pm.abs() + 1.01 * eq);
+    }
+    let raw = (pm - scaled) / omeh;
+    let hi = raw.clamp(0.0, pm);
+    let lo = pm - hi;
+    // The two masses' subtractions (2|Δpm| + e^{y0}|Δqm|), e^{y0}qm's rounding, the split's
+    // subtraction and division (and omeh's libm error), the clamp, lo's subtraction, and the
+    // sums of lo and hi into the pmf.
+    let m = 2.01 * u * pm
+        + 1.01 * u * eq
+        + 1.02 * ts * eq
+        + 1.01 * (2.0 * u + l) * omeh * raw.abs()
+        + omeh * (hi - raw).abs()
+        + 1.01 * u * lo
+        + u * (lo + hi);
+    (lo, hi, m)
 }
 
 fn build_pmf(
@@ -539,12 +720,14 @@ fn build_pmf(
     max_points: usize,
     eps_error: f64,
 ) -> Result<GridPmf> {
+    let u = UNIT_ROUNDOFF;
     let (a, b) = loss.support(tail_mass);
     if !(a.is_finite() && b.is_finite()) {
         return Err(AccountantError::NumericalFailure("loss support"));
     }
     let a_idx = (a / h).floor();
-    let b_idx = (b / h).ceil().max(a_idx + 1.0);
+    // At least 3 bins: the switch below is at most two edges below the top.
+    let b_idx = (b / h).ceil().max(a_idx + 3.0);
     let nbins = b_idx - a_idx;
     if nbins + 1.0 > max_points as f64 {
         return Err(grid_too_large(nbins + 1.0, max_points, eps_error));
@@ -552,81 +735,127 @@ fn build_pmf(
     let (a_idx, nbins) = (a_idx as i64, nbins as usize);
     let edge = |e: usize| (a_idx + e as i64) as f64 * h;
     // Bins whose left edge is below `switch` use the lower tails (accurate there), the others
-    // the upper tails.
+    // the upper tails (the switch at most at edge nbins − 2, see `pi_sw`).
     let med = loss.median_guess();
-    let switch = ((med / h).floor() as i64 - a_idx).clamp(0, nbins as i64) as usize;
-    // (P, Q) tails at every bin edge with their modelled relative error, computed once and
-    // shared by the two bins meeting there.
-    let edge_vals: Vec<(f64, f64, f64)> = (0..=nbins)
+    let switch = ((med / h).floor() as i64 - a_idx).clamp(0, nbins as i64 - 2) as usize;
+    // (P, Q) tails at every bin edge with their error bounds, computed once and shared by the
+    // two bins meeting there; the switch edge also in lower tails (for the bin below it, or the
+    // clamped mass at the bottom if it is the bottom edge).
+    let edge_vals: Vec<EdgeTails> = (0..=nbins)
         .into_par_iter()
-        .map(|e| loss.tails_pq_err(edge(e), e >= switch))
+        .map(|e| loss.edge_tails(edge(e), e >= switch))
         .collect();
+    let low_sw = loss.edge_tails(edge(switch), false);
     let omeh = -(-h).exp_m1();
-    let u = UNIT_ROUNDOFF;
-    // (p⁻, p⁺, bound on the mass round-off may have moved between the bin's two points).
+    // (p⁻, p⁺, rounding bound m) per bin.
     let bins: Vec<(f64, f64, f64)> = (0..nbins)
         .into_par_iter()
         .map(|j| {
-            let upper = j >= switch;
-            let (p0, q0, r0) = edge_vals[j];
-            // The right edge's stored tails are in this bin's mode except for the last bin below
-            // `switch`, whose right edge starts the first bin above it.
-            let (p1, q1, r1) = if j + 1 == switch {
-                loss.tails_pq_err(edge(j + 1), false)
+            let t0 = &edge_vals[j];
+            let t1 = if j + 1 == switch {
+                &low_sw
             } else {
-                edge_vals[j + 1]
+                &edge_vals[j + 1]
             };
-            let (pm, qm) = if upper {
-                (p0 - p1, q0 - q1)
+            let (pm, qm) = if j >= switch {
+                (t0.p - t1.p, t0.q - t1.q)
             } else {
-                (p1 - p0, q1 - q0)
+                (t1.p - t0.p, t1.q - t0.q)
             };
-            let (lo, hi, scale) = split_bin(edge(j), pm, qm, omeh);
-            // Errors of the bin's masses (the edges' tails, then the subtraction), and of p⁺ =
-            // (pm − e^{y0}qm)/(1 − e^{−h}) (with the rounding of its own operations).
-            let dpm = r0 * p0.abs() + r1 * p1.abs() + u * pm.abs();
-            let dqm = r0 * q0.abs() + r1 * q1.abs() + u * qm.abs();
-            let moved = if scale.is_finite() {
-                (dpm + scale * dqm + 6.0 * u * (pm.abs() + scale * qm.abs())) / omeh + dpm
-            } else {
-                // e^{y0} overflows: only the clamp to [0, pm] bounds p⁺.
-                pm.abs() + dpm
-            };
-            (lo, hi, moved)
+            split_bin(edge(j), pm, qm, omeh)
         })
         .collect();
+    let bottom = if switch == 0 { low_sw } else { edge_vals[0] };
+    let top = edge_vals[nbins];
     let mut p = vec![0.0_f64; nbins + 1];
-    let mut dip = vec![0.0_f64; nbins];
-    let (tl, _, rl) = loss.tails_pq_err(edge(0), false);
-    let (tu, _, ru) = loss.tails_pq_err(edge(nbins), true);
-    let trunc_lower = tl;
-    let trunc_upper = tu * (1.0 + ru) + u * tu;
-    p[0] += trunc_lower;
-    p[nbins] += trunc_upper;
-    for (j, (lo, hi, moved)) in bins.into_iter().enumerate() {
+    p[0] = bottom.p;
+    p[nbins] = top.p;
+    // Relative part of the bins' rounding per unit P-mass (module docs): covers every bin
+    // whose masses are consistent (e^{y0}qm ≤ pm); the rest goes to `abs`.
+    let y_max = edge(0).abs().max(edge(nbins).abs());
+    let c_rel = u * (16.0 + 7.0 * omeh + 1.1 * y_max);
+    let mut abs: Vec<(i64, f64)> = Vec::new();
+    for (j, (lo, hi, m)) in bins.into_iter().enumerate() {
         p[j] += lo;
         p[j + 1] += hi;
-        dip[j] = moved;
+        let rel = c_rel * (lo + hi) / (1.0 - u);
+        if m > rel {
+            abs.push((a_idx + j as i64 + 1, m - rel));
+        }
     }
-    // Mass not conserved by round-off: the lower and the upper tails meet at `switch`
-    // (F + S = 1 up to their errors); the clamped tails carry their own errors.
-    let (fs, _, rs) = loss.tails_pq_err(edge(switch), false);
-    let (ss, _, rs2) = loss.tails_pq_err(edge(switch), true);
-    let mono = vec![
-        (
-            a_idx + switch as i64,
-            rs * fs.abs() + rs2 * ss.abs() + 4.0 * u,
-        ),
-        (a_idx, rl * tl.abs() + u * tl.abs()),
-        (a_idx + nbins as i64, ru * tu.abs() + u * tu.abs()),
-    ];
+    // Edge terms.
+    let mut d = 0.0_f64;
+    let mut r_up = 0.0_f64;
+    let mut x_low = 0.0_f64;
+    let mut edge_term = |e: usize, t: &EdgeTails| {
+        d = d.max(t.d);
+        if t.abs > 0.0 {
+            abs.push((a_idx + e as i64 + 1, t.abs * (3.0 + 2.0 * edge(e).exp())));
+        }
+        if e > switch {
+            r_up = r_up.max(t.rel);
+        } else if e < switch {
+            x_low = x_low.max(t.rel * (t.p + edge(e).exp() * t.q) / (1.0 - t.rel));
+        }
+    };
+    for (e, t) in edge_vals.iter().enumerate() {
+        edge_term(e, t);
+    }
+    edge_term(switch, &low_sw);
+    let r_sw = low_sw.rel.max(edge_vals[switch].rel);
+    let e_sw = edge(switch).exp() * (1.0 + 1e-12);
+    let t2 = edge_vals[switch + 2];
+    let pi_sw = t2.p / (1.0 + t2.rel) - t2.abs;
+    // The clamped tails P(Y < y_0) ≤ P(Y ≤ y_0) and P(Y > y_n), bounded by the exact tails at
+    // a common point whose loss is certainly beyond the edge: the tails at y' = y_0 + 8d
+    // (y_n − 8d) when their own backward error d' is at most 5.8d (y' lies at least 5.9d beyond
+    // the exact edge: d ≥ u|y| covers the roundings of y_0 and y'); else half a bin inside
+    // (d ≤ h/4 there).
+    // Exact where the inversion ran off the support.
+    let clamped = |e: usize, t: &EdgeTails, upper: bool| -> (f64, f64) {
+        if t.rel == 0.0 && t.d == 0.0 {
+            return (t.p + t.abs, 0.0);
+        }
+        let dir = if upper { -1.0 } else { 1.0 };
+        let near = loss.edge_tails(edge(e) + dir * 8.0 * t.d, upper);
+        let c = if near.d <= 5.8 * t.d {
+            near
+        } else {
+            loss.edge_tails(edge(e) + dir * 0.5 * h, upper)
+        };
+        ((c.p / (1.0 - c.rel) + c.abs) * (1.0 + 2.0 * u), c.d)
+    };
+    let (trunc_lower, dl) = clamped(0, &bottom, false);
+    let (trunc_upper, du) = clamped(nbins, &top, true);
+    d = d.max(dl).max(du);
+    if !(d <= 0.25 * h && pi_sw > 0.0) {
+        return Err(AccountantError::NumericalFailure("grid pmf round-off"));
+    }
+    if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
+        eprintln!("pmf {:?} h={h:e}: trunc {trunc_lower:e} {trunc_upper:e} d {d:e} r_up {r_up:e} x_low {x_low:e} r_sw {r_sw:e} pi_sw {pi_sw} abs {}", loss.dir, abs.len());
+    }
+    let ed = d.exp();
+    let tail_coef = 1.01
+        * (d.exp_m1()
+            + 4.0 * r_up * (1.0 + ed)
+            + (4.0 * x_low + r_sw * (3.0 + 2.0 * e_sw)) / pi_sw
+            + c_rel * (1.0 + 3.0 * u) / (1.0 - u));
     Ok(GridPmf {
         offset: a_idx,
         p,
         trunc_upper,
         trunc_lower,
-        dip,
-        mono,
+        roundoff: PmfRoundoff {
+            d,
+            r_up,
+            x_low,
+            r_sw,
+            e_sw,
+            pi_sw,
+            c_rel,
+            abs,
+            tail_coef,
+        },
     })
 }
 
@@ -923,6 +1152,14 @@ struct ComposedDirection {
     /// subtracts `3·b_low·e^{−λ(k0 − k_ref)}` (λ = `lambda`, the composition's tilt).
     b_up: f64,
     b_low: f64,
+    /// The grid pmfs' round-off charged relative to the tail (module docs, round-off, 5):
+    /// `kappa·τ(ε − 3h)`, with τ from [`Self::tail_bound`].
+    kappa: f64,
+    /// ln of the Chernoff factor at `k_ref` of every composition of the steps' exact or
+    /// computed pmfs (its MGF drift included): `P(S ≥ x) ≤ e^{ln_ch_ref − λ(⌈x/h⌉ − k_ref)}`.
+    ln_ch_ref: f64,
+    /// The step Δ of the δ-trick `P(S ≥ x) ≤ δ(x − Δ)/(1 − e^{−Δ})`.
+    dpmf: f64,
     /// The exponential tilt λ of the FFT composition, per grid index (0: untilted).
     lambda: f64,
     /// Reference grid index of the bounds `b_up`, `b_low`.
@@ -955,6 +1192,9 @@ impl ComposedDirection {
             extra_low,
             b_up: 0.0,
             b_low: 0.0,
+            kappa: 0.0,
+            ln_ch_ref: 0.0,
+            dpmf: 1.0,
             lambda: 0.0,
             k_ref: 0.0,
             rel: 0.0,
@@ -1079,25 +1319,68 @@ impl ComposedDirection {
         (-self.lambda * (k0 - self.k_ref)).exp()
     }
 
+    /// The Chernoff bound `P(S ≥ x) ≤ e^{ln_ch_ref − λ(⌈x/h⌉ − k_ref)}` on the tail of every
+    /// composition of the steps' exact or computed grid pmfs (module docs, round-off, 5).
+    fn chernoff(&self, x: f64) -> f64 {
+        let v = if self.lambda == 0.0 {
+            self.ln_ch_ref
+        } else {
+            self.ln_ch_ref - self.lambda * ((x / self.h).ceil() - self.k_ref)
+        };
+        if v.is_nan() { f64::INFINITY } else { v.exp() }
+    }
+
+    /// τ(x): a bound on the tail `P(S ≥ x)` of every composition of the steps' exact or
+    /// computed grid pmfs, the smaller of the Chernoff bound and the δ-trick
+    /// `P(S ≥ x) ≤ δ(x − Δ)/(1 − e^{−Δ})` with δ(x − Δ) bounded by the computed composition
+    /// (its FFT and point round-off, and the tail term at the Chernoff bound).
+    fn tail_bound(&self, x: f64) -> f64 {
+        let ch = self.chernoff(x);
+        let y = x - self.dpmf;
+        if !(y >= self.lowest) {
+            return ch;
+        }
+        let b = (1.0 + self.rel) * (self.delta_w(y) + 3.0 * self.b_up * self.decay(y))
+            + self.extra_up;
+        let inner = (b + self.kappa * self.chernoff(y - 3.0 * self.h)) / -(-self.dpmf).exp_m1();
+        if inner.is_nan() { ch } else { ch.min(inner) }
+    }
+
+    /// The grid pmfs' round-off charged relative to the tail at ε: `kappa·τ(ε − 3h)`. It is
+    /// non-increasing in the sense that its value at ε bounds the charge at every ε' ≥ ε (τ
+    /// bounds a tail probability at ε − 3h, which bounds those further out).
+    fn pmf_tail(&self, eps: f64) -> f64 {
+        if self.kappa == 0.0 {
+            return 0.0;
+        }
+        let v = self.kappa * self.tail_bound(eps - 3.0 * self.h);
+        if v.is_nan() { f64::INFINITY } else { v }
+    }
+
+    /// The round-off charged at ε (FFT and pmf points through the decay, the pmf's tail term).
+    fn charge(&self, eps: f64) -> f64 {
+        3.0 * self.b_up * self.decay(eps) + self.pmf_tail(eps)
+    }
+
     /// The certified upper bound on δ(ε) of this direction alone:
-    /// `(1 + rel)·(δ_w(ε) + 3·b_up·decay(ε)) + extra_up`, capped at 1 (1 below `lowest`).
+    /// `(1 + rel)·(δ_w(ε) + charge(ε)) + extra_up`, capped at 1 (1 below `lowest`).
     fn delta_upper(&self, eps: f64) -> f64 {
         if eps < self.lowest {
             return 1.0;
         }
-        let v = (1.0 + self.rel) * (self.delta_w(eps) + 3.0 * self.b_up * self.decay(eps))
-            + self.extra_up;
+        let v = (1.0 + self.rel) * (self.delta_w(eps) + self.charge(eps)) + self.extra_up;
         if v.is_nan() { 1.0 } else { v.min(1.0) }
     }
 
     /// The certified lower bound on δ(ε) of this direction alone (Hoeffding shift, module
-    /// docs): `(δ_w(ε + shift) − 3·b_low·decay)/(1 + rel) − extra_low`, at least 0.
+    /// docs): `(δ_w(ε + shift) − 3·b_low·decay − pmf_tail)/(1 + rel) − extra_low`, at least 0.
     fn delta_lower(&self, eps: f64) -> f64 {
         let x = eps + self.shift_low;
         if x < self.lowest {
             return 0.0;
         }
-        let v = (self.delta_w(x) - 3.0 * self.b_low * self.decay(x)) / (1.0 + self.rel)
+        let v = (self.delta_w(x) - 3.0 * self.b_low * self.decay(x) - self.pmf_tail(x))
+            / (1.0 + self.rel)
             - self.extra_low;
         if v.is_nan() { 0.0 } else { v.max(0.0) }
     }
@@ -1117,7 +1400,7 @@ impl ComposedDirection {
             return Err(below(self.extra_up));
         }
         let e0 = self.eps_w(room).max(self.lowest).max(0.0);
-        let var0 = 3.0 * self.b_up * self.decay(e0);
+        let var0 = self.charge(e0);
         let target = room - var0;
         let mut up = if target > 0.0 {
             self.eps_w(target).max(e0).max(0.0)
@@ -1150,13 +1433,13 @@ impl ComposedDirection {
     }
 
     /// The certified lower bound on ε(δ) of this direction alone: with `x*` the smallest ε at
-    /// which `δ_w ≤ (δ + extra_low)(1 + rel) + 3·b_low·decay(x_g)` (`x_g` ≤ `x*` a point where
-    /// the decay is evaluated), every ε' < x* − shift has δ(ε') > δ (at `ε' + shift ≥ x_g` by
+    /// which `δ_w ≤ (δ + extra_low)(1 + rel) + 3·b_low·decay(x_g) + pmf_tail(x_g)` (`x_g` ≤ `x*`
+    /// a point where the decaying terms are evaluated; they bound the terms at every x ≥ x_g), every ε' < x* − shift has δ(ε') > δ (at `ε' + shift ≥ x_g` by
     /// [`Self::delta_lower`], below by monotonicity), so ε(δ) ≥ x* − shift.
     fn eps_lower(&self, delta: f64) -> f64 {
         let base = ((delta + self.extra_low) * (1.0 + self.rel)).min(1.0);
         let x_g = self.eps_w((2.0 * base).min(1.0)).max(self.lowest);
-        let var = 3.0 * self.b_low * self.decay(x_g);
+        let var = 3.0 * self.b_low * self.decay(x_g) + self.pmf_tail(x_g);
         if var.is_nan() || var > base || !x_g.is_finite() {
             return 0.0;
         }
@@ -1355,6 +1638,14 @@ fn compose_direction(
             break;
         }
         lambda *= 0.5;
+        if trace {
+            eprintln!("{dir:?}: tilt halved to {lambda:.3e} (tilted top {tilted_hi}, k_hi {k_hi}, base width {base_width})");
+        }
+    }
+    if trace && lambda > 0.0 {
+        let km: f64 = logp.iter().map(|(c, t)| t * log_mgf(c, lambda).1).sum();
+        let kv: f64 = logp.iter().map(|(c, t)| t * log_mgf(c, lambda).2).sum();
+        eprintln!("{dir:?}: tilted mean {km:.1} sd {:.1} (centre {centre:?})", kv.sqrt());
     }
     // Mass below the window aliases into it damped by e^{−λ(r − k)} ≤ e^{−λn}: with a tilt the
     // window need not reach below the reference point by more than 6 tilted standard
@@ -1436,6 +1727,8 @@ fn compose_direction(
     let mut tilt_rel = 0.0_f64;
     let mut pmf_err = 0.0_f64;
     let mut mgf_drift = 0.0_f64;
+    let mut kappa = 0.0_f64;
+    let mut ln_mass = 0.0_f64;
     let omeh = -(-h).exp_m1();
     for ((p, t), lm) in pmfs.iter().zip(&ln_m) {
         buf.iter_mut().for_each(|x| *x = 0.0);
@@ -1465,27 +1758,32 @@ fn compose_direction(
             l1 * (1.0 + 2.0 * n as f64 * u),
             l2.sqrt() * (1.0 + n as f64 * u),
         ));
-        // Round-off of the grid pmf (modelled accuracy of the tails): dipoles between k and
-        // k + 1 move δ by at most (1 − e^{−h})·G·e^{−λ(k0 − k − 1)}/M_i per unit mass,
-        // point masses by G·e^{−λ(k0 − k)}/M_i.
-        // Modelled, not proven: the edges' errors are independent roundings, so their effects
-        // add as a random walk over the bins (6 standard deviations), coherently over the t
-        // identical steps.
-        let mut c2 = 0.0_f64;
-        for (j, &dm) in p.dip.iter().enumerate() {
-            if dm > 0.0 {
-                let ka = (p.offset + j as i64 + 1) as f64;
-                let v = dm * (lambda * ka - lm).exp();
-                c2 += v * v;
-            }
+        // Round-off of the grid pmf (module docs, round-off, 5; proven given libm's accuracy):
+        // the MGF drift ρ (the exact pmf's MGF against the computed one, for the Chernoff bound
+        // of compositions mixing both), the tail coefficient κ and the per-point terms, charged
+        // as a·G·e^{drift}·e^{−λk0}.
+        let ro = &p.roundoff;
+        // ln M̂ (for λ = 0 the mass, which the tilt's normalizer leaves at 0), with the log-MGF's
+        // own rounding (≤ (n + 8)·4u relative) added to the drift.
+        let ln_mhat = if lambda > 0.0 {
+            *lm
+        } else {
+            p.p.iter().sum::<f64>().ln()
+        };
+        let (rho1, rho2) = ro.mgf_drift(lambda, h, omeh, ln_mhat);
+        mgf_drift += if rho1 < 0.5 && rho2.is_finite() {
+            t * ((1.0 + rho2) / (1.0 - rho1)).ln()
+                + t * (p.p.len() as f64 + 8.0) * 4.0 * u
+        } else {
+            f64::INFINITY
+        };
+        ln_mass += t * (ln_mhat - lm);
+        kappa += t * ro.tail_coef;
+        let mut a = 0.0_f64;
+        for &(k, m) in &ro.abs {
+            a += m * (lambda * (k + 1) as f64 - ln_mhat).exp();
         }
-        let c = 6.0 * c2.sqrt();
-        let mut mono = 0.0_f64;
-        for &(k, m) in &p.mono {
-            mono += m * (lambda * k as f64 - lm).exp();
-        }
-        pmf_err += t * (omeh * c + mono);
-        mgf_drift += t * (lambda.exp_m1() * c + mono);
+        pmf_err += t * a * (1.0 + rho1) / (1.0 - rho2).max(0.5);
         let mut spec = r2c.make_output_vec();
         r2c.process_with_scratch(&mut buf, &mut spec, &mut scratch)
             .map_err(fft_err)?;
@@ -1639,15 +1937,16 @@ fn compose_direction(
         )
     };
     let fft_bound = (e2 * s2).min(e_inf * s1);
-    // The pmf round-off bound's own MGF factor (the other steps' grid pmfs as stored).
-    let drift = (1.01 * mgf_drift).exp();
     let at_ref = if lambda > 0.0 {
         ln_g - lambda * k_ref
     } else {
         0.0
     };
     let b_fft = fft_bound * at_ref.exp();
-    let b_pmf = 1.01 * drift * pmf_err * at_ref.exp();
+    // ln of the Chernoff factor at k_ref of every composition of the steps' exact or computed
+    // pmfs: G·e^{drift}·e^{−λ k_ref} (module docs, round-off, 5).
+    let ln_ch_ref = at_ref + 1.01 * mgf_drift + ln_mass;
+    let b_pmf = 1.01 * pmf_err * ln_ch_ref.exp();
     // A bound that cannot be evaluated is infinite (the bounds then say nothing).
     let b_up = if (b_fft + b_pmf).is_nan() {
         f64::INFINITY
@@ -1656,7 +1955,7 @@ fn compose_direction(
     };
     if trace {
         eprintln!(
-            "{dir:?}: round-off at k_ref: fft {b_fft:.3e}, pmf {b_pmf:.3e} (e2·s2 {:.3e}, e_inf·s1 {:.3e}, G·e^(-λ k_ref) {:.3e})",
+            "{dir:?}: round-off at k_ref: fft {b_fft:.3e}, pmf points {b_pmf:.3e}, pmf tail coefficient {kappa:.3e} (e2·s2 {:.3e}, e_inf·s1 {:.3e}, G·e^(-λ k_ref) {:.3e}, drift {mgf_drift:.3e})",
             e2 * s2,
             e_inf * s1,
             at_ref.exp()
@@ -1735,6 +2034,16 @@ fn compose_direction(
     composed.lambda = lambda;
     composed.k_ref = k_ref;
     composed.b_up = b_up;
+    composed.kappa = 1.01 * kappa;
+    composed.ln_ch_ref = ln_ch_ref;
+    // The δ-trick's step Δ = ln(1 + 1/μ) minimizes δ(x − Δ)/(1 − e^{−Δ}) for δ ∝ e^{−μx}
+    // (μ the tilt in units of 1/ε, else the spread's scale); any Δ > 0 is valid.
+    let mu_eps = if lambda > 0.0 {
+        lambda / h
+    } else {
+        1.0 / (var_idx.max(0.0).sqrt() * h).max(h)
+    };
+    composed.dpmf = (1.0 / mu_eps).ln_1p().max(2.0 * h);
     // Aliased mass from above the window (≤ τ·e^{−λ(k0 − k_ref)}) counts in the lower bound.
     composed.b_low = b_up + plan.tau;
     composed.rel = rel;
@@ -1887,7 +2196,7 @@ impl ComposedPrv {
         let Some(d) = worst else { return 0.0 };
         let step = (32.0 * d.h).min(0.05 * d.sd).max(4.0 * d.h);
         let slope = (d.delta_w(at - step) - d.delta_w(at + step)) / (2.0 * step);
-        let spent = d.extra_up + (1.0 + d.rel) * 3.0 * d.b_up * d.decay(at) + d.rel * delta;
+        let spent = d.extra_up + (1.0 + d.rel) * d.charge(at) + d.rel * delta;
         if slope > 0.0 { spent / slope } else { 0.0 }
     }
 
@@ -2489,7 +2798,7 @@ mod tests {
             assert!(d.lambda > 0.0 && eps >= d.lowest);
             let v = d.delta_w(eps);
             vals.push(v);
-            bounds.push(3.0 * d.b_up * d.decay(eps) + d.rel * v);
+            bounds.push(d.charge(eps) + d.rel * v);
         }
         let lo = vals.iter().fold(f64::INFINITY, |a, &v| a.min(v));
         assert!(lo > 5e-13 && vals[0] < 2e-12, "{vals:?}");
