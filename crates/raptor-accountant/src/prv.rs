@@ -508,32 +508,33 @@ impl Loss {
             let z = a1 + l1;
             let tw = l + 2.01 * u;
             let den = 1.0 + w - tw * w.abs();
-            if !(den > 0.0) {
+            if den <= 0.0 || den.is_nan() {
                 return (f64::NAN, f64::INFINITY, 0.0);
             }
             let dz = u * z.abs() + u * a1.abs() + l * lq.abs() + l * l1.abs() + tw * w.abs() / den;
             let gp = (1.0 + w + tw * w.abs()).min(1.0);
-            (z, dz * gp * dz.exp())
+            (z, dz * gp * exp_up(dz))
         } else {
             // z = ln_1p(r), r = expm1(y)/q ∈ (−1, 0]; G'(z*) = q(1 + r*)e^{−y}.
             let r = y.exp_m1() / q;
             // Relative error of r against expm1(y_exact)/q (libm, the division, y's rounding).
             let tr = l + 2.02 * u;
-            let xb = 0.5 + s2 * (16.0 * u).ln();
-            let edge_abs = 1.01 * norm_cdf(xb / s) + 1e-300;
             if r <= -1.0 - 16.0 * u {
                 return (f64::NEG_INFINITY, 0.0, 0.0);
             }
             let rs = r.abs() / (1.0 - tr);
             let den = 1.0 + r - tr * rs;
-            if r <= -1.0 || !(den > 0.0) {
+            if r <= -1.0 || den <= 0.0 || den.is_nan() {
                 // 1 + r_exact ≤ 16u: the output lies below 0.5 + σ² ln(16u).
-                return (f64::NEG_INFINITY, 0.0, edge_abs);
+                let xb = 0.5 + s2 * (16.0 * u).ln();
+                return (f64::NEG_INFINITY, 0.0, 1.01 * norm_cdf(xb / s) + 1e-300);
             }
             let z = r.ln_1p();
             let dz = l * z.abs() + tr * rs / den;
-            let gp = (q * (1.0 + r + tr * rs) * (-y).exp() * (1.0 + 2.0 * l)).min(1.0);
-            (z, dz * gp * dz.exp())
+            // e^{−y} = 1/(1 + q·r*), r* within tr·rs of r (1 + q·r* ≥ 1 − q > 0).
+            let gp =
+                (q * (1.0 + r + tr * rs) / (1.0 + q * r - q * tr * rs) * (1.0 + 8.0 * u)).min(1.0);
+            (z, dz * gp * exp_up(dz))
         };
         let x = s2 * z + 0.5;
         // |z' − z| for z' = (x' − 1/2)/σ² (x̂'s two roundings, x' = x̂(1 + θ)), through G' ≤ 1.
@@ -683,7 +684,8 @@ impl PmfRoundoff {
         let el = lambda.exp();
         let ed = self.d.exp();
         let shift = self.d.exp_m1() * (1.0 + mu) * (2.0 * lambda + lambda * self.d / h).exp();
-        let upper = self.r_up * (1.0 + ed) * (1.0 + mu) * (el + 2.0) * (lambda * (1.0 + self.d / h)).exp();
+        let upper =
+            self.r_up * (1.0 + ed) * (1.0 + mu) * (el + 2.0) * (lambda * (1.0 + self.d / h)).exp();
         // (M ≥ e^{λ k_m}·π, so e^{λ k_{sw+1}}/M ≤ e^{λ·gap}/π.)
         let low = (3.0 * self.x_low * (1.0 + mu) / el
             + self.r_sw * ((1.0 + self.e_sw) * (1.0 + mu) + (1.0 + (1.0 + self.e_sw) * nu) / el))
@@ -711,6 +713,16 @@ struct GridPmf {
     trunc_lower: f64,
     /// The round-off of `p` (module docs, round-off, 5).
     roundoff: PmfRoundoff,
+}
+
+/// An upper bound on `e^x` for `x ≥ 0` without a libm call where `x` is small
+/// (`e^x ≤ 1 + 2x` for `0 ≤ x ≤ 1`).
+fn exp_up(x: f64) -> f64 {
+    if x <= 1.0 {
+        1.0 + 2.0 * x
+    } else {
+        x.exp() * (1.0 + 1e-12)
+    }
 }
 
 /// The unit round-off of f64 (2^−53).
@@ -923,7 +935,11 @@ fn build_pmf_with(
         return Err(AccountantError::NumericalFailure("grid pmf round-off"));
     }
     if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
-        eprintln!("pmf {:?} h={h:e}: trunc {trunc_lower:e} {trunc_upper:e} d {d:e} r_up {r_up:e} x_low {x_low:e} r_sw {r_sw:e} pi_sw {pi_sw} abs {}", loss.dir, abs.len());
+        eprintln!(
+            "pmf {:?} h={h:e}: trunc {trunc_lower:e} {trunc_upper:e} d {d:e} r_up {r_up:e} x_low {x_low:e} r_sw {r_sw:e} pi_sw {pi_sw} abs {}",
+            loss.dir,
+            abs.len()
+        );
     }
     let ed = d.exp();
     let tail_coef = 1.01
@@ -1429,11 +1445,11 @@ impl ComposedDirection {
     fn tail_bound(&self, x: f64) -> f64 {
         let ch = self.chernoff(x);
         let y = x - self.dpmf;
-        if !(y >= self.lowest) {
+        if y.is_nan() || y < self.lowest {
             return ch;
         }
-        let b = (1.0 + self.rel) * (self.delta_w(y) + 3.0 * self.b_up * self.decay(y))
-            + self.extra_up;
+        let b =
+            (1.0 + self.rel) * (self.delta_w(y) + 3.0 * self.b_up * self.decay(y)) + self.extra_up;
         let inner = (b + self.kappa * self.chernoff(y - 3.0 * self.h)) / -(-self.dpmf).exp_m1();
         if inner.is_nan() { ch } else { ch.min(inner) }
     }
@@ -1731,13 +1747,18 @@ fn compose_direction(
         }
         lambda *= 0.5;
         if trace {
-            eprintln!("{dir:?}: tilt halved to {lambda:.3e} (tilted top {tilted_hi}, k_hi {k_hi}, base width {base_width})");
+            eprintln!(
+                "{dir:?}: tilt halved to {lambda:.3e} (tilted top {tilted_hi}, k_hi {k_hi}, base width {base_width})"
+            );
         }
     }
     if trace && lambda > 0.0 {
         let km: f64 = logp.iter().map(|(c, t)| t * log_mgf(c, lambda).1).sum();
         let kv: f64 = logp.iter().map(|(c, t)| t * log_mgf(c, lambda).2).sum();
-        eprintln!("{dir:?}: tilted mean {km:.1} sd {:.1} (centre {centre:?})", kv.sqrt());
+        eprintln!(
+            "{dir:?}: tilted mean {km:.1} sd {:.1} (centre {centre:?})",
+            kv.sqrt()
+        );
     }
     // Mass below the window aliases into it damped by e^{−λ(r − k)} ≤ e^{−λn}: with a tilt the
     // window need not reach below the reference point by more than 6 tilted standard
@@ -1864,8 +1885,7 @@ fn compose_direction(
         };
         let (rho1, rho2) = ro.mgf_drift(lambda, h, omeh, ln_mhat);
         mgf_drift += if rho1 < 0.5 && rho2.is_finite() {
-            t * ((1.0 + rho2) / (1.0 - rho1)).ln()
-                + t * (p.p.len() as f64 + 8.0) * 4.0 * u
+            t * ((1.0 + rho2) / (1.0 - rho1)).ln() + t * (p.p.len() as f64 + 8.0) * 4.0 * u
         } else {
             f64::INFINITY
         };
@@ -2241,6 +2261,14 @@ impl ComposedPrv {
                 raw.max(0.0)
             };
             let low = d.eps_lower(delta);
+            if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
+                eprintln!(
+                    "direction {i}: at ε = {up}: FFT and point round-off {:.3e}·δ, pmf tail term {:.3e}·δ, trunc + wrap {:.3e}·δ",
+                    3.0 * d.b_up * d.decay(up) / delta,
+                    d.pmf_tail(up) / delta,
+                    d.extra_up / delta
+                );
+            }
             if !(up.is_finite() && est.is_finite() && low.is_finite()) {
                 return Err(AccountantError::NumericalFailure("epsilon query"));
             }
@@ -3177,7 +3205,13 @@ mod tests {
     #[test]
     fn loss_inversion_backward_error_is_bounded() {
         let u = UNIT_ROUNDOFF;
-        for &(q, s) in &[(0.01, 1.0), (1e-4, 0.6), (0.25, 8.0), (0.5, 0.5), (1.0, 2.0)] {
+        for &(q, s) in &[
+            (0.01, 1.0),
+            (1e-4, 0.6),
+            (0.25, 8.0),
+            (0.5, 0.5),
+            (1.0, 2.0),
+        ] {
             let loss = Loss {
                 q,
                 sigma: s,
