@@ -168,9 +168,10 @@
 //!      `e^{μΔ}/(1 − e^{−Δ})`. The mixed compositions' Chernoff factor bounds the exact pmfs'
 //!      MGF by the computed ones' through the lemma with `Ψ(v) = v^{1+λ/h}`:
 //!      `M ≤ M̂(1 + ρ₂)/(1 − ρ₁)` (`PmfRoundoff::mgf_drift`, plus the log-MGF's own rounding).
-//!      So the pmf's round-off is charged *relative to δ* (about 11·κ·δ, ~6e-9·δ at δ = 1e-12,
-//!      T = 1000), where the model it replaces charged a random walk of `1/h`-amplified
-//!      dipoles relative to the tilt's Chernoff factor (~4e-6 ≫ δ there, +1.2e-4 in ε).
+//!      So the pmf's round-off is charged *relative to δ* (1.4e-8·δ and 5.8e-9·δ measured in
+//!      the two δ = 1e-12, T = 1000 golden cases), where the model it replaces charged a random
+//!      walk of `1/h`-amplified dipoles relative to the tilt's Chernoff factor (~4e-6 ≫ δ in
+//!      the first, +1.2e-4 in ε).
 //!    - The clamped tails charged in step 1 are bounded from the exact tails at a point whose
 //!      loss is certainly beyond the clamp (8d, or half a bin, inside it).
 //! 6. **Charging.** With `b` the sum of the terms of 3 and the per-point terms of 5 at a
@@ -185,10 +186,11 @@
 //!    by evaluating the upper bound there.
 //!
 //! What remains assumed: the FFT kernels' constant (3) and libm's accuracy (3, 5). At
-//! δ = 1e-12, T = 1000, q = 0.01, σ = 1 the tight preset's certified ε is about 7e-6 above
-//! the estimate: the FFT's term, relative to the tilt's Chernoff factor, which this case's
-//! heavy per-step tails keep far above δ (the tilt is halved to keep the window small), is
-//! most of what is left beside the discretization. At δ ≥ 1e-8 the golden cases meet the tight
+//! δ = 1e-12, T = 1000, q = 0.01, σ = 1 the tight preset's certified ε is 8.5e-6 above our
+//! estimate (7.2e-6 above prv_accountant's): the FFT's term (1.2e-4·δ at the answer),
+//! relative to the tilt's Chernoff factor, which this case's heavy per-step tails keep far
+//! above δ (the tilt is halved to keep the window small), is most of what is left beside the
+//! discretization. At δ ≥ 1e-8 the golden cases meet the tight
 //! preset's target (see the crate README).
 //!
 //! # Grid step
@@ -3121,7 +3123,7 @@ mod tests {
     /// creating mass) or alternating from edge to edge, change δ of one step composed with 12
     /// others (direct non-negative convolution) by at most `tail_coef·τ(ε − 3h)` at every ε,
     /// with τ the exact tail of the composition; and the bound is not loose by more than a
-    /// factor 100 somewhere (the worst cases reach 3–5 % of it).
+    /// factor 100 somewhere (the worst cases reach 5–8 % of it).
     #[test]
     fn pmf_round_off_bound_covers_injected_tail_errors() {
         let r = 1e-7;
