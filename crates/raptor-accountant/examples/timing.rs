@@ -7,7 +7,7 @@
 //! of σ for ε = 1 (q = 0.01, T = 10⁴). Repetitions of the cases are interleaved so that a
 //! change in machine load affects them alike. ONLY restricts to one preset name.
 //!
-//! `timing bench PRESET CASE REPS` (CASE: one, two, big, calib) prints one machine-readable line
+//! `timing bench PRESET CASE REPS` (CASE: one, two, big, calib, d12a, d12b, smallq) prints one machine-readable line
 //! `RESULT preset case best_ms upper estimate lower` after one warm-up call; this is what
 //! fixtures/accountant/bench_vs_dp_accounting.py runs, interleaved with dp_accounting.
 
@@ -46,14 +46,32 @@ fn bench(args: &[String]) -> Result<(), raptor_accountant::AccountantError> {
             SubsampledGaussian::new(0.01, 1.0)?,
             1_000_000,
         )?),
+        // The δ = 1e-12 golden cases (T = 1000).
+        "d12a" => Some(Composition::single(
+            SubsampledGaussian::new(0.01, 1.0)?,
+            1_000,
+        )?),
+        "d12b" => Some(Composition::single(
+            SubsampledGaussian::new(0.1, 2.0)?,
+            1_000,
+        )?),
         _ => None,
     };
+    let comp = if case == "smallq" {
+        Some(Composition::single(
+            SubsampledGaussian::new(1e-4, 1.0)?,
+            100_000,
+        )?)
+    } else {
+        comp
+    };
+    let delta = if case.starts_with("d12") { 1e-12 } else { 1e-5 };
     let mut best = f64::INFINITY;
     let (mut upper, mut est, mut low) = (f64::NAN, f64::NAN, f64::NAN);
     for i in 0..=reps {
         let t = Instant::now();
         if let Some(c) = &comp {
-            let e = acc.epsilon(c, 1e-5)?;
+            let e = acc.epsilon(c, delta)?;
             (upper, est, low) = (e.upper, e.estimate, e.lower);
         } else {
             let c = calibrate_sigma(1.0, 1e-5, 0.01, 10_000, &acc)?;

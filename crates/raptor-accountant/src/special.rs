@@ -3,8 +3,8 @@
 use std::f64::consts::{LN_2, PI, SQRT_2};
 
 /// erfc from the `libm` crate (a port of musl's, after fdlibm): relative error within a few
-/// ulp over the range the accountant uses (statrs 0.18's erfc is off by up to ~1e-10 relative,
-/// which the pmf's round-off model cannot absorb; unit test in `prv`).
+/// ulp over the range the accountant uses (the pmf's round-off bound assumes 4 ulp; statrs
+/// 0.18's erfc is off by up to ~1e-10 relative, far outside it; unit test in `prv`).
 use libm::erfc;
 
 /// Standard normal CDF Φ(u), accurate in the lower tail.
