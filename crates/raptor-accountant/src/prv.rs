@@ -3393,6 +3393,31 @@ mod tests {
         assert_eq!(d.decay(1.0), 1.0);
     }
 
+    /// The certified δ(ε) of one direction charges every term in the bound's direction:
+    /// `(1 + rel)·(δ_w(ε) + 3·b_up·decay(ε) + pmf_tail(ε)) + extra_up` (capped at 1), and 1
+    /// below `lowest`,
+    /// where the window holds no usable values (the mass dropped there would otherwise be
+    /// missing from δ_w). Each term is set far above its round-off size so that a sign or a
+    /// boundary that under-charges it shows.
+    #[test]
+    fn delta_upper_charges_every_term_and_is_one_below_the_usable_window() {
+        let (h, k, k_lo) = (0.25, 12_i64, 9_i64);
+        let mut w = vec![0.0; 8];
+        w[(k - k_lo) as usize] = 0.5;
+        let mut d = ComposedDirection::new(h, k_lo, w, 0.0, 0.01, 0.0);
+        (d.lambda, d.k_ref, d.rel, d.b_up) = (0.3, 5.0, 0.125, 1e-3);
+        let lowest = (k - 1) as f64 * h + 0.5 * h;
+        d.lowest = lowest;
+        for eps in [lowest, lowest + 0.1 * h, k as f64 * h, (k + 2) as f64 * h] {
+            let expect = 1.125 * (d.delta_w(eps) + 3e-3 * d.decay(eps) + d.pmf_tail(eps)) + 0.01;
+            assert!(expect < 1.0);
+            assert_eq!(d.delta_upper(eps), expect, "ε = {eps}");
+        }
+        for eps in [lowest - 1e-9, lowest - h, 0.0] {
+            assert_eq!(d.delta_upper(eps), 1.0, "ε = {eps} below the usable window");
+        }
+    }
+
     #[test]
     fn fft_sizes_are_smooth() {
         assert_eq!(fft_size(1000), 1024);
