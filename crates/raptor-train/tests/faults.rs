@@ -153,8 +153,9 @@ fn a_read_only_run_folder_is_a_clear_error_and_loses_nothing() {
     let stop: raptor_train::run::StopFlag = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let mut progress =
-        move |u: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
-            if u + 1 >= 4 {
+        move |done: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
+            // `done`: updates applied so far (the stop is seen before the next one).
+            if done >= 4 {
                 flag.store(true, Ordering::SeqCst);
             }
         };
