@@ -164,6 +164,8 @@ fn a_read_only_run_folder_is_a_clear_error_and_loses_nothing() {
         .to_string();
     assert!(err.contains("stopped at update"), "{err}");
     let before = checkpoint_bytes(&run);
+    // The interrupted run's record (an interrupted run writes one, saying where it stopped).
+    let record_before = std::fs::read(run.join("record.json")).unwrap();
     let state: serde_json::Value = read_checked_json(&run.join("checkpoint/state.json")).unwrap();
     let applied = state["update"].as_u64().unwrap();
     assert!((4..10).contains(&applied), "{state}");
@@ -209,7 +211,8 @@ fn a_read_only_run_folder_is_a_clear_error_and_loses_nothing() {
     let ledger: raptor_accountant::Ledger =
         read_checked_json(&run.join("checkpoint/ledger.json")).unwrap();
     assert!(ledger.len() >= applied, "{} < {applied}", ledger.len());
-    assert!(!run.join("record.json").exists());
+    // Nothing was finished: the interrupted run's record is untouched.
+    assert_eq!(std::fs::read(run.join("record.json")).unwrap(), record_before);
 
     // 3. Writable again: the run resumes and finishes, counting ε at least as much.
     chmod_tree(&run, 0o755, 0o644);
