@@ -212,7 +212,10 @@ fn a_read_only_run_folder_is_a_clear_error_and_loses_nothing() {
         read_checked_json(&run.join("checkpoint/ledger.json")).unwrap();
     assert!(ledger.len() >= applied, "{} < {applied}", ledger.len());
     // Nothing was finished: the interrupted run's record is untouched.
-    assert_eq!(std::fs::read(run.join("record.json")).unwrap(), record_before);
+    assert_eq!(
+        std::fs::read(run.join("record.json")).unwrap(),
+        record_before
+    );
 
     // 3. Writable again: the run resumes and finishes, counting ε at least as much.
     chmod_tree(&run, 0o755, 0o644);
