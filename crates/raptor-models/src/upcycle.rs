@@ -392,7 +392,7 @@ pub fn bert_router_inputs(
     for b in batches {
         let mut ctx = crate::ForwardCtx::new(false);
         ctx.router_inputs = Some(Vec::new());
-        tch::no_grad(|| moe.encode(b, None, &mut ctx))?;
+        let _ = tch::no_grad(|| moe.encode(b, None, &mut ctx))?;
         let valid = b.attention_mask.f_gt(0)?;
         for (layer, x) in ctx.router_inputs.take().unwrap_or_default() {
             let rows = x.f_index(&[Some(&valid)])?.f_to_kind(Kind::Float)?;
@@ -417,7 +417,10 @@ fn balance(x: &Tensor, w: &Tensor, k: i64) -> Result<(Tensor, Tensor)> {
         .f_sum_dim_intlist([0i64, 1].as_slice(), false, Kind::Float)?
         .f_div_scalar(n as f64)?;
     let mean_p = p.f_mean_dim([0i64].as_slice(), false, Kind::Float)?;
-    let loss = f.f_mul(&mean_p)?.f_sum(Kind::Float)?.f_mul_scalar(e as f64)?;
+    let loss = f
+        .f_mul(&mean_p)?
+        .f_sum(Kind::Float)?
+        .f_mul_scalar(e as f64)?;
     Ok((f, loss))
 }
 
@@ -524,7 +527,7 @@ pub fn train_bert_routers(
                     .f_div(&vh.f_sqrt()?.f_add_scalar(eps)?)?
                     .f_mul_scalar(opts.lr)?;
                 let mut w2 = w.shallow_clone();
-                w2.f_sub_(&step)?;
+                let _ = w2.f_sub_(&step)?;
                 Ok(())
             })?;
         }

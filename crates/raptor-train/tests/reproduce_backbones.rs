@@ -121,7 +121,10 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         .collect();
     assert_eq!(up.len(), 1, "{up:?}");
     let cfg = std::fs::read_to_string(up[0].join("config.json")).unwrap();
-    assert!(cfg.contains("raptor_moe") && cfg.contains("\"num_experts\": 4"), "{cfg}");
+    assert!(
+        cfg.contains("raptor_moe") && cfg.contains("\"num_experts\": 4"),
+        "{cfg}"
+    );
 
     // Classification: RAPTOR and the monolithic baseline at the quick ε (8), 2 seeds each.
     let t = &tables[0];
@@ -136,7 +139,10 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         assert!(eps > 0.0 && eps <= 8.0, "{row:?}");
     }
     let notes = t.notes.join("\n");
-    assert!(notes.contains("RAPTOR ≥ DP-Adam LoRA (monolithic) in"), "{notes}");
+    assert!(
+        notes.contains("RAPTOR ≥ DP-Adam LoRA (monolithic) in"),
+        "{notes}"
+    );
     assert!(
         notes.contains("Target ε = 8") && notes.contains("within the target"),
         "{notes}"
@@ -145,7 +151,9 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     assert!(notes.contains("upcycled to a MoE-BERT"), "{notes}");
     // The ordering sentence says whether the paper's ordering held, from these numbers.
     assert!(
-        notes.contains("reproduced here") || notes.contains("not established") || notes.contains("did NOT reproduce"),
+        notes.contains("reproduced here")
+            || notes.contains("not established")
+            || notes.contains("did NOT reproduce"),
         "{notes}"
     );
 
@@ -163,7 +171,10 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     }
     let dn = d.notes.join("\n");
     assert!(dn.contains("DP-Muon's test NLL ≤ DP-Adam's in"), "{dn}");
-    assert!(dn.contains("within the target") && !dn.contains("ABOVE"), "{dn}");
+    assert!(
+        dn.contains("within the target") && !dn.contains("ABOVE"),
+        "{dn}"
+    );
 
     for f in ["backbones-minilm-moe-toy.png", "backbones-smollm2-e2e.png"] {
         let bytes = std::fs::read(out.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
@@ -176,11 +187,17 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     // A second reproduce reuses every run folder and the upcycled checkpoint: same tables.
     let runs = std::fs::read_dir(out.join("runs")).unwrap().count();
     assert_eq!(runs, 2 * 2 + 3 * 2);
-    let before = (md(&out, "backbones-minilm-moe"), md(&out, "backbones-smollm2"));
+    let before = (
+        md(&out, "backbones-minilm-moe"),
+        md(&out, "backbones-smollm2"),
+    );
     let again = run(&ctx(&out, &d2t, c.backbones.clone().unwrap(), false), &only).unwrap();
     assert_eq!(again.len(), 2);
     assert_eq!(
-        (md(&out, "backbones-minilm-moe"), md(&out, "backbones-smollm2")),
+        (
+            md(&out, "backbones-minilm-moe"),
+            md(&out, "backbones-smollm2")
+        ),
         before
     );
     assert_eq!(std::fs::read_dir(out.join("runs")).unwrap().count(), runs);

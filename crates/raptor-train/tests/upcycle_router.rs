@@ -84,7 +84,10 @@ fn trained_routers_balance_the_public_load_and_stay_frozen() {
 
     // Measured here on the public tokens, independently of the report.
     let batches = public_batches();
-    let (m_random, m_trained) = (load(&tmp.path().join("random")), load(&tmp.path().join("trained")));
+    let (m_random, m_trained) = (
+        load(&tmp.path().join("random")),
+        load(&tmp.path().join("trained")),
+    );
     let inputs = bert_router_inputs(&m_random, &batches).unwrap();
     let before = bert_router_loads(&m_random, &inputs).unwrap();
     let after = bert_router_loads(&m_trained, &inputs).unwrap();
@@ -104,7 +107,10 @@ fn trained_routers_balance_the_public_load_and_stay_frozen() {
         assert!(a.balance_loss < b.balance_loss, "{b:?} -> {a:?}");
         // The report says the same as the measurement (same tokens, same routers).
         let reported = &rt["after"][b.layer]["load_cv"];
-        assert!((reported.as_f64().unwrap() - a.load_cv).abs() < 1e-4, "{reported}");
+        assert!(
+            (reported.as_f64().unwrap() - a.load_cv).abs() < 1e-4,
+            "{reported}"
+        );
     }
     // The random routers of the same seed are what training started from.
     for (r, b) in rt["before"].as_array().unwrap().iter().zip(&before) {

@@ -304,7 +304,12 @@ pub fn run_upcycle(a: UpcycleArgs) -> anyhow::Result<()> {
         for (b, t) in before.iter().zip(after) {
             println!(
                 "layer {}: router load CV {:.3} (random) -> {:.3} (trained on {} public records), balance loss {:.4} -> {:.4}",
-                b.layer, b.load_cv, t.load_cv, report.router_records, b.balance_loss, t.balance_loss
+                b.layer,
+                b.load_cv,
+                t.load_cv,
+                report.router_records,
+                b.balance_loss,
+                t.balance_loss
             );
         }
     }

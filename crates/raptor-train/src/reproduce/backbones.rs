@@ -192,13 +192,13 @@ impl Scale {
             epsilons: vec![8.0],
             experts: (8, 1),
             cls_max_len: 48,
-            cls_records: (2000, 400, 500),
-            cls_finetune: (20, 128.0, 1e-2),
+            cls_records: (1500, 300, 400),
+            cls_finetune: (16, 128.0, 1e-2),
             lora_r: 8,
             d2t_max_len: 64,
-            d2t_finetune: (8, 16.0, 1e-3, 2e-2),
-            d2t_sources: 6,
-            d2t_new_tokens: 24,
+            d2t_finetune: (6, 16.0, 1e-3, 2e-2),
+            d2t_sources: 4,
+            d2t_new_tokens: 16,
         }
     }
 
@@ -275,10 +275,7 @@ fn upcycled(cache: &Path, bert: &ModelInput, experts: (i64, i64)) -> anyhow::Res
         return Ok(dir);
     }
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let tmp = root.join(format!(
-        ".{name}-{key}.tmp-{}",
-        std::process::id()
-    ));
+    let tmp = root.join(format!(".{name}-{key}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     crate::cli::upcycle::upcycle_folder(&bert.path, &tmp, &opts, None)
         .with_context(|| format!("upcycling {}", bert.path.display()))?;
@@ -632,7 +629,10 @@ fn cls_table(
         .epsilons
         .iter()
         .filter_map(|&e| {
-            let a = estimate(&values(runs, &s.seeds, t, Method::Raptor, e, |x| x.accuracy)).ok()?;
+            let a = estimate(&values(runs, &s.seeds, t, Method::Raptor, e, |x| {
+                x.accuracy
+            }))
+            .ok()?;
             let b = estimate(&values(runs, &s.seeds, t, Method::DpAdamLora, e, |x| {
                 x.accuracy
             }))
@@ -658,7 +658,11 @@ fn cls_table(
     }
     notes.extend(epsilon_notes(runs, t, &CLS_METHODS, &s.seeds, &s.epsilons));
     let e = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
-    let time = |m| estimate(&values(runs, &s.seeds, t, m, e, |x| Some(x.seconds_per_update)));
+    let time = |m| {
+        estimate(&values(runs, &s.seeds, t, m, e, |x| {
+            Some(x.seconds_per_update)
+        }))
+    };
     if let (Ok(a), Ok(b)) = (time(Method::Raptor), time(Method::DpAdamLora))
         && b.mean > 0.0
     {
@@ -742,7 +746,12 @@ fn d2t_table(
         .map_or(String::new(), |n| n.to_string_lossy().into_owned());
     let mut notes = vec![
         format!(
-            "{name} (weights dequantized to f32), LoRA r = {} (α = {}) on the attention projections, the rest frozen; {} updates at expected batch {}, AdamW learning rate {} (DP-Muon and DP-MuonBC: Muon learning rate {} on the LoRA matrices). Test NLL is the mean token NLL of the references.",
+            "{name}{}, LoRA r = {} (α = {}) on the attention projections, the rest frozen; {} updates at expected batch {}, AdamW learning rate {} (DP-Muon and DP-MuonBC: Muon learning rate {} on the LoRA matrices). Test NLL is the mean token NLL of the references.",
+            if d.model.path.extension().is_some_and(|e| e == "gguf") {
+                " (GGUF weights dequantized to f32)"
+            } else {
+                ""
+            },
             s.lora_r,
             2 * s.lora_r,
             s.d2t_finetune.0,
@@ -879,16 +888,15 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let placed = runner.place(jobs)?;
     let runs = runner.run_all(&placed)?;
     runner.finish_all();
-    let mut tables = Vec::new();
-    tables.push(match &cls {
+    let cls_t = match &cls {
         Ok(c) => cls_table(&runs, c, &scale, &ctx.out)?,
         Err(why) => skipped(CLS_SLUG, CLS_TITLE, why),
-    });
-    tables.push(match &d2t {
+    };
+    let d2t_t = match &d2t {
         Ok(d) => d2t_table(&runs, d, &scale, &d2t_seeds, &ctx.out)?,
         Err(why) => skipped(D2T_SLUG, D2T_TITLE, why),
-    });
-    Ok(tables)
+    };
+    Ok(vec![cls_t, d2t_t])
 }
 
 #[cfg(test)]
@@ -962,7 +970,8 @@ mod tests {
     /// A missing checkpoint or corpus is named, with the command that fetches it.
     #[test]
     fn missing_inputs_say_what_to_run() {
-        let tmp = std::env::temp_dir().join(format!("raptor-backbones-none-{}", std::process::id()));
+        let tmp =
+            std::env::temp_dir().join(format!("raptor-backbones-none-{}", std::process::id()));
         let i = Inputs::real(&tmp.join("cache"), &tmp, "cpu");
         let bert = i.bert.err().unwrap_or_default();
         assert!(bert.contains("cargo xtask setup --models"), "{bert}");
