@@ -236,6 +236,38 @@ pub const CLS_METHODS: [Method; 2] = [Method::DpAdamLora, Method::Raptor];
 /// The data-to-text methods compared.
 pub const D2T_METHODS: [Method; 3] = [Method::DpAdam, Method::DpMuon, Method::DpMuonbc];
 
+/// One bar series per method over the ε grid: the estimate's mean and CI half-width times
+/// `scale` (0 where a cell has no estimate or an infinite half-width).
+fn method_bars(
+    methods: &[Method],
+    epsilons: &[f64],
+    scale: f64,
+    est: impl Fn(Method, f64) -> Option<Estimate>,
+) -> Vec<Series> {
+    methods
+        .iter()
+        .map(|&m| {
+            let (pts, err): (Vec<(f64, f64)>, Vec<f64>) = epsilons
+                .iter()
+                .enumerate()
+                .map(|(i, &e)| {
+                    let x = est(m, e);
+                    let mean = x.map_or(0.0, |x| scale * x.mean);
+                    let hw = x.map_or(0.0, |x| {
+                        if x.half_width.is_finite() {
+                            scale * x.half_width
+                        } else {
+                            0.0
+                        }
+                    });
+                    ((i as f64, mean), hw)
+                })
+                .unzip();
+            Series::new(pretty(m), pts).with_err(err)
+        })
+        .collect()
+}
+
 fn pretty(m: Method) -> &'static str {
     match m {
         Method::DpAdamLora => "DP-Adam LoRA (monolithic)",
@@ -671,23 +703,9 @@ fn cls_table(
             a.mean / b.mean
         ));
     }
-    let mut groups = Vec::new();
-    for m in CLS_METHODS {
-        let mut pts = Vec::new();
-        let mut err = Vec::new();
-        for (i, &eps) in s.epsilons.iter().enumerate() {
-            let est = estimate(&values(runs, &s.seeds, t, m, eps, |x| x.accuracy)).ok();
-            pts.push((i as f64, est.map_or(0.0, |x| 100.0 * x.mean)));
-            err.push(est.map_or(0.0, |x| {
-                if x.half_width.is_finite() {
-                    100.0 * x.half_width
-                } else {
-                    0.0
-                }
-            }));
-        }
-        groups.push(Series::new(pretty(m), pts).with_err(err));
-    }
+    let groups = method_bars(&CLS_METHODS, &s.epsilons, 100.0, |m, eps| {
+        estimate(&values(runs, &s.seeds, t, m, eps, |x| x.accuracy)).ok()
+    });
     let file = format!("{CLS_SLUG}-{t}.png");
     bar_plot(
         &out.join(&file),
@@ -795,23 +813,7 @@ fn d2t_table(
         ));
     }
     notes.extend(epsilon_notes(runs, t, &D2T_METHODS, seeds, &s.epsilons));
-    let mut groups = Vec::new();
-    for m in D2T_METHODS {
-        let mut pts = Vec::new();
-        let mut err = Vec::new();
-        for (i, &e) in s.epsilons.iter().enumerate() {
-            let x = nll(m, e);
-            pts.push((i as f64, x.map_or(0.0, |x| x.mean)));
-            err.push(x.map_or(0.0, |x| {
-                if x.half_width.is_finite() {
-                    x.half_width
-                } else {
-                    0.0
-                }
-            }));
-        }
-        groups.push(Series::new(pretty(m), pts).with_err(err));
-    }
+    let groups = method_bars(&D2T_METHODS, &s.epsilons, 1.0, nll);
     let file = format!("{D2T_SLUG}-{t}.png");
     bar_plot(
         &out.join(&file),
