@@ -98,8 +98,11 @@ impl Family {
         }
     }
 
-    /// Whether a parameter is a "hidden matrix" (Muon-updated): 2-D, not an embedding, head
-    /// or adapter factor.
+    /// Whether a parameter is a "hidden matrix" (Muon-updated, clipped on its own by the
+    /// DP-Muon family): 2-D, not an embedding or head. LoRA factors (`lora_A` `[r, in]`,
+    /// `lora_B` `[out, r]`) are hidden matrices: DP-Muon on a LoRA scope orthogonalizes each
+    /// factor's released gradient (had they been excluded, a LoRA scope would leave Muon
+    /// nothing to update and DP-Muon would be DP-Adam, update for update).
     pub fn is_hidden_matrix(&self, name: &str, dims: usize) -> bool {
         dims == 2
             && ![
@@ -112,7 +115,6 @@ impl Family {
                 "lm_head",
                 "score",
                 "classifier",
-                "lora_",
             ]
             .iter()
             .any(|p| name.contains(p))
@@ -528,6 +530,7 @@ pub fn build_plan(
                         q,
                         expected_batch: b,
                         optim: vec![],
+                        routed: vec![],
                     };
                     let counts = if alternate {
                         let mut c = vec![0u64; 2];
@@ -695,6 +698,11 @@ pub fn build_plan(
         q,
         expected_batch: b,
         optim,
+        routed: names
+            .iter()
+            .filter(|n| expert_of(n).is_some())
+            .cloned()
+            .collect(),
     };
     plan.check().map_err(TrainError::Config)?;
     let counts = plan.phase_counts();

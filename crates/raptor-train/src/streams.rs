@@ -159,6 +159,11 @@ pub struct Plan {
     pub expected_batch: f64,
     /// Optimizer of each trainable parameter.
     pub optim: Vec<(String, Optim)>,
+    /// Trainable parameters of routed experts: the only ones that may get no per-sample
+    /// gradient from a non-empty micro-batch (no token routed to the expert). Any other
+    /// trainable parameter of a phase that a non-empty micro-batch leaves without gradient is
+    /// an error, not a noise-only release: its forward pass does not use it.
+    pub routed: Vec<String>,
 }
 
 impl Plan {

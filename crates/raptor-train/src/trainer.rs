@@ -453,6 +453,41 @@ impl<'a> Trainer<'a> {
         make_batch(&ex, self.model.task(), self.opts.pad_id, self.opts.device)
     }
 
+    /// A non-empty micro-batch reaches every trainable parameter of `phase` except routed
+    /// experts' ([`Plan::routed`]); `reached` names the parameters that got a gradient. A
+    /// parameter it misses is not used by the model's forward pass (e.g. an adapter the
+    /// forward skips): releasing it as noise only would train nothing and say nothing, so it
+    /// is an error. Structural, not data-dependent: every record's forward uses the same
+    /// non-routed parameters.
+    fn check_reached(&self, phase: &Phase, reached: &[String]) -> Result<()> {
+        let reached: std::collections::BTreeSet<&str> =
+            reached.iter().map(String::as_str).collect();
+        let routed: std::collections::BTreeSet<&str> =
+            self.plan.routed.iter().map(String::as_str).collect();
+        let missing: Vec<String> = phase
+            .params()
+            .into_iter()
+            .filter(|p| !reached.contains(p.as_str()) && !routed.contains(p.as_str()))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let shown: Vec<&str> = missing.iter().take(5).map(String::as_str).collect();
+        Err(TrainError::Run(format!(
+            "{} trainable parameter{} of phase {} got no gradient from a non-empty batch: the model's forward pass does not use {} ({}{}); nothing would train them",
+            missing.len(),
+            if missing.len() == 1 { "" } else { "s" },
+            phase.name,
+            if missing.len() == 1 { "it" } else { "them" },
+            shown.join(", "),
+            if missing.len() > shown.len() {
+                ", …"
+            } else {
+                ""
+            }
+        )))
+    }
+
     /// Residual weights `[b]` in [0, 1] from the shared-only logits (expert LoRA off).
     fn residual_weights(&self, phase: &Phase, batch: &Batch) -> Result<Tensor> {
         let mut ctx = ForwardCtx::new(false);
@@ -569,6 +604,7 @@ impl<'a> Trainer<'a> {
                     .with_record_ids(ids)
                     .per_sample(&batch, &owners, true)?;
                 let (losses, grads) = out;
+                self.check_reached(&phase, &grads.params())?;
                 let present: Vec<String> = grads
                     .params()
                     .iter()
@@ -596,11 +632,13 @@ impl<'a> Trainer<'a> {
                 let params = phase.params();
                 let vars: Vec<&Tensor> = params.iter().map(|p| &self.vars[p]).collect();
                 let gs = Tensor::f_run_backward(&[&loss], &vars, false, false)?;
-                params
+                let part: BTreeMap<String, Tensor> = params
                     .into_iter()
                     .zip(gs)
                     .filter(|(_, g)| g.defined())
-                    .collect()
+                    .collect();
+                self.check_reached(&phase, &part.keys().cloned().collect::<Vec<_>>())?;
+                part
             };
             for (p, s) in part {
                 match sums.get_mut(&p) {

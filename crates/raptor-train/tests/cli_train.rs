@@ -76,13 +76,23 @@ fn record(dir: &Path) -> serde_json::Value {
 }
 
 /// `lora` (non-private) and `raptor` at ε = 8 both learn the toy task well above chance
-/// (the sampler and noise are seeded here: NOT private, for a reproducible test).
+/// (the sampler and noise are seeded here: NOT private, for a reproducible test). A seeded run
+/// is reproducible for a given libtorch thread count but its accuracy moves with it (summation
+/// order; `cargo xtask test` runs with one thread): `lora` seed 7 reaches 0.79 with one thread
+/// and 0.975 with two, seeds 8 and 9 0.895 and 0.97 with one. So `lora` is judged by the
+/// median over three seeds, `raptor` (0.895 / 0.885) by one run.
 #[test]
 fn lora_and_raptor_learn_the_toy_task() {
     let d = tmp("learn");
-    for (method, steps, min_acc) in [("lora", 60u64, 0.8), ("raptor", 80, 0.7)] {
-        let runs = d.join(method);
-        let cfg = config(&d, method, steps, "insecure_seed = 7");
+    let mut lora_accs = Vec::new();
+    for (method, seed, steps, min_acc) in [
+        ("lora", 7u64, 60u64, 0.8),
+        ("lora", 8, 60, 0.8),
+        ("lora", 9, 60, 0.8),
+        ("raptor", 7, 80, 0.7),
+    ] {
+        let runs = d.join(format!("{method}-{seed}"));
+        let cfg = config(&d, method, steps, &format!("insecure_seed = {seed}"));
         let out = raptor(&[
             "train",
             "--config",
@@ -109,10 +119,22 @@ fn lora_and_raptor_learn_the_toy_task() {
         assert_eq!(mia["non_members"].as_u64(), Some(n), "{mia}");
         let auc = mia["auc"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&auc), "{mia}");
-        assert!(
-            acc >= min_acc,
-            "{method}: validation accuracy {acc} (chance 0.5)"
-        );
+        if method == "lora" {
+            lora_accs.push(acc);
+            if lora_accs.len() == 3 {
+                lora_accs.sort_by(f64::total_cmp);
+                assert!(
+                    lora_accs[1] >= min_acc,
+                    "lora: median validation accuracy over seeds 7-9 {} ({lora_accs:?}; chance 0.5)",
+                    lora_accs[1]
+                );
+            }
+        } else {
+            assert!(
+                acc >= min_acc,
+                "{method}: validation accuracy {acc} (chance 0.5)"
+            );
+        }
         if method == "raptor" {
             let e = rec["epsilon"]["upper"].as_f64().unwrap();
             assert!(e <= 8.0 && e > 1.0, "epsilon {e}");

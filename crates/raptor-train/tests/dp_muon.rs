@@ -435,3 +435,70 @@ fn generation_is_deterministic_and_matches_a_slow_greedy_reference() {
     assert_eq!(beam, generate(&m, &prompts, &gc, Device::Cpu).unwrap());
     assert!(beam.iter().all(|s| s.len() <= gc.max_new_tokens));
 }
+
+/// On a LoRA scope (GPT-2 and Llama) the DP-Muon family updates every adapter factor with Muon
+/// (DP-MuonBC with its bias-corrected Muon), each factor clipped on its own, and the three
+/// methods' updates differ from the same init, samples and noise seed. Fails if adapters fall
+/// back to AdamW, which made DP-Muon and DP-MuonBC on SmolLM2 with LoRA DP-Adam update for
+/// update (bit-identical losses and test NLL).
+#[test]
+fn on_a_lora_scope_dp_muon_updates_the_adapters_with_muon() {
+    for kind in [ModelKind::Gpt2, ModelKind::Llama] {
+        let vocab = 64i64;
+        let data = examples(12, vocab, 4);
+        let mut finals: Vec<(Method, BTreeMap<String, Tensor>)> = Vec::new();
+        for method in [Method::DpAdam, Method::DpMuon, Method::DpMuonbc] {
+            let mut c = cfg(method, data.len());
+            c.model.kind = kind;
+            c.method.scope = "lora".into();
+            c.lora.r = 2;
+            c.train.seed = 5;
+            let mut m = raptor_train::session::build_model(&c, vocab, 2, Device::Cpu).unwrap();
+            let (plan, _) = build_plan(&c, &mut *m, data.len(), None).unwrap();
+            let lora: Vec<&(String, Optim)> = plan
+                .optim
+                .iter()
+                .filter(|(n, _)| n.contains("lora_"))
+                .collect();
+            assert!(!lora.is_empty(), "{kind:?} {method:?}: no adapter");
+            let want = match method {
+                Method::DpMuon => Optim::Muon,
+                Method::DpMuonbc => Optim::MuonBc,
+                _ => Optim::AdamW,
+            };
+            for (n, o) in &lora {
+                assert_eq!(*o, want, "{kind:?} {method:?}: {n}");
+            }
+            if method != Method::DpAdam {
+                // Each factor is its own clip group.
+                let ph = &plan.phases[0];
+                for (n, _) in &lora {
+                    assert!(
+                        ph.groups.iter().any(|g| g.params == vec![n.clone()]),
+                        "{kind:?} {method:?}: {n} not clipped on its own"
+                    );
+                }
+            }
+            let optim = Optimizers::new(settings(0.01), &plan.optim, Some(5));
+            let p = plan.clone();
+            let mut tr =
+                Trainer::new(&mut *m, plan, &data, BTreeMap::new(), optim, opts(9)).unwrap();
+            let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+            for _ in 0..2 {
+                tr.step(&mut noop).unwrap();
+            }
+            finals.push((method, params(tr.model(), &p)));
+        }
+        for i in 0..finals.len() {
+            for j in i + 1..finals.len() {
+                let e = max_rel(&finals[i].1, &finals[j].1);
+                assert!(
+                    e > 1e-3,
+                    "{kind:?}: {:?} and {:?} end at the same parameters (max rel diff {e})",
+                    finals[i].0,
+                    finals[j].0
+                );
+            }
+        }
+    }
+}

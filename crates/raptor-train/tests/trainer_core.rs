@@ -551,3 +551,52 @@ fn residual_weights_scale_each_records_gradient_in_the_weighted_groups() {
         }
     }
 }
+
+/// A trainable parameter of a phase that the model's forward pass never uses (here an extra
+/// variable in the VarStore, standing for an adapter the forward skips) is an error naming it,
+/// private and non-private alike: releasing it as noise only would train nothing silently.
+/// Routed experts without a token (the Switch model's unrouted experts under DP-Adam LoRA) are
+/// not: that run steps.
+#[test]
+fn a_trainable_parameter_the_forward_never_uses_is_an_error() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(12, vocab, 5);
+    for method in [Method::DpAdamLora, Method::Lora] {
+        let mut m = model();
+        let c = cfg(method, data.len());
+        let (mut plan, _) = build_plan(&c, &mut m, data.len(), None).unwrap();
+        // Without the extra variable the same plan steps.
+        {
+            let mut m2 = model();
+            let (p2, _) = build_plan(&c, &mut m2, data.len(), None).unwrap();
+            assert!(
+                !p2.routed.is_empty(),
+                "{method:?}: no routed expert parameter"
+            );
+            let optim = sgd(&p2, 0.1);
+            let mut tr =
+                Trainer::new(&mut m2, p2, &data, BTreeMap::new(), optim, opts(Some(1))).unwrap();
+            let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+            tr.step(&mut noop).unwrap();
+        }
+        let _unused = (m.var_store().root() / "unused_adapter").var(
+            "weight",
+            &[3],
+            tch::nn::Init::Const(0.0),
+        );
+        plan.phases[0].groups[0]
+            .params
+            .push("unused_adapter.weight".into());
+        plan.optim
+            .push(("unused_adapter.weight".into(), Optim::Sgd));
+        let optim = sgd(&plan, 0.1);
+        let mut tr =
+            Trainer::new(&mut m, plan, &data, BTreeMap::new(), optim, opts(Some(1))).unwrap();
+        let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+        let err = tr.step(&mut noop).unwrap_err().to_string();
+        assert!(
+            err.contains("unused_adapter.weight") && err.contains("does not use"),
+            "{method:?}: {err}"
+        );
+    }
+}
