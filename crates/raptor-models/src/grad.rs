@@ -14,13 +14,17 @@
 //!   cross terms of a table used twice (GPT-2's tied LM head);
 //! * biases, norm gains, the T5 relative-bias table: per-record grads directly (small);
 //! * clipped sums `Σ_b c_b G_b` by one contraction per op, the narrower of the activation and
-//!   the output gradient scaled by the record coefficients (book-keeping).
+//!   the output gradient scaled by the record coefficients (book-keeping); for a linear weight
+//!   whose norms materialized `G_b` (LoRA factors, small expert matrices) the norm pass keeps
+//!   them (within a budget: the size of the pass's output gradients) and the sum is one
+//!   `[1, B] × [B, out·in]` product instead of a contraction over every token row.
 
 use crate::error::{ModelError, Result};
 use crate::tape::{Part, Rows, Site, Tape};
 use raptor_clip::linear::{
     NormMethod, clip_coefficients, ghost_cost, linear_per_example_sq_norms_with, materialized_cost,
 };
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 
@@ -131,6 +135,22 @@ pub struct PerSampleGrads {
     sites: Vec<GradSite>,
     /// param → (site, part) uses.
     uses: BTreeMap<String, Vec<(usize, usize)>>,
+    /// Per-record gradients materialized by the norm pass, kept for the clipped sums (only
+    /// while [`Self::clip`] / [`Self::into_clip`] run).
+    cache: RefCell<Option<MatCache>>,
+}
+
+/// Per-record gradients `[n, out, in]` of single-use linear weights whose norms were computed
+/// by materializing them, chunk by chunk in record order, so that the clipped sum is one
+/// `[1, n] × [n, out·in]` product per chunk instead of a contraction over every token row. At
+/// most `budget` elements are kept (the size of the pass's output gradients: the cache at most
+/// doubles what the backward pass left); a parameter that does not fit is not kept at all and
+/// takes the token-row contraction.
+struct MatCache {
+    budget: i64,
+    used: i64,
+    grads: BTreeMap<String, Vec<Tensor>>,
+    skipped: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for PerSampleGrads {
@@ -291,6 +311,7 @@ impl PerSampleGrads {
             device,
             sites,
             uses,
+            cache: RefCell::new(None),
         })
     }
 
@@ -583,6 +604,11 @@ impl PerSampleGrads {
                 } else {
                     NormMethod::Ghost
                 };
+                if method == NormMethod::Materialized
+                    && let Some(sq) = self.materialize_cached(param, &a3, &g3)?
+                {
+                    return Ok(sq);
+                }
                 return Ok(linear_per_example_sq_norms_with(&a3, &g3, None, method)?);
             }
         }
@@ -618,6 +644,112 @@ impl PerSampleGrads {
             }
         }
         Ok(total)
+    }
+
+    /// Squared norms `[n]` of one chunk's per-record gradients `G_b = Σ_t g_t a_tᵀ` by
+    /// materializing them (the same products as raptor-clip's materialized kernel), keeping
+    /// `G` for the clipped sums when caching is on and the budget allows; `None` otherwise.
+    fn materialize_cached(&self, param: &str, a3: &Tensor, g3: &Tensor) -> Result<Option<Tensor>> {
+        let mut guard = self.cache.borrow_mut();
+        let Some(cache) = guard.as_mut() else {
+            return Ok(None);
+        };
+        if cache.skipped.contains(param) {
+            return Ok(None);
+        }
+        let (n, din, dout) = (a3.size()[0], a3.size()[2], g3.size()[2]);
+        let need = n * din * dout;
+        if cache.used + need > cache.budget {
+            // Not kept at all: its earlier chunks are dropped, its sums take the row contraction.
+            if let Some(v) = cache.grads.remove(param) {
+                cache.used -= v.iter().map(|t| t.numel() as i64).sum::<i64>();
+            }
+            cache.skipped.insert(param.to_string());
+            return Ok(None);
+        }
+        let ck = compute_kind(self.kind);
+        let gi = g3
+            .f_to_kind(ck)?
+            .f_transpose(1, 2)?
+            .f_bmm(&a3.f_to_kind(ck)?)?; // [n, out, in]
+        let sq = gi
+            .f_square()?
+            .f_sum_dim_intlist([1i64, 2].as_slice(), false, None::<Kind>)?;
+        cache.used += need;
+        cache.grads.entry(param.to_string()).or_default().push(gi);
+        Ok(Some(sq))
+    }
+
+    /// `Σ_b c[b] G_b` from the cached per-record gradients of `param` (removed from the cache),
+    /// in the model's dtype; `None` when they are not all cached. With `sanitize`, non-finite
+    /// entries (only in records of coefficient 0) are zeroed first.
+    fn cached_sum(&self, param: &str, c: &Tensor, sanitize: bool) -> Result<Option<Tensor>> {
+        let mut guard = self.cache.borrow_mut();
+        let Some(cache) = guard.as_mut() else {
+            return Ok(None);
+        };
+        let complete = cache
+            .grads
+            .get(param)
+            .is_some_and(|v| v.iter().map(|t| t.size()[0]).sum::<i64>() == self.batch_size);
+        if !complete {
+            return Ok(None);
+        }
+        let Some(chunks) = cache.grads.remove(param) else {
+            return Ok(None);
+        };
+        let ck = compute_kind(self.kind);
+        let c = c.f_to_kind(ck)?;
+        let mut acc: Option<Tensor> = None;
+        let mut r0 = 0i64;
+        let mut shape = Vec::new();
+        for g in chunks {
+            let sz = g.size();
+            let n = sz[0];
+            shape = sz[1..].to_vec();
+            cache.used -= g.numel() as i64;
+            let g = if sanitize {
+                g.f_nan_to_num(0.0, 0.0, 0.0)?
+            } else {
+                g
+            };
+            let term = c
+                .f_narrow(0, r0, n)?
+                .f_reshape([1, n])?
+                .f_mm(&g.f_reshape([n, -1])?)?;
+            acc = Some(match acc {
+                Some(x) => x.f_add(&term)?,
+                None => term,
+            });
+            r0 += n;
+        }
+        let Some(acc) = acc else {
+            return Ok(None);
+        };
+        Ok(Some(acc.f_reshape(shape.as_slice())?.f_to_kind(self.kind)?))
+    }
+
+    /// Turns the materialized-gradient cache on for one clipping pass (budget: the elements of
+    /// the pass's output gradients).
+    fn start_cache(&self) {
+        let budget = self.sites.iter().map(|s| s.g.numel() as i64).sum();
+        *self.cache.borrow_mut() = Some(MatCache {
+            budget,
+            used: 0,
+            grads: BTreeMap::new(),
+            skipped: std::collections::BTreeSet::new(),
+        });
+    }
+
+    /// The sum term of one use: from the cache when the parameter has this one use and all of
+    /// its per-record gradients are cached, else [`Self::part_sum_safe`].
+    fn use_sum(&self, s: &GradSite, p: &Part, c: &Tensor, sanitize: bool) -> Result<Tensor> {
+        if self.uses.get(p.param()).is_some_and(|u| u.len() == 1)
+            && let Some(t) = self.cached_sum(p.param(), c, sanitize)?
+        {
+            return Ok(t);
+        }
+        self.part_sum_safe(s, p, c, sanitize)
     }
 
     /// `Σ_b c[b] · (part p's per-record gradient)` for one use of a parameter.
@@ -916,12 +1048,38 @@ impl PerSampleGrads {
         policy: &ClipPolicy,
         weights: &BTreeMap<String, Tensor>,
     ) -> Result<ClipOutput> {
-        let (group_sq_norms, clip_factors, coeffs, any_bad) =
-            self.clip_coeffs(groups, policy, weights)?;
+        self.start_cache();
+        let out = self.clip_coeffs(groups, policy, weights);
+        let (group_sq_norms, clip_factors, coeffs, any_bad) = match out {
+            Ok(v) => v,
+            Err(e) => {
+                *self.cache.borrow_mut() = None;
+                return Err(e);
+            }
+        };
         let mut sums = BTreeMap::new();
         for (p, c) in &coeffs {
-            sums.insert(p.clone(), self.weighted_sum_with(p, c, any_bad)?);
+            let cached = if self.uses.get(p).is_some_and(|u| u.len() == 1) {
+                self.cached_sum(p, c, any_bad)
+            } else {
+                Ok(None)
+            };
+            let sum = match cached {
+                Ok(Some(t)) => Ok(t),
+                Ok(None) => self.weighted_sum_with(p, c, any_bad),
+                Err(e) => Err(e),
+            };
+            match sum {
+                Ok(t) => {
+                    sums.insert(p.clone(), t);
+                }
+                Err(e) => {
+                    *self.cache.borrow_mut() = None;
+                    return Err(e);
+                }
+            }
         }
+        *self.cache.borrow_mut() = None;
         Ok(ClipOutput {
             group_sq_norms,
             clip_factors,
@@ -939,6 +1097,7 @@ impl PerSampleGrads {
         policy: &ClipPolicy,
         weights: &BTreeMap<String, Tensor>,
     ) -> Result<ClipOutput> {
+        self.start_cache();
         let (group_sq_norms, clip_factors, coeffs, any_bad) =
             self.clip_coeffs(groups, policy, weights)?;
         let mut sums: BTreeMap<String, Tensor> = BTreeMap::new();
@@ -949,7 +1108,7 @@ impl PerSampleGrads {
                     .ok_or_else(|| ModelError::UngroupedParameter {
                         param: p.param().to_string(),
                     })?;
-                let term = self.part_sum_safe(&s, p, c, any_bad)?;
+                let term = self.use_sum(&s, p, c, any_bad)?;
                 match sums.get_mut(p.param()) {
                     Some(acc) => *acc = acc.f_add(&term)?,
                     None => {
