@@ -1220,6 +1220,12 @@ fn saddle_index(parts: &[(LogPmf, f64)], delta: f64, h: f64) -> Option<f64> {
 /// Spacing of the stored (A, C, D) checkpoints of a composed direction.
 const BLOCK: usize = 32;
 
+#[cfg(test)]
+thread_local! {
+    /// Fallback bisections taken by [`ComposedDirection::eps_upper`] on this thread (tests).
+    static EPS_UPPER_BISECTIONS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 /// A composed PRV (one direction) on a window of the grid, ready for queries.
 ///
 /// With `w_k` the composed grid pmf at grid index `k_lo + k`, the query tables are
@@ -1521,6 +1527,8 @@ impl ComposedDirection {
             return Err(AccountantError::NumericalFailure("epsilon query"));
         }
         if self.delta_upper(up) > delta {
+            #[cfg(test)]
+            EPS_UPPER_BISECTIONS.with(|c| c.set(c.get() + 1));
             // The decaying round-off term at e0 exceeded the room, or the tables' inversion
             // disagreed with the direct evaluation (round-off): bisect between `up` and the top
             // of the window for an ε whose bound holds.
@@ -3415,6 +3423,73 @@ mod tests {
         }
         for eps in [lowest - 1e-9, lowest - h, 0.0] {
             assert_eq!(d.delta_upper(eps), 1.0, "ε = {eps} below the usable window");
+        }
+    }
+
+    /// `eps_upper` answers with (essentially) the smallest ε it certifies, on real
+    /// compositions (where the direct inversion or, after a round-off disagreement, the
+    /// fallback bisection gives it) and on a synthetic direction where the decaying round-off
+    /// term at the first guess exceeds the room (the fallback must run); and it refuses
+    /// (typed error) when no ε in the window is certified. Kills mutants of the guess that make
+    /// the answer looser, of the check that guards it (an answer whose bound exceeds δ) and of
+    /// the fallback's window (an error or an uncertified answer). Mutants that only send a
+    /// query to the bisection are equivalent in output.
+    #[test]
+    fn eps_upper_is_the_smallest_certified_epsilon() {
+        let bisections = || EPS_UPPER_BISECTIONS.with(std::cell::Cell::get);
+        // Real compositions, both directions: certified, tight to 1e-7 relative.
+        let acc = PrvAccountant::default();
+        let cases = [
+            (0.01, 1.0, 10_000_u64, 1e-5),
+            (0.1, 2.0, 1000, 1e-8),
+            (0.05, 0.8, 2000, 1e-6),
+        ];
+        for (q, sigma, t, delta) in cases {
+            let c = Composition::single(SubsampledGaussian::new(q, sigma).unwrap(), t).unwrap();
+            let p = acc.compose(&c, 1e-4, 1e-5 * delta).unwrap();
+            for (k, d) in p.dirs.iter().enumerate() {
+                let e = d.eps_upper(delta).unwrap();
+                assert!(
+                    d.delta_upper(e) <= delta,
+                    "q {q} dir {k}: not certified at {e}"
+                );
+                if e > 0.0 {
+                    let below = e * (1.0 - 1e-7);
+                    assert!(
+                        d.delta_upper(below) > delta,
+                        "q {q} dir {k}: {e} is looser than needed ({below} is certified too)"
+                    );
+                }
+            }
+        }
+        // A synthetic direction (δ_w(1e-3) near ε = 14.7) whose round-off charge
+        // 3·b_up·e^{-λ(k0 − k_ref)} exceeds the room at the first guess and decays within a few
+        // grid steps: the fallback finds the smallest certified ε.
+        let h = 0.05;
+        let w: Vec<f64> = (0..400).map(|k| 0.01 * (-0.02 * k as f64).exp()).collect();
+        let mut d = ComposedDirection::new(h, 0, w.clone(), 0.0, 0.0, 0.0);
+        (d.lambda, d.k_ref, d.b_up) = (0.5, 290.0, 0.01);
+        let delta = 1e-3;
+        let e0 = d.eps_w(delta);
+        assert!(d.charge(e0) > delta, "precondition: the guess must fail");
+        let before = bisections();
+        let e = d.eps_upper(delta).unwrap();
+        assert_eq!(bisections(), before + 1);
+        assert!(
+            d.delta_upper(e) <= delta,
+            "fallback answer {e} not certified"
+        );
+        assert!(e > e0);
+        assert!(
+            d.delta_upper(e - 1e-9) > delta,
+            "fallback answer {e} looser than needed"
+        );
+        // A constant charge above δ: nothing in the window is certified.
+        let mut d = ComposedDirection::new(h, 0, w, 0.0, 0.0, 0.0);
+        (d.lambda, d.b_up) = (0.0, 1e-3);
+        match d.eps_upper(1e-3) {
+            Err(AccountantError::DeltaBelowAccuracy { .. }) => {}
+            other => panic!("expected DeltaBelowAccuracy, got {other:?}"),
         }
     }
 

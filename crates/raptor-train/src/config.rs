@@ -215,7 +215,8 @@ pub struct MethodConfig {
     pub expert_clip: String,
     /// Residual weight of the expert loss: `prob` (1 − p_shared(y|x)), `margin`, `none`.
     pub residual: String,
-    /// Trainable scope of the dense-decoder methods: `full` or `lora`.
+    /// Trainable scope of the dense-decoder methods: `full` or `lora` (LoRA on the attention
+    /// projections; DP-Muon and DP-MuonBC then orthogonalize each adapter factor's update).
     pub scope: String,
     /// Muon momentum β.
     pub muon_beta: f64,
