@@ -25,8 +25,12 @@ fn dense(pooling: BertPooling) -> Bert {
     cfg.pooling = pooling;
     let m = Bert::new(cfg, Device::Cpu).unwrap();
     // Widen the weights so that attention, routing and the FFNs all move the logits.
+    // In name order: `variables()` is a HashMap, whose order (and so which tensor gets which
+    // draw) changes from process to process.
+    let vars: std::collections::BTreeMap<String, Tensor> =
+        m.var_store().variables().into_iter().collect();
     tch::no_grad(|| {
-        for (_, t) in m.var_store().variables() {
+        for (_, t) in vars {
             let mut t = t;
             let n = t.randn_like() * 0.3;
             let _ = t.f_add_(&n).unwrap();
