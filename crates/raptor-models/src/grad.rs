@@ -681,9 +681,13 @@ impl PerSampleGrads {
     }
 
     /// `Σ_b c[b] G_b` from the cached per-record gradients of `param` (removed from the cache),
-    /// in the model's dtype; `None` when they are not all cached. With `sanitize`, non-finite
-    /// entries (only in records of coefficient 0) are zeroed first.
+    /// in the model's dtype; `None` when `param` has more than one use or its per-record
+    /// gradients are not all cached. With `sanitize`, non-finite entries (only in records of
+    /// coefficient 0) are zeroed first.
     fn cached_sum(&self, param: &str, c: &Tensor, sanitize: bool) -> Result<Option<Tensor>> {
+        if self.uses.get(param).is_none_or(|u| u.len() != 1) {
+            return Ok(None);
+        }
         let mut guard = self.cache.borrow_mut();
         let Some(cache) = guard.as_mut() else {
             return Ok(None);
@@ -741,15 +745,13 @@ impl PerSampleGrads {
         });
     }
 
-    /// The sum term of one use: from the cache when the parameter has this one use and all of
-    /// its per-record gradients are cached, else [`Self::part_sum_safe`].
+    /// The sum term of one use: from the cache ([`Self::cached_sum`]), else
+    /// [`Self::part_sum_safe`].
     fn use_sum(&self, s: &GradSite, p: &Part, c: &Tensor, sanitize: bool) -> Result<Tensor> {
-        if self.uses.get(p.param()).is_some_and(|u| u.len() == 1)
-            && let Some(t) = self.cached_sum(p.param(), c, sanitize)?
-        {
-            return Ok(t);
+        match self.cached_sum(p.param(), c, sanitize)? {
+            Some(t) => Ok(t),
+            None => self.part_sum_safe(s, p, c, sanitize),
         }
-        self.part_sum_safe(s, p, c, sanitize)
     }
 
     /// `Σ_b c[b] · (part p's per-record gradient)` for one use of a parameter.
@@ -1049,37 +1051,28 @@ impl PerSampleGrads {
         weights: &BTreeMap<String, Tensor>,
     ) -> Result<ClipOutput> {
         self.start_cache();
-        let out = self.clip_coeffs(groups, policy, weights);
-        let (group_sq_norms, clip_factors, coeffs, any_bad) = match out {
-            Ok(v) => v,
-            Err(e) => {
-                *self.cache.borrow_mut() = None;
-                return Err(e);
-            }
-        };
+        let out = self.clip_with_cache(groups, policy, weights);
+        *self.cache.borrow_mut() = None;
+        out
+    }
+
+    /// [`Self::clip`]'s work, with the materialized-gradient cache on.
+    fn clip_with_cache(
+        &self,
+        groups: &ParamGroups,
+        policy: &ClipPolicy,
+        weights: &BTreeMap<String, Tensor>,
+    ) -> Result<ClipOutput> {
+        let (group_sq_norms, clip_factors, coeffs, any_bad) =
+            self.clip_coeffs(groups, policy, weights)?;
         let mut sums = BTreeMap::new();
         for (p, c) in &coeffs {
-            let cached = if self.uses.get(p).is_some_and(|u| u.len() == 1) {
-                self.cached_sum(p, c, any_bad)
-            } else {
-                Ok(None)
+            let sum = match self.cached_sum(p, c, any_bad)? {
+                Some(t) => t,
+                None => self.weighted_sum_with(p, c, any_bad)?,
             };
-            let sum = match cached {
-                Ok(Some(t)) => Ok(t),
-                Ok(None) => self.weighted_sum_with(p, c, any_bad),
-                Err(e) => Err(e),
-            };
-            match sum {
-                Ok(t) => {
-                    sums.insert(p.clone(), t);
-                }
-                Err(e) => {
-                    *self.cache.borrow_mut() = None;
-                    return Err(e);
-                }
-            }
+            sums.insert(p.clone(), sum);
         }
-        *self.cache.borrow_mut() = None;
         Ok(ClipOutput {
             group_sq_norms,
             clip_factors,
