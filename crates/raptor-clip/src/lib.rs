@@ -59,7 +59,9 @@ pub mod tensor;
 
 pub use error::ClipError;
 pub use kernel::stream_read_sum;
-pub use privatizer::{Privatizer, PublicDenominator, Release, ReleasedBlock, SEEDED_WARNING};
+pub use privatizer::{
+    NOISE_CHUNK, Privatizer, PublicDenominator, Release, ReleasedBlock, SEEDED_WARNING,
+};
 pub use slice::{
     Block, BlockClipOutput, ClipOutput, Group, Grouping, clip_blocks, clip_rows, joint_sensitivity,
 };

@@ -182,10 +182,22 @@ pub fn linear_per_example_sq_norms_with(
             .f_clamp_min(0.0)?
     } else {
         let gi = g3.f_transpose(1, 2)?.f_bmm(&a3)?; // [B, out, in]
-        gi.f_square()?
-            .f_sum_dim_intlist([1i64, 2].as_slice(), false, None::<Kind>)?
+        per_record_sq_sums(&gi)?
     };
     Ok(sq)
+}
+
+/// Per-record sums of squares: `x` `[B, ...]` → `[B]`, `Σ x²` over all but the first
+/// dimension, as the squared 2-norm of each record's entries (one reduction pass, no temporary
+/// the size of `x`). A record holding NaN gives NaN, one holding ±inf (and no NaN) +inf.
+pub fn per_record_sq_sums(x: &Tensor) -> Result<Tensor, ClipError> {
+    let b = x.size().first().copied().unwrap_or(0);
+    if b == 0 || x.numel() == 0 {
+        return Ok(Tensor::f_zeros([b], (x.kind(), x.device()))?);
+    }
+    Ok(x.f_reshape([b, -1])?
+        .f_linalg_norm(2.0, [1i64].as_slice(), false, None::<Kind>)?
+        .f_square()?)
 }
 
 /// Σ_i coef_i · G_i as one contraction (einsum "b,bto,bti->oi"), shape `[out, in]`.

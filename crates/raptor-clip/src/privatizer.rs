@@ -6,7 +6,11 @@
 //! - **Source.** ChaCha20 (a CSPRNG) keyed with 32 bytes from the operating system
 //!   ([`Privatizer::new`]). A user-given seed ([`Privatizer::seeded_insecure`]) is an explicit
 //!   opt-in for reproducible experiments: such a privatizer prints a warning to stderr once, and
-//!   every [`Release`] it makes says so ([`Release::is_seeded_insecure`]).
+//!   every [`Release`] it makes says so ([`Release::is_seeded_insecure`]). A release of more
+//!   than [`NOISE_CHUNK`] coordinates is drawn in chunks of that many, each from its own
+//!   ChaCha20 keyed with 32 bytes of the privatizer's generator (drawn in chunk order before
+//!   any chunk is filled), so that the chunks fill in parallel; the noise depends on the seed
+//!   and the release's length only, not on the thread count.
 //! - **Floating-point mitigation.** Each noise coordinate is `(z₁ + z₂ + z₃ + z₄) / 2` with
 //!   `zₖ` independent standard normals drawn in f64 (Ziggurat), scaled by σΔ and added to the
 //!   clipped sum in f64 before the one rounding to the output type. The sum of four
@@ -157,6 +161,10 @@ fn warn_seeded() {
     WARNINGS.with(|w| w.set(w.get() + 1));
 }
 
+/// Noise draws per chunk when a release is long enough to be drawn in parallel (see
+/// [`Privatizer`]'s module docs, "Source").
+pub const NOISE_CHUNK: usize = 1 << 16;
+
 /// One standard normal for the noise: (z₁ + z₂ + z₃ + z₄)/2 of four independent N(0, 1) draws
 /// in f64 (see the [module docs](self)).
 #[inline]
@@ -251,11 +259,36 @@ impl Privatizer {
 
     /// Fill `out` with standard normal noise draws (the hardened sampler of the module docs;
     /// the one source of noise of both the slice and the tensor path). Warns once if seeded.
+    ///
+    /// Up to [`NOISE_CHUNK`] draws come straight from this privatizer's generator. A longer
+    /// `out` is filled in chunks of [`NOISE_CHUNK`]: chunk k from its own ChaCha20 keyed with
+    /// 32 bytes that this privatizer's generator produces, in chunk order, before any chunk is
+    /// filled; the chunks are then filled in parallel (rayon). The result depends on the seed
+    /// and on `out.len()` only, never on the thread count.
     pub(crate) fn standard_normals(&mut self, out: &mut [f64]) {
+        use rayon::prelude::*;
         self.warn_once();
-        for v in out.iter_mut() {
-            *v = hardened_standard_normal(&mut self.rng);
+        if out.len() <= NOISE_CHUNK {
+            for v in out.iter_mut() {
+                *v = hardened_standard_normal(&mut self.rng);
+            }
+            return;
         }
+        let keys: Vec<[u8; 32]> = (0..out.len().div_ceil(NOISE_CHUNK))
+            .map(|_| {
+                let mut k = [0u8; 32];
+                self.rng.fill_bytes(&mut k);
+                k
+            })
+            .collect();
+        out.par_chunks_mut(NOISE_CHUNK)
+            .zip(keys.par_iter())
+            .for_each(|(chunk, key)| {
+                let mut rng = ChaCha20Rng::from_seed(*key);
+                for v in chunk.iter_mut() {
+                    *v = hardened_standard_normal(&mut rng);
+                }
+            });
     }
 
     fn noisy(&mut self, sum: &[f32], std: f64, denom: f64) -> Vec<f32> {
@@ -404,6 +437,49 @@ mod tests {
         let r3 = s.release(&[("a", &[0.0, 1.0])], 1.0, d).unwrap();
         assert!(!r3.is_seeded_insecure());
         assert_eq!(WARNINGS.with(|w| w.get()) - before, 2);
+    }
+
+    /// A draw longer than NOISE_CHUNK: chunk k is the hardened sampler on ChaCha20 keyed with
+    /// the k-th 32 bytes of the privatizer's generator, the same on 1 and 2 threads; the chunks
+    /// differ, and the draws have mean 0 and variance 1 across the chunk boundaries.
+    #[test]
+    fn long_draws_come_in_keyed_chunks_whatever_the_thread_count() {
+        let n = 2 * NOISE_CHUNK + 17;
+        let draw = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| {
+                    let mut p = Privatizer::seeded_insecure(1.0, 9).unwrap();
+                    let mut z = vec![0.0; n];
+                    p.standard_normals(&mut z);
+                    z
+                })
+        };
+        let one = draw(1);
+        assert_eq!(one, draw(2));
+        let mut parent = ChaCha20Rng::seed_from_u64(9);
+        let mut want = Vec::with_capacity(n);
+        for k in 0..3 {
+            let mut key = [0u8; 32];
+            parent.fill_bytes(&mut key);
+            let mut rng = ChaCha20Rng::from_seed(key);
+            for _ in 0..NOISE_CHUNK.min(n - k * NOISE_CHUNK) {
+                want.push(hardened_standard_normal(&mut rng));
+            }
+        }
+        assert_eq!(one, want);
+        assert_ne!(one[..64], one[NOISE_CHUNK..NOISE_CHUNK + 64]);
+        let mean = one.iter().sum::<f64>() / n as f64;
+        let var = one.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n as f64 - 1.0);
+        assert!(mean.abs() < 0.02 && (var - 1.0).abs() < 0.03, "{mean} {var}");
+        // A draw of exactly NOISE_CHUNK is still one sequential stream.
+        let mut p = Privatizer::seeded_insecure(1.0, 9).unwrap();
+        let mut z = vec![0.0; NOISE_CHUNK];
+        p.standard_normals(&mut z);
+        let mut rng = ChaCha20Rng::seed_from_u64(9);
+        assert!(z.iter().all(|&v| v == hardened_standard_normal(&mut rng)));
     }
 
     /// The noise of a seeded privatizer is exactly (z1+z2+z3+z4)/2 of consecutive ChaCha20

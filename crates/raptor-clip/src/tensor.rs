@@ -372,21 +372,58 @@ impl crate::Privatizer {
         sensitivity: f64,
         denominator: crate::PublicDenominator,
     ) -> Result<Tensor, ClipError> {
+        let mut out = self.release_tensors(&[sum], sensitivity, denominator)?;
+        out.pop().ok_or_else(|| ClipError::Torch("internal: no released tensor".into()))
+    }
+
+    /// [`Self::release_tensor`] for several tensors that form one release (the blocks of one
+    /// clipped sum, with one joint sensitivity): the noise of all of them is drawn in one go,
+    /// in the order given (the same draws as consecutive `release_tensor` calls for a total of
+    /// at most [`crate::NOISE_CHUNK`] coordinates; a longer release is drawn in parallel
+    /// chunks, see the privatizer's module docs). CPU tensors are noised in one pass in f64.
+    pub fn release_tensors(
+        &mut self,
+        sums: &[&Tensor],
+        sensitivity: f64,
+        denominator: crate::PublicDenominator,
+    ) -> Result<Vec<Tensor>, ClipError> {
         if !(sensitivity.is_finite() && sensitivity > 0.0) {
             return Err(ClipError::InvalidSensitivity { value: sensitivity });
         }
-        let n = sum.numel();
-        let mut z = vec![0f64; n];
+        let total: usize = sums.iter().map(|t| t.numel()).sum();
+        let mut z = vec![0f64; total];
         self.standard_normals(&mut z);
         let std = self.noise_multiplier() * sensitivity;
-        let noise = Tensor::f_from_slice(&z)?
-            .f_reshape(sum.size())?
-            .f_to_device(sum.device())?;
-        let out = sum
-            .f_to_kind(Kind::Double)?
-            .f_add(&noise.f_mul_scalar(std)?)?
-            .f_div_scalar(denominator.value())?
-            .f_to_kind(sum.kind())?;
-        Ok(out)
+        let d = denominator.value();
+        let mut outs = Vec::with_capacity(sums.len());
+        let mut at = 0usize;
+        for sum in sums {
+            let n = sum.numel();
+            let zs = &z[at..at + n];
+            at += n;
+            let out = if sum.device() == tch::Device::Cpu {
+                // (s + σΔ·z) / d in f64, rounded once: the same operations as the device path.
+                let flat = sum.f_to_kind(Kind::Double)?.f_reshape([-1])?.f_contiguous()?;
+                let s: Vec<f64> = Vec::try_from(&flat)?;
+                let v: Vec<f64> = s
+                    .iter()
+                    .zip(zs)
+                    .map(|(&s, &z)| (s + z * std) / d)
+                    .collect();
+                Tensor::f_from_slice(&v)?
+                    .f_reshape(sum.size())?
+                    .f_to_kind(sum.kind())?
+            } else {
+                let noise = Tensor::f_from_slice(zs)?
+                    .f_reshape(sum.size())?
+                    .f_to_device(sum.device())?;
+                sum.f_to_kind(Kind::Double)?
+                    .f_add(&noise.f_mul_scalar(std)?)?
+                    .f_div_scalar(d)?
+                    .f_to_kind(sum.kind())?
+            };
+            outs.push(out);
+        }
+        Ok(outs)
     }
 }

@@ -513,3 +513,40 @@ fn tensor_and_slice_releases_draw_the_same_noise() {
         );
     }
 }
+
+/// Several tensors released together get the noise of one slice release of their concatenation
+/// from a privatizer with the same seed, bitwise, for f32 sums: short releases (the same draws
+/// as consecutive single releases) and long ones (drawn in parallel chunks).
+#[test]
+fn releasing_tensors_together_is_one_release_of_their_concatenation() {
+    let d = PublicDenominator::new(3.0).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for (na, nb) in [(5usize, 7usize), (raptor_clip::NOISE_CHUNK, 1000)] {
+        let a: Vec<f32> = rand_vec(&mut rng, na, 2.0);
+        let b: Vec<f32> = rand_vec(&mut rng, nb, 2.0);
+        let ta = Tensor::from_slice(&a).reshape([-1, 1]);
+        let tb = Tensor::from_slice(&b);
+        let together = Privatizer::seeded_insecure(1.5, 4)
+            .unwrap()
+            .release_tensors(&[&ta, &tb], 0.8, d)
+            .unwrap();
+        assert_eq!(together[0].size(), ta.size());
+        assert_eq!(together[0].kind(), Kind::Float);
+        let cat: Vec<f32> = a.iter().chain(&b).copied().collect();
+        let slice = Privatizer::seeded_insecure(1.5, 4)
+            .unwrap()
+            .release(&[("x", &cat)], 0.8, d)
+            .unwrap();
+        let got: Vec<f32> = [&together[0], &together[1]]
+            .iter()
+            .flat_map(|t| Vec::<f32>::try_from(t.reshape([-1])).unwrap())
+            .collect();
+        assert_eq!(got, slice.values(), "{na} + {nb}");
+        if na + nb <= raptor_clip::NOISE_CHUNK {
+            let mut p = Privatizer::seeded_insecure(1.5, 4).unwrap();
+            let one = p.release_tensor(&ta, 0.8, d).unwrap();
+            let two = p.release_tensor(&tb, 0.8, d).unwrap();
+            assert!(one.equal(&together[0]) && two.equal(&together[1]));
+        }
+    }
+}

@@ -23,6 +23,7 @@ use crate::error::{ModelError, Result};
 use crate::tape::{Part, Rows, Site, Tape};
 use raptor_clip::linear::{
     NormMethod, clip_coefficients, ghost_cost, linear_per_example_sq_norms_with, materialized_cost,
+    per_record_sq_sums,
 };
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -81,6 +82,13 @@ impl GradSite {
                     .map(|r| off[r as usize + 1] - off[r as usize])
                     .collect();
                 let tmax = counts.iter().copied().max().unwrap_or(1).max(1);
+                if x.device() == tch::Device::Cpu {
+                    match x.kind() {
+                        Kind::Float => return pad_rows::<f32>(x, lo, hi, &counts, tmax, d),
+                        Kind::Double => return pad_rows::<f64>(x, lo, hi, &counts, tmax, d),
+                        _ => {}
+                    }
+                }
                 let mut pos = Vec::with_capacity((hi - lo) as usize);
                 for (i, &c) in counts.iter().enumerate() {
                     pos.extend((0..c).map(|j| i as i64 * tmax + j));
@@ -121,6 +129,40 @@ impl GradSite {
             Rows::Routed { rec } => self.g.f_mul(&c.f_index_select(0, rec)?.f_unsqueeze(1)?)?,
         })
     }
+}
+
+/// Routed rows `lo..hi` of `x` (`[N, d]`, rows sorted by record, `counts[i]` rows for the
+/// i-th record of the chunk) as `[n, tmax, d]`, each record's rows first and zeros after: the
+/// CPU form of `GradSite::chunk`'s zero-fill and `index_copy`, one contiguous copy per record.
+fn pad_rows<T: tch::kind::Element + Copy + Default>(
+    x: &Tensor,
+    lo: i64,
+    hi: i64,
+    counts: &[i64],
+    tmax: i64,
+    d: i64,
+) -> Result<Tensor> {
+    let n = counts.len() as i64;
+    let du = d as usize;
+    let mut buf = vec![T::default(); (n * tmax * d) as usize];
+    if hi > lo {
+        let rows: Vec<T> = Vec::try_from(x.f_narrow(0, lo, hi - lo)?.f_reshape([-1])?)?;
+        let mut at = 0usize;
+        for (i, &c) in counts.iter().enumerate() {
+            let len = c as usize * du;
+            let dst = i * tmax as usize * du;
+            match (buf.get_mut(dst..dst + len), rows.get(at..at + len)) {
+                (Some(to), Some(from)) => to.copy_from_slice(from),
+                _ => {
+                    return Err(ModelError::InvalidConfig(
+                        "internal: routed row counts do not match the rows".into(),
+                    ));
+                }
+            }
+            at += len;
+        }
+    }
+    Ok(Tensor::f_from_slice(&buf)?.f_reshape([n, tmax, d])?)
 }
 
 /// Per-record gradients of all trainable parameters used in one forward pass.
@@ -672,9 +714,7 @@ impl PerSampleGrads {
             .f_to_kind(ck)?
             .f_transpose(1, 2)?
             .f_bmm(&a3.f_to_kind(ck)?)?; // [n, out, in]
-        let sq = gi
-            .f_square()?
-            .f_sum_dim_intlist([1i64, 2].as_slice(), false, None::<Kind>)?;
+        let sq = per_record_sq_sums(&gi)?;
         cache.used += need;
         cache.grads.entry(param.to_string()).or_default().push(gi);
         Ok(Some(sq))

@@ -672,31 +672,45 @@ impl<'a> Trainer<'a> {
                     empty_experts += 1;
                 }
             }
+            // The release's parameters in plan order (an absent sum is zeros: a routed expert
+            // no sampled record reached still gets its noise).
+            let mut names: Vec<String> = Vec::new();
+            let mut parts: Vec<Tensor> = Vec::new();
             for gname in &r.groups {
                 let g = phase.group(gname).ok_or_else(|| {
                     TrainError::Config(format!("release {} names missing group {gname}", r.name))
                 })?;
                 for p in &g.params {
                     let v = &self.vars[p];
-                    let s = match sums.remove(p) {
+                    parts.push(match sums.remove(p) {
                         Some(s) => s,
                         None => v.f_zeros_like()?.f_detach()?,
-                    };
-                    let out = match self.privatizers.get_mut(&(pi, j)) {
-                        // Noise is added once, on rank 0; the other ranks receive the release.
-                        Some(_) if rank > 0 => s,
-                        Some(pz) if phase.private => pz.release_tensor(&s, delta, denom)?,
-                        _ => s.f_div_scalar(denom.value())?,
-                    };
-                    let noise = ReleaseNoise {
-                        std: if phase.private {
-                            r.sigma * delta / denom.value()
-                        } else {
-                            0.0
-                        },
-                    };
-                    released.push((p.clone(), out, noise));
+                    });
+                    names.push(p.clone());
                 }
+            }
+            let outs: Vec<Tensor> = match self.privatizers.get_mut(&(pi, j)) {
+                // Noise is added once, on rank 0; the other ranks receive the release.
+                Some(_) if rank > 0 => parts,
+                // One draw for the whole release (in parallel chunks when it is long).
+                Some(pz) if phase.private => {
+                    let refs: Vec<&Tensor> = parts.iter().collect();
+                    pz.release_tensors(&refs, delta, denom)?
+                }
+                _ => parts
+                    .iter()
+                    .map(|s| s.f_div_scalar(denom.value()))
+                    .collect::<std::result::Result<_, _>>()?,
+            };
+            let noise = ReleaseNoise {
+                std: if phase.private {
+                    r.sigma * delta / denom.value()
+                } else {
+                    0.0
+                },
+            };
+            for (p, out) in names.into_iter().zip(outs) {
+                released.push((p, out, noise));
             }
             match &r.charge {
                 Charge::None => {}
