@@ -473,7 +473,10 @@ mod tests {
         assert_ne!(one[..64], one[NOISE_CHUNK..NOISE_CHUNK + 64]);
         let mean = one.iter().sum::<f64>() / n as f64;
         let var = one.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n as f64 - 1.0);
-        assert!(mean.abs() < 0.02 && (var - 1.0).abs() < 0.03, "{mean} {var}");
+        assert!(
+            mean.abs() < 0.02 && (var - 1.0).abs() < 0.03,
+            "{mean} {var}"
+        );
         // A draw of exactly NOISE_CHUNK is still one sequential stream.
         let mut p = Privatizer::seeded_insecure(1.0, 9).unwrap();
         let mut z = vec![0.0; NOISE_CHUNK];

@@ -373,7 +373,8 @@ impl crate::Privatizer {
         denominator: crate::PublicDenominator,
     ) -> Result<Tensor, ClipError> {
         let mut out = self.release_tensors(&[sum], sensitivity, denominator)?;
-        out.pop().ok_or_else(|| ClipError::Torch("internal: no released tensor".into()))
+        out.pop()
+            .ok_or_else(|| ClipError::Torch("internal: no released tensor".into()))
     }
 
     /// [`Self::release_tensor`] for several tensors that form one release (the blocks of one
@@ -403,13 +404,12 @@ impl crate::Privatizer {
             at += n;
             let out = if sum.device() == tch::Device::Cpu {
                 // (s + σΔ·z) / d in f64, rounded once: the same operations as the device path.
-                let flat = sum.f_to_kind(Kind::Double)?.f_reshape([-1])?.f_contiguous()?;
+                let flat = sum
+                    .f_to_kind(Kind::Double)?
+                    .f_reshape([-1])?
+                    .f_contiguous()?;
                 let s: Vec<f64> = Vec::try_from(&flat)?;
-                let v: Vec<f64> = s
-                    .iter()
-                    .zip(zs)
-                    .map(|(&s, &z)| (s + z * std) / d)
-                    .collect();
+                let v: Vec<f64> = s.iter().zip(zs).map(|(&s, &z)| (s + z * std) / d).collect();
                 Tensor::f_from_slice(&v)?
                     .f_reshape(sum.size())?
                     .f_to_kind(sum.kind())?
