@@ -25,7 +25,8 @@
 //! module): the candidates admitted by cache budgets derived from the machine's L2 and L3 at
 //! run time ([`Budgets`]) are timed on the first call and the fastest kept.
 //!
-//! The inner sweep has an AVX2 + FMA version (intrinsics, chosen at run time) and a portable one.
+//! The inner sweep has AVX-512F and AVX2 + FMA versions (intrinsics, the widest the CPU has,
+//! chosen at run time; `RAPTOR_CLIP_SIMD=avx2|portable` caps it) and a portable one.
 
 use rayon::prelude::*;
 
@@ -65,7 +66,30 @@ pub(crate) struct Fused {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn has_avx2() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    simd_cap() >= 1
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Whether the AVX-512F sweep can run: the CPU has AVX-512F and `RAPTOR_CLIP_SIMD` does not
+/// cap the kernels at `avx2` (or `portable`; read once per process; for comparisons on one
+/// machine).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx512() -> bool {
+    simd_cap() >= 2 && std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// The widest instruction set the kernels may use: 2 = AVX-512, 1 = AVX2, 0 = portable, from
+/// `RAPTOR_CLIP_SIMD` (`avx512`, the default; `avx2`; `portable`), read once.
+#[cfg(target_arch = "x86_64")]
+fn simd_cap() -> u8 {
+    static CAP: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var("RAPTOR_CLIP_SIMD").as_deref() {
+        Ok("avx2") => 1,
+        Ok("portable") => 0,
+        _ => 2,
+    })
 }
 
 /// Generate a dispatching function: the body is compiled twice, once for the baseline target
@@ -760,6 +784,12 @@ fn sweep<const R: usize>(
     let n = p.len();
     assert!(cur.iter().chain(next.iter()).all(|r| r.len() == n));
     #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512F (checked just above); all rows have p.len()
+        // entries (asserted above).
+        return unsafe { sweep_avx512::<R>(p, a, cur, next, cur_nta) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above); all rows have p.len()
         // entries (asserted above).
@@ -920,6 +950,96 @@ unsafe fn sweep_avx2<const R: usize>(
         // SAFETY: `lanes` holds 4 f64.
         unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), t) };
         res[r] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+    }
+    sweep_tail(p, a, cur, next, full, &mut res);
+    res
+}
+
+/// AVX-512F version of [`sweep`]: the same sweep as [`sweep_avx2`] with 512-bit registers
+/// (two f32 vectors per row for the accumulation, the streamed rows' entries widened to f64
+/// eight at a time and squared by FMA into up to four f64 vectors per row), the same
+/// prefetches.
+///
+/// # Safety
+/// The CPU must support AVX-512F; every row must have `p.len()` entries.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sweep_avx512<const R: usize>(
+    p: &mut [f32],
+    a: &[f32; R],
+    cur: &[&[f32]; R],
+    next: &[&[f32]; R],
+    cur_nta: bool,
+) -> [f64; R] {
+    use std::arch::x86_64::*;
+    const W: usize = 32;
+    let n = p.len();
+    let full = n - n % W;
+    let pp = p.as_mut_ptr();
+    let cp: [*const f32; R] = std::array::from_fn(|r| cur[r].as_ptr());
+    let np: [*const f32; R] = std::array::from_fn(|r| next[r].as_ptr());
+    let av: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(a[r]));
+    let mut acc = [[_mm512_setzero_pd(); 4]; R];
+    let lanes = if R <= 2 {
+        4
+    } else if R <= 4 {
+        2
+    } else {
+        1
+    };
+    let mut k = 0;
+    while k < full {
+        // SAFETY (whole block): k + 32 ≤ n and every row has n entries; the prefetch addresses
+        // are computed with wrapping arithmetic and prefetches never fault.
+        unsafe {
+            for row in np {
+                let ahead = row
+                    .wrapping_add(k)
+                    .cast::<i8>()
+                    .wrapping_add(PREFETCH_BYTES);
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+            }
+            if cur_nta {
+                for row in cp {
+                    let ahead = row
+                        .wrapping_add(k)
+                        .cast::<i8>()
+                        .wrapping_add(PREFETCH_BYTES);
+                    _mm_prefetch::<_MM_HINT_NTA>(ahead);
+                    _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(64));
+                }
+            }
+            for j in 0..2 {
+                let o = k + 16 * j;
+                let mut v = _mm512_loadu_ps(pp.add(o));
+                for r in 0..R {
+                    v = _mm512_fmadd_ps(av[r], _mm512_loadu_ps(cp[r].add(o)), v);
+                }
+                _mm512_storeu_ps(pp.add(o), v);
+            }
+            for r in 0..R {
+                for j in 0..4 {
+                    // f32 → f64 squares are exact; accumulate in `lanes` f64 vectors.
+                    let x = _mm512_cvtps_pd(_mm256_loadu_ps(np[r].add(k + 8 * j)));
+                    let u = j % lanes;
+                    acc[r][u] = _mm512_fmadd_pd(x, x, acc[r][u]);
+                }
+            }
+        }
+        k += W;
+    }
+    let mut res = [0f64; R];
+    for r in 0..R {
+        let mut lanes = [0f64; 8];
+        let t = _mm512_add_pd(
+            _mm512_add_pd(acc[r][0], acc[r][1]),
+            _mm512_add_pd(acc[r][2], acc[r][3]),
+        );
+        // SAFETY: `lanes` holds 8 f64.
+        unsafe { _mm512_storeu_pd(lanes.as_mut_ptr(), t) };
+        res[r] = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+            + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
     }
     sweep_tail(p, a, cur, next, full, &mut res);
     res
@@ -1398,20 +1518,34 @@ mod tests {
         }
     }
 
-    /// The portable sweep (the fallback without AVX2) against f64 loops, every step size.
+    /// Every sweep this CPU can run (portable, AVX2 + FMA, AVX-512F) against f64 loops, every
+    /// step size.
     #[test]
-    fn portable_sweep_matches_reference() {
-        fn go<const R: usize>(rng: &mut ChaCha8Rng, n: usize) {
+    fn every_sweep_matches_reference() {
+        fn go<const R: usize>(rng: &mut ChaCha8Rng, n: usize, imp: u8) {
             let rows: Vec<Vec<f32>> = (0..2 * R).map(|_| row(rng, n, 3)).collect();
             let mut p: Vec<f32> = row(rng, n, 3);
             let p0 = p.clone();
             let a: [f32; R] = std::array::from_fn(|r| 0.25 + r as f32);
             let cur: [&[f32]; R] = std::array::from_fn(|r| &rows[r][..]);
             let next: [&[f32]; R] = std::array::from_fn(|r| &rows[R + r][..]);
-            let got = sweep_portable::<R>(&mut p, &a, &cur, &next);
+            let got = match imp {
+                0 => sweep_portable::<R>(&mut p, &a, &cur, &next),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: only called when the CPU has AVX2 + FMA (checked by the caller).
+                1 => unsafe { sweep_avx2::<R>(&mut p, &a, &cur, &next, n.is_multiple_of(2)) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: only called when the CPU has AVX-512F (checked by the caller).
+                _ => unsafe { sweep_avx512::<R>(&mut p, &a, &cur, &next, n.is_multiple_of(2)) },
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => unreachable!(),
+            };
             for r in 0..R {
                 let want: f64 = next[r].iter().map(|&x| f64::from(x).powi(2)).sum();
-                assert!((got[r] - want).abs() <= 1e-12 * want, "R={R} n={n}");
+                assert!(
+                    (got[r] - want).abs() <= 1e-12 * want,
+                    "imp {imp} R={R} n={n}"
+                );
             }
             for j in 0..n {
                 let want: f64 = f64::from(p0[j])
@@ -1428,12 +1562,26 @@ mod tests {
                 );
             }
         }
+        let mut imps = vec![0u8];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                imps.push(1);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                imps.push(2);
+            }
+        }
         let mut rng = ChaCha8Rng::seed_from_u64(11);
-        for n in [0usize, 1, 8, 31, 32, 33, 1000] {
-            go::<1>(&mut rng, n);
-            go::<2>(&mut rng, n);
-            go::<4>(&mut rng, n);
-            go::<8>(&mut rng, n);
+        for &imp in &imps {
+            for n in [0usize, 1, 8, 31, 32, 33, 63, 64, 65, 1000] {
+                go::<1>(&mut rng, n, imp);
+                go::<2>(&mut rng, n, imp);
+                go::<4>(&mut rng, n, imp);
+                go::<8>(&mut rng, n, imp);
+            }
         }
     }
 
