@@ -1229,3 +1229,20 @@ pub struct ClipOutput {
     /// Per parameter: `Σ_b factor_b · w_b · G_b` (no noise, no denominator).
     pub sums: BTreeMap<String, Tensor>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `clip_factors` turns squared norms into `min(1, C / ‖g‖)` in the norms' dtype.
+    #[test]
+    fn clip_factors_are_min_one_bound_over_norm() -> Result<()> {
+        let sq = Tensor::from_slice(&[4.0f32, 0.25, 0.0, 1.0]);
+        let f = clip_factors(&sq, 1.0)?;
+        assert_eq!(f.kind(), Kind::Float);
+        let v: Vec<f32> = Vec::try_from(&f)?;
+        assert!((v[0] - 0.5).abs() < 1e-6, "{v:?}");
+        assert_eq!(&v[1..], &[1.0, 1.0, 1.0]);
+        Ok(())
+    }
+}
