@@ -858,6 +858,43 @@ fn sweep_tail<const R: usize>(
     }
 }
 
+/// Prefetch the two cache lines [`PREFETCH_BYTES`] ahead of entry `k` of every streamed row
+/// (`next`), and with `cur_nta` of every accumulated row (`cur`) with the non-temporal hint.
+/// Addresses are computed with wrapping arithmetic; prefetches never fault.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_ahead<const R: usize>(
+    next: &[*const f32; R],
+    cur: &[*const f32; R],
+    k: usize,
+    cur_nta: bool,
+) {
+    use std::arch::x86_64::*;
+    let ahead = |row: *const f32| {
+        row.wrapping_add(k)
+            .cast::<i8>()
+            .wrapping_add(PREFETCH_BYTES)
+    };
+    for &row in next {
+        let a = ahead(row);
+        // SAFETY: prefetch is a hint; it never faults, whatever the address.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(a);
+            _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(64));
+        }
+    }
+    if cur_nta {
+        for &row in cur {
+            let a = ahead(row);
+            // SAFETY: as above.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_NTA>(a);
+                _mm_prefetch::<_MM_HINT_NTA>(a.wrapping_add(64));
+            }
+        }
+    }
+}
+
 /// AVX2 + FMA version of [`sweep`]: 32 entries (two cache lines) per row per iteration, entries
 /// of the streamed rows widened to f64 and their squares accumulated by FMA in up to four f64
 /// vectors per row; software prefetch of the streamed rows (and, with `cur_nta`, non-temporal
@@ -897,24 +934,7 @@ unsafe fn sweep_avx2<const R: usize>(
         // SAFETY (whole block): k + 32 ≤ n and every row has n entries; the prefetch addresses
         // are computed with wrapping arithmetic and prefetches never fault.
         unsafe {
-            for row in np {
-                let ahead = row
-                    .wrapping_add(k)
-                    .cast::<i8>()
-                    .wrapping_add(PREFETCH_BYTES);
-                _mm_prefetch::<_MM_HINT_T0>(ahead);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-            }
-            if cur_nta {
-                for row in cp {
-                    let ahead = row
-                        .wrapping_add(k)
-                        .cast::<i8>()
-                        .wrapping_add(PREFETCH_BYTES);
-                    _mm_prefetch::<_MM_HINT_NTA>(ahead);
-                    _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(64));
-                }
-            }
+            prefetch_ahead(&np, &cp, k, cur_nta);
             for j in 0..4 {
                 let o = k + 8 * j;
                 let mut v = _mm256_loadu_ps(pp.add(o));
@@ -992,24 +1012,7 @@ unsafe fn sweep_avx512<const R: usize>(
         // SAFETY (whole block): k + 32 ≤ n and every row has n entries; the prefetch addresses
         // are computed with wrapping arithmetic and prefetches never fault.
         unsafe {
-            for row in np {
-                let ahead = row
-                    .wrapping_add(k)
-                    .cast::<i8>()
-                    .wrapping_add(PREFETCH_BYTES);
-                _mm_prefetch::<_MM_HINT_T0>(ahead);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-            }
-            if cur_nta {
-                for row in cp {
-                    let ahead = row
-                        .wrapping_add(k)
-                        .cast::<i8>()
-                        .wrapping_add(PREFETCH_BYTES);
-                    _mm_prefetch::<_MM_HINT_NTA>(ahead);
-                    _mm_prefetch::<_MM_HINT_NTA>(ahead.wrapping_add(64));
-                }
-            }
+            prefetch_ahead(&np, &cp, k, cur_nta);
             for j in 0..2 {
                 let o = k + 16 * j;
                 let mut v = _mm512_loadu_ps(pp.add(o));
