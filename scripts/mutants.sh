@@ -3,8 +3,9 @@
 #
 # Slow (minutes to an hour per target on two cores), so it is not part of `cargo xtask test`.
 # Each target mutates the named files only and runs only the mutated crate's own tests
-# (unit, integration and doc tests) against every mutant; the libtorch crates are never built
-# and the optional `tch` features stay off. The scores are recorded in the README
+# (unit, integration and doc tests) against every mutant. The tch-free targets never build
+# libtorch crates (the optional `tch` features stay off); the libtorch targets (models-*,
+# trainer) need `cargo xtask setup` first. The scores are recorded in the README
 # ("Privacy and reliability").
 #
 #   cargo install cargo-mutants          # the scores in the README were measured with 27.1.0
@@ -14,6 +15,9 @@
 #   scripts/mutants.sh accountant-prv    # the PRV accountant (about 1,100 mutants: hours)
 #   scripts/mutants.sh clip              # privatizer and public denominator, clipping factors
 #   scripts/mutants.sh routing           # owner maps
+#   scripts/mutants.sh models-owners     # libtorch: owner masks (raptor-models)
+#   scripts/mutants.sh models-engine     # libtorch: the per-sample engine (raptor-models)
+#   scripts/mutants.sh trainer           # libtorch: the trainer's release and accounting path
 #
 # Environment: MUTANTS_JOBS (default 1), MUTANTS_TIMEOUT (seconds per test run, default 120),
 # MUTANTS_OUT (default target/mutants), MUTANTS_TARGET_DIR (a cargo target folder shared by
@@ -25,7 +29,7 @@ export CARGO_PROFILE_DEV_DEBUG=line-tables-only OMP_NUM_THREADS=1
 if [ -n "${MUTANTS_TARGET_DIR:-}" ]; then
     export CARGO_TARGET_DIR="$MUTANTS_TARGET_DIR"
 fi
-target=${1:?usage: scripts/mutants.sh accountant|accountant-prv|clip|routing [cargo-mutants args]}
+target=${1:?usage: scripts/mutants.sh accountant|accountant-prv|clip|routing|models-owners|models-engine|trainer [cargo-mutants args]}
 shift
 out=${MUTANTS_OUT:-target/mutants}
 mkdir -p "$out"
@@ -71,6 +75,39 @@ clip)
 routing)
     cargo mutants "${common[@]}" -o "$out/routing" -p raptor-routing \
         -f crates/raptor-routing/src/owner.rs "$@"
+    ;;
+models-owners | models-engine | trainer)
+    # libtorch crates: the libtorch `cargo xtask setup` provisioned (target/libtorch) is linked
+    # from a scratch target folder outside the tree (the scratch copies of cargo-mutants cannot
+    # see the tree's target/), and found at run time through LD_LIBRARY_PATH.
+    lt=$(readlink -f "${LIBTORCH:-target/libtorch}")
+    [ -d "$lt/lib" ] || { echo "no libtorch at $lt: run cargo xtask setup first" >&2; exit 2; }
+    export LIBTORCH="$lt" LD_LIBRARY_PATH="$lt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export CARGO_TARGET_DIR="${MUTANTS_TARGET_DIR:-/tmp/raptor-mutants-target}"
+    mkdir -p "$CARGO_TARGET_DIR" && ln -sfn "$lt" "$CARGO_TARGET_DIR/libtorch"
+    lib=(-j "${MUTANTS_JOBS:-1}" --timeout "${MUTANTS_TIMEOUT:-300}")
+    exact=(--lib --test exact_switch --test exact_families --test exact_decoders)
+    case "$target" in
+    models-owners)
+        # Owner masks: the routing collection and owner tensors, the owner-masked experts.
+        cargo mutants "${lib[@]}" -o "$out/models-owners" -p raptor-models \
+            -f crates/raptor-models/src/moe.rs -f crates/raptor-models/src/layers.rs \
+            --re 'moe\.rs|owner_masked' "$@" -- "${exact[@]}"
+        ;;
+    models-engine)
+        # The per-sample engine (norms, clipping, clipped sums, its cache and chunking).
+        cargo mutants "${lib[@]}" -o "$out/models-engine" -p raptor-models \
+            -f crates/raptor-models/src/grad.rs "$@" -- "${exact[@]}"
+        ;;
+    trainer)
+        # The trainer's release and accounting path: one update (sampling, clipping groups,
+        # releases, noise, denominators, ledger charges) and the plan's sensitivities.
+        cargo mutants "${lib[@]}" -o "$out/trainer" -p raptor-train \
+            -f crates/raptor-train/src/trainer.rs -f crates/raptor-train/src/streams.rs \
+            --re 'Trainer<.*>::(new|draw_sample|private_sums|release_and_charge)|Phase::sensitivity|Plan::(phase_at|phase_counts|check)' \
+            "$@" -- --lib --test trainer_core
+        ;;
+    esac
     ;;
 *)
     echo "unknown target $target" >&2

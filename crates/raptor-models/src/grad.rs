@@ -26,7 +26,7 @@ use raptor_clip::linear::{
     per_record_sq_sums,
 };
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tch::{Kind, Tensor};
 
 /// Materialize per-record weight gradients when `T·(in+out) > in·out` and `B·in·out` is at most
@@ -34,8 +34,41 @@ use tch::{Kind, Tensor};
 const MATERIALIZE_MAX_ELEMS: i64 = 1 << 26;
 
 /// Records are processed in chunks whose temporaries (Gram matrices, padded routed rows,
-/// materialized per-record gradients) stay under about this many elements.
+/// materialized per-record gradients) stay under about this many elements (the default of
+/// [`EngineLimits::chunk_elems`]).
 const CHUNK_ELEMS: i64 = 1 << 22;
+
+/// Memory limits of the per-sample engine ([`PerSampleGrads::with_limits`]). They change how
+/// the work is cut up and what is kept between the norm pass and the sums, never a result
+/// beyond round-off (tested: the clipped sums agree with a loop of single-record passes under
+/// every setting).
+///
+/// ```
+/// use raptor_models::EngineLimits;
+/// // One record per chunk, and nothing kept between the norm pass and the sums.
+/// let frugal = EngineLimits { chunk_elems: 1, cache_elems: Some(0) };
+/// assert!(frugal.chunk_elems < EngineLimits::default().chunk_elems);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// Records are processed in chunks whose temporaries (Gram matrices, padded routed rows,
+    /// materialized per-record gradients) stay under about this many elements; a chunk holds
+    /// at least one record. Default `2^22`.
+    pub chunk_elems: i64,
+    /// Elements of per-record gradients the norm pass may keep for the clipped sums
+    /// ([`ClipOutput::from_cache`]); `None` (the default): as many as the pass's output
+    /// gradients hold, so the cache at most doubles what the backward pass left.
+    pub cache_elems: Option<i64>,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        Self {
+            chunk_elems: CHUNK_ELEMS,
+            cache_elems: None,
+        }
+    }
+}
 
 /// A site's output gradient (the op output `z` itself is dropped right after the backward).
 struct GradSite {
@@ -180,6 +213,7 @@ pub struct PerSampleGrads {
     /// Per-record gradients materialized by the norm pass, kept for the clipped sums (only
     /// while [`Self::clip`] / [`Self::into_clip`] run).
     cache: RefCell<Option<MatCache>>,
+    limits: EngineLimits,
 }
 
 /// Per-record gradients `[n, out, in]` of single-use linear weights whose norms were computed
@@ -192,7 +226,9 @@ struct MatCache {
     budget: i64,
     used: i64,
     grads: BTreeMap<String, Vec<Tensor>>,
-    skipped: std::collections::BTreeSet<String>,
+    skipped: BTreeSet<String>,
+    /// Parameters whose clipped sum came from the cache.
+    served: BTreeSet<String>,
 }
 
 impl std::fmt::Debug for PerSampleGrads {
@@ -354,7 +390,33 @@ impl PerSampleGrads {
             sites,
             uses,
             cache: RefCell::new(None),
+            limits: EngineLimits::default(),
         })
+    }
+
+    /// The same gradients under other memory limits (see [`EngineLimits`]); an error for a
+    /// `chunk_elems` below 1 or a negative `cache_elems`.
+    pub fn with_limits(mut self, limits: EngineLimits) -> Result<Self> {
+        if limits.chunk_elems < 1 {
+            return Err(ModelError::InvalidConfig(format!(
+                "engine chunk size {} must be at least 1 element",
+                limits.chunk_elems
+            )));
+        }
+        if let Some(c) = limits.cache_elems
+            && c < 0
+        {
+            return Err(ModelError::InvalidConfig(format!(
+                "engine cache budget {c} must be at least 0 elements"
+            )));
+        }
+        self.limits = limits;
+        Ok(self)
+    }
+
+    /// The memory limits in force.
+    pub fn limits(&self) -> EngineLimits {
+        self.limits
     }
 
     /// Batch size B.
@@ -496,7 +558,7 @@ impl PerSampleGrads {
             };
             per_record = per_record.max(c);
         }
-        (CHUNK_ELEMS / per_record).clamp(1, self.batch_size.max(1))
+        (self.limits.chunk_elems / per_record).clamp(1, self.batch_size.max(1))
     }
 
     /// Ghost norms of the single-use dense linear weights that read one same input activation
@@ -742,6 +804,7 @@ impl PerSampleGrads {
         let Some(chunks) = cache.grads.remove(param) else {
             return Ok(None);
         };
+        cache.served.insert(param.to_string());
         let ck = compute_kind(self.kind);
         let c = c.f_to_kind(ck)?;
         let mut acc: Option<Tensor> = None;
@@ -776,13 +839,27 @@ impl PerSampleGrads {
     /// Turns the materialized-gradient cache on for one clipping pass (budget: the elements of
     /// the pass's output gradients).
     fn start_cache(&self) {
-        let budget = self.sites.iter().map(|s| s.g.numel() as i64).sum();
+        let budget = self
+            .limits
+            .cache_elems
+            .unwrap_or_else(|| self.sites.iter().map(|s| s.g.numel() as i64).sum());
         *self.cache.borrow_mut() = Some(MatCache {
             budget,
             used: 0,
             grads: BTreeMap::new(),
-            skipped: std::collections::BTreeSet::new(),
+            skipped: BTreeSet::new(),
+            served: BTreeSet::new(),
         });
+    }
+
+    /// Ends a clipping pass: drops what the cache still holds and returns the parameters it
+    /// served.
+    fn end_cache(&self) -> BTreeSet<String> {
+        self.cache
+            .borrow_mut()
+            .take()
+            .map(|c| c.served)
+            .unwrap_or_default()
     }
 
     /// The sum term of one use: from the cache ([`Self::cached_sum`]), else
@@ -1092,8 +1169,11 @@ impl PerSampleGrads {
     ) -> Result<ClipOutput> {
         self.start_cache();
         let out = self.clip_with_cache(groups, policy, weights);
-        *self.cache.borrow_mut() = None;
-        out
+        let served = self.end_cache();
+        out.map(|mut o| {
+            o.from_cache = served;
+            o
+        })
     }
 
     /// [`Self::clip`]'s work, with the materialized-gradient cache on.
@@ -1117,6 +1197,7 @@ impl PerSampleGrads {
             group_sq_norms,
             clip_factors,
             sums,
+            from_cache: BTreeSet::new(),
         })
     }
 
@@ -1155,6 +1236,7 @@ impl PerSampleGrads {
             group_sq_norms,
             clip_factors,
             sums,
+            from_cache: self.end_cache(),
         })
     }
 }
@@ -1228,6 +1310,10 @@ pub struct ClipOutput {
     pub clip_factors: BTreeMap<String, Tensor>,
     /// Per parameter: `Σ_b factor_b · w_b · G_b` (no noise, no denominator).
     pub sums: BTreeMap<String, Tensor>,
+    /// Parameters whose sum was taken from per-record gradients the norm pass materialized
+    /// and kept (one `[1, B] × [B, out·in]` product instead of a contraction over every token
+    /// row): a speed diagnostic; the sums are the same either way.
+    pub from_cache: BTreeSet<String>,
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub use blocks::RopeScaling;
 pub use decoder::{Decoder, DecoderConfig, DecoderFamily, MoeConfig};
 pub use error::{ModelError, Result};
 pub use gpt2::{Gpt2, Gpt2Config};
-pub use grad::{ClipOutput, ClipPolicy, ParamGroups, PerSampleGrads, clip_factors};
+pub use grad::{ClipOutput, ClipPolicy, EngineLimits, ParamGroups, PerSampleGrads, clip_factors};
 pub use layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, Lora, RmsNorm, name_matches};
 pub use model::{
     LoraConfig, Model, PrivateStep, PrivateStepOutput, attach_lora, freeze_all, set_trainable,

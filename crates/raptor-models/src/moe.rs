@@ -2,6 +2,7 @@
 
 use crate::error::{ModelError, Result};
 use crate::layers::{ForwardCtx, RowSpec};
+use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 
 /// One sparse layer's router decisions, in the form `raptor-routing` takes
@@ -152,13 +153,13 @@ impl RouterOutput {
 pub fn collect_routing<'a, M, I>(
     model: &M,
     batches: I,
-) -> Result<std::collections::BTreeMap<usize, raptor_routing::LayerRouting>>
+) -> Result<BTreeMap<usize, raptor_routing::LayerRouting>>
 where
     M: crate::Model + ?Sized,
     I: IntoIterator<Item = &'a crate::Batch>,
 {
     let (e, k) = (model.num_experts(), model.top_k());
-    let mut out = std::collections::BTreeMap::new();
+    let mut out = BTreeMap::new();
     for l in model.sparse_layers() {
         out.insert(
             l,
@@ -191,12 +192,12 @@ pub fn owner_tensors<'a, M, I>(
     batches: I,
     rule: raptor_routing::OwnerRule,
     device: tch::Device,
-) -> Result<std::collections::BTreeMap<usize, Tensor>>
+) -> Result<BTreeMap<usize, Tensor>>
 where
     M: crate::Model + ?Sized,
     I: IntoIterator<Item = &'a crate::Batch>,
 {
-    let mut out = std::collections::BTreeMap::new();
+    let mut out = BTreeMap::new();
     for (l, routing) in collect_routing(model, batches)? {
         let map = raptor_routing::owner_map(&routing, rule);
         let v: Vec<i64> = map.owners().iter().map(|&o| i64::from(o)).collect();

@@ -579,3 +579,243 @@ fn non_finite_record_contributes_zero() {
         }
     }
 }
+
+/// A LoRA Switch model (attention q, v and every expert matrix adapted, classifier trainable),
+/// its batch, the role-wise groups and bounds small enough that records are clipped.
+fn lora_switch() -> (SwitchEncoder, Batch, ParamGroups, BTreeMap<String, f64>) {
+    let mut m = model(SwitchConfig::tiny());
+    freeze_all(&m).unwrap();
+    let cfg = LoraConfig {
+        r: 2,
+        alpha: 4.0,
+        dropout: 0.0,
+        targets: vec![
+            "SelfAttention.q".into(),
+            "SelfAttention.v".into(),
+            "*.experts.*.w*".into(),
+        ],
+    };
+    attach_lora(&mut m, &cfg).unwrap();
+    set_trainable(&m, &["classifier"], true).unwrap();
+    m.var_store_mut().double();
+    perturb(&m, 0.2);
+    let b = batch(m.vocab_size());
+    let names = trainable_params(&m);
+    let groups = ParamGroups::from_fn(names.iter().cloned(), |p| {
+        Some(match expert_of(p) {
+            Some((l, e)) => format!("expert[{l},{e}]"),
+            None => "shared".into(),
+        })
+    });
+    let mut bounds = BTreeMap::new();
+    for (_, g) in groups.iter() {
+        bounds.insert(g.to_string(), if g == "shared" { 0.05 } else { 0.02 });
+    }
+    (m, b, groups, bounds)
+}
+
+/// The parameters the cache keeps under `budget` elements, by the rule it documents: the
+/// materialized parameters in name order, chunk by chunk of `per_chunk` records; a parameter
+/// whose next chunk does not fit is dropped whole (its kept chunks are given back).
+fn expected_cache(
+    materialized: &std::collections::BTreeSet<String>,
+    numel: &BTreeMap<String, i64>,
+    batch: i64,
+    per_chunk: i64,
+    budget: i64,
+) -> std::collections::BTreeSet<String> {
+    let mut used = 0i64;
+    let mut kept = std::collections::BTreeSet::new();
+    for p in materialized {
+        let mut mine = 0i64;
+        let mut fits = true;
+        let mut r0 = 0;
+        while r0 < batch {
+            let n = per_chunk.min(batch - r0);
+            let need = n * numel[p];
+            if used + need > budget {
+                used -= mine;
+                fits = false;
+                break;
+            }
+            used += need;
+            mine += need;
+            r0 += n;
+        }
+        if fits {
+            kept.insert(p.clone());
+        }
+    }
+    kept
+}
+
+/// Memory limits change how the engine cuts up its work and what it keeps between the norm
+/// pass and the sums, never a result: per-record gradients, norms and clipped sums match the
+/// loop of single-record passes with one record per chunk (routed expert rows padded chunk by
+/// chunk), with the whole batch in one chunk, and with cache budgets from nothing to
+/// everything; the cache serves exactly the parameters its budget rule admits.
+#[test]
+fn engine_limits_change_no_result_and_the_cache_keeps_what_fits() {
+    use raptor_models::EngineLimits;
+    let (m, b, groups, bounds) = lora_switch();
+    let owners = BTreeMap::new();
+    let policy = ClipPolicy::RoleWise(bounds);
+    let none = BTreeMap::new();
+    let bsz = b.batch_size();
+    let vars: BTreeMap<String, Tensor> = m.var_store().variables().into_iter().collect();
+    let numel: BTreeMap<String, i64> = vars
+        .iter()
+        .map(|(n, t)| (n.clone(), t.numel() as i64))
+        .collect();
+    // A budget no pass reaches: every materialized parameter is served from the cache.
+    let unbounded = EngineLimits {
+        chunk_elems: i64::MAX,
+        cache_elems: Some(i64::MAX / 4),
+    };
+    let (all, all_consumed) =
+        check_clip_limits(&m, &b, &owners, &groups, &policy, &none, 1e-9, unbounded);
+    assert_eq!(all, all_consumed);
+    assert!(
+        all.iter().any(|p| p.contains("experts")) && all.iter().any(|p| p.contains("Attention")),
+        "expected attention and expert LoRA factors to be materialized: {all:?}"
+    );
+    assert!(all.iter().all(|p| p.contains("lora")), "{all:?}");
+    // The default budget (the pass's output gradients) keeps only materialized factors.
+    let (default_kept, _) = check_clip_limits(
+        &m,
+        &b,
+        &owners,
+        &groups,
+        &policy,
+        &none,
+        1e-9,
+        EngineLimits::default(),
+    );
+    assert!(default_kept.is_subset(&all), "{default_kept:?}");
+    let first = all.iter().next().unwrap().clone();
+    let second = all.iter().nth(1).unwrap().clone();
+    let one = numel[&first];
+    for per_chunk in [1i64, bsz] {
+        let chunk_elems = if per_chunk == 1 { 1 } else { i64::MAX };
+        // Which parameters the norm pass materializes depends on the rows per chunk (one
+        // record per chunk sends the routed expert factors down the ghost path): take the set
+        // from an unbounded cache with the same chunking.
+        let (materialized, _) = check_clip_limits(
+            &m,
+            &b,
+            &owners,
+            &groups,
+            &policy,
+            &none,
+            1e-9,
+            EngineLimits {
+                chunk_elems,
+                cache_elems: Some(i64::MAX / 4),
+            },
+        );
+        assert!(materialized.is_subset(&all), "{materialized:?}");
+        assert!(materialized.contains(&first) && materialized.contains(&second));
+        let budgets = [
+            0,
+            bsz * one - 1,
+            bsz * one,
+            one * 5 / 2,
+            bsz * one + bsz * numel[&second],
+            i64::MAX / 4,
+        ];
+        for budget in budgets {
+            let limits = EngineLimits {
+                chunk_elems,
+                cache_elems: Some(budget),
+            };
+            let want = expected_cache(&materialized, &numel, bsz, per_chunk, budget);
+            let (kept, consumed) =
+                check_clip_limits(&m, &b, &owners, &groups, &policy, &none, 1e-9, limits);
+            assert_eq!(kept, want, "borrowing clip, {limits:?}");
+            assert_eq!(consumed, want, "consuming clip, {limits:?}");
+        }
+        let worst = check_exact_limits(
+            &m,
+            &b,
+            &owners,
+            TOL,
+            EngineLimits {
+                chunk_elems,
+                cache_elems: None,
+            },
+        );
+        assert!(worst <= TOL);
+    }
+    // The budgets above do tell the rule apart: exactly one parameter's worth keeps it alone.
+    assert_eq!(
+        expected_cache(&all, &numel, bsz, 1, bsz * one),
+        [first.clone()].into_iter().collect()
+    );
+    assert!(expected_cache(&all, &numel, bsz, 1, bsz * one - 1).len() < all.len());
+    // Limits below their domain are errors, not a silent change.
+    for bad in [
+        EngineLimits {
+            chunk_elems: 0,
+            cache_elems: None,
+        },
+        EngineLimits {
+            chunk_elems: 1,
+            cache_elems: Some(-1),
+        },
+    ] {
+        let err = engine(&m, &b, &owners).with_limits(bad).unwrap_err();
+        assert!(matches!(err, ModelError::InvalidConfig(_)), "{err}");
+    }
+}
+
+/// A clipping bound that is not finite and positive, or a group without a bound, is a typed
+/// error from both clipping forms, whatever the policy.
+#[test]
+fn clip_bounds_must_be_finite_and_positive() {
+    let (m, b, groups, bounds) = lora_switch();
+    let owners = BTreeMap::new();
+    let none = BTreeMap::new();
+    let expert = bounds
+        .keys()
+        .find(|g| g.starts_with("expert"))
+        .unwrap()
+        .clone();
+    for bad in [0.0, -0.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let mut role = bounds.clone();
+        role.insert(expert.clone(), bad);
+        for policy in [ClipPolicy::RoleWise(role), ClipPolicy::Global(bad)] {
+            let eng = engine(&m, &b, &owners);
+            let err = eng.clip(&groups, &policy, &none).unwrap_err();
+            assert!(
+                matches!(err, ModelError::InvalidClip(_)),
+                "{policy:?}: {err}"
+            );
+            assert!(err.to_string().contains("finite and > 0"), "{err}");
+            let err = eng.into_clip(&groups, &policy, &none).unwrap_err();
+            assert!(
+                matches!(err, ModelError::InvalidClip(_)),
+                "{policy:?}: {err}"
+            );
+        }
+    }
+    // The smallest positive bound is accepted (the check is `> 0`, not `≥ some margin`).
+    let mut role = bounds.clone();
+    role.insert(expert.clone(), f64::MIN_POSITIVE);
+    for policy in [
+        ClipPolicy::RoleWise(role),
+        ClipPolicy::Global(f64::MIN_POSITIVE),
+    ] {
+        engine(&m, &b, &owners)
+            .clip(&groups, &policy, &none)
+            .unwrap();
+    }
+    let mut missing = bounds.clone();
+    missing.remove(&expert);
+    let err = engine(&m, &b, &owners)
+        .clip(&groups, &ClipPolicy::RoleWise(missing), &none)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ModelError::InvalidClip(msg) if msg.contains(&expert)),
+        "{err}"
+    );
+}

@@ -154,6 +154,9 @@ impl std::fmt::Debug for Trainer<'_> {
     }
 }
 
+/// One released gradient: its parameter, the noised and normalized tensor, and its noise.
+type Released = (String, Tensor, ReleaseNoise);
+
 impl<'a> Trainer<'a> {
     /// A trainer over `data` (the private training records) for `plan`. `owners`: per sparse
     /// layer, the owner expert of each record of `data` (same order), computed once from the
@@ -515,145 +518,114 @@ impl<'a> Trainer<'a> {
         Ok(w.f_to_kind(Kind::Float)?.f_detach()?)
     }
 
-    /// Runs the next planned update. `on_charge` receives the ledger after this update's
-    /// releases were charged and before any parameter changes (write it durably there).
-    pub fn step(
-        &mut self,
-        on_charge: &mut dyn FnMut(&Ledger) -> Result<()>,
-    ) -> Result<UpdateMetrics> {
-        if self.done() {
-            return Err(TrainError::Run("every planned update already ran".into()));
+    /// Draws this update's Poisson sample and its dropout seed. Under data parallelism rank 0
+    /// samples (its sampler is the one the accountant certifies) and picks the seed; every
+    /// rank gets both.
+    fn draw_sample(&mut self) -> Result<(Vec<usize>, u64)> {
+        if self.comm.size() <= 1 {
+            let sample = self.sampler.sample();
+            return Ok((sample, self.seed_rng.next_u64()));
         }
-        let t = self.update;
-        let pi = self.plan.phase_at(t);
-        let phase = self.plan.phases[pi].clone();
-        self.set_phase_trainable(&phase)?;
-        let (rank, ranks) = (self.comm.rank(), self.comm.size());
-        let (sample, step_seed) = if ranks > 1 {
-            // Rank 0 samples (its sampler is the one the accountant certifies) and picks the
-            // step's dropout seed; every rank gets both.
-            let mut buf: Vec<u64> = Vec::new();
-            if rank == 0 {
-                let s = self.sampler.sample();
-                buf.push(self.seed_rng.next_u64());
-                buf.extend(s.iter().map(|&i| i as u64));
-            }
-            self.comm.broadcast_u64(&mut buf)?;
-            let (seed, ids) = buf.split_first().ok_or_else(|| {
-                TrainError::Run("the sample broadcast from rank 0 was empty".into())
-            })?;
-            let mut sample = Vec::with_capacity(ids.len());
-            for &i in ids {
-                let i = usize::try_from(i).ok().filter(|&i| i < self.data.len()).ok_or_else(|| {
+        let mut buf: Vec<u64> = Vec::new();
+        if self.comm.rank() == 0 {
+            let s = self.sampler.sample();
+            buf.push(self.seed_rng.next_u64());
+            buf.extend(s.iter().map(|&i| i as u64));
+        }
+        self.comm.broadcast_u64(&mut buf)?;
+        let (seed, ids) = buf
+            .split_first()
+            .ok_or_else(|| TrainError::Run("the sample broadcast from rank 0 was empty".into()))?;
+        let mut sample = Vec::with_capacity(ids.len());
+        for &i in ids {
+            let i = usize::try_from(i)
+                .ok()
+                .filter(|&i| i < self.data.len())
+                .ok_or_else(|| {
                     TrainError::Run(format!(
                         "rank 0 sampled record {i} of {}: the ranks hold different training sets",
                         self.data.len()
                     ))
                 })?;
-                sample.push(i);
+            sample.push(i);
+        }
+        Ok((sample, *seed))
+    }
+
+    /// One micro-batch of a private phase: owner masks, residual weights, per-record clipping
+    /// by the phase's groups. Returns the records' losses and the clipped sums with their clip
+    /// factors; counts each owner expert's records into `owned`.
+    fn private_sums(
+        &self,
+        phase: &Phase,
+        chunk: &[usize],
+        batch: &Batch,
+        step_seed: u64,
+        owned: &mut BTreeMap<(usize, i64), usize>,
+    ) -> Result<(Tensor, raptor_models::ClipOutput)> {
+        let ids: Vec<u64> = chunk.iter().map(|&i| self.data[i].id).collect();
+        let mut owners = BTreeMap::new();
+        for &l in &phase.owner_layers {
+            let o: Vec<i64> = chunk.iter().map(|&i| self.owners[&l][i]).collect();
+            for &e in &o {
+                *owned.entry((l, e)).or_default() += 1;
             }
-            (sample, *seed)
-        } else {
-            let sample = self.sampler.sample();
-            (sample, self.seed_rng.next_u64())
-        };
-        // This rank's share of the sample: positions rank, rank + K, …
-        let mine: Vec<usize> = sample.iter().skip(rank).step_by(ranks).copied().collect();
-        let mut sums: BTreeMap<String, Tensor> = BTreeMap::new();
-        let mut loss_sum = 0.0f64;
-        let mut clipped: BTreeMap<String, f64> = BTreeMap::new();
-        let mut owned: BTreeMap<(usize, i64), usize> = BTreeMap::new();
-        for chunk in mine.chunks(self.opts.micro_batch.max(1)) {
-            let batch = self.batch(chunk)?;
-            let ids: Vec<u64> = chunk.iter().map(|&i| self.data[i].id).collect();
-            let part: BTreeMap<String, Tensor> = if phase.private {
-                let mut owners = BTreeMap::new();
-                for &l in &phase.owner_layers {
-                    let o: Vec<i64> = chunk.iter().map(|&i| self.owners[&l][i]).collect();
-                    for &e in &o {
-                        *owned.entry((l, e)).or_default() += 1;
-                    }
-                    owners.insert(l, Tensor::f_from_slice(&o)?.f_to(self.opts.device)?);
-                }
-                let mut weights = BTreeMap::new();
-                if phase.residual != Residual::None && phase.groups.iter().any(|g| g.weighted) {
-                    let w = self.residual_weights(&phase, &batch)?;
-                    for g in phase.groups.iter().filter(|g| g.weighted) {
-                        weights.insert(g.name.clone(), w.shallow_clone());
-                    }
-                }
-                let mut groups = ParamGroups::new();
-                for g in &phase.groups {
-                    for p in &g.params {
-                        groups.assign(p.clone(), g.name.clone());
-                    }
-                }
-                let policy = match phase.global_clip {
-                    Some(c) => ClipPolicy::Global(c),
-                    None => ClipPolicy::RoleWise(
-                        phase
-                            .groups
-                            .iter()
-                            .map(|g| (g.name.clone(), g.bound))
-                            .collect(),
-                    ),
-                };
-                // Weights of groups with no gradient in this pass (no owned record) are dropped.
-                let out = PrivateStep::new(&*self.model)?
-                    .with_dropout_seed(step_seed)
-                    .with_record_ids(ids)
-                    .per_sample(&batch, &owners, true)?;
-                let (losses, grads) = out;
-                self.check_reached(&phase, &grads.params())?;
-                let present: Vec<String> = grads
-                    .params()
+            owners.insert(l, Tensor::f_from_slice(&o)?.f_to(self.opts.device)?);
+        }
+        let mut weights = BTreeMap::new();
+        if phase.residual != Residual::None && phase.groups.iter().any(|g| g.weighted) {
+            let w = self.residual_weights(phase, batch)?;
+            for g in phase.groups.iter().filter(|g| g.weighted) {
+                weights.insert(g.name.clone(), w.shallow_clone());
+            }
+        }
+        let mut groups = ParamGroups::new();
+        for g in &phase.groups {
+            for p in &g.params {
+                groups.assign(p.clone(), g.name.clone());
+            }
+        }
+        let policy = match phase.global_clip {
+            Some(c) => ClipPolicy::Global(c),
+            None => ClipPolicy::RoleWise(
+                phase
+                    .groups
                     .iter()
-                    .filter_map(|p| groups.group_of(p).map(str::to_string))
-                    .collect();
-                weights.retain(|g, _| present.contains(g));
-                let clip = grads.into_clip(&groups, &policy, &weights)?;
-                loss_sum += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
-                for (g, f) in &clip.clip_factors {
-                    let n = f
-                        .f_lt(1.0 - 1e-9)?
-                        .f_sum(Kind::Double)?
-                        .f_double_value(&[])?;
-                    *clipped.entry(g.clone()).or_default() += n;
-                }
-                clip.sums
-            } else {
-                // Non-private: the plain gradient of the summed loss.
-                let mut ctx = ForwardCtx::new(true);
-                ctx.dropout_seed = Some(step_seed);
-                ctx.record_ids = Some(ids);
-                let losses = self.model.per_record_loss(&batch, &mut ctx)?;
-                let loss = losses.f_sum(Kind::Float)?;
-                loss_sum += loss.f_double_value(&[])?;
-                let params = phase.params();
-                let vars: Vec<&Tensor> = params.iter().map(|p| &self.vars[p]).collect();
-                let gs = Tensor::f_run_backward(&[&loss], &vars, false, false)?;
-                let part: BTreeMap<String, Tensor> = params
-                    .into_iter()
-                    .zip(gs)
-                    .filter(|(_, g)| g.defined())
-                    .collect();
-                self.check_reached(&phase, &part.keys().cloned().collect::<Vec<_>>())?;
-                part
-            };
-            for (p, s) in part {
-                match sums.get_mut(&p) {
-                    Some(acc) => *acc = acc.f_add(&s)?,
-                    None => {
-                        sums.insert(p, s.f_detach()?);
-                    }
-                }
-            }
-        }
-        if ranks > 1 {
-            self.all_reduce_sums(&phase, &mut sums, &mut loss_sum, &mut clipped, &mut owned)?;
-        }
-        // Releases (noise ÷ public denominator), charged before anything is applied.
-        let mut released: Vec<(String, Tensor, ReleaseNoise)> = Vec::new();
+                    .map(|g| (g.name.clone(), g.bound))
+                    .collect(),
+            ),
+        };
+        let (losses, grads) = PrivateStep::new(&*self.model)?
+            .with_dropout_seed(step_seed)
+            .with_record_ids(ids)
+            .per_sample(batch, &owners, true)?;
+        self.check_reached(phase, &grads.params())?;
+        // Weights of groups with no gradient in this pass (no owned record) are dropped.
+        let present: Vec<String> = grads
+            .params()
+            .iter()
+            .filter_map(|p| groups.group_of(p).map(str::to_string))
+            .collect();
+        weights.retain(|g, _| present.contains(g));
+        let clip = grads.into_clip(&groups, &policy, &weights)?;
+        Ok((losses, clip))
+    }
+
+    /// The phase's releases from the summed clipped gradients `sums` (noise on rank 0, then
+    /// the public denominator; an absent sum is zeros), each recorded as an event and charged
+    /// to the ledger (sequential steps, then one parallel step per group of expert streams),
+    /// all before any parameter moves. Returns the released gradients and how many expert
+    /// releases had no owned record in `owned` (a diagnostic).
+    fn release_and_charge(
+        &mut self,
+        pi: usize,
+        phase: &Phase,
+        t: u64,
+        mut sums: BTreeMap<String, Tensor>,
+        owned: &BTreeMap<(usize, i64), usize>,
+    ) -> Result<(Vec<Released>, usize)> {
+        let rank = self.comm.rank();
+        let mut released: Vec<Released> = Vec::new();
         let mut parallel: BTreeMap<String, Vec<(usize, f64)>> = BTreeMap::new();
         let mut sequential: Vec<f64> = Vec::new();
         let mut empty_experts = 0usize;
@@ -742,6 +714,78 @@ impl<'a> Trainer<'a> {
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             self.ledger.step_parallel(&g, &mechs)?;
         }
+        Ok((released, empty_experts))
+    }
+
+    /// Runs the next planned update. `on_charge` receives the ledger after this update's
+    /// releases were charged and before any parameter changes (write it durably there).
+    pub fn step(
+        &mut self,
+        on_charge: &mut dyn FnMut(&Ledger) -> Result<()>,
+    ) -> Result<UpdateMetrics> {
+        if self.done() {
+            return Err(TrainError::Run("every planned update already ran".into()));
+        }
+        let t = self.update;
+        let pi = self.plan.phase_at(t);
+        let phase = self.plan.phases[pi].clone();
+        self.set_phase_trainable(&phase)?;
+        let (rank, ranks) = (self.comm.rank(), self.comm.size());
+        let (sample, step_seed) = self.draw_sample()?;
+        // This rank's share of the sample: positions rank, rank + K, …
+        let mine: Vec<usize> = sample.iter().skip(rank).step_by(ranks).copied().collect();
+        let mut sums: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut loss_sum = 0.0f64;
+        let mut clipped: BTreeMap<String, f64> = BTreeMap::new();
+        let mut owned: BTreeMap<(usize, i64), usize> = BTreeMap::new();
+        for chunk in mine.chunks(self.opts.micro_batch.max(1)) {
+            let batch = self.batch(chunk)?;
+            let part: BTreeMap<String, Tensor> = if phase.private {
+                let (losses, clip) =
+                    self.private_sums(&phase, chunk, &batch, step_seed, &mut owned)?;
+                loss_sum += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
+                for (g, f) in &clip.clip_factors {
+                    let n = f
+                        .f_lt(1.0 - 1e-9)?
+                        .f_sum(Kind::Double)?
+                        .f_double_value(&[])?;
+                    *clipped.entry(g.clone()).or_default() += n;
+                }
+                clip.sums
+            } else {
+                // Non-private: the plain gradient of the summed loss.
+                let ids: Vec<u64> = chunk.iter().map(|&i| self.data[i].id).collect();
+                let mut ctx = ForwardCtx::new(true);
+                ctx.dropout_seed = Some(step_seed);
+                ctx.record_ids = Some(ids);
+                let losses = self.model.per_record_loss(&batch, &mut ctx)?;
+                let loss = losses.f_sum(Kind::Float)?;
+                loss_sum += loss.f_double_value(&[])?;
+                let params = phase.params();
+                let vars: Vec<&Tensor> = params.iter().map(|p| &self.vars[p]).collect();
+                let gs = Tensor::f_run_backward(&[&loss], &vars, false, false)?;
+                let part: BTreeMap<String, Tensor> = params
+                    .into_iter()
+                    .zip(gs)
+                    .filter(|(_, g)| g.defined())
+                    .collect();
+                self.check_reached(&phase, &part.keys().cloned().collect::<Vec<_>>())?;
+                part
+            };
+            for (p, s) in part {
+                match sums.get_mut(&p) {
+                    Some(acc) => *acc = acc.f_add(&s)?,
+                    None => {
+                        sums.insert(p, s.f_detach()?);
+                    }
+                }
+            }
+        }
+        if ranks > 1 {
+            self.all_reduce_sums(&phase, &mut sums, &mut loss_sum, &mut clipped, &mut owned)?;
+        }
+        // Releases (noise ÷ public denominator), charged before anything is applied.
+        let (mut released, empty_experts) = self.release_and_charge(pi, &phase, t, sums, &owned)?;
         if ranks > 1 {
             let outs: Vec<Tensor> = released.iter().map(|r| r.1.shallow_clone()).collect();
             let mut buf = crate::dist::flatten(&outs)?;

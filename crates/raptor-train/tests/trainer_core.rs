@@ -600,3 +600,98 @@ fn a_trainable_parameter_the_forward_never_uses_is_an_error() {
         );
     }
 }
+
+/// The noise of every release has standard deviation σ·Δ/D per coordinate, with Δ the
+/// release's clipping bound (the config's `clip` for the shared stream, `clip_expert` for each
+/// expert) and D its public denominator (B for the shared stream, B/E for each expert), both
+/// taken here from the config, not from the plan. An empty sample (q ≈ 0) and SGD with lr 1
+/// make each update exactly −noise/D. Fails if a release got another stream's bound or
+/// denominator, no noise, or noise not divided by its denominator.
+#[test]
+fn each_release_adds_noise_of_std_sigma_bound_over_its_denominator() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let e = SwitchConfig::tiny().num_experts as f64;
+    let data = examples(20, vocab, 8);
+    let mut m = model();
+    let mut c = cfg(Method::Raptor, data.len());
+    c.train.batch_size = 8.0;
+    c.train.clip = 0.7;
+    c.train.clip_expert = 0.3;
+    c.train.steps = Some(4);
+    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    plan.q = 1e-9 / 2.0;
+    let owners = owner_maps(&m, &data);
+    let optim = sgd(&plan, 1.0);
+    let phases = plan.phases.clone();
+    let all = plan.params();
+    let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(None)).unwrap();
+    // Standardized noise of every coordinate, pooled, and per release (count, Σ z²).
+    let mut pooled: Vec<f64> = Vec::new();
+    let mut per_release: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+    let mut seen_phases = std::collections::BTreeSet::new();
+    while !tr.done() {
+        let before = snapshot(tr.model(), &all);
+        let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+        let metrics = tr.step(&mut noop).unwrap();
+        assert_eq!(metrics.sampled, 0);
+        let after = snapshot(tr.model(), &all);
+        let ph = phases.iter().find(|p| p.name == metrics.phase).unwrap();
+        seen_phases.insert(ph.name.clone());
+        for r in &ph.releases {
+            let shared = r.groups.iter().all(|g| !g.starts_with("expert"));
+            let (bound, denom) = if shared {
+                (c.train.clip, c.train.batch_size)
+            } else {
+                (c.train.clip_expert, c.train.batch_size / e)
+            };
+            let delta = bound * (r.groups.len() as f64).sqrt();
+            assert!(
+                (r.denominator - denom).abs() <= 1e-12 * denom,
+                "release {}: denominator {} vs {denom}",
+                r.name,
+                r.denominator
+            );
+            assert!(r.sigma > 0.1, "release {}: σ {}", r.name, r.sigma);
+            let want = r.sigma * delta / denom;
+            let entry = per_release.entry(r.name.clone()).or_default();
+            for gname in &r.groups {
+                let g = ph.group(gname).unwrap();
+                for p in &g.params {
+                    let d = (&before[p] - &after[p]).to_kind(Kind::Double);
+                    let v: Vec<f64> = Vec::try_from(d.flatten(0, -1)).unwrap();
+                    for x in v {
+                        let z = x / want;
+                        pooled.push(z);
+                        entry.0 += 1;
+                        entry.1 += z * z;
+                    }
+                }
+            }
+        }
+        // Nothing outside the phase moved.
+        let inside = ph.params();
+        for p in all.iter().filter(|p| !inside.contains(p)) {
+            assert!(before[p].equal(&after[p]), "{p} moved in phase {}", ph.name);
+        }
+    }
+    assert_eq!(seen_phases.len(), 2, "both streams ran: {seen_phases:?}");
+    assert!(
+        per_release.len() > e as usize, // the shared release and one per expert
+        "shared and every expert released: {:?}",
+        per_release.keys()
+    );
+    let n = pooled.len() as f64;
+    let var = pooled.iter().map(|z| z * z).sum::<f64>() / n;
+    let se = (2.0 / n).sqrt();
+    assert!(
+        (var - 1.0).abs() <= 5.0 * se,
+        "pooled standardized noise variance {var} over {n} coordinates (± {se})"
+    );
+    for (name, (k, s)) in &per_release {
+        let v = s / *k as f64;
+        assert!(
+            (0.5..=2.0).contains(&v),
+            "release {name}: standardized noise variance {v} over {k} coordinates"
+        );
+    }
+}

@@ -3,10 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use raptor_models::{
-    Batch, ClipPolicy, ForwardCtx, Model, ParamGroups, PerSampleGrads, PrivateStep,
+    Batch, ClipPolicy, EngineLimits, ForwardCtx, Model, ParamGroups, PerSampleGrads, PrivateStep,
     trainable_params,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tch::{Kind, Tensor};
 
 /// Adds N(0, std²) noise to every variable (so LoRA B ≠ 0 and biases ≠ 0).
@@ -110,6 +110,26 @@ pub fn engine_seeded<M: Model>(
     owners: &BTreeMap<usize, Tensor>,
     dropout_seed: Option<u64>,
 ) -> PerSampleGrads {
+    engine_full(model, batch, owners, dropout_seed, EngineLimits::default())
+}
+
+/// [`engine`] under `limits`.
+pub fn engine_limits<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    limits: EngineLimits,
+) -> PerSampleGrads {
+    engine_full(model, batch, owners, None, limits)
+}
+
+fn engine_full<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    dropout_seed: Option<u64>,
+    limits: EngineLimits,
+) -> PerSampleGrads {
     let mut step = PrivateStep::new(model)
         .unwrap()
         .with_record_ids((0..batch.batch_size()).map(record_id).collect());
@@ -119,6 +139,8 @@ pub fn engine_seeded<M: Model>(
     step.per_sample(batch, owners, dropout_seed.is_some())
         .unwrap()
         .1
+        .with_limits(limits)
+        .unwrap()
 }
 
 fn norm(t: &Tensor) -> f64 {
@@ -150,8 +172,37 @@ pub fn check_exact_seeded<M: Model>(
     tol: f64,
     dropout_seed: Option<u64>,
 ) -> f64 {
+    check_exact_full(
+        model,
+        batch,
+        owners,
+        tol,
+        dropout_seed,
+        EngineLimits::default(),
+    )
+}
+
+/// [`check_exact`] with the engine under `limits`.
+pub fn check_exact_limits<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    tol: f64,
+    limits: EngineLimits,
+) -> f64 {
+    check_exact_full(model, batch, owners, tol, None, limits)
+}
+
+fn check_exact_full<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    tol: f64,
+    dropout_seed: Option<u64>,
+    limits: EngineLimits,
+) -> f64 {
     let reference = reference_grads_seeded(model, batch, owners, dropout_seed);
-    let eng = engine_seeded(model, batch, owners, dropout_seed);
+    let eng = engine_full(model, batch, owners, dropout_seed, limits);
     let bsz = batch.batch_size();
     let eng_params = eng.params();
     let mut worst = 0.0f64;
@@ -253,14 +304,42 @@ pub fn check_clip<M: Model>(
     weights: &BTreeMap<String, Tensor>,
     tol: f64,
 ) {
+    check_clip_limits(
+        model,
+        batch,
+        owners,
+        groups,
+        policy,
+        weights,
+        tol,
+        EngineLimits::default(),
+    );
+}
+
+/// [`check_clip`] with the engine under `limits`; returns the parameters whose sums came from
+/// the engine's cache ([`raptor_models::ClipOutput::from_cache`]) in the borrowing and in the
+/// consuming form.
+#[allow(clippy::too_many_arguments)]
+pub fn check_clip_limits<M: Model>(
+    model: &M,
+    batch: &Batch,
+    owners: &BTreeMap<usize, Tensor>,
+    groups: &ParamGroups,
+    policy: &ClipPolicy,
+    weights: &BTreeMap<String, Tensor>,
+    tol: f64,
+    limits: EngineLimits,
+) -> (BTreeSet<String>, BTreeSet<String>) {
     let reference = reference_grads(model, batch, owners);
-    let eng = engine(model, batch, owners);
+    let eng = engine_limits(model, batch, owners, limits);
     // The borrowing form and the consuming one (PrivateStep::run's) must agree with the loop.
     let kept = eng.clip(groups, policy, weights).unwrap();
     let consumed = eng.into_clip(groups, policy, weights).unwrap();
+    let served = (kept.from_cache.clone(), consumed.from_cache.clone());
     for out in [kept, consumed] {
         check_clip_output(&reference, &out, batch, groups, policy, weights, tol);
     }
+    served
 }
 
 fn check_clip_output(
