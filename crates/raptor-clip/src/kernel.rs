@@ -114,26 +114,112 @@ macro_rules! multiversion {
     };
 }
 
-multiversion! {
-    /// Squared L2 norm with f64 accumulation (8 lanes; LLVM vectorizes it).
-    #[inline]
-    pub(crate) fn sq_norm(x: &[f32]) -> f64 {
-        let mut acc = [0f64; 8];
-        let chunks = x.chunks_exact(8);
-        let rem = chunks.remainder();
-        for c in chunks {
-            for j in 0..8 {
-                let v = f64::from(c[j]);
-                acc[j] += v * v;
-            }
-        }
-        let mut tail = 0f64;
-        for &v in rem {
-            let v = f64::from(v);
-            tail += v * v;
-        }
-        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+/// Squared L2 norm with f64 accumulation (each f32 entry widened, so its square is exact):
+/// AVX-512F or AVX2 + FMA intrinsics where the CPU has them (four independent FMA chains, enough
+/// to hide the FMA latency; LLVM's own vectorization of the portable loop keeps one or two), else
+/// the portable loop with 8 lanes.
+#[inline]
+pub(crate) fn sq_norm(x: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { sq_norm_avx512(x) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        return unsafe { sq_norm_avx2(x) };
+    }
+    sq_norm_portable(x)
+}
+
+/// Portable [`sq_norm`]: 8 f64 lanes, summed pairwise.
+fn sq_norm_portable(x: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            let v = f64::from(c[j]);
+            acc[j] += v * v;
+        }
+    }
+    let mut tail = 0f64;
+    for &v in rem {
+        let v = f64::from(v);
+        tail += v * v;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// AVX-512F [`sq_norm`]: 32 entries per iteration widened to f64 eight at a time, squared by
+/// FMA into four f64 vectors.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sq_norm_avx512(x: &[f32]) -> f64 {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let full = n - n % 32;
+    let p = x.as_ptr();
+    let mut acc = [_mm512_setzero_pd(); 4];
+    let mut k = 0;
+    while k < full {
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: k + 8·j + 8 ≤ full ≤ n.
+            let v = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(p.add(k + 8 * j)) });
+            *a = _mm512_fmadd_pd(v, v, *a);
+        }
+        k += 32;
+    }
+    let t = _mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3]));
+    let mut lanes = [0f64; 8];
+    // SAFETY: `lanes` holds 8 f64.
+    unsafe { _mm512_storeu_pd(lanes.as_mut_ptr(), t) };
+    let mut tail = 0f64;
+    for &v in &x[full..] {
+        let v = f64::from(v);
+        tail += v * v;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+        + tail
+}
+
+/// AVX2 + FMA [`sq_norm`]: 16 entries per iteration widened to f64 four at a time, squared by
+/// FMA into four f64 vectors.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sq_norm_avx2(x: &[f32]) -> f64 {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let full = n - n % 16;
+    let p = x.as_ptr();
+    let mut acc = [_mm256_setzero_pd(); 4];
+    let mut k = 0;
+    while k < full {
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: k + 4·j + 4 ≤ full ≤ n.
+            let v = _mm256_cvtps_pd(unsafe { _mm_loadu_ps(p.add(k + 4 * j)) });
+            *a = _mm256_fmadd_pd(v, v, *a);
+        }
+        k += 16;
+    }
+    let t = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+    let mut lanes = [0f64; 4];
+    // SAFETY: `lanes` holds 4 f64.
+    unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), t) };
+    let mut tail = 0f64;
+    for &v in &x[full..] {
+        let v = f64::from(v);
+        tail += v * v;
+    }
+    (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]) + tail
 }
 
 multiversion! {
@@ -160,6 +246,22 @@ multiversion! {
         let (x0, x1, x2, x3) = (&x0[..n], &x1[..n], &x2[..n], &x3[..n]);
         for ((((yv, &v0), &v1), &v2), &v3) in y.iter_mut().zip(x0).zip(x1).zip(x2).zip(x3) {
             *yv += (a[0] * v0 + a[1] * v1) + (a[2] * v2 + a[3] * v3);
+        }
+    }
+}
+
+multiversion! {
+    /// `y += Σ_r a[r] · x[r]` for eight rows (one pass over `y`), by fused multiply-adds.
+    #[inline]
+    pub(crate) fn axpy8(y: &mut [f32], a: [f32; 8], x: [&[f32]; 8]) -> () {
+        let n = y.len();
+        let x: [&[f32]; 8] = std::array::from_fn(|r| &x[r][..n]);
+        for j in 0..n {
+            let mut v = y[j];
+            for r in 0..8 {
+                v = a[r].mul_add(x[r][j], v);
+            }
+            y[j] = v;
         }
     }
 }
@@ -358,11 +460,13 @@ pub(crate) fn schedule(rec_floats: usize, batch: usize, threads: usize, b: &Budg
     Schedule::Columns(1)
 }
 
-/// The schedules worth timing for a shape, the estimate first (at most four): the estimate;
-/// the best row pipeline and the best column pipeline whose working sets fit the cache
-/// budgets (if they differ from it); and the two-pass schedule. Row pipelines need at least two
-/// records per thread; pipelines whose working set fits no cache are pruned, except the
-/// column pipeline with r = 1 when nothing else fits.
+/// The schedules worth timing for a shape, the estimate first (at most six): the estimate;
+/// every row pipeline (r ∈ {8, 4, 2, 1}) and the best column pipeline whose working sets fit
+/// the cache budgets (if they differ from it); and the two-pass schedule. The cache model
+/// only prunes: which r is fastest among those that fit differs between machines (register
+/// pressure, prefetch streams, 4 KiB aliasing), so they are all timed. Row pipelines need at
+/// least two steps per thread; pipelines whose working set fits no cache are pruned, except
+/// the column pipeline with r = 1 when nothing else fits.
 pub(crate) fn candidates(
     rec_floats: usize,
     batch: usize,
@@ -375,14 +479,12 @@ pub(crate) fn candidates(
     let fits = |r: usize, budget: usize| (2 * r + 1).saturating_mul(bytes) <= budget;
     let per = batch.div_ceil(threads.max(1));
     let l3_share = (b.row_l3 / threads.max(1)).min(b.row_l3_thread).max(b.l2);
-    if batch >= 2 * threads
-        && let Some(r) = [8usize, 4, 2, 1]
-            .into_iter()
-            .find(|&r| fits(r, l3_share) && 2 * r <= per)
-    {
-        let s = Schedule::Rows(r);
-        if !v.contains(&s) {
-            v.push(s);
+    if batch >= 2 * threads {
+        for r in [8usize, 4, 2, 1] {
+            let s = Schedule::Rows(r);
+            if fits(r, l3_share) && 2 * r <= per && !v.contains(&s) {
+                v.push(s);
+            }
         }
     }
     let col = [4usize, 2]
@@ -623,9 +725,11 @@ fn column_pipeline<const R: usize>(
 
 /// libtorch's schedule on slices: all squared norms first (records split over the pool, each
 /// record's rows in one go), then `sums = Gᵀ f` block by block as a column-blocked
-/// matrix–vector product: the output is cut into column chunks that stay in L1/L2, and each
-/// chunk runs over all records in order, four at a time (`axpy4`), records with factor 0
-/// skipped. Reads every entry from memory twice, writes each output entry once.
+/// matrix–vector product: the output is cut into column chunks that stay in L2 (about four per
+/// thread), and each chunk runs over all records in order, eight at a time by fused
+/// multiply-adds (`axpy8`), then four, then one (records with factor 0 skipped there); the
+/// order of the additions into an output entry does not depend on the chunks. Reads every
+/// entry from memory twice, writes each output entry once.
 fn two_pass(
     ctx: &RangeCtx<'_, '_>,
     out: Out<'_>,
@@ -656,9 +760,14 @@ fn two_pass(
             };
             sub.norms_plain(0, len, &mut o)
         })?;
-    // Pass 2: Gᵀ f per block over column chunks.
+    // Pass 2: Gᵀ f per block over column chunks: at most the L2-sized chunk, and small enough
+    // that every thread gets about four chunks (a record of 10⁴ entries is one L2 chunk).
     let factors: &[f64] = out.factors;
-    let chunk = Budgets::here().col_chunk;
+    let width: usize = ctx.segs.iter().map(|s| s.width).sum();
+    let chunk = Budgets::here()
+        .col_chunk
+        .min(width.div_ceil(4 * threads.max(1)).next_multiple_of(64))
+        .max(1024);
     let mut sums: Vec<Vec<f32>> = ctx.segs.iter().map(|s| vec![0f32; s.width]).collect();
     let mut chunks: Vec<ColChunk<'_>> = Vec::new();
     for (k, s) in sums.iter_mut().enumerate() {
@@ -675,6 +784,11 @@ fn two_pass(
         };
         let f = |li: usize| factors[li * ng + s.group] as f32;
         let mut li = 0;
+        while li + 8 <= n {
+            let a: [f32; 8] = std::array::from_fn(|r| f(li + r));
+            axpy8(p, a, std::array::from_fn(|r| piece(li + r)));
+            li += 8;
+        }
         while li + 4 <= n {
             let a = [f(li), f(li + 1), f(li + 2), f(li + 3)];
             axpy4(p, a, piece(li), piece(li + 1), piece(li + 2), piece(li + 3));
@@ -1588,6 +1702,51 @@ mod tests {
         }
     }
 
+    #[test]
+    fn every_sq_norm_matches_an_f64_loop() {
+        type Imp = (&'static str, fn(&[f32]) -> f64);
+        let mut imps: Vec<Imp> = vec![("portable", sq_norm_portable)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU has AVX2 + FMA (checked just above).
+                imps.push(("avx2", |x| unsafe { sq_norm_avx2(x) }));
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked just above).
+                imps.push(("avx512", |x| unsafe { sq_norm_avx512(x) }));
+            }
+            imps.push(("dispatch", sq_norm));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        for (name, f) in imps {
+            for n in [
+                0usize, 1, 3, 4, 15, 16, 17, 31, 32, 33, 47, 64, 65, 1000, 10_007,
+            ] {
+                for kind in 0..4 {
+                    let x = row(&mut rng, n, kind);
+                    let want: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                    let got = f(&x);
+                    assert!(
+                        (got - want).abs() <= 1e-12 * want,
+                        "{name} n={n} kind={kind}: {got} vs {want}"
+                    );
+                }
+            }
+            // every entry counts: one large entry at each position of a short row
+            for n in [1usize, 7, 16, 33, 70] {
+                for at in 0..n {
+                    let mut x = vec![0.5f32; n];
+                    x[at] = 1000.0;
+                    let want = 1e6 + 0.25 * (n - 1) as f64;
+                    assert_eq!(f(&x), want, "{name} n={n} at={at}");
+                }
+            }
+        }
+    }
+
     const COL_CHUNK: usize = 1 << 15;
 
     #[test]
@@ -1740,11 +1899,34 @@ mod tests {
             let c = candidates(p, n, t, &b);
             assert_eq!(c[0], schedule(p, n, t, &b));
             assert_eq!(c.last(), Some(&Schedule::TwoPass));
-            assert!(c.len() <= 4);
+            assert!(c.len() <= 6);
             let mut d = c.clone();
             d.dedup();
             assert_eq!(d.len(), c.len(), "{c:?}");
         }
+        // every row pipeline that fits is timed, not only the estimate's: 40 KB records,
+        // 128 per thread, all four fit the L2 budget
+        assert_eq!(
+            candidates(10_000, 256, 2, &b),
+            vec![
+                Schedule::Rows(8),
+                Schedule::Rows(4),
+                Schedule::Rows(2),
+                Schedule::Rows(1),
+                Schedule::Columns(4),
+                Schedule::TwoPass
+            ]
+        );
+        // 9 records on 2 threads (5 per thread): r = 2 and r = 1 only
+        assert_eq!(
+            candidates(1000, 9, 2, &b),
+            vec![
+                Schedule::Rows(2),
+                Schedule::Rows(1),
+                Schedule::Columns(4),
+                Schedule::TwoPass
+            ]
+        );
         // row pipelines only with two steps per thread
         assert!(
             candidates(1000, 3, 2, &b)
