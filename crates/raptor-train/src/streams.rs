@@ -229,3 +229,152 @@ impl Plan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn group(name: &str, bound: f64, release: bool) -> ClipGroup {
+        ClipGroup {
+            name: name.into(),
+            params: vec![format!("{name}.weight")],
+            bound,
+            weighted: false,
+            release,
+        }
+    }
+
+    fn release(name: &str, groups: &[&str], sigma: f64, denominator: f64) -> ReleaseSpec {
+        ReleaseSpec {
+            name: name.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            sigma,
+            denominator,
+            charge: Charge::Sequential,
+        }
+    }
+
+    fn phase(name: &str, groups: Vec<ClipGroup>, releases: Vec<ReleaseSpec>) -> Phase {
+        Phase {
+            name: name.into(),
+            groups,
+            global_clip: None,
+            releases,
+            owner_layers: vec![],
+            residual: Residual::None,
+            residual_disable: vec![],
+            private: true,
+        }
+    }
+
+    fn plan(phases: Vec<Phase>, pattern: Vec<usize>, updates: u64) -> Plan {
+        Plan {
+            phases,
+            pattern,
+            updates,
+            q: 0.01,
+            expected_batch: 10.0,
+            optim: vec![],
+            routed: vec![],
+        }
+    }
+
+    fn valid() -> Plan {
+        plan(
+            vec![
+                phase(
+                    "shared",
+                    vec![group("a", 1.0, true), group("b", 2.0, true)],
+                    vec![release("s", &["a", "b"], 1.5, 10.0)],
+                ),
+                phase(
+                    "experts",
+                    vec![group("e0", 0.5, true), group("g", 1.0, false)],
+                    vec![release("e0", &["e0"], 0.0, 2.5)],
+                ),
+            ],
+            vec![0, 0, 1],
+            10,
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn phase_counts_count_phase_at_over_the_run(
+            pattern in prop::collection::vec(0usize..4, 1..9),
+            updates in 0u64..200,
+        ) {
+            let phases = (0..4).map(|i| phase(&format!("p{i}"), vec![], vec![])).collect();
+            let p = plan(phases, pattern, updates);
+            let mut want = vec![0u64; 4];
+            for t in 0..updates {
+                want[p.phase_at(t)] += 1;
+            }
+            prop_assert_eq!(p.phase_counts(), want);
+        }
+    }
+
+    #[test]
+    fn phase_at_repeats_the_pattern() {
+        let p = valid();
+        let got: Vec<usize> = (0..7).map(|t| p.phase_at(t)).collect();
+        assert_eq!(got, vec![0, 0, 1, 0, 0, 1, 0]);
+        // 10 updates of [0, 0, 1]: 3 full rounds and one more update of phase 0
+        assert_eq!(p.phase_counts(), vec![7, 3]);
+    }
+
+    #[test]
+    fn sensitivity_is_the_global_bound_or_the_root_sum_of_squares() {
+        let mut p = valid();
+        let ph = &p.phases[0];
+        assert_eq!(ph.sensitivity(&ph.releases[0]), 5f64.sqrt());
+        p.phases[0].global_clip = Some(0.75);
+        let ph = &p.phases[0];
+        assert_eq!(ph.sensitivity(&ph.releases[0]), 0.75);
+    }
+
+    #[test]
+    fn check_accepts_a_valid_plan_and_names_each_broken_invariant() {
+        assert_eq!(valid().check(), Ok(()));
+        let broken = |f: &dyn Fn(&mut Plan)| {
+            let mut p = valid();
+            f(&mut p);
+            p.check().unwrap_err()
+        };
+        assert!(broken(&|p| p.pattern.clear()).contains("pattern"));
+        assert!(broken(&|p| p.pattern.push(2)).contains("missing phase"));
+        // a released group in no release, and in two
+        let e = broken(&|p| p.phases[0].releases[0].groups.pop().map_or((), |_| ()));
+        assert!(
+            e.contains("group b is in 0 releases of phase shared"),
+            "{e}"
+        );
+        let e = broken(&|p| {
+            let r = release("s2", &["a"], 1.0, 10.0);
+            p.phases[0].releases.push(r)
+        });
+        assert!(e.contains("group a is in 2 releases"), "{e}");
+        // a norm-only group must be in no release
+        let e = broken(&|p| p.phases[1].releases[0].groups.push("g".into()));
+        assert!(e.contains("group g is in 1 releases"), "{e}");
+        for bad in [0.0, -1.0, f64::NAN] {
+            let e = broken(&|p| p.phases[0].groups[1].bound = bad);
+            assert!(e.contains("group b has bound"), "{bad}: {e}");
+        }
+        for bad in [0.0, -2.0, f64::NAN, f64::INFINITY] {
+            let e = broken(&|p| p.phases[0].releases[0].denominator = bad);
+            assert!(e.contains("release s has denominator"), "{bad}: {e}");
+        }
+        for bad in [-0.5, f64::NAN, f64::INFINITY] {
+            let e = broken(&|p| p.phases[0].releases[0].sigma = bad);
+            assert!(e.contains("release s has sigma"), "{bad}: {e}");
+        }
+        // σ is not checked in a non-private phase; a tiny positive bound is fine
+        let mut p = valid();
+        p.phases[0].private = false;
+        p.phases[0].releases[0].sigma = f64::NAN;
+        p.phases[1].groups[0].bound = f64::MIN_POSITIVE;
+        assert_eq!(p.check(), Ok(()));
+    }
+}
