@@ -18,6 +18,7 @@
 #   scripts/mutants.sh models-owners     # libtorch: owner masks (raptor-models)
 #   scripts/mutants.sh models-engine     # libtorch: the per-sample engine (raptor-models)
 #   scripts/mutants.sh trainer           # libtorch: the trainer's release and accounting path
+#   scripts/mutants.sh trainer-mpi       # libtorch + MPI: the data-parallel sample draw
 #
 # Environment: MUTANTS_JOBS (default 1), MUTANTS_TIMEOUT (seconds per test run, default 120),
 # MUTANTS_OUT (default target/mutants), MUTANTS_TARGET_DIR (a cargo target folder shared by
@@ -29,7 +30,7 @@ export CARGO_PROFILE_DEV_DEBUG=line-tables-only OMP_NUM_THREADS=1
 if [ -n "${MUTANTS_TARGET_DIR:-}" ]; then
     export CARGO_TARGET_DIR="$MUTANTS_TARGET_DIR"
 fi
-target=${1:?usage: scripts/mutants.sh accountant|accountant-prv|clip|routing|models-owners|models-engine|trainer [cargo-mutants args]}
+target=${1:?usage: scripts/mutants.sh accountant|accountant-prv|clip|routing|models-owners|models-engine|trainer|trainer-mpi [cargo-mutants args]}
 shift
 out=${MUTANTS_OUT:-target/mutants}
 mkdir -p "$out"
@@ -76,7 +77,7 @@ routing)
     cargo mutants "${common[@]}" -o "$out/routing" -p raptor-routing \
         -f crates/raptor-routing/src/owner.rs "$@"
     ;;
-models-owners | models-engine | trainer)
+models-owners | models-engine | trainer | trainer-mpi)
     # libtorch crates: the libtorch `cargo xtask setup` provisioned (target/libtorch) is linked
     # from a scratch target folder outside the tree (the scratch copies of cargo-mutants cannot
     # see the tree's target/), and found at run time through LD_LIBRARY_PATH.
@@ -106,6 +107,14 @@ models-owners | models-engine | trainer)
             -f crates/raptor-train/src/trainer.rs -f crates/raptor-train/src/streams.rs \
             --re 'Trainer<.*>::(new|draw_sample|private_sums|release_and_charge)|Phase::sensitivity|Plan::(phase_at|phase_counts|check)' \
             "$@" -- --lib --test trainer_core
+        ;;
+    trainer-mpi)
+        # The data-parallel branch of the sample draw (rank 0 samples and broadcasts): only a
+        # run with two ranks reaches it, so these mutants run against the MPI tests
+        # (`mpirun -np 2`; needs an MPI library, as `cargo xtask test` does).
+        cargo mutants "${lib[@]}" -o "$out/trainer-mpi" -p raptor-train --features mpi \
+            -f crates/raptor-train/src/trainer.rs --re 'Trainer<.*>::draw_sample' \
+            "$@" -- --test mpi
         ;;
     esac
     ;;

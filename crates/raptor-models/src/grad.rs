@@ -1320,6 +1320,34 @@ pub struct ClipOutput {
 mod tests {
     use super::*;
 
+    fn site(g: Tensor, offsets: Option<Vec<i64>>) -> GradSite {
+        GradSite {
+            rows: Rows::Dense,
+            parts: vec![],
+            g,
+            offsets,
+        }
+    }
+
+    /// Tokens per record (which sizes the record chunks of the norm pass, so bounds its
+    /// temporaries): T of a dense `[B, T, out]` gradient, 1 for `[B, out]`, the largest
+    /// record's row count of a routed site (at least 1).
+    #[test]
+    fn tokens_per_record_of_dense_and_routed_sites() -> Result<()> {
+        let z = |sz: &[i64]| Tensor::f_zeros(sz, (Kind::Float, tch::Device::Cpu));
+        assert_eq!(site(z(&[3, 5, 7])?, None).tokens(), 5);
+        assert_eq!(site(z(&[4, 6, 2, 7])?, None).tokens(), 12);
+        assert_eq!(site(z(&[3, 7])?, None).tokens(), 1);
+        assert_eq!(site(z(&[0, 5, 7])?, None).tokens(), 1);
+        assert_eq!(site(z(&[3, 5, 7])?, None).out_dim(), 7);
+        // routed: records own rows 0..2, 2..2 (none), 2..6
+        let routed = site(z(&[6, 7])?, Some(vec![0, 2, 2, 6]));
+        assert_eq!(routed.tokens(), 4);
+        assert_eq!(site(z(&[0, 7])?, Some(vec![0, 0, 0])).tokens(), 1);
+        assert_eq!(site(z(&[0, 7])?, Some(vec![0])).tokens(), 1);
+        Ok(())
+    }
+
     /// `clip_factors` turns squared norms into `min(1, C / ‖g‖)` in the norms' dtype.
     #[test]
     fn clip_factors_are_min_one_bound_over_norm() -> Result<()> {
