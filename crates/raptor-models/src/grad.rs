@@ -1348,6 +1348,46 @@ mod tests {
         Ok(())
     }
 
+    /// `chunk` of a routed site: each record's rows zero-padded to the chunk's largest count,
+    /// the same from the CPU copy (f32, f64) and from libtorch's generic path (other dtypes,
+    /// and every dtype off the CPU), for chunks that start past record 0 and empty ones.
+    #[test]
+    fn routed_chunks_are_padded_alike_on_both_paths() -> Result<()> {
+        // records own rows 0..2, 2..2 (none), 2..5, 5..6 of a [6, 2] row block
+        let offsets = vec![0i64, 2, 2, 5, 6];
+        let vals: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+        let x32 = Tensor::from_slice(&vals).reshape([6, 2]);
+        let s = site(x32.shallow_clone(), Some(offsets));
+        // the expected padded values, by hand: (r0, n) -> [n, tmax, 2]
+        let want = |r0: i64, n: i64| -> Vec<f32> {
+            let rows: [&[f32]; 4] = [&vals[0..4], &[], &vals[4..10], &vals[10..12]];
+            let tmax = (r0..r0 + n)
+                .map(|r| rows[r as usize].len() / 2)
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            let mut v = Vec::new();
+            for r in r0..r0 + n {
+                let row = rows[r as usize];
+                v.extend_from_slice(row);
+                v.extend(std::iter::repeat_n(0.0, 2 * tmax - row.len()));
+            }
+            v
+        };
+        for (r0, n) in [(0i64, 4i64), (1, 3), (2, 2), (1, 1), (3, 1), (0, 2)] {
+            for kind in [Kind::Float, Kind::Double, Kind::Half, Kind::BFloat16] {
+                let x = x32.f_to_kind(kind)?;
+                let got = s.chunk(&x, r0, n)?;
+                assert_eq!(got.kind(), kind);
+                let sz = got.size();
+                assert_eq!((sz[0], sz[2]), (n, 2), "{kind:?} {r0} {n}");
+                let got: Vec<f32> = Vec::try_from(got.f_to_kind(Kind::Float)?.f_flatten(0, -1)?)?;
+                assert_eq!(got, want(r0, n), "{kind:?} records {r0}..{}", r0 + n);
+            }
+        }
+        Ok(())
+    }
+
     /// `clip_factors` turns squared norms into `min(1, C / ‖g‖)` in the norms' dtype.
     #[test]
     fn clip_factors_are_min_one_bound_over_norm() -> Result<()> {

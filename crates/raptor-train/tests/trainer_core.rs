@@ -284,7 +284,13 @@ fn owner_isolation_no_other_expert_moves() {
     let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(Some(4))).unwrap();
     let before = snapshot(tr.model(), &names);
     let mut noop = |_: &raptor_accountant::Ledger| Ok(());
-    tr.step(&mut noop).unwrap();
+    let metrics = tr.step(&mut noop).unwrap();
+    // Every sampled record is owned by e: the other experts' groups are the empty ones.
+    assert!(metrics.sampled > 0);
+    assert_eq!(
+        metrics.empty_expert_groups,
+        SwitchConfig::tiny().num_experts as usize - 1
+    );
     let after = snapshot(tr.model(), &names);
     let own_prefix = format!("encoder.block.{SPARSE}.layer.1.mlp.experts.expert_{e}.");
     let mut moved_own = false;
