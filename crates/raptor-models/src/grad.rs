@@ -1388,6 +1388,33 @@ mod tests {
         Ok(())
     }
 
+    /// Coefficients and contractions in f64 for f64 models, f32 for every other dtype (never
+    /// a half-precision coefficient that could round up past the bound).
+    #[test]
+    fn compute_kind_is_f64_for_f64_and_f32_otherwise() {
+        assert_eq!(compute_kind(Kind::Double), Kind::Double);
+        for k in [Kind::Float, Kind::Half, Kind::BFloat16] {
+            assert_eq!(compute_kind(k), Kind::Float, "{k:?}");
+        }
+    }
+
+    /// `prep` converts floating tensors to the compute dtype, leaves integer ones alone, and
+    /// zeroes non-finite entries only when asked.
+    #[test]
+    fn prep_converts_floats_only_and_sanitizes_on_request() -> Result<()> {
+        let x = Tensor::from_slice(&[1.5f32, f32::NAN, f32::INFINITY]);
+        let p = prep(&x, Kind::Double, true)?;
+        assert_eq!(p.kind(), Kind::Double);
+        assert_eq!(Vec::<f64>::try_from(&p)?, vec![1.5, 0.0, 0.0]);
+        let kept = prep(&x, Kind::Float, false)?;
+        assert_eq!(kept.f_isnan()?.f_sum(Kind::Int64)?.int64_value(&[]), 1);
+        let ids = Tensor::from_slice(&[3i64, 4]);
+        let p = prep(&ids, Kind::Float, true)?;
+        assert_eq!(p.kind(), Kind::Int64);
+        assert_eq!(Vec::<i64>::try_from(&p)?, vec![3, 4]);
+        Ok(())
+    }
+
     /// `clip_factors` turns squared norms into `min(1, C / ‖g‖)` in the norms' dtype.
     #[test]
     fn clip_factors_are_min_one_bound_over_norm() -> Result<()> {

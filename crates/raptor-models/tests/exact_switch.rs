@@ -780,6 +780,14 @@ fn clip_bounds_must_be_finite_and_positive() {
         .find(|g| g.starts_with("expert"))
         .unwrap()
         .clone();
+    // The engine's Debug form names its batch size and parameters.
+    let dbg = format!("{:?}", engine(&m, &b, &owners));
+    assert!(
+        dbg.starts_with("PerSampleGrads")
+            && dbg.contains(&format!("batch_size: {}", b.batch_size()))
+            && dbg.contains("lora"),
+        "{dbg}"
+    );
     for bad in [0.0, -0.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         let mut role = bounds.clone();
         role.insert(expert.clone(), bad);
