@@ -291,6 +291,11 @@ fn owner_isolation_no_other_expert_moves() {
         metrics.empty_expert_groups,
         SwitchConfig::tiny().num_experts as usize - 1
     );
+    // σ = 0 in every release: each one is counted as unaccounted (none is charged).
+    assert_eq!(
+        tr.unaccounted_releases(),
+        SwitchConfig::tiny().num_experts as u64
+    );
     let after = snapshot(tr.model(), &names);
     let own_prefix = format!("encoder.block.{SPARSE}.layer.1.mlp.experts.expert_{e}.");
     let mut moved_own = false;
