@@ -706,3 +706,95 @@ fn each_release_adds_noise_of_std_sigma_bound_over_its_denominator() {
         );
     }
 }
+
+/// The noise std each release hands to the optimizer (what DP-MuonBC's variance estimate is
+/// built from) is σ·Δ/D of that release: the optimizers' tracked noise variance of every
+/// parameter, after each update, equals a heavy-ball recursion over those stds computed here
+/// from the config (C·√groups, B or B/E) and the plan's σ, and is zero for parameters that
+/// never released.
+#[test]
+fn each_release_hands_its_noise_std_to_the_optimizer() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let e = SwitchConfig::tiny().num_experts as f64;
+    let data = examples(20, vocab, 8);
+    let mut m = model();
+    let mut c = cfg(Method::Raptor, data.len());
+    c.train.batch_size = 8.0;
+    c.train.clip = 0.7;
+    c.train.clip_expert = 0.3;
+    c.train.steps = Some(4);
+    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let owners = owner_maps(&m, &data);
+    let beta = 0.9;
+    let shapes: BTreeMap<String, usize> = m
+        .var_store()
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (n, t.dim()))
+        .collect();
+    // Muon (heavy-ball) tracks the noise variance of its momentum; 1-D parameters take SGD.
+    let params: Vec<(String, Optim)> = plan
+        .optim
+        .iter()
+        .map(|(n, _)| {
+            let k = if shapes[n] == 2 {
+                Optim::Muon
+            } else {
+                Optim::Sgd
+            };
+            (n.clone(), k)
+        })
+        .collect();
+    let optim = Optimizers::new(
+        OptimSettings {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            muon_lr: 1e-3,
+            muon_beta: beta,
+            muon_form: raptor_muon::MomentumForm::HeavyBall,
+            ns: raptor_muon::NsConfig::keller(),
+            bc_probe_pairs: 1,
+        },
+        &params,
+        Some(1),
+    );
+    let phases = plan.phases.clone();
+    let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(Some(3))).unwrap();
+    let mut want: BTreeMap<String, f64> = params.iter().map(|(n, _)| (n.clone(), 0.0)).collect();
+    let mut checked = 0usize;
+    while !tr.done() {
+        let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+        let metrics = tr.step(&mut noop).unwrap();
+        let ph = phases.iter().find(|p| p.name == metrics.phase).unwrap();
+        for r in &ph.releases {
+            let shared = r.groups.iter().all(|g| !g.starts_with("expert"));
+            let (bound, denom) = if shared {
+                (c.train.clip, c.train.batch_size)
+            } else {
+                (c.train.clip_expert, c.train.batch_size / e)
+            };
+            let std = r.sigma * bound * (r.groups.len() as f64).sqrt() / denom;
+            assert!(std > 0.0, "release {}: std {std}", r.name);
+            for gname in &r.groups {
+                for p in &ph.group(gname).unwrap().params {
+                    let w = want.get_mut(p).unwrap();
+                    *w = beta * beta * *w + std * std;
+                }
+            }
+        }
+        let (_, scalars) = tr.optimizers().export().unwrap();
+        for (p, kind) in &params {
+            let got = scalars.params[p].1;
+            let w = if *kind == Optim::Muon { want[p] } else { 0.0 };
+            assert!(
+                (got - w).abs() <= 1e-12 * w.max(1e-300),
+                "update {}: {p} noise variance {got} vs {w}",
+                tr.update()
+            );
+            checked += usize::from(w > 0.0);
+        }
+    }
+    assert!(checked > 0, "no parameter carried noise");
+}
