@@ -21,7 +21,7 @@ fn main() -> Result<(), raptor_muon::MuonError> {
     if shapes.is_empty() {
         shapes = vec![(256, 256), (768, 768), (768, 3072), (1024, 4096)];
     }
-    let scheds: Vec<NsSchedule> = [NsProducts::Symmetric, NsProducts::Full]
+    let scheds: Vec<NsSchedule> = [NsProducts::Symmetric, NsProducts::Full, NsProducts::Gram]
         .into_iter()
         .flat_map(|products| [true, false].map(|parallel| NsSchedule { products, parallel }))
         .collect();

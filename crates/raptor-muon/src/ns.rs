@@ -290,6 +290,8 @@ pub struct NsWorkspace {
     t: Mat<f32>,
     u: Mat<f32>,
     y: Mat<f32>,
+    /// The accumulated polynomial of the Gram-space iteration (allocated on its first use).
+    g: Mat<f32>,
 }
 
 impl NsWorkspace {
@@ -302,6 +304,7 @@ impl NsWorkspace {
             t: Mat::zeros(m, m),
             u: Mat::zeros(m, m),
             y: Mat::zeros(m, n),
+            g: Mat::new(),
         }
     }
 
@@ -310,6 +313,42 @@ impl NsWorkspace {
             *self = NsWorkspace::new(m, n);
         }
     }
+}
+
+/// `t ← Σ_j d_j A^j` by Horner (`t = d_deg A + d_{deg−1} I`, then `t ← A t + d_j I`), with
+/// `u` as scratch.
+fn polynomial_of(
+    t: &mut Mat<f32>,
+    u: &mut Mat<f32>,
+    a: &Mat<f32>,
+    d: &[f32],
+    products: NsProducts,
+    par: Par,
+) {
+    let m = a.nrows();
+    let deg = d.len() - 1;
+    for jj in 0..m {
+        for ii in 0..m {
+            t[(ii, jj)] = d[deg] * a[(ii, jj)];
+        }
+        t[(jj, jj)] += d[deg - 1];
+    }
+    for j in (0..deg.saturating_sub(1)).rev() {
+        sym_product(u, a.as_ref(), t.as_ref(), products, par);
+        std::mem::swap(t, u);
+        for jj in 0..m {
+            t[(jj, jj)] += d[j];
+        }
+    }
+}
+
+/// The coefficients `d_j` of one iteration's polynomial in `A`, in f32.
+fn coefficients_f32(cfg: &NsConfig) -> Vec<f32> {
+    cfg.polynomial
+        .coefficients_in_a()
+        .iter()
+        .map(|&v| v as f32)
+        .collect()
 }
 
 /// Run the iterations in place on a wide (`m ≤ n`), already normalized `x`.
@@ -321,37 +360,66 @@ fn iterate_wide(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, plan: Ns
     } else {
         Par::Seq
     };
+    if plan.products == NsProducts::Gram {
+        iterate_gram(x, cfg, ws, par);
+        return;
+    }
     let products = plan.products;
-    let d: Vec<f32> = cfg
-        .polynomial
-        .coefficients_in_a()
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
-    let deg = d.len() - 1;
-    let NsWorkspace { a, t, u, y } = ws;
+    let d = coefficients_f32(cfg);
+    let NsWorkspace { a, t, u, y, .. } = ws;
     for _ in 0..cfg.steps {
         // A = X Xᵀ (lower triangle only, then mirrored).
         sym_product(a, x.as_ref(), x.transpose(), products, par);
-        // T = Σ_{j≥0} d_j A^j by Horner: T = d_deg A + d_{deg−1} I, then T ← A T + d_j I.
-        for jj in 0..m {
-            for ii in 0..m {
-                t[(ii, jj)] = d[deg] * a[(ii, jj)];
-            }
-            t[(jj, jj)] += d[deg - 1];
-        }
-        for j in (0..deg.saturating_sub(1)).rev() {
-            sym_product(u, a.as_ref(), t.as_ref(), products, par);
-            std::mem::swap(t, u);
-            for jj in 0..m {
-                t[(jj, jj)] += d[j];
-            }
-        }
+        // T = Σ_{j≥0} d_j A^j.
+        polynomial_of(t, u, a, &d, products, par);
         // X ← T X.
         faer::linalg::matmul::matmul(
             y.as_mut(),
             Accum::Replace,
             t.as_ref(),
+            x.as_ref(),
+            1.0f32,
+            par,
+        );
+        std::mem::swap(x, y);
+    }
+}
+
+/// The same iterations in Gram space (for wide matrices, `n` well above `m`): every iterate is
+/// `X_k = Q_k X_0` with `Q_k` a polynomial in `A_0 = X_0 X_0ᵀ`, so `A_k = X_k X_kᵀ = Q_k A_0 Q_k`,
+/// and with `T_k = p(A_k)`: `Q_{k+1} = T_k Q_k`, `A_{k+1} = T_k A_k T_k`. Only `m × m` products
+/// (all of commuting symmetric matrices, so symmetric: one triangle each) until the last,
+/// `X_q = Q_q X_0`: `3m²n + (deg + 2)·q·m³` flops instead of `q·(3m²n + (deg − 1)·m³)`.
+/// In exact arithmetic the result is the same; in f32 the error of `Q_q` is amplified by its
+/// norm (at most `max|p|^q`, see [`NsSchedule::gram_allowed`]).
+fn iterate_gram(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, par: Par) {
+    let m = x.nrows();
+    let products = NsProducts::Symmetric;
+    let d = coefficients_f32(cfg);
+    let NsWorkspace { a, t, u, y, g } = ws;
+    if g.nrows() != m || g.ncols() != m {
+        *g = Mat::zeros(m, m);
+    }
+    sym_product(a, x.as_ref(), x.transpose(), products, par);
+    for k in 0..cfg.steps {
+        polynomial_of(t, u, a, &d, products, par);
+        if k == 0 {
+            g.copy_from(t.as_ref());
+        } else {
+            sym_product(u, t.as_ref(), g.as_ref(), products, par);
+            std::mem::swap(g, u);
+        }
+        if k + 1 < cfg.steps {
+            // A ← T A T (T and A commute).
+            sym_product(u, t.as_ref(), a.as_ref(), products, par);
+            sym_product(a, u.as_ref(), t.as_ref(), products, par);
+        }
+    }
+    if cfg.steps > 0 {
+        faer::linalg::matmul::matmul(
+            y.as_mut(),
+            Accum::Replace,
+            g.as_ref(),
             x.as_ref(),
             1.0f32,
             par,
@@ -399,7 +467,7 @@ pub fn newton_schulz_with(
         let plan = NsSchedule::estimate(mm, nn, threads);
         return Ok(finish(run_plan(x, cfg, ws, plan), tall));
     }
-    let cands = NsSchedule::candidates(mm, nn, threads);
+    let cands = NsSchedule::candidates(mm, nn, threads, cfg);
     // Two interleaved rounds at least (the first run of a candidate may pay for cold caches),
     // six runs in all at least: 2 to 4 candidates → 6 to 8 calls.
     let measured = raptor_plan::measure(&cands, (2 * cands.len()).max(6), |&plan| {
@@ -456,6 +524,11 @@ pub enum NsProducts {
     /// Plain GEMMs for every product: more flops but faer's fastest kernel, often better on
     /// small matrices.
     Full,
+    /// The iterations in Gram space: `m × m` symmetric products only, then one `m × m` by
+    /// `m × n` product at the end (fewer flops when `n` is well above `m`, e.g. half at
+    /// 768×3072 with Keller's 5 steps). Agrees with the others within a looser f32 tolerance
+    /// (see [`NsSchedule`]), and is only a candidate where [`NsSchedule::gram_allowed`].
+    Gram,
 }
 
 /// A Newton–Schulz schedule: the kind of products and whether each product runs on the rayon
@@ -467,10 +540,15 @@ pub enum NsProducts {
 /// is remembered (and saved with `RAPTOR_WISDOM`); `RAPTOR_PLAN=estimate` takes
 /// [`estimate`](NsSchedule::estimate) without timing; [`with_ns_schedule`] forces one.
 ///
-/// Results: the schedules agree within f32 rounding of the products (symmetric products are
-/// exactly symmetric, plain GEMMs up to rounding; measured differences ≲ 1e-5 relative to the
-/// result's largest entry after 5 Keller steps, tested below 1e-4), and a given schedule is
-/// deterministic.
+/// Results: the `sym` and `full` schedules agree within f32 rounding of the products
+/// (symmetric products are exactly symmetric, plain GEMMs up to rounding; measured differences
+/// ≲ 1e-5 relative to the result's largest entry after 5 Keller steps, tested below 1e-4).
+/// The Gram-space schedule (`gram`) computes the same polynomial of the input in another order,
+/// whose f32 error grows with the iteration's gain on small singular values: measured up to
+/// 2e-4 of the largest entry on ill-conditioned inputs (a 10⁶ spread of singular values, a
+/// rank-8 matrix plus 10⁻⁴ noise), tested below 1e-3 against an f64 reference (the others:
+/// below 1e-4); it is offered only where that gain is bounded ([`NsSchedule::gram_allowed`]).
+/// A given schedule is deterministic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NsSchedule {
     /// Kind of products.
@@ -484,6 +562,7 @@ impl std::fmt::Display for NsSchedule {
         let p = match self.products {
             NsProducts::Symmetric => "sym",
             NsProducts::Full => "full",
+            NsProducts::Gram => "gram",
         };
         let q = if self.parallel { "par" } else { "seq" };
         write!(f, "{p}/{q}")
@@ -493,7 +572,8 @@ impl std::fmt::Display for NsSchedule {
 impl std::str::FromStr for NsSchedule {
     type Err = MuonError;
 
-    /// Parse the `Display` form: `sym/par`, `sym/seq`, `full/par`, `full/seq`.
+    /// Parse the `Display` form: `sym/par`, `sym/seq`, `full/par`, `full/seq`, `gram/par`,
+    /// `gram/seq`.
     fn from_str(s: &str) -> Result<Self, MuonError> {
         let (p, q) = s
             .split_once('/')
@@ -503,6 +583,7 @@ impl std::str::FromStr for NsSchedule {
         let products = match p {
             "sym" => NsProducts::Symmetric,
             "full" => NsProducts::Full,
+            "gram" => NsProducts::Gram,
             _ => {
                 return Err(MuonError::InvalidSchedule {
                     value: s.to_string(),
@@ -533,15 +614,20 @@ impl NsSchedule {
         }
     }
 
-    /// The schedules worth timing for an oriented `m × n` matrix, the estimate first: both
-    /// kinds of products, parallel; and sequential too while the matrix takes at most a
-    /// quarter of the last-level cache (beyond, one core is not faster than all of them).
-    pub fn candidates(m: usize, n: usize, threads: usize) -> Vec<Self> {
+    /// The schedules worth timing for an oriented `m × n` matrix under `cfg`, the estimate
+    /// first: both kinds of products, parallel; sequential too while the matrix takes at most
+    /// a quarter of the last-level cache (beyond, one core is not faster than all of them);
+    /// and the Gram-space iteration the same way where [`Self::gram_allowed`].
+    pub fn candidates(m: usize, n: usize, threads: usize, cfg: &NsConfig) -> Vec<Self> {
         let est = Self::estimate(m, n, threads);
         let mut v = vec![est];
         let l3 = raptor_plan::machine().l3_bytes;
         let seq_ok = threads <= 1 || m.saturating_mul(n).saturating_mul(4) <= l3 / 4;
-        for products in [NsProducts::Symmetric, NsProducts::Full] {
+        let mut kinds = vec![NsProducts::Symmetric, NsProducts::Full];
+        if Self::gram_allowed(m, n, cfg) {
+            kinds.push(NsProducts::Gram);
+        }
+        for products in kinds {
             for parallel in [true, false] {
                 let s = NsSchedule { products, parallel };
                 if ((parallel && threads > 1) || (!parallel && seq_ok)) && !v.contains(&s) {
@@ -550,6 +636,38 @@ impl NsSchedule {
             }
         }
         v
+    }
+
+    /// Whether the Gram-space iteration is worth offering for an oriented `m × n` matrix
+    /// (`m ≤ n`) under `cfg`: its flop count is at most 85 % of the symmetric products' (which
+    /// needs `n` about 1.5 `m` or more), there are at most 8 steps (the round-off of the
+    /// propagated `A_k` compounds from step to step), and the iteration's gain on small
+    /// singular values, bounded by `max |p(λ)|^q` over `λ ∈ [0, 1.5]` (the squared singular
+    /// values the normalized iterates reach), is at most 2⁹, so that f32 round-off in the
+    /// accumulated polynomial stays near 2⁹·2⁻²⁴ ≈ 3e-5 (Keller's 5 steps: 3.44⁵ ≈ 487;
+    /// 6 steps are refused; so is a long Taylor iteration, whose gain on a singular value σ
+    /// grows like 1/σ).
+    pub fn gram_allowed(m: usize, n: usize, cfg: &NsConfig) -> bool {
+        let (m, n) = (m.min(n), m.max(n));
+        if m == 0 || cfg.steps == 0 || cfg.steps > 8 {
+            return false;
+        }
+        let d = cfg.polynomial.coefficients_in_a();
+        let deg = (d.len() - 1) as f64;
+        let q = cfg.steps as f64;
+        let (mf, nf) = (m as f64, n as f64);
+        let (sym, _) = cfg.flops(m, n);
+        let gram = 3.0 * mf * mf * nf + ((deg - 1.0) * q + 3.0 * (q - 1.0)) * mf * mf * mf;
+        if gram > 0.85 * sym {
+            return false;
+        }
+        let mut max_p = 0.0f64;
+        for i in 0..=150 {
+            let l = i as f64 / 100.0;
+            let p = d.iter().rev().fold(0.0f64, |acc, &dj| acc * l + dj);
+            max_p = max_p.max(p.abs());
+        }
+        max_p.powf(q) <= 512.0
     }
 }
 
@@ -639,12 +757,19 @@ pub fn newton_schulz_batch(
         let (mm, nn) = (x.nrows(), x.ncols());
         let key = ns_key(mm, nn, cfg, 1);
         if raptor_plan::lookup(&key).is_none() {
-            let cands = [NsProducts::Symmetric, NsProducts::Full].map(|products| NsSchedule {
-                products,
-                parallel: false,
-            });
+            let mut kinds = vec![NsProducts::Symmetric, NsProducts::Full];
+            if NsSchedule::gram_allowed(mm, nn, cfg) {
+                kinds.push(NsProducts::Gram);
+            }
+            let cands: Vec<NsSchedule> = kinds
+                .into_iter()
+                .map(|products| NsSchedule {
+                    products,
+                    parallel: false,
+                })
+                .collect();
             let mut ws = NsWorkspace::new(mm, nn);
-            let measured = raptor_plan::measure(&cands, 4, |&plan| {
+            let measured = raptor_plan::measure(&cands, 2 * cands.len(), |&plan| {
                 Ok::<_, MuonError>(run_plan(x.clone(), cfg, &mut ws, plan))
             })?;
             if let Some(mres) = measured {
