@@ -135,7 +135,9 @@ impl Optimizers {
     /// rayon thread; 2.2–3.2× faster than libtorch's loop, whose batched products are slower
     /// still), on a GPU by [`newton_schulz_tch_batch`] (one batched product per iteration step
     /// instead of one per matrix: the experts of an MoE layer, or the same projection across
-    /// layers). The two backends agree to f32 round-off (the test allows 1e-5 relative).
+    /// layers). The two backends agree within the tolerance of raptor-muon's planned schedules
+    /// (`NsSchedule`: f32 round-off, looser for the Gram-space one; the test allows 1e-5 of
+    /// the parameters after the step).
     /// DP-MuonBC matrices with noise take their own path, as in [`Self::step`].
     pub fn step_all(
         &mut self,
