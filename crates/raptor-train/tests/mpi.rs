@@ -255,3 +255,66 @@ fn ranks_with_different_models_are_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("different model than rank 0"), "{err}");
 }
+
+/// Ranks whose training sets differ (rank 0 holds one record more, the last one) are refused
+/// as soon as rank 0 samples a record the other rank does not have, with an error naming the
+/// cause, instead of indexing past the end of rank 1's data.
+#[test]
+fn ranks_with_different_training_sets_are_refused() {
+    let d = tmp("datasets");
+    let toy = std::fs::read_to_string(common::root().join("examples/toy/train.csv")).unwrap();
+    let lines: Vec<&str> = toy.lines().collect();
+    // header + 40 records for rank 1; rank 0 also has the 41st (index 40).
+    let small = lines[..41].join("\n") + "\n";
+    let large = lines[..42].join("\n") + "\n";
+    std::fs::write(d.join("small.csv"), small).unwrap();
+    std::fs::write(d.join("large.csv"), large).unwrap();
+    let base = config(&d, "dp-adam", 6);
+    let text = std::fs::read_to_string(&base).unwrap();
+    let train = common::root().join("examples/toy/train.csv");
+    let with = |file: &str, name: &str| -> PathBuf {
+        let t = text.replace(
+            &format!("train = \"{}\"", train.display()),
+            &format!("train = \"{}\"", d.join(file).display()),
+        );
+        assert_ne!(t, text, "the config names the toy training file");
+        let p = d.join(name);
+        std::fs::write(&p, t).unwrap();
+        p
+    };
+    let a = with("large.csv", "large.toml");
+    let b = with("small.csv", "small.toml");
+    let runs = d.join("runs");
+    let o = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "1"])
+        .arg(env!("CARGO_BIN_EXE_raptor"))
+        .args([
+            "train",
+            "--config",
+            a.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ])
+        .args([":", "-np", "1"])
+        .arg(env!("CARGO_BIN_EXE_raptor"))
+        .args([
+            "train",
+            "--config",
+            b.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ])
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "ranks with different training sets trained together"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("sampled record 40 of 40: the ranks hold different training sets"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
