@@ -21,10 +21,14 @@ fn main() -> Result<(), raptor_muon::MuonError> {
     if shapes.is_empty() {
         shapes = vec![(256, 256), (768, 768), (768, 3072), (1024, 4096)];
     }
-    let scheds: Vec<NsSchedule> = [NsProducts::Symmetric, NsProducts::Full, NsProducts::Gram]
+    let mut scheds: Vec<NsSchedule> = [NsProducts::Symmetric, NsProducts::Full, NsProducts::Gram]
         .into_iter()
         .flat_map(|products| [true, false].map(|parallel| NsSchedule { products, parallel }))
         .collect();
+    scheds.push(NsSchedule {
+        products: NsProducts::Team,
+        parallel: true,
+    });
     for (r, c) in shapes {
         let m = gaussian_matrix(r, c, 1.0, 1);
         let mut ws = NsWorkspace::new(r, c);

@@ -12,6 +12,7 @@
 
 use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::{Accum, Mat, MatMut, MatRef, Par};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{MuonError, check_param};
 
@@ -364,7 +365,15 @@ fn iterate_wide(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, plan: Ns
         iterate_gram(x, cfg, ws, par);
         return;
     }
-    let products = plan.products;
+    let threads = rayon::current_num_threads().min(m);
+    if plan.products == NsProducts::Team && plan.parallel && threads > 1 {
+        iterate_team(x, cfg, ws, threads);
+        return;
+    }
+    let products = match plan.products {
+        NsProducts::Team => NsProducts::Full,
+        p => p,
+    };
     let d = coefficients_f32(cfg);
     let NsWorkspace { a, t, u, y, .. } = ws;
     for _ in 0..cfg.steps {
@@ -381,6 +390,262 @@ fn iterate_wide(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, plan: Ns
             1.0f32,
             par,
         );
+        std::mem::swap(x, y);
+    }
+}
+
+/// A barrier for a team of threads that spins (then yields, so that an oversubscribed
+/// machine still makes progress) instead of sleeping: waking a sleeping thread costs tens of
+/// microseconds, a product of a small Newton–Schulz call not much more.
+struct SpinBarrier {
+    size: AtomicUsize,
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+}
+
+impl SpinBarrier {
+    fn new(size: usize) -> Self {
+        SpinBarrier {
+            size: AtomicUsize::new(size),
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+        }
+    }
+
+    /// Wait until all `size` threads have called `wait` (the writes each made before it are
+    /// visible to all after it).
+    fn wait(&self) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.size.load(Ordering::Relaxed) {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == generation {
+            if spins < 1 << 14 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// A column-major f32 buffer shared by a team: each phase writes disjoint column ranges and
+/// reads only what the previous phases (before a barrier) wrote.
+#[derive(Clone, Copy)]
+struct Shared {
+    ptr: *mut f32,
+    rows: usize,
+    cols: usize,
+    col_stride: isize,
+}
+
+// SAFETY: the pointer is only dereferenced through `read` / `cols_mut` inside `iterate_team`,
+// whose phases are separated by barriers: within a phase no column is written by two threads,
+// and no column that is read is written (see the comments there).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn of(m: &mut Mat<f32>) -> Self {
+        Shared {
+            ptr: m.as_ptr_mut(),
+            rows: m.nrows(),
+            cols: m.ncols(),
+            col_stride: m.col_stride(),
+        }
+    }
+
+    /// The whole matrix, read-only.
+    ///
+    /// # Safety
+    /// No thread may write it during the phase.
+    unsafe fn read<'a>(self) -> MatRef<'a, f32> {
+        // SAFETY: the buffer outlives the team (it is borrowed by `iterate_team`'s caller) and
+        // the caller guarantees no concurrent writes.
+        unsafe { MatRef::from_raw_parts(self.ptr, self.rows, self.cols, 1, self.col_stride) }
+    }
+
+    /// Columns `c0..c1`, writable.
+    ///
+    /// # Safety
+    /// No other thread may read or write these columns during the phase.
+    unsafe fn cols_mut<'a>(self, c0: usize, c1: usize) -> MatMut<'a, f32> {
+        // SAFETY: `c0 ≤ c1 ≤ cols`, so the view stays inside the buffer; exclusivity is the
+        // caller's guarantee.
+        unsafe {
+            MatMut::from_raw_parts_mut(
+                self.ptr.offset(c0 as isize * self.col_stride),
+                self.rows,
+                c1 - c0,
+                1,
+                self.col_stride,
+            )
+        }
+    }
+}
+
+/// Columns of thread `tid`'s share of `n` columns split over `size` threads.
+fn share(n: usize, tid: usize, size: usize) -> (usize, usize) {
+    (n * tid / size, n * (tid + 1) / size)
+}
+
+/// The first column of share `k` of `size` when the columns of an `m × m` lower triangle
+/// (column `j` holds `m − j` entries) are split into shares of about equal area.
+fn triangle_share(m: usize, k: usize, size: usize) -> usize {
+    if k >= size {
+        return m;
+    }
+    let total = (m * (m + 1) / 2) as f64;
+    let want = total * k as f64 / size as f64;
+    // Σ_{j<c} (m − j) = c·m − c(c−1)/2 ≥ want: the smallest such c.
+    let mut c = 0usize;
+    let mut area = 0f64;
+    while c < m && area < want {
+        area += (m - c) as f64;
+        c += 1;
+    }
+    c
+}
+
+/// The iterations with plain products split by output columns over `threads` threads
+/// ([`NsProducts::Team`]). Per step: the lower triangle of `A = X Xᵀ` by column shares of
+/// equal area; barrier; its upper part mirrored; barrier; the Horner steps of
+/// `T[:, C]` (each reads `A` whole and only its own columns of `T`); barrier;
+/// `Y[:, C'] = T · X[:, C']`; barrier. Each thread's products run on its own thread
+/// (`Par::Seq`), so each output column is computed by the same kernel as `full/seq` would
+/// apply to that slice: deterministic for a given thread count.
+fn iterate_team(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, threads: usize) {
+    let (m, n) = (x.nrows(), x.ncols());
+    let d = coefficients_f32(cfg);
+    let deg = d.len() - 1;
+    let steps = cfg.steps;
+    let NsWorkspace { a, t, u, y, .. } = ws;
+    let (sa, st0, su0, sx0, sy0) = (
+        Shared::of(a),
+        Shared::of(t),
+        Shared::of(u),
+        Shared::of(x),
+        Shared::of(y),
+    );
+    let barrier = SpinBarrier::new(threads);
+    // Team size once every thread has started (0 until then): a thread that cannot be
+    // started shrinks the team instead of leaving the others waiting for it.
+    let size = AtomicUsize::new(0);
+    let work = |tid: usize, size: usize| {
+        let (mut x, mut y) = (sx0, sy0);
+        let (mut t, mut u) = (st0, su0);
+        let (c0, c1) = share(m, tid, size);
+        let (e0, e1) = share(n, tid, size);
+        let (l0, l1) = (
+            triangle_share(m, tid, size),
+            triangle_share(m, tid + 1, size),
+        );
+        for _ in 0..steps {
+            // SAFETY (every phase): this thread writes only its own columns of the output;
+            // the inputs are not written in the phase (the barriers order the phases).
+            unsafe {
+                // The lower triangle of A's columns C: A[c0.., C] = X[c0.., :] X[C, :]ᵀ
+                // (the columns split so that each share holds about as much of the triangle).
+                let xr = x.read();
+                faer::linalg::matmul::matmul(
+                    sa.cols_mut(l0, l1).subrows_mut(l0, m - l0),
+                    Accum::Replace,
+                    xr.subrows(l0, m - l0),
+                    xr.subrows(l0, l1 - l0).transpose(),
+                    1.0f32,
+                    Par::Seq,
+                );
+            }
+            barrier.wait();
+            unsafe {
+                // The upper part of columns C from the lower parts of the rows' own columns
+                // (A[i, j] = A[j, i], i < l0 ≤ j: column i's owner writes only its rows above
+                // its own start, which is ≤ i < j).
+                let mut ac = sa.cols_mut(l0, l1);
+                let ar = sa.read();
+                for jj in 0..l1 - l0 {
+                    for i in 0..l0 {
+                        ac[(i, jj)] = ar[(l0 + jj, i)];
+                    }
+                }
+            }
+            barrier.wait();
+            unsafe {
+                // T[:, C] = d_deg A[:, C] + d_{deg−1} I[:, C], then T ← A T + d_j I (own columns)
+                let ar = sa.read();
+                let mut tc = t.cols_mut(c0, c1);
+                for jj in 0..c1 - c0 {
+                    for ii in 0..m {
+                        tc[(ii, jj)] = d[deg] * ar[(ii, c0 + jj)];
+                    }
+                    tc[(c0 + jj, jj)] += d[deg - 1];
+                }
+                for j in (0..deg.saturating_sub(1)).rev() {
+                    let tr = t.cols_mut(c0, c1);
+                    let mut uc = u.cols_mut(c0, c1);
+                    faer::linalg::matmul::matmul(
+                        uc.as_mut(),
+                        Accum::Replace,
+                        ar,
+                        tr.as_ref(),
+                        1.0f32,
+                        Par::Seq,
+                    );
+                    for jj in 0..c1 - c0 {
+                        uc[(c0 + jj, jj)] += d[j];
+                    }
+                    std::mem::swap(&mut t, &mut u);
+                }
+            }
+            barrier.wait();
+            unsafe {
+                // Y[:, C'] = T X[:, C']
+                let xr = x.read();
+                faer::linalg::matmul::matmul(
+                    y.cols_mut(e0, e1),
+                    Accum::Replace,
+                    t.read(),
+                    xr.subcols(e0, e1 - e0),
+                    1.0f32,
+                    Par::Seq,
+                );
+            }
+            barrier.wait();
+            std::mem::swap(&mut x, &mut y);
+        }
+    };
+    std::thread::scope(|s| {
+        let mut started = 1;
+        for tid in 1..threads {
+            let (work, size) = (&work, &size);
+            let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
+                let mut n = size.load(Ordering::Acquire);
+                while n == 0 {
+                    std::hint::spin_loop();
+                    n = size.load(Ordering::Acquire);
+                }
+                if tid < n {
+                    work(tid, n);
+                }
+            });
+            if spawned.is_err() {
+                break;
+            }
+            started += 1;
+        }
+        // A smaller team when a thread could not be started: the barrier counts only the
+        // threads that run (they read it only after `size` is published).
+        barrier.size.store(started, Ordering::Relaxed);
+        size.store(started, Ordering::Release);
+        work(0, started);
+    });
+    // The Horner loop swaps T and U an even or odd number of times per step, the same in
+    // every thread; the result is in X after an even number of steps, in Y after an odd one.
+    if steps % 2 == 1 {
         std::mem::swap(x, y);
     }
 }
@@ -529,6 +794,13 @@ pub enum NsProducts {
     /// 768×3072 with Keller's 5 steps). Agrees with the others within a looser f32 tolerance
     /// (see [`NsSchedule`]), and is only a candidate where [`NsSchedule::gram_allowed`].
     Gram,
+    /// Plain GEMMs split by output columns over a team of threads started once per call
+    /// (the caller and `threads − 1` scoped OS threads) that wait for each other by spinning
+    /// between products: one start-up per call instead of one pool wake-up per product, which
+    /// pays on small matrices (15 products of a 256×256 Keller call take ~0.2 ms each). Only
+    /// with `parallel` (sequentially it is [`NsProducts::Full`]); a candidate with two or
+    /// more threads while the matrix takes at most a quarter of the last-level cache.
+    Team,
 }
 
 /// A Newton–Schulz schedule: the kind of products and whether each product runs on the rayon
@@ -563,6 +835,7 @@ impl std::fmt::Display for NsSchedule {
             NsProducts::Symmetric => "sym",
             NsProducts::Full => "full",
             NsProducts::Gram => "gram",
+            NsProducts::Team => "team",
         };
         let q = if self.parallel { "par" } else { "seq" };
         write!(f, "{p}/{q}")
@@ -573,7 +846,7 @@ impl std::str::FromStr for NsSchedule {
     type Err = MuonError;
 
     /// Parse the `Display` form: `sym/par`, `sym/seq`, `full/par`, `full/seq`, `gram/par`,
-    /// `gram/seq`.
+    /// `gram/seq`, `team/par` (`team/seq` is read too and runs as `full/seq`).
     fn from_str(s: &str) -> Result<Self, MuonError> {
         let (p, q) = s
             .split_once('/')
@@ -584,6 +857,7 @@ impl std::str::FromStr for NsSchedule {
             "sym" => NsProducts::Symmetric,
             "full" => NsProducts::Full,
             "gram" => NsProducts::Gram,
+            "team" => NsProducts::Team,
             _ => {
                 return Err(MuonError::InvalidSchedule {
                     value: s.to_string(),
@@ -626,6 +900,12 @@ impl NsSchedule {
         let mut kinds = vec![NsProducts::Symmetric, NsProducts::Full];
         if Self::gram_allowed(m, n, cfg) {
             kinds.push(NsProducts::Gram);
+        }
+        if threads > 1 && seq_ok {
+            v.push(NsSchedule {
+                products: NsProducts::Team,
+                parallel: true,
+            });
         }
         for products in kinds {
             for parallel in [true, false] {
@@ -828,4 +1108,39 @@ pub(crate) fn to_col_major_vec(x: MatRef<'_, f32>) -> Vec<f32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shares of a lower triangle's columns: from 0 to m, non-decreasing, each share's area
+    /// within one column (at most m entries) of an equal split; shares of plain columns
+    /// likewise cover 0..n without gaps.
+    #[test]
+    fn triangle_shares_split_the_area_evenly() {
+        for m in [1usize, 2, 7, 64, 255, 1000] {
+            for size in [1usize, 2, 3, 5, 8] {
+                let b: Vec<usize> = (0..=size).map(|k| triangle_share(m, k, size)).collect();
+                assert_eq!((b[0], b[size]), (0, m), "m {m} size {size}");
+                let area = |c0: usize, c1: usize| (c0..c1).map(|j| m - j).sum::<usize>() as f64;
+                let even = (m * (m + 1) / 2) as f64 / size as f64;
+                for k in 0..size {
+                    assert!(b[k] <= b[k + 1], "m {m} size {size}: {b:?}");
+                    let a = area(b[k], b[k + 1]);
+                    assert!(
+                        (a - even).abs() <= m as f64,
+                        "m {m} size {size} share {k}: {a} vs {even}"
+                    );
+                    let (c0, c1) = share(m, k, size);
+                    assert!(c0 <= c1 && c1 <= m);
+                }
+                assert_eq!(share(m, 0, size).0, 0);
+                assert_eq!(share(m, size - 1, size).1, m);
+                for k in 1..size {
+                    assert_eq!(share(m, k, size).0, share(m, k - 1, size).1);
+                }
+            }
+        }
+    }
 }

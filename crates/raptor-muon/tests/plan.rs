@@ -18,6 +18,10 @@ fn all() -> Vec<NsSchedule> {
             v.push(NsSchedule { products, parallel });
         }
     }
+    v.push(NsSchedule {
+        products: NsProducts::Team,
+        parallel: true,
+    });
     v
 }
 
@@ -210,6 +214,72 @@ fn every_schedule_is_close_to_the_f64_reference_on_ill_conditioned_inputs() {
             }
         }
     }
+}
+
+/// The team schedule (plain products split by columns over scoped threads that spin between
+/// products) agrees with the plain products on one thread for every team size, odd shapes and
+/// more threads than rows included, both orientations; for a given team size it is
+/// deterministic (bitwise the same on a second call).
+#[test]
+fn team_schedule_agrees_with_plain_products_for_every_team_size() {
+    let team = NsSchedule {
+        products: NsProducts::Team,
+        parallel: true,
+    };
+    let seq = NsSchedule {
+        products: NsProducts::Full,
+        parallel: false,
+    };
+    for (k, (r, c)) in [(37, 101), (64, 64), (3, 50), (90, 20), (1, 9)]
+        .into_iter()
+        .enumerate()
+    {
+        let x = gaussian_matrix(r, c, 1.0, 70 + k as u64);
+        for cfg in [
+            NsConfig::keller(),
+            NsConfig::taylor(2, 4),
+            NsConfig::taylor(3, 3),
+        ] {
+            let want = with_ns_schedule(seq, || newton_schulz(x.as_ref(), &cfg).unwrap());
+            let scale = max_abs(&want);
+            for threads in [1, 2, 3, 4, 7] {
+                let (a, b) = pool(threads).install(|| {
+                    (
+                        with_ns_schedule(team, || newton_schulz(x.as_ref(), &cfg).unwrap()),
+                        with_ns_schedule(team, || newton_schulz(x.as_ref(), &cfg).unwrap()),
+                    )
+                });
+                let d = max_diff(&a, &want);
+                assert!(
+                    d <= 1e-4 * scale,
+                    "{r}x{c} {cfg:?} {threads} threads: {d} (scale {scale})"
+                );
+                assert_eq!(
+                    max_diff(&a, &b),
+                    0.0,
+                    "{r}x{c} {threads} threads: not deterministic"
+                );
+            }
+        }
+    }
+    // parsed like the others; sequentially it is the plain products
+    assert_eq!("team/par".parse::<NsSchedule>().unwrap(), team);
+    assert_eq!(team.to_string(), "team/par");
+}
+
+/// The team schedule is a candidate with two or more threads on matrices that fit a quarter
+/// of the last-level cache, never on one thread.
+#[test]
+fn team_is_a_candidate_only_with_threads() {
+    let keller = NsConfig::keller();
+    let has_team = |m, n, t| {
+        NsSchedule::candidates(m, n, t, &keller)
+            .iter()
+            .any(|s| s.products == NsProducts::Team)
+    };
+    assert!(has_team(256, 256, 2));
+    assert!(has_team(64, 256, 4));
+    assert!(!has_team(256, 256, 1));
 }
 
 /// The Gram-space iteration is offered only where it saves flops (wide matrices) and its gain
