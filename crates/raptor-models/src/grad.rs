@@ -1415,6 +1415,227 @@ mod tests {
         Ok(())
     }
 
+    /// An engine built by hand from sites (parameter uses in site order), B records.
+    fn engine(b: i64, sites: Vec<GradSite>, chunk_elems: i64) -> PerSampleGrads {
+        let mut uses: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
+        for (i, s) in sites.iter().enumerate() {
+            for (j, p) in s.parts.iter().enumerate() {
+                uses.entry(p.param().to_string()).or_default().push((i, j));
+            }
+        }
+        PerSampleGrads {
+            batch_size: b,
+            kind: Kind::Float,
+            device: tch::Device::Cpu,
+            sites,
+            uses,
+            cache: RefCell::new(None),
+            limits: EngineLimits {
+                chunk_elems,
+                cache_elems: None,
+            },
+        }
+    }
+
+    fn dense(g: Tensor, parts: Vec<Part>) -> GradSite {
+        GradSite {
+            rows: Rows::Dense,
+            parts,
+            g,
+            offsets: None,
+        }
+    }
+
+    fn weight(param: &str, a: &Tensor) -> Part {
+        Part::Weight {
+            param: param.into(),
+            a: a.shallow_clone(),
+        }
+    }
+
+    fn randn(sz: &[i64], kind: Kind) -> Tensor {
+        Tensor::randn(sz, (kind, tch::Device::Cpu))
+    }
+
+    /// The chunk memory model, written out per parameter kind: a record's temporaries are
+    /// three T×T Grams (3T²), plus its padded rows T·(in+out) on a routed site, plus its
+    /// materialized `in·out` gradient where that is smaller than its rows; the T5 bucket table
+    /// two copies of a record's `H·Tq·Tk` gradient. A chunk holds ⌊chunk_elems / cost⌋ records
+    /// of the most expensive use, at least 1 and at most B.
+    #[test]
+    fn records_per_chunk_follow_the_memory_model() -> Result<()> {
+        let b = 7i64;
+        let f = Kind::Float;
+        // dense weight, T 4, in 3, out 5: 3·16 + 15 (15 < 4·8) = 63
+        let a1 = randn(&[b, 4, 3], f);
+        // dense weight, T 2, in 8, out 8: 3·4 = 12 (64 ≥ 2·16: nothing materialized)
+        let a2 = randn(&[b, 2, 8], f);
+        // routed weight, largest record 3 rows, in 2, out 4: 27 + 3·6 + 8 = 53
+        let off = vec![0i64, 1, 4, 4, 6, 7, 7, 9];
+        let rec: Vec<i64> = (0..b)
+            .flat_map(|r| std::iter::repeat_n(r, (off[r as usize + 1] - off[r as usize]) as usize))
+            .collect();
+        let a3 = randn(&[9, 2], f);
+        let g3 = randn(&[9, 4], f);
+        let (gw1, gw2, grel) = (
+            randn(&[b, 4, 5], f),
+            randn(&[b, 2, 8], f),
+            randn(&[b, 2, 3, 3], f),
+        );
+        let (gw2b, aw2b) = (randn(&[b, 3, 2], f), randn(&[b, 3, 8], f));
+        // bias on [B, 4, 5]: in = out = 5: 48 + 25 (25 < 4·10) = 73
+        // buckets on [B, 2, 3, 3]: 2·18 = 36
+        // a second use of w2 on a site of T 3 (in 8, out 2): 27 + 16 (16 < 3·10) = 43
+        let mk = || {
+            vec![
+                dense(
+                    gw1.shallow_clone(),
+                    vec![
+                        weight("w1", &a1),
+                        Part::Bias {
+                            param: "bias".into(),
+                        },
+                    ],
+                ),
+                dense(gw2.shallow_clone(), vec![weight("w2", &a2)]),
+                GradSite {
+                    rows: Rows::Routed {
+                        rec: Tensor::from_slice(&rec),
+                    },
+                    parts: vec![weight("routed", &a3)],
+                    g: g3.shallow_clone(),
+                    offsets: Some(off.clone()),
+                },
+                dense(
+                    grel.shallow_clone(),
+                    vec![Part::Buckets {
+                        param: "rel".into(),
+                        buckets: Tensor::zeros([3, 3], (Kind::Int64, tch::Device::Cpu)),
+                        num_buckets: 4,
+                    }],
+                ),
+                dense(gw2b.shallow_clone(), vec![weight("w2", &aw2b)]),
+            ]
+        };
+        let cost = [
+            ("w1", 63i64),
+            ("w2", 43),
+            ("routed", 53),
+            ("bias", 73),
+            ("rel", 36),
+        ];
+        for chunk_elems in [
+            1i64, 35, 36, 62, 63, 64, 125, 126, 200, 300, 440, 441, 10_000,
+        ] {
+            let e = engine(b, mk(), chunk_elems);
+            for (p, c) in cost {
+                let want = (chunk_elems / c).clamp(1, b);
+                assert_eq!(
+                    e.chunk_records(e.uses_of(p)?),
+                    want,
+                    "{p} at chunk_elems {chunk_elems}"
+                );
+            }
+        }
+        // an empty batch still has chunks of one record
+        let e = engine(
+            0,
+            vec![dense(
+                randn(&[0, 4, 5], f),
+                vec![weight("w", &randn(&[0, 4, 3], f))],
+            )],
+            1 << 20,
+        );
+        assert_eq!(e.chunk_records(e.uses_of("w")?), 1);
+        Ok(())
+    }
+
+    /// Per-record squared norm of `Σ_t g_t a_tᵀ`, one record at a time, in f64.
+    fn slow_sq_norms(a: &Tensor, g: &Tensor) -> Result<Vec<f64>> {
+        let (a, g) = (a.f_to_kind(Kind::Double)?, g.f_to_kind(Kind::Double)?);
+        (0..a.size()[0])
+            .map(|r| {
+                let gr = g.f_get(r)?.f_transpose(0, 1)?.f_matmul(&a.f_get(r)?)?;
+                Ok(gr.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?)
+            })
+            .collect()
+    }
+
+    /// Linear weights reading one same activation (q, k, v) get their norms from one shared
+    /// activation Gram per chunk, equal to each weight's own per-record norm; weights that
+    /// read another activation, are used twice, sit on routed rows or are cheaper to
+    /// materialize are left to the per-parameter pass. Every chunk size gives the same norms,
+    /// in f64 for an f64 activation.
+    #[test]
+    fn weights_sharing_an_input_share_its_gram() -> Result<()> {
+        let b = 5i64;
+        for kind in [Kind::Float, Kind::Double] {
+            // T 2, in 6, out 6: ghost (2·2·12 = 48) is cheaper than materializing (2·36 = 72)
+            let x = randn(&[b, 2, 6], kind);
+            let other = randn(&[b, 2, 6], kind);
+            // T 4, in 2, out 2: materializing (16) is cheaper than ghost (64)
+            let small = randn(&[b, 4, 2], kind);
+            let gs: Vec<Tensor> = (0..6).map(|_| randn(&[b, 2, 6], kind)).collect();
+            let gsmall = randn(&[b, 4, 2], kind);
+            let gneg = gsmall.f_neg()?;
+            // two routed sites reading one row block (records own rows 0..2, 2..3, 3..3, 3..6, 6..6)
+            let off = vec![0i64, 2, 3, 3, 6, 6];
+            let rec = Tensor::from_slice(&[0i64, 0, 1, 3, 3, 3]);
+            let xr = randn(&[6, 6], kind);
+            let (gr1, gr2) = (randn(&[6, 6], kind), randn(&[6, 6], kind));
+            let routed = |g: &Tensor, p: &str| GradSite {
+                rows: Rows::Routed {
+                    rec: rec.shallow_clone(),
+                },
+                parts: vec![weight(p, &xr)],
+                g: g.shallow_clone(),
+                offsets: Some(off.clone()),
+            };
+            let mk = || {
+                vec![
+                    dense(gs[0].shallow_clone(), vec![weight("q", &x)]),
+                    dense(gs[1].shallow_clone(), vec![weight("k", &x)]),
+                    dense(gs[2].shallow_clone(), vec![weight("v", &x)]),
+                    dense(gs[3].shallow_clone(), vec![weight("o", &other)]),
+                    dense(gs[4].shallow_clone(), vec![weight("twice", &x)]),
+                    dense(gs[5].shallow_clone(), vec![weight("twice", &x)]),
+                    dense(gsmall.shallow_clone(), vec![weight("s1", &small)]),
+                    dense(gneg.shallow_clone(), vec![weight("s2", &small)]),
+                    routed(&gr1, "r1"),
+                    routed(&gr2, "r2"),
+                ]
+            };
+            for chunk_elems in [1i64, 40, 100, 1 << 20] {
+                let e = engine(b, mk(), chunk_elems);
+                let shared = e.shared_input_norms()?;
+                assert_eq!(
+                    shared.keys().map(String::as_str).collect::<Vec<_>>(),
+                    vec!["k", "q", "v"],
+                    "{kind:?} chunk_elems {chunk_elems}"
+                );
+                for (p, g) in [("q", &gs[0]), ("k", &gs[1]), ("v", &gs[2])] {
+                    let got = &shared[p];
+                    assert_eq!(got.kind(), kind, "{p}");
+                    assert_eq!(got.size(), vec![b], "{p}");
+                    let got: Vec<f64> = Vec::try_from(got.f_to_kind(Kind::Double)?)?;
+                    let want = slow_sq_norms(&x, g)?;
+                    for (r, (u, v)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (u - v).abs() <= 1e-4 * v.max(1.0),
+                            "{p} record {r}: {u} vs {v}"
+                        );
+                    }
+                    // and the same as the parameter's own pass
+                    let own: Vec<f64> = Vec::try_from(e.sq_norms(p)?.f_to_kind(Kind::Double)?)?;
+                    for (u, v) in got.iter().zip(&own) {
+                        assert!((u - v).abs() <= 1e-4 * v.max(1.0), "{p}: {u} vs {v}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `clip_factors` turns squared norms into `min(1, C / ‖g‖)` in the norms' dtype.
     #[test]
     fn clip_factors_are_min_one_bound_over_norm() -> Result<()> {
