@@ -23,10 +23,19 @@
 # Environment: MUTANTS_JOBS (default 1), MUTANTS_TIMEOUT (seconds per test run, default 120),
 # MUTANTS_OUT (default target/mutants), MUTANTS_TARGET_DIR (a cargo target folder shared by
 # the scratch copies, so that the dependencies are built once rather than once per run; one
-# per concurrent run). Extra arguments go to cargo mutants (e.g. `--list`).
+# per concurrent run; only with MUTANTS_JOBS=1). Extra arguments go to cargo mutants (e.g. `--list`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_PROFILE_DEV_DEBUG=line-tables-only OMP_NUM_THREADS=1
+# One shared target folder is only sound with one job: cargo-mutants' scratch copies of a
+# workspace member build to the same artifact names, and cargo's mtime fingerprints then
+# take one job's mutant binary as fresh for the other's (measured: a mutant reported
+# missed that its test catches). With more jobs, each scratch copy builds in its own
+# target folder (slower first builds, but each result is its own mutant's).
+if [ "${MUTANTS_JOBS:-1}" != 1 ] && [ -n "${MUTANTS_TARGET_DIR:-}" ]; then
+    echo "MUTANTS_TARGET_DIR needs MUTANTS_JOBS=1 (concurrent jobs would share stale artifacts)" >&2
+    exit 2
+fi
 if [ -n "${MUTANTS_TARGET_DIR:-}" ]; then
     export CARGO_TARGET_DIR="$MUTANTS_TARGET_DIR"
 fi
@@ -84,8 +93,12 @@ models-owners | models-engine | trainer | trainer-mpi)
     lt=$(readlink -f "${LIBTORCH:-target/libtorch}")
     [ -d "$lt/lib" ] || { echo "no libtorch at $lt: run cargo xtask setup first" >&2; exit 2; }
     export LIBTORCH="$lt" LD_LIBRARY_PATH="$lt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export CARGO_TARGET_DIR="${MUTANTS_TARGET_DIR:-/tmp/raptor-mutants-target}"
-    mkdir -p "$CARGO_TARGET_DIR" && ln -sfn "$lt" "$CARGO_TARGET_DIR/libtorch"
+    if [ "${MUTANTS_JOBS:-1}" = 1 ]; then
+        export CARGO_TARGET_DIR="${MUTANTS_TARGET_DIR:-/tmp/raptor-mutants-target}"
+        mkdir -p "$CARGO_TARGET_DIR" && ln -sfn "$lt" "$CARGO_TARGET_DIR/libtorch"
+    else
+        unset CARGO_TARGET_DIR
+    fi
     lib=(-j "${MUTANTS_JOBS:-1}" --timeout "${MUTANTS_TIMEOUT:-300}")
     exact=(--lib --test exact_switch --test exact_families --test exact_decoders)
     case "$target" in
