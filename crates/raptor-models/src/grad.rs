@@ -1578,6 +1578,10 @@ mod tests {
             let gs: Vec<Tensor> = (0..6).map(|_| randn(&[b, 2, 6], kind)).collect();
             let gsmall = randn(&[b, 4, 2], kind);
             let gneg = gsmall.f_neg()?;
+            // T 3, in 6, out 6: materializing and ghost cost the same (3·36 = 9·12): ghost, as
+            // in the per-parameter pass
+            let tie = randn(&[b, 3, 6], kind);
+            let (gt1, gt2) = (randn(&[b, 3, 6], kind), randn(&[b, 3, 6], kind));
             // two routed sites reading one row block (records own rows 0..2, 2..3, 3..3, 3..6, 6..6)
             let off = vec![0i64, 2, 3, 3, 6, 6];
             let rec = Tensor::from_slice(&[0i64, 0, 1, 3, 3, 3]);
@@ -1603,6 +1607,8 @@ mod tests {
                     dense(gneg.shallow_clone(), vec![weight("s2", &small)]),
                     routed(&gr1, "r1"),
                     routed(&gr2, "r2"),
+                    dense(gt1.shallow_clone(), vec![weight("t1", &tie)]),
+                    dense(gt2.shallow_clone(), vec![weight("t2", &tie)]),
                 ]
             };
             for chunk_elems in [1i64, 40, 100, 1 << 20] {
@@ -1610,15 +1616,21 @@ mod tests {
                 let shared = e.shared_input_norms()?;
                 assert_eq!(
                     shared.keys().map(String::as_str).collect::<Vec<_>>(),
-                    vec!["k", "q", "v"],
+                    vec!["k", "q", "t1", "t2", "v"],
                     "{kind:?} chunk_elems {chunk_elems}"
                 );
-                for (p, g) in [("q", &gs[0]), ("k", &gs[1]), ("v", &gs[2])] {
+                for (p, a, g) in [
+                    ("q", &x, &gs[0]),
+                    ("k", &x, &gs[1]),
+                    ("v", &x, &gs[2]),
+                    ("t1", &tie, &gt1),
+                    ("t2", &tie, &gt2),
+                ] {
                     let got = &shared[p];
                     assert_eq!(got.kind(), kind, "{p}");
                     assert_eq!(got.size(), vec![b], "{p}");
                     let got: Vec<f64> = Vec::try_from(got.f_to_kind(Kind::Double)?)?;
-                    let want = slow_sq_norms(&x, g)?;
+                    let want = slow_sq_norms(a, g)?;
                     for (r, (u, v)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (u - v).abs() <= 1e-4 * v.max(1.0),
@@ -1630,6 +1642,82 @@ mod tests {
                     for (u, v) in got.iter().zip(&own) {
                         assert!((u - v).abs() <= 1e-4 * v.max(1.0), "{p}: {u} vs {v}");
                     }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Parameters with several uses of other kinds than attention's linear weights: a bias
+    /// added at two sites (its per-record gradient is the sum of both sites' row sums, so it
+    /// takes the factored path), and a table used as a linear weight first and as an
+    /// embedding after (a tied head recorded before its embedding: the cross term of a dense
+    /// and a one-hot factor). Norms against per-record gradients built by hand in f64, under
+    /// several chunk sizes.
+    #[test]
+    fn norms_of_multi_use_biases_and_tied_tables_match_a_slow_reference() -> Result<()> {
+        let (b, d, v) = (4i64, 3i64, 5i64);
+        let f = Kind::Double;
+        let g1 = randn(&[b, 2, d], f);
+        let g2 = randn(&[b, 3, d], f);
+        let gw = randn(&[b, 2, v], f); // head output gradient [B, T, V]
+        let aw = randn(&[b, 2, d], f); // head input [B, T, d]
+        let ge = randn(&[b, 3, d], f); // embedding output gradient [B, T, d]
+        let ids = Tensor::from_slice(&[0i64, 4, 4, 1, 2, 2, 3, 0, 1, 4, 4, 4]).reshape([b, 3]);
+        let mk = || {
+            vec![
+                dense(
+                    g1.shallow_clone(),
+                    vec![Part::Bias {
+                        param: "bias".into(),
+                    }],
+                ),
+                dense(gw.shallow_clone(), vec![weight("table", &aw)]),
+                dense(
+                    g2.shallow_clone(),
+                    vec![Part::Bias {
+                        param: "bias".into(),
+                    }],
+                ),
+                dense(
+                    ge.shallow_clone(),
+                    vec![Part::Embedding {
+                        param: "table".into(),
+                        ids: ids.shallow_clone(),
+                        vocab: v,
+                    }],
+                ),
+            ]
+        };
+        // per-record gradients by hand
+        let mut want_bias = Vec::new();
+        let mut want_table = Vec::new();
+        for r in 0..b {
+            let gb = g1
+                .f_get(r)?
+                .f_sum_dim_intlist(0, false, None::<Kind>)?
+                .f_add(&g2.f_get(r)?.f_sum_dim_intlist(0, false, None::<Kind>)?)?;
+            want_bias.push(gb.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?);
+            // head: Σ_t g_t a_tᵀ  [V, d]; embedding: Σ_t e_{id_t} g_tᵀ  [V, d]
+            let mut gt = gw.f_get(r)?.f_transpose(0, 1)?.f_matmul(&aw.f_get(r)?)?;
+            for t in 0..3 {
+                let id = ids.f_int64_value(&[r, t])?;
+                let row = gt.f_get(id)?.f_add(&ge.f_get(r)?.f_get(t)?)?;
+                gt = gt.f_index_copy(0, &Tensor::from_slice(&[id]), &row.f_unsqueeze(0)?)?;
+            }
+            want_table.push(gt.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?);
+        }
+        for chunk_elems in [1i64, 50, 1 << 20] {
+            let mut e = engine(b, mk(), chunk_elems);
+            e.kind = Kind::Double;
+            for (p, want) in [("bias", &want_bias), ("table", &want_table)] {
+                let got: Vec<f64> = Vec::try_from(e.sq_norms(p)?)?;
+                assert_eq!(got.len(), want.len(), "{p}");
+                for (r, (u, w)) in got.iter().zip(want).enumerate() {
+                    assert!(
+                        (u - w).abs() <= 1e-9 * w.max(1.0),
+                        "{p} record {r}: {u} vs {w}"
+                    );
                 }
             }
         }
