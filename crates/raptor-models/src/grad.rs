@@ -1724,6 +1724,86 @@ mod tests {
         Ok(())
     }
 
+    /// Weighted sums `Σ_b c_b · grad_b` of biases and norm gains on dense sites with several
+    /// tokens per record and on routed rows (a record with no row included), against loops
+    /// over records and rows.
+    #[test]
+    fn bias_and_gain_sums_over_dense_and_routed_rows_match_loops() -> Result<()> {
+        let f = Kind::Double;
+        let (b, t, out) = (3i64, 4i64, 5i64);
+        let c = Tensor::from_slice(&[0.5f64, -1.0, 2.0]);
+        let cv = [0.5f64, -1.0, 2.0];
+        let g = randn(&[b, t, out], f);
+        let n = randn(&[b, t, out], f);
+        let rec_v = [0i64, 0, 2, 2, 2];
+        let gr = randn(&[5, out], f);
+        let nr = randn(&[5, out], f);
+        let bias = Part::Bias {
+            param: "bias".into(),
+        };
+        let gain = |n: &Tensor| Part::Gain {
+            param: "gain".into(),
+            n: n.shallow_clone(),
+        };
+        let dense_site = dense(g.shallow_clone(), vec![]);
+        let routed_site = GradSite {
+            rows: Rows::Routed {
+                rec: Tensor::from_slice(&rec_v),
+            },
+            parts: vec![],
+            g: gr.shallow_clone(),
+            offsets: Some(vec![0, 2, 2, 5]),
+        };
+        let e = engine(b, vec![], 1 << 20);
+        let close = |got: &Tensor, want: &Tensor, what: &str| -> Result<()> {
+            assert_eq!(got.size(), want.size(), "{what}");
+            let d = got.f_sub(want)?.f_abs()?.f_max()?.f_double_value(&[])?;
+            assert!(d < 1e-12, "{what}: {d}");
+            Ok(())
+        };
+        // dense: Σ_b c_b Σ_t g[b, t] (⊙ n[b, t])
+        let mut want_b = Tensor::zeros([out], (f, tch::Device::Cpu));
+        let mut want_g = Tensor::zeros([out], (f, tch::Device::Cpu));
+        for r in 0..b {
+            for k in 0..t {
+                let gk = g.f_get(r)?.f_get(k)?;
+                want_b = want_b.f_add(&gk.f_mul_scalar(cv[r as usize])?)?;
+                want_g = want_g.f_add(
+                    &gk.f_mul(&n.f_get(r)?.f_get(k)?)?
+                        .f_mul_scalar(cv[r as usize])?,
+                )?;
+            }
+        }
+        close(&e.part_sum(&dense_site, &bias, &c)?, &want_b, "dense bias")?;
+        close(
+            &e.part_sum(&dense_site, &gain(&n), &c)?,
+            &want_g,
+            "dense gain",
+        )?;
+        // routed: Σ_rows c[rec[row]] g[row] (⊙ n[row])
+        let mut want_b = Tensor::zeros([out], (f, tch::Device::Cpu));
+        let mut want_g = Tensor::zeros([out], (f, tch::Device::Cpu));
+        for (row, &r) in rec_v.iter().enumerate() {
+            let gk = gr.f_get(row as i64)?;
+            want_b = want_b.f_add(&gk.f_mul_scalar(cv[r as usize])?)?;
+            want_g = want_g.f_add(
+                &gk.f_mul(&nr.f_get(row as i64)?)?
+                    .f_mul_scalar(cv[r as usize])?,
+            )?;
+        }
+        close(
+            &e.part_sum(&routed_site, &bias, &c)?,
+            &want_b,
+            "routed bias",
+        )?;
+        close(
+            &e.part_sum(&routed_site, &gain(&nr), &c)?,
+            &want_g,
+            "routed gain",
+        )?;
+        Ok(())
+    }
+
     /// `clip_factors` turns squared norms into `min(1, C / ‖g‖)` in the norms' dtype.
     #[test]
     fn clip_factors_are_min_one_bound_over_norm() -> Result<()> {
