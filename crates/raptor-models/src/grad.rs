@@ -1483,6 +1483,7 @@ mod tests {
             randn(&[b, 2, 3, 3], f),
         );
         let (gw2b, aw2b) = (randn(&[b, 3, 2], f), randn(&[b, 3, 8], f));
+        let (gtie, atie) = (randn(&[b, 2, 4], f), randn(&[b, 2, 4], f));
         // bias on [B, 4, 5]: in = out = 5: 48 + 25 (25 < 4·10) = 73
         // buckets on [B, 2, 3, 3]: 2·18 = 36
         // a second use of w2 on a site of T 3 (in 8, out 2): 27 + 16 (16 < 3·10) = 43
@@ -1515,6 +1516,9 @@ mod tests {
                     }],
                 ),
                 dense(gw2b.shallow_clone(), vec![weight("w2", &aw2b)]),
+                // T 2, in 4, out 4: the gradient (16) is as large as the rows (2·8): not
+                // counted, 3·4 = 12
+                dense(gtie.shallow_clone(), vec![weight("tie", &atie)]),
             ]
         };
         let cost = [
@@ -1523,9 +1527,10 @@ mod tests {
             ("routed", 53),
             ("bias", 73),
             ("rel", 36),
+            ("tie", 12),
         ];
         for chunk_elems in [
-            1i64, 35, 36, 62, 63, 64, 125, 126, 200, 300, 440, 441, 10_000,
+            1i64, 12, 35, 36, 62, 63, 64, 106, 125, 126, 159, 200, 300, 440, 441, 10_000,
         ] {
             let e = engine(b, mk(), chunk_elems);
             for (p, c) in cost {
@@ -1801,6 +1806,35 @@ mod tests {
             &want_g,
             "routed gain",
         )?;
+        Ok(())
+    }
+
+    /// `prepared` leaves a site alone only when it is already in the compute dtype and nothing
+    /// is to be sanitized; a bf16 site is widened (its tensors in f32), and sanitizing zeroes
+    /// non-finite entries.
+    #[test]
+    fn sites_are_prepared_in_the_compute_dtype() -> Result<()> {
+        let g = Tensor::from_slice(&[1.0f32, f32::NAN, 2.0, 3.0]).reshape([2, 2]);
+        let a = randn(&[2, 3], Kind::Float);
+        let mk = |g: &Tensor, a: &Tensor| dense(g.shallow_clone(), vec![weight("w", a)]);
+        assert!(mk(&g, &a).prepared(Kind::Float, false)?.is_none());
+        let half = mk(&g.f_to_kind(Kind::BFloat16)?, &a.f_to_kind(Kind::BFloat16)?);
+        let p = half
+            .prepared(Kind::Float, false)?
+            .ok_or_else(|| ModelError::InvalidConfig("bf16 site kept as is".into()))?;
+        assert_eq!(p.g.kind(), Kind::Float);
+        let Part::Weight { a: pa, .. } = &p.parts[0] else {
+            return Err(ModelError::InvalidConfig("part changed kind".into()));
+        };
+        assert_eq!(pa.kind(), Kind::Float);
+        assert_eq!(p.g.f_isnan()?.f_sum(Kind::Int64)?.int64_value(&[]), 1);
+        let s = mk(&g, &a)
+            .prepared(Kind::Float, true)?
+            .ok_or_else(|| ModelError::InvalidConfig("sanitize did nothing".into()))?;
+        assert_eq!(
+            Vec::<f32>::try_from(s.g.f_flatten(0, -1)?)?,
+            vec![1.0, 0.0, 2.0, 3.0]
+        );
         Ok(())
     }
 
