@@ -213,6 +213,28 @@ fn a_dying_rank_ends_the_job_and_the_checkpoint_survives() {
     assert!(rec["epsilon"]["steps"].as_u64().unwrap() >= 10);
 }
 
+/// An MPMD launch of two ranks: rank 0 trains with config `a`, rank 1 with config `b`.
+fn mpmd_train(a: &Path, b: &Path, runs: &Path) -> Output {
+    let rank = |cfg: &Path| -> Vec<String> {
+        vec![
+            env!("CARGO_BIN_EXE_raptor").to_string(),
+            "train".into(),
+            "--config".into(),
+            cfg.display().to_string(),
+            "--runs-dir".into(),
+            runs.display().to_string(),
+        ]
+    };
+    Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "1"])
+        .args(rank(a))
+        .args([":", "-np", "1"])
+        .args(rank(b))
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap()
+}
+
 /// Ranks that built different frozen weights (here: another initialization seed) are refused
 /// before any update, instead of averaging gradients of different models.
 #[test]
@@ -224,30 +246,7 @@ fn ranks_with_different_models_are_refused() {
         .replace("[train]\n", "[train]\nseed = 99\n");
     let b = d.join("other-seed.toml");
     std::fs::write(&b, text).unwrap();
-    let runs = d.join("runs");
-    // MPMD launch: rank 0 with one config, rank 1 with the other.
-    let o = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "1"])
-        .arg(env!("CARGO_BIN_EXE_raptor"))
-        .args([
-            "train",
-            "--config",
-            a.to_str().unwrap(),
-            "--runs-dir",
-            runs.to_str().unwrap(),
-        ])
-        .args([":", "-np", "1"])
-        .arg(env!("CARGO_BIN_EXE_raptor"))
-        .args([
-            "train",
-            "--config",
-            b.to_str().unwrap(),
-            "--runs-dir",
-            runs.to_str().unwrap(),
-        ])
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .unwrap();
+    let o = mpmd_train(&a, &b, &d.join("runs"));
     assert!(
         !o.status.success(),
         "ranks with different models trained together"
@@ -284,29 +283,7 @@ fn ranks_with_different_training_sets_are_refused() {
     };
     let a = with("large.csv", "large.toml");
     let b = with("small.csv", "small.toml");
-    let runs = d.join("runs");
-    let o = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "1"])
-        .arg(env!("CARGO_BIN_EXE_raptor"))
-        .args([
-            "train",
-            "--config",
-            a.to_str().unwrap(),
-            "--runs-dir",
-            runs.to_str().unwrap(),
-        ])
-        .args([":", "-np", "1"])
-        .arg(env!("CARGO_BIN_EXE_raptor"))
-        .args([
-            "train",
-            "--config",
-            b.to_str().unwrap(),
-            "--runs-dir",
-            runs.to_str().unwrap(),
-        ])
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .unwrap();
+    let o = mpmd_train(&a, &b, &d.join("runs"));
     assert!(
         !o.status.success(),
         "ranks with different training sets trained together"
