@@ -739,27 +739,30 @@ fn two_pass(
     let ng = ctx.ng;
     // Pass 1: norms and factors, several record ranges per thread for balance.
     let per = n.div_ceil(threads * 4).max(1);
-    out.norms
-        .par_chunks_mut(per * ng)
-        .zip(out.factors.par_chunks_mut(per * ng))
-        .zip(out.totals.par_chunks_mut(per))
-        .enumerate()
-        .try_for_each(|(t, ((norm_c, fac_c), tot_c))| {
-            let sub = RangeCtx {
-                segs: ctx.segs,
-                start: ctx.start + t * per,
-                ng,
-                mode: ctx.mode,
-                weights: ctx.weights,
-            };
-            let len = tot_c.len();
-            let mut o = Out {
-                norms: norm_c,
-                factors: fac_c,
-                totals: tot_c,
-            };
-            sub.norms_plain(0, len, &mut o)
-        })?;
+    let ranges: Vec<_> = out
+        .norms
+        .chunks_mut(per * ng)
+        .zip(out.factors.chunks_mut(per * ng))
+        .zip(out.totals.chunks_mut(per))
+        .collect();
+    par_items(ranges, |t, ((norm_c, fac_c), tot_c)| {
+        let sub = RangeCtx {
+            segs: ctx.segs,
+            start: ctx.start + t * per,
+            ng,
+            mode: ctx.mode,
+            weights: ctx.weights,
+        };
+        let len = tot_c.len();
+        let mut o = Out {
+            norms: norm_c,
+            factors: fac_c,
+            totals: tot_c,
+        };
+        sub.norms_plain(0, len, &mut o)
+    })
+    .into_iter()
+    .collect::<Result<(), ClipError>>()?;
     // Pass 2: Gᵀ f per block over column chunks: at most the L2-sized chunk, and small enough
     // that every thread gets about four chunks (a record of 10⁴ entries is one L2 chunk).
     let factors: &[f64] = out.factors;
@@ -775,34 +778,61 @@ fn two_pass(
             chunks.push((k, c * chunk, p));
         }
     }
-    chunks.par_iter_mut().for_each(|(k, c0, p)| {
-        let s = &ctx.segs[*k];
-        let (c0, len) = (*c0, p.len());
-        let piece = |li: usize| {
-            let i = ctx.start + li;
-            &s.data[i * s.width + c0..i * s.width + c0 + len]
-        };
-        let f = |li: usize| factors[li * ng + s.group] as f32;
-        let mut li = 0;
-        while li + 8 <= n {
-            let a: [f32; 8] = std::array::from_fn(|r| f(li + r));
-            axpy8(p, a, std::array::from_fn(|r| piece(li + r)));
-            li += 8;
-        }
-        while li + 4 <= n {
-            let a = [f(li), f(li + 1), f(li + 2), f(li + 3)];
-            axpy4(p, a, piece(li), piece(li + 1), piece(li + 2), piece(li + 3));
-            li += 4;
-        }
-        for l in li..n {
-            let a = f(l);
-            if a != 0.0 {
-                axpy(p, a, piece(l));
+    par_items(
+        chunks.iter_mut().collect(),
+        |_, (k, c0, p): &mut ColChunk<'_>| {
+            let s = &ctx.segs[*k];
+            let (c0, len) = (*c0, p.len());
+            let piece = |li: usize| {
+                let i = ctx.start + li;
+                &s.data[i * s.width + c0..i * s.width + c0 + len]
+            };
+            let f = |li: usize| factors[li * ng + s.group] as f32;
+            let mut li = 0;
+            while li + 8 <= n {
+                let a: [f32; 8] = std::array::from_fn(|r| f(li + r));
+                axpy8(p, a, std::array::from_fn(|r| piece(li + r)));
+                li += 8;
             }
-        }
-    });
+            while li + 4 <= n {
+                let a = [f(li), f(li + 1), f(li + 2), f(li + 3)];
+                axpy4(p, a, piece(li), piece(li + 1), piece(li + 2), piece(li + 3));
+                li += 4;
+            }
+            for l in li..n {
+                let a = f(l);
+                if a != 0.0 {
+                    axpy(p, a, piece(l));
+                }
+            }
+        },
+    );
     drop(chunks);
     Ok(sums)
+}
+
+/// `f(i, items[i])` for every item in parallel, results in item order: on raptor-plan's
+/// spinning [`team`](raptor_plan::team) when called from outside a rayon pool (team size: the
+/// global pool's thread count; `RAPTOR_TEAM=off` turns this off), else as rayon tasks of the
+/// current pool. The items, and what each computes, are the same either way: only the thread
+/// that runs an item differs, so results are bitwise the same. Why a team: a call from outside
+/// the pool wakes sleeping pool threads (tens of µs on a VM), as long as a whole cache-resident
+/// clip-and-sum; the team's workers spin between calls, as OpenMP's do.
+fn par_items<I, T, F>(items: Vec<I>, f: F) -> Vec<T>
+where
+    I: Send,
+    T: Send,
+    F: Fn(usize, I) -> T + Sync + Send,
+{
+    if rayon::current_thread_index().is_none() && raptor_plan::team::enabled() {
+        raptor_plan::team::map_items(rayon::current_num_threads().max(1), items, f)
+    } else {
+        items
+            .into_par_iter()
+            .enumerate()
+            .map(|(i, it)| f(i, it))
+            .collect()
+    }
 }
 
 /// Split `chunks` into `threads` contiguous ranges of about equal entries: returns the range
@@ -1281,12 +1311,13 @@ pub(crate) fn fused_with(
         Schedule::Rows(r) => {
             // One contiguous range of records per thread, private partial sums.
             let per = batch.div_ceil(threads);
-            let partials: Vec<Result<Vec<Vec<f32>>, ClipError>> = norms
-                .par_chunks_mut(per * ng)
-                .zip(factors.par_chunks_mut(per * ng))
-                .zip(total_norms.par_chunks_mut(per))
-                .enumerate()
-                .map(|(t, ((norm_c, fac_c), tot_c))| {
+            let ranges: Vec<_> = norms
+                .chunks_mut(per * ng)
+                .zip(factors.chunks_mut(per * ng))
+                .zip(total_norms.chunks_mut(per))
+                .collect();
+            let partials: Vec<Result<Vec<Vec<f32>>, ClipError>> =
+                par_items(ranges, |t, ((norm_c, fac_c), tot_c)| {
                     let ctx = RangeCtx {
                         segs,
                         start: t * per,
@@ -1305,15 +1336,14 @@ pub(crate) fn fused_with(
                         2 => pipeline::<2>(&ctx, out),
                         _ => pipeline::<1>(&ctx, out),
                     }
-                })
-                .collect();
+                });
             let partials: Vec<Vec<Vec<f32>>> = partials.into_iter().collect::<Result<_, _>>()?;
             // Reduce over column ranges in parallel.
             const COLS: usize = 1 << 14;
             let mut sums: Vec<Vec<f32>> = Vec::with_capacity(segs.len());
             for (k, s) in segs.iter().enumerate() {
                 let mut out = vec![0f32; s.width];
-                out.par_chunks_mut(COLS).enumerate().for_each(|(c, o)| {
+                par_items(out.chunks_mut(COLS).collect(), |c, o: &mut [f32]| {
                     let lo = c * COLS;
                     let len = o.len();
                     for p in &partials {
@@ -1549,6 +1579,67 @@ mod tests {
                             assert!(num <= 1e-6 * den, "sum {num} vs scale {den}: {ctx}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Called from outside any rayon pool, the row and two-pass schedules run their parts on
+    /// raptor-plan's spinning team; inside a pool of the same size, as rayon tasks. The parts
+    /// are the same, so the results must be bitwise the same (and the rayon path is checked
+    /// against the f64 reference by `check`). Also with several segments and groups, ragged
+    /// ranges, records wider than one reduction chunk, and non-finite records.
+    #[test]
+    fn the_team_and_rayon_give_bitwise_the_same_results() {
+        let threads = rayon::current_num_threads().max(1);
+        let mut rng = ChaCha8Rng::seed_from_u64(41);
+        for (widths, groups, batch) in [
+            (vec![1000usize], vec![0usize], 64usize),
+            (vec![33, 5000, 7], vec![0, 1, 0], 37),
+            (vec![20_000], vec![0], 9),
+            (vec![40_000], vec![0], 3),
+            (vec![64], vec![0], 1),
+        ] {
+            let ng = groups.iter().max().map_or(1, |g| g + 1);
+            let mut data: Vec<Vec<f32>> = widths
+                .iter()
+                .map(|&w| {
+                    (0..batch)
+                        .flat_map(|i| row(&mut rng, w, 3 + (i % 2) as u32))
+                        .collect()
+                })
+                .collect();
+            if batch > 5 {
+                data[0][5 * widths[0]] = f32::NAN;
+            }
+            let segs: Vec<Seg<'_>> = data
+                .iter()
+                .zip(&widths)
+                .zip(&groups)
+                .map(|((d, &width), &group)| Seg {
+                    data: d,
+                    width,
+                    group,
+                })
+                .collect();
+            let bounds: Vec<f64> = (0..ng).map(|g| 0.3 + g as f64).collect();
+            for sched in SCHEDULES {
+                let team = fused_with(&segs, batch, ng, BoundMode::PerGroup(&bounds), None, sched)
+                    .unwrap();
+                let pool = in_pool(threads, || {
+                    fused_with(&segs, batch, ng, BoundMode::PerGroup(&bounds), None, sched).unwrap()
+                });
+                let ctx = format!("{sched:?} widths {widths:?} B={batch} t={threads}");
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&team.norms), bits(&pool.norms), "{ctx}");
+                assert_eq!(bits(&team.factors), bits(&pool.factors), "{ctx}");
+                assert_eq!(bits(&team.total_norms), bits(&pool.total_norms), "{ctx}");
+                for (a, b) in team.sums.iter().zip(&pool.sums) {
+                    let (a, b): (Vec<u32>, Vec<u32>) = (
+                        a.iter().map(|x| x.to_bits()).collect(),
+                        b.iter().map(|x| x.to_bits()).collect(),
+                    );
+                    assert_eq!(a, b, "{ctx}");
                 }
             }
         }

@@ -15,6 +15,9 @@
 //!   on first use and rewritten after each new choice. Wisdom is never required: a missing
 //!   file means "plan again", and a corrupt one, or one written on another machine, is ignored
 //!   with a warning on stderr ([`warnings`]) — never a panic, never an abort.
+//! - [`team`]: a persistent team of worker threads that spin between calls (as OpenMP
+//!   runtimes do), for parallel kernels whose calls are too short to pay for waking sleeping
+//!   pool threads.
 //! - [`PlanMode`]: `Measure` (the default) times candidates; `Estimate` takes the kernel's
 //!   cache-model choice without timing (deterministic; `RAPTOR_PLAN=estimate`).
 //!
@@ -41,6 +44,7 @@
 
 mod error;
 pub mod machine;
+pub mod team;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
