@@ -532,9 +532,6 @@ fn iterate_team(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, threads:
         Shared::of(y),
     );
     let barrier = SpinBarrier::new(threads);
-    // Team size once every thread has started (0 until then): a thread that cannot be
-    // started shrinks the team instead of leaving the others waiting for it.
-    let size = AtomicUsize::new(0);
     let work = |tid: usize, size: usize| {
         let (mut x, mut y) = (sx0, sy0);
         let (mut t, mut u) = (st0, su0);
@@ -618,30 +615,14 @@ fn iterate_team(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, threads:
             std::mem::swap(&mut x, &mut y);
         }
     };
-    std::thread::scope(|s| {
-        let mut started = 1;
-        for tid in 1..threads {
-            let (work, size) = (&work, &size);
-            let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
-                let mut n = size.load(Ordering::Acquire);
-                while n == 0 {
-                    std::hint::spin_loop();
-                    n = size.load(Ordering::Acquire);
-                }
-                if tid < n {
-                    work(tid, n);
-                }
-            });
-            if spawned.is_err() {
-                break;
-            }
-            started += 1;
-        }
-        // A smaller team when a thread could not be started: the barrier counts only the
-        // threads that run (they read it only after `size` is published).
-        barrier.size.store(started, Ordering::Relaxed);
-        size.store(started, Ordering::Release);
-        work(0, started);
+    // The caller and `threads − 1` workers of raptor-plan's persistent team (started once per
+    // process, spinning between calls, so a call pays no thread start or wake-up when calls
+    // come back to back). The team may be smaller (busy with another call, or a worker could
+    // not be started): every member then sets the barrier to the size it was given — the same
+    // value for all — before its first wait, so the barrier counts only the members that run.
+    raptor_plan::team::run(threads, |tid, size| {
+        barrier.size.store(size, Ordering::Relaxed);
+        work(tid, size);
     });
     // The Horner loop swaps T and U an even or odd number of times per step, the same in
     // every thread; the result is in X after an even number of steps, in Y after an odd one.
@@ -794,10 +775,14 @@ pub enum NsProducts {
     /// 768×3072 with Keller's 5 steps). Agrees with the others within a looser f32 tolerance
     /// (see [`NsSchedule`]), and is only a candidate where [`NsSchedule::gram_allowed`].
     Gram,
-    /// Plain GEMMs split by output columns over a team of threads started once per call
-    /// (the caller and `threads − 1` scoped OS threads) that wait for each other by spinning
-    /// between products: one start-up per call instead of one pool wake-up per product, which
-    /// pays on small matrices (15 products of a 256×256 Keller call take ~0.2 ms each). Only
+    /// Plain GEMMs split by output columns over a team of threads (the caller and
+    /// `threads − 1` workers of [`raptor_plan::team`], started once per process and spinning
+    /// between calls) that wait for each other by spinning between products: no thread
+    /// start-up and, for calls back to back, no wake-up, instead of one pool wake-up per
+    /// product, which pays on small matrices (15 products of a 256×256 Keller call take
+    /// ~0.2 ms each). The column split follows the team size the call gets (the requested
+    /// threads, or 1 when the team is busy with another call), and the result is
+    /// deterministic for a given size. Only
     /// with `parallel` (sequentially it is [`NsProducts::Full`]); a candidate with two or
     /// more threads while the matrix takes at most a quarter of the last-level cache.
     Team,

@@ -216,7 +216,7 @@ fn every_schedule_is_close_to_the_f64_reference_on_ill_conditioned_inputs() {
     }
 }
 
-/// The team schedule (plain products split by columns over scoped threads that spin between
+/// The team schedule (plain products split by columns over the persistent team, whose threads spin between
 /// products) agrees with the plain products on one thread for every team size, odd shapes and
 /// more threads than rows included, both orientations; for a given team size it is
 /// deterministic (bitwise the same on a second call).

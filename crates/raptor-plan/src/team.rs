@@ -17,9 +17,10 @@
 //!   [`DEFAULT_SPIN_US`]), or [`set_spin_budget`]. A zero budget parks at once (rayon-like
 //!   wake-ups, no idle spinning).
 //! - One team per process, used by one call at a time: a call made while the team is busy
-//!   (from another thread, or from inside a member) runs with `size == 1` on its own thread
-//!   instead of waiting. Kernels whose results must not depend on `size` split their work
-//!   into a fixed number of parts and use [`for_each_part`].
+//!   (from another thread, or from inside a member) gets scoped threads started for it
+//!   instead of waiting (the same team size, at the cost of starting them). Kernels whose
+//!   results must not depend on which threads run what split their work into a fixed number
+//!   of parts and use [`for_each_part`].
 //! - A panic in any member is re-raised in the caller after every member has finished; the
 //!   team stays usable.
 //!
@@ -268,10 +269,12 @@ impl Team {
 }
 
 /// Call `f(member, size)` for every member of a team of `size` ≤ `threads` threads (the caller
-/// is member 0) and return when all have returned. `size` is `threads` unless the team is busy
-/// with another call (then 1: `f(0, 1)` on the calling thread) or a worker thread could not be
-/// started (then fewer). Members run at the same time, so `f` may synchronize them (a barrier
-/// over `size` members). A panic in any member is re-raised here after all have finished.
+/// is member 0) and return when all have returned. `size` is `threads` unless a worker thread
+/// could not be started (then fewer). When the persistent team is busy with another call (from
+/// another thread, or from inside a member), this call gets a team of scoped threads started
+/// for it instead (slower to start, same size). Members run at the same time, so `f` may
+/// synchronize them (a barrier over `size` members). A panic in any member is re-raised here
+/// after all have finished.
 pub fn run<F>(threads: usize, f: F)
 where
     F: Fn(usize, usize) + Sync,
@@ -285,7 +288,7 @@ where
         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
     {
-        f(0, 1);
+        run_scoped(threads, &f);
         return;
     }
     let busy = Busy(t);
@@ -337,6 +340,39 @@ where
     if let Some(p) = theirs {
         resume_unwind(p);
     }
+}
+
+/// The team of a call that found the persistent team busy: `threads − 1` scoped threads
+/// started for this call (what a call costs without the persistent team), so that the team
+/// size — and any result that depends on it — is the same as on the persistent team.
+fn run_scoped<F>(threads: usize, f: &F)
+where
+    F: Fn(usize, usize) + Sync,
+{
+    let size = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let mut started = 1;
+        for member in 1..threads {
+            let size = &size;
+            let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
+                // Wait until the caller knows how many threads started.
+                let mut n = size.load(Ordering::Acquire);
+                while n == 0 {
+                    std::hint::spin_loop();
+                    n = size.load(Ordering::Acquire);
+                }
+                if member < n {
+                    f(member, n);
+                }
+            });
+            if spawned.is_err() {
+                break;
+            }
+            started += 1;
+        }
+        size.store(started, Ordering::Release);
+        f(0, started);
+    });
 }
 
 /// Run `f(part)` for every `part` in `0..parts` on a team of at most `threads` (see [`run`]):
@@ -469,13 +505,13 @@ mod tests {
         let _g = serial();
         let inner_sizes = Mutex::new(Vec::new());
         run(2, |m, _| {
-            // Nested: the team is busy with the outer call.
+            // Nested: the team is busy with the outer call, so scoped threads run these.
             run(2, |im, isize| lock(&inner_sizes).push((m, im, isize)));
             assert_eq!(on_worker(), m > 0);
         });
         let mut v = lock(&inner_sizes).clone();
         v.sort_unstable();
-        assert_eq!(v, vec![(0, 0, 1), (1, 0, 1)]);
+        assert_eq!(v, vec![(0, 0, 2), (0, 1, 2), (1, 0, 2), (1, 1, 2)]);
         // Callers on several threads at once: every call completes, each part once.
         std::thread::scope(|s| {
             for _ in 0..4 {
@@ -483,6 +519,11 @@ mod tests {
                     for _ in 0..100 {
                         let got = map_parts(2, 5, |p| p * p);
                         assert_eq!(got, vec![0, 1, 4, 9, 16]);
+                        // Whether it got the persistent team or scoped threads, a call gets
+                        // the size it asked for.
+                        let sizes = Mutex::new(Vec::new());
+                        run(3, |_, size| lock(&sizes).push(size));
+                        assert_eq!(*lock(&sizes), vec![3, 3, 3]);
                     }
                 });
             }
