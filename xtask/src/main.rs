@@ -4,7 +4,8 @@
 //!   the real labelled corpora into the cache (see [`data`]), `--models` the pretrained
 //!   checkpoints (see [`models`]).
 //! - `cargo xtask test`: the whole check (fmt, clippy, tests, doc tests, architecture invariant).
-//! - `cargo xtask reproduce`: the result tables, written under `results/` and printed.
+//! - `cargo xtask reproduce`: the result tables, written under `results/` and printed (builds
+//!   and runs the `raptor-reproduce` program).
 //! - `cargo xtask bench`: the criterion benchmarks.
 //! - `cargo xtask fixtures`: regenerate the golden files with the committed Python scripts.
 //! - `cargo xtask wheel`: the Python package of the accountant (see [`python`]).
@@ -447,15 +448,15 @@ fn reproduce(root: &Path, a: &ReproduceArgs) -> anyhow::Result<()> {
         }
     }
     run_step(
-        "cargo build --release -p raptor-train",
-        cargo().args(["build", "--release", "-p", "raptor-train"]),
+        "cargo build --release -p raptor-reproduce",
+        cargo().args(["build", "--release", "-p", "raptor-reproduce"]),
     )?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let exe = target.join("release").join("raptor");
+    let exe = target.join("release").join("raptor-reproduce");
     let mut cmd = Command::new(&exe);
-    cmd.args(["reproduce", "--out", "results", "--root", "."])
+    cmd.args(["--out", "results", "--root", "."])
         .arg("--cache")
         .arg(setup::cache_dir()?)
         .args(["--device", &a.device]);
@@ -471,7 +472,7 @@ fn reproduce(root: &Path, a: &ReproduceArgs) -> anyhow::Result<()> {
     for o in &a.only {
         cmd.args(["--only", o]);
     }
-    run_step("raptor reproduce", &mut cmd)?;
+    run_step("raptor-reproduce", &mut cmd)?;
     eprintln!(
         "tables and plots written under {} (index: results/README.md)",
         root.join("results").display()

@@ -12,7 +12,10 @@
 //!   certified upper bound).
 //! - [`dist`]: data-parallel private training over MPI (cargo feature `mpi`): rank 0 samples
 //!   and adds the noise once, the clipped sums are all-reduced.
-//! - [`cli`]: the subcommands of the `raptor` program; [`reproduce`]: the reproduction tables.
+//! - [`upcycle`]: sparse upcycling of a dense checkpoint folder (`raptor upcycle`, and the
+//!   `backbones` part of the `raptor-reproduce` program).
+//! - [`cli`]: the subcommands of the `raptor` program. The experiment driver is the separate
+//!   `raptor-reproduce` program (crate `raptor-reproduce`), built on this library.
 
 pub mod audit;
 pub mod cli;
@@ -23,11 +26,11 @@ pub mod dist;
 pub mod error;
 pub mod methods;
 pub mod optim;
-pub mod reproduce;
 pub mod run;
 pub mod session;
 pub mod streams;
 pub mod trainer;
+pub mod upcycle;
 
 pub use error::{Result, TrainError};
 

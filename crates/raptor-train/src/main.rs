@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use raptor_train::{cli, reproduce};
+use raptor_train::cli;
 
 /// Differentially private fine-tuning of Mixture-of-Experts and dense transformers.
 #[derive(Debug, Parser)]
@@ -23,53 +23,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run the reproduction tables (what `cargo xtask reproduce` runs).
+    /// Run the reproduction tables: runs the `raptor-reproduce` program beside this one with
+    /// the same arguments (`raptor reproduce --help` shows its flags).
+    #[command(disable_help_flag = true)]
     Reproduce {
-        /// Output folder for the Markdown and JSON tables.
-        #[arg(long, default_value = "results")]
-        out: PathBuf,
-        /// Repository root (fixtures are read from `<root>/fixtures`).
-        #[arg(long, default_value = ".")]
-        root: PathBuf,
-        /// Smaller sizes and fewer repetitions.
-        #[arg(long, conflicts_with = "full")]
-        quick: bool,
-        /// The paper-sized grid (more updates, seeds and larger models; for a GPU or a long
-        /// CPU run).
-        #[arg(long)]
-        full: bool,
-        /// Run only these parts (default: all): paper, dpmuon, backbones, environment,
-        /// accountant, routing, kernels, muon.
-        #[arg(long = "only")]
-        only: Vec<String>,
-        /// Per-user cache with the corpora of `cargo xtask setup --data` (default:
-        /// `$RAPTOR_CACHE_DIR`, `$XDG_CACHE_HOME/raptor` or `~/.cache/raptor`).
-        #[arg(long)]
-        cache: Option<PathBuf>,
-        /// Folder with the data-to-text files (`e2e/`, `dart/`); default `<root>/../shared/data`.
-        #[arg(long)]
-        d2t_data: Option<PathBuf>,
-        /// Device of the training runs: `cpu`, `cuda` or `cuda:N`.
-        #[arg(long, default_value = "cpu")]
-        device: String,
-        /// Training runs at once, each a worker process with one libtorch thread (default: the
-        /// CPU threads; 1 on a GPU).
-        #[arg(long)]
-        jobs: Option<usize>,
-        /// Print the tables as one JSON array on stdout (progress stays on stderr).
-        #[arg(long)]
-        json: bool,
-    },
-    /// One run of the reproduce grid (the worker process of `reproduce`): trains into `--dir`
-    /// and writes its `summary.json`.
-    #[command(hide = true)]
-    ReproduceRun {
-        /// The run config (TOML, absolute paths).
-        #[arg(long)]
-        config: PathBuf,
-        /// The run folder.
-        #[arg(long)]
-        dir: PathBuf,
+        /// The arguments of `raptor-reproduce` (e.g. `--quick --only accountant --out DIR`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
     /// Export a finished run's model (e.g. a non-private pretraining run) as a Hugging Face
     /// folder (`config.json` + `model.safetensors`) that `model.path` can start from.
@@ -103,46 +63,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { json } => info(json),
-        Command::Reproduce {
-            out,
-            root,
-            quick,
-            full,
-            only,
-            cache,
-            d2t_data,
-            device,
-            jobs,
-            json,
-        } => {
-            let d2t_data = d2t_data.unwrap_or_else(|| root.join("..").join("shared").join("data"));
-            let workers = jobs.unwrap_or_else(|| {
-                if device == "cpu" {
-                    std::thread::available_parallelism().map_or(1, |n| n.get())
-                } else {
-                    1
-                }
-            });
-            reproduce::run(
-                &reproduce::Context {
-                    root,
-                    out,
-                    quick,
-                    full,
-                    cache,
-                    d2t_data,
-                    inputs: None,
-                    backbones: None,
-                    device,
-                    exe: std::env::current_exe().ok(),
-                    workers,
-                    json,
-                },
-                &only,
-            )
-            .map(|_| ())
-        }
-        Command::ReproduceRun { config, dir } => reproduce_run(&config, &dir),
+        Command::Reproduce { args } => reproduce(&args),
         Command::Export { run, out } => raptor_train::run::export_run(&run, &out)
             .map(|()| println!("exported {} to {}", run.display(), out.display()))
             .map_err(anyhow::Error::from),
@@ -158,13 +79,42 @@ fn main() {
     }
 }
 
-fn reproduce_run(config: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(config)
-        .map_err(|e| anyhow::anyhow!("reading {}: {e}", config.display()))?;
-    let cfg = raptor_train::config::RunConfig::from_toml(&text)?;
-    let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
-    reproduce::paper::run_one(&cfg, dir, &mut quiet)?;
-    Ok(())
+/// `raptor reproduce`: replaces this process by the `raptor-reproduce` program found beside
+/// this one (same folder), with the same arguments; its exit code is the command's. A missing
+/// program is an error that says how to build it.
+fn reproduce(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
+    let me = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot find the path of this program: {e}"))?;
+    let exe = me.with_file_name("raptor-reproduce");
+    if !exe.is_file() {
+        let release = me
+            .parent()
+            .and_then(|d| d.file_name())
+            .is_some_and(|n| n == "release");
+        anyhow::bail!(
+            "`raptor reproduce` runs the `raptor-reproduce` program, which is not built: {} is \
+             missing; build it with `cargo build{} -p raptor-reproduce` (or run `cargo xtask \
+             reproduce`, which builds and runs it)",
+            exe.display(),
+            if release { " --release" } else { "" }
+        );
+    }
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(args);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt as _;
+        // Only returns on failure.
+        let err = cmd.exec();
+        Err(anyhow::anyhow!("cannot run {}: {err}", exe.display()))
+    }
+    #[cfg(not(unix))]
+    {
+        let status = cmd
+            .status()
+            .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", exe.display()))?;
+        std::process::exit(status.code().unwrap_or(1));
+    }
 }
 
 /// Which libtorch build this program linked: `cuda` (libtorch_cuda.so linked, as `cargo xtask

@@ -431,33 +431,67 @@ fn info_json_reports_the_loaded_versions() {
     assert!(v["cuda_devices"].as_i64().is_some());
 }
 
-/// `raptor reproduce --json` prints the tables as one JSON array (progress stays on stderr) and
-/// still writes them under `--out`; an unknown part is a clear error with exit code 2.
+/// `raptor reproduce` runs the `raptor-reproduce` program beside `raptor` with the arguments
+/// unchanged (`--help` included) and exits with its code; without that program it is a clear
+/// error (exit code 2, no panic) that names the command building it. (The driver itself is
+/// tested in the `raptor-reproduce` crate.)
 #[test]
-fn reproduce_json_prints_the_tables() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("results");
-    let o = raptor(&[
-        "reproduce",
+fn reproduce_forwards_to_the_program_beside_raptor() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let exe = dir.path().join("raptor");
+    // A hard link keeps the path this process sees as its own (`current_exe`); a copy where
+    // the temporary folder is on another file system.
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_raptor"), &exe).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_raptor"), &exe).unwrap();
+    }
+    let run = |args: &[&str]| Command::new(&exe).args(args).output().unwrap();
+    let o = run(&["reproduce", "--only", "environment"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("raptor-reproduce")
+            && err.contains("cargo build -p raptor-reproduce")
+            && !err.contains("panicked"),
+        "{err}"
+    );
+    // A stand-in program that prints its arguments, one a line, and exits with 7.
+    let fake = dir.path().join("raptor-reproduce");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\nexit 7\n",
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let args = [
+        "--quick",
         "--only",
-        "environment",
+        "accountant",
+        "--out",
+        "a b",
+        "--help",
         "--json",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v[0]["slug"], "environment");
-    assert!(out.join("environment.json").exists() && out.join("README.md").exists());
-    let bad = raptor(&[
-        "reproduce",
-        "--only",
-        "nope",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown part"));
+    ];
+    let o = run(&[&["reproduce"][..], &args[..]].concat());
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let printed: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(printed, args);
+    // No arguments at all pass through too.
+    let o = run(&["reproduce"]);
+    assert_eq!(o.status.code(), Some(7));
+    assert!(o.stdout.is_empty());
+    // The worker subcommand moved to `raptor-reproduce`.
+    assert_eq!(run(&["reproduce-run"]).status.code(), Some(2));
 }
 
 /// Every checkpoint file carries a checksum that resume verifies: a flipped byte in the

@@ -1,18 +1,13 @@
-//! `raptor reproduce`: the tables behind `cargo xtask reproduce`.
+//! The driver of `raptor-reproduce`: the tables behind `cargo xtask reproduce`.
 //!
-//! Each part of the workspace contributes one module here with a
+//! Each part of the workspace contributes one module of this crate with a
 //! `pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>>` function. The driver runs the
 //! parts in order, prints each table as Markdown and writes `results/<slug>.md` and
 //! `results/<slug>.json`.
 
 use std::path::PathBuf;
 
-mod accountant;
-pub mod backbones;
-mod kernels;
-mod muon;
-pub mod paper;
-mod routing;
+use crate::{accountant, backbones, kernels, muon, paper, routing};
 
 /// Everything a part needs to know about the run.
 #[derive(Debug, Clone)]
@@ -37,8 +32,9 @@ pub struct Context {
     pub backbones: Option<backbones::Inputs>,
     /// Device of the training runs (`cpu`, `cuda`, `cuda:N`).
     pub device: String,
-    /// The `raptor` program, to run the training grid in parallel worker processes
-    /// (`raptor reproduce-run`); None: one run after another in this process.
+    /// The `raptor-reproduce` program, to run the training grid in parallel worker processes
+    /// (its hidden subcommand [`paper::runs::WORKER_COMMAND`]); None: one run after another in
+    /// this process.
     pub exe: Option<PathBuf>,
     /// Worker processes at once (each with one libtorch thread).
     pub workers: usize,
@@ -89,7 +85,7 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
             t.write(&ctx.out)?;
         }
         let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
-        crate::run::write_atomic(
+        raptor_train::run::write_atomic(
             &index_dir.join(format!("{name}.json")),
             &serde_json::to_vec(&slugs)?,
         )?;
@@ -121,9 +117,9 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
             }
         }
     }
-    crate::run::write_atomic(&ctx.out.join("README.md"), index.as_bytes())?;
+    raptor_train::run::write_atomic(&ctx.out.join("README.md"), index.as_bytes())?;
     if ctx.json {
-        crate::cli::print_json(&all)?;
+        raptor_cli::print_json(&all)?;
     }
     Ok(all)
 }
@@ -137,7 +133,11 @@ fn environment(_ctx: &Context) -> anyhow::Result<Vec<Table>> {
         vec!["raptor".into(), env!("CARGO_PKG_VERSION").into()],
         vec![
             "tch / libtorch (loaded)".into(),
-            format!("{} / {}", crate::TCH_VERSION, crate::libtorch_version()),
+            format!(
+                "{} / {}",
+                raptor_train::TCH_VERSION,
+                raptor_train::libtorch_version()
+            ),
         ],
         vec!["CUDA linked".into(), raptor_models::CUDA_LINKED.to_string()],
         vec![

@@ -6,9 +6,9 @@ use std::path::Path;
 use raptor_report::{
     BarPlot, Estimate, LinePlot, Series, Table, bar_plot, estimate, line_plot, ordering,
 };
+use raptor_train::config::{Method, RunConfig};
 
 use super::{Results, label};
-use crate::config::{Method, RunConfig};
 
 /// The private classification methods of Table 1 (the non-private LoRA row is added).
 pub const CLASSIFICATION_METHODS: [Method; 5] = [

@@ -25,12 +25,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
+use raptor_train::config::{Method, ModelKind, RunConfig};
 
-use super::{Context, Table};
-use crate::config::{Method, ModelKind, RunConfig};
+use crate::driver::{Context, Table};
 use runs::{Job, Placed, Runner, Summary};
 
-pub use runs::{Summary as RunSummary, run_one};
+pub use runs::run_one;
 
 pub use report::CLASSIFICATION_METHODS;
 
@@ -512,7 +512,7 @@ pub(super) fn capped(
                 text.push('\n');
             }
         }
-        crate::run::write_atomic(&path, text.as_bytes())?;
+        raptor_train::run::write_atomic(&path, text.as_bytes())?;
     }
     Ok(path)
 }
@@ -540,7 +540,7 @@ pub(super) fn write_e2e_csv(path: &Path, records: &[(String, String)]) -> anyhow
         text.push_str(&q(tgt));
         text.push('\n');
     }
-    crate::run::write_atomic(path, text.as_bytes())?;
+    raptor_train::run::write_atomic(path, text.as_bytes())?;
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-//! The `backbones` part of `raptor reproduce` end to end at the `quick` scale, on tiny
+//! The `backbones` part of `raptor-reproduce` end to end at the `quick` scale, on tiny
 //! checkpoints built here (a BERT and a Llama-style decoder with random weights, byte
 //! tokenizer) instead of the real all-MiniLM-L6-v2 and SmolLM2: the dense BERT is upcycled
 //! (cached), RAPTOR and DP-Adam LoRA fine-tune it privately, DP-Adam / DP-Muon / DP-MuonBC
@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 
 use raptor_models::checkpoint::save_pretrained;
 use raptor_models::{Bert, BertConfig, Decoder, DecoderConfig, DecoderFamily, DecoderHead};
-use raptor_train::reproduce::backbones::{Inputs, ModelInput};
-use raptor_train::reproduce::paper::{ClsTask, D2tTask};
-use raptor_train::reproduce::{Context, run};
+
+use crate::backbones::{Inputs, ModelInput};
+use crate::driver::{Context, run};
+use crate::paper::{ClsTask, D2tTask};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -60,7 +61,7 @@ fn ctx(out: &Path, d2t: &Path, backbones: Inputs, exe: bool) -> Context {
         inputs: None,
         backbones: Some(backbones),
         device: "cpu".into(),
-        exe: exe.then(|| PathBuf::from(env!("CARGO_BIN_EXE_raptor"))),
+        exe: exe.then(super::worker_exe),
         workers: 2,
         json: false,
     }

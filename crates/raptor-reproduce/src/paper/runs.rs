@@ -8,11 +8,10 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use raptor_train::config::RunConfig;
+use raptor_train::run::{Record, train_in, write_atomic};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-
-use crate::config::RunConfig;
-use crate::run::{Record, train_in, write_atomic};
 
 /// What the tables and plots need from one finished run (`summary.json` in its folder).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -162,13 +161,18 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// The hidden subcommand of `raptor-reproduce` that runs one job: the worker process of a
+/// parallel reproduce (`raptor-reproduce run-one --config <job.toml> --dir <run folder>`, see
+/// [`run_one`]).
+pub const WORKER_COMMAND: &str = "run-one";
+
 /// Trains one job in folder `dir` in this process (resuming an interrupted run there) and
-/// writes its `summary.json`. What `raptor reproduce-run` (the worker of a parallel reproduce)
-/// runs.
+/// writes its `summary.json`. What the worker of a parallel reproduce
+/// (`raptor-reproduce run-one`, [`WORKER_COMMAND`]) runs.
 pub fn run_one(
     cfg: &RunConfig,
     dir: &Path,
-    progress: crate::run::Progress<'_>,
+    progress: raptor_train::run::Progress<'_>,
 ) -> anyhow::Result<Summary> {
     let rss_reset = reset_peak_rss();
     let (_, record) = train_in(cfg, dir, progress, None)?;
@@ -208,7 +212,7 @@ fn log_tail(path: &Path) -> String {
 }
 
 /// Runs jobs (reusing finished ones) and returns their summaries by label: in parallel worker
-/// processes (`raptor reproduce-run`, one libtorch thread each: on small models this is much
+/// processes (`raptor-reproduce run-one`, one libtorch thread each: on small models this is much
 /// faster than one process with several threads, and immune to oversubscription) when the
 /// program's path is known, else one after another in this process.
 pub struct Runner {
@@ -225,7 +229,7 @@ pub struct Runner {
 pub type Placed = (Job, PathBuf);
 
 impl Runner {
-    /// A runner writing under `runs`; `exe`: the `raptor` program for parallel workers;
+    /// A runner writing under `runs`; `exe`: the `raptor-reproduce` program for parallel workers;
     /// `workers`: how many at once.
     pub fn new(runs: &Path, exe: Option<PathBuf>, workers: usize) -> anyhow::Result<Self> {
         std::fs::create_dir_all(runs).with_context(|| format!("creating {}", runs.display()))?;
@@ -315,7 +319,7 @@ impl Runner {
                     let bar = self.bar(&j.label, j.cfg.train.steps.unwrap_or(0))?;
                     let mut progress = |done: u64,
                                         total: u64,
-                                        m: &crate::trainer::UpdateMetrics,
+                                        m: &raptor_train::trainer::UpdateMetrics,
                                         eps: Option<f64>| {
                         bar.set_length(total);
                         bar.set_position(done);
@@ -361,7 +365,7 @@ impl Runner {
                     let log = std::fs::File::create(dir.join("log.txt"))
                         .with_context(|| format!("creating {}/log.txt", dir.display()))?;
                     let child = std::process::Command::new(exe)
-                        .arg("reproduce-run")
+                        .arg(WORKER_COMMAND)
                         .arg("--config")
                         .arg(&jpath)
                         .arg("--dir")

@@ -1,4 +1,4 @@
-//! Accountant part of `raptor reproduce`: our certified PRV bounds against the golden values of
+//! Accountant part of `raptor-reproduce`: our certified PRV bounds against the golden values of
 //! dp_accounting (PLD) and prv_accountant (fixtures/accountant/golden.csv), and RAPTOR's budget
 //! plans.
 
@@ -10,7 +10,7 @@ use raptor_accountant::{
     plan_budget,
 };
 
-use super::{Context, Table};
+use crate::driver::{Context, Table};
 
 struct Golden {
     name: String,

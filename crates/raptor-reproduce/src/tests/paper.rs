@@ -1,12 +1,12 @@
-//! The paper parts of `raptor reproduce`, end to end at the `quick` scale: public pretraining
+//! The paper parts of `raptor-reproduce`, end to end at the `quick` scale: public pretraining
 //! (tokenizer and model from the public split only, cached), the private fine-tuning grid, the
 //! tables with their computed notes, the plots, the results index, and reuse of finished runs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 
-use raptor_train::reproduce::paper::{ClsTask, D2tTask, Inputs};
-use raptor_train::reproduce::{Context, run};
+use crate::driver::{Context, run};
+use crate::paper::{ClsTask, D2tTask, Inputs};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -75,7 +75,7 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
         inputs: Some(inputs),
         backbones: None,
         device: "cpu".into(),
-        exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_raptor"))),
+        exe: Some(super::worker_exe()),
         workers: 2,
         json: false,
     };

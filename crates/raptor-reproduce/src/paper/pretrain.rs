@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_models::tokenizer::{CorpusModel, CorpusTokenizer, CorpusTokenizerConfig};
+use raptor_train::config::RunConfig;
 use sha2::{Digest, Sha256};
 
 use super::runs::{Job, file_hash, run_key};
-use crate::config::RunConfig;
 
 /// Trains (or reuses) a tokenizer on the lines of `public` (never on private records); returns
 /// the path of its `tokenizer.json`.
@@ -100,7 +100,7 @@ impl Pretraining {
     /// Exports the finished run (when not cached yet).
     pub fn export(&self) -> anyhow::Result<()> {
         if !self.cached() {
-            crate::run::export_run(&self.run, &self.hf)
+            raptor_train::run::export_run(&self.run, &self.hf)
                 .with_context(|| format!("exporting {}", self.job.label))?;
         }
         Ok(())

@@ -22,14 +22,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_report::{BarPlot, Estimate, Series, Table, bar_plot, estimate, ordering};
+use raptor_train::config::{Method, ModelKind, RunConfig};
 use sha2::{Digest, Sha256};
 
-use super::Context;
-use super::paper::runs::{Job, Runner, Summary, file_hash};
-use super::paper::{
+use crate::driver::Context;
+use crate::paper::runs::{Job, Runner, Summary, file_hash};
+use crate::paper::{
     ClsTask, D2tTask, capped, fit_batch, label, read_d2t, read_lines, seeded, write_e2e_csv,
 };
-use crate::config::{Method, ModelKind, RunConfig};
 
 /// A checkpoint and the `model.tokenizer` it is read with.
 #[derive(Debug, Clone)]
@@ -99,7 +99,7 @@ impl Inputs {
             ))
         };
         let smol = models.join("smollm2-135m-instruct");
-        let llama = match crate::session::gguf_model_file(&smol) {
+        let llama = match raptor_train::session::gguf_model_file(&smol) {
             Some(file) if smol.is_dir() => Ok(ModelInput {
                 path: file,
                 tokenizer: "gguf".into(),
@@ -309,7 +309,7 @@ fn upcycled(cache: &Path, bert: &ModelInput, experts: (i64, i64)) -> anyhow::Res
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     let tmp = root.join(format!(".{name}-{key}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    crate::cli::upcycle::upcycle_folder(&bert.path, &tmp, &opts, None)
+    raptor_train::upcycle::upcycle_folder(&bert.path, &tmp, &opts, None)
         .with_context(|| format!("upcycling {}", bert.path.display()))?;
     std::fs::rename(&tmp, &dir).with_context(|| format!("writing {}", dir.display()))?;
     Ok(dir)
@@ -961,7 +961,7 @@ mod tests {
                 assert!(j.cfg.train.insecure_seed.is_some());
                 assert!(labels.insert(j.label.clone()), "{name}: {}", j.label);
                 assert!(
-                    keys.insert(super::super::paper::runs::run_key(&j.cfg).unwrap_or_default()),
+                    keys.insert(crate::paper::runs::run_key(&j.cfg).unwrap_or_default()),
                     "{name}: two jobs share a config: {}",
                     j.label
                 );
