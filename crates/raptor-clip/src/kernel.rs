@@ -359,13 +359,19 @@ pub(crate) struct Budgets {
     /// Entries per column chunk of the column pipeline and of the two-pass GEMV (1/8 of L2
     /// in f32, a multiple of 1024 in 4 Ki..64 Ki entries).
     pub col_chunk: usize,
+    /// Software-prefetch distance (bytes) of the sweeps: L1d / 32, so that the lines
+    /// prefetched ahead on the up to 16 streams of a sweep (8 rows streamed in, 8 read for the
+    /// last time; two lines each) take at most half of the L1d; a multiple of 128 bytes
+    /// (two lines) in 256..4096 (1 KiB for a 32 KiB L1d, 1.5 KiB for 48 KiB).
+    pub prefetch: usize,
 }
 
 impl Budgets {
-    /// Budgets for caches of `l2` and `l3` bytes.
-    pub(crate) fn new(l2: usize, l3: usize) -> Self {
+    /// Budgets for caches of `l2` and `l3` bytes and an L1d of `l1d` bytes.
+    pub(crate) fn new(l1d: usize, l2: usize, l3: usize) -> Self {
         let l3 = l3.max(l2);
         Budgets {
+            prefetch: (l1d / 32 / 128 * 128).clamp(256, 4096),
             l2: l2 / 4 * 3,
             row_l3: l3 / 4,
             row_l3_thread: l3 / 8,
@@ -379,7 +385,7 @@ impl Budgets {
         static B: std::sync::OnceLock<Budgets> = std::sync::OnceLock::new();
         *B.get_or_init(|| {
             let m = raptor_plan::machine();
-            Budgets::new(m.l2_bytes, m.l3_bytes)
+            Budgets::new(m.l1d_bytes, m.l2_bytes, m.l3_bytes)
         })
     }
 }
@@ -585,7 +591,7 @@ fn pipeline<const R: usize>(
 ) -> Result<Vec<Vec<f32>>, ClipError> {
     let n = out.totals.len();
     let ng = ctx.ng;
-    let mut part: Vec<Vec<f32>> = ctx.segs.iter().map(|s| vec![0f32; s.width]).collect();
+    let mut part: Vec<Vec<f32>> = ctx.segs.iter().map(|s| scratch_zeroed(s.width)).collect();
     let step_end = |k: usize| ((k + 1) * R).min(n);
     let steps = n.div_ceil(R);
     ctx.norms_plain(0, step_end(0), &mut out)?;
@@ -625,9 +631,9 @@ type ColChunk<'p> = (usize, usize, &'p mut [f32]);
 /// smaller than twice the thread count. No per-thread partials: every column chunk has one
 /// owner.
 ///
-/// The full steps run on a static split: pool thread t always owns the same contiguous range
-/// of column chunks ([`rayon::broadcast`] runs one job per pool thread, identified by its
-/// index), and walks it forward on even steps and backward on odd ones, so that it starts on
+/// The full steps run on a static split: thread t always owns the same contiguous range
+/// of column chunks (member t of raptor-plan's persistent team when called from outside a
+/// rayon pool, else [`rayon::broadcast`]'s job t of the current pool), and walks it forward on even steps and backward on odd ones, so that it starts on
 /// the chunks it touched last. A chunk's rows are thus streamed in and later accumulated by the
 /// same core: no cache lines move between cores (they would cross the die when a machine
 /// places the two threads on different L3s; a work-stealing split was ≈ 25 % slower there).
@@ -657,14 +663,14 @@ fn column_pipeline<const R: usize>(
     };
     // Squared norms of records lo..hi, parallel over chunks, summed in chunk order.
     let norms_par = |lo: usize, hi: usize, out: &mut Out<'_>, chunks: &mut [ColChunk<'_>]| {
-        let parts: Vec<Vec<f64>> = chunks
-            .par_iter_mut()
-            .map(|(k, c0, p)| {
+        let parts: Vec<Vec<f64>> = par_items(
+            chunks.iter_mut().collect(),
+            |_, (k, c0, p): &mut ColChunk<'_>| {
                 (lo..hi)
                     .map(|li| sq_norm(piece(*k, *c0, p.len(), li)))
                     .collect()
-            })
-            .collect();
+            },
+        );
         let mut sq = vec![0f64; ng];
         for li in lo..hi {
             sq.iter_mut().for_each(|v| *v = 0.0);
@@ -704,16 +710,19 @@ fn column_pipeline<const R: usize>(
                 ctx.finish(hi + r, &sq[r * ng..(r + 1) * ng], &mut out)?;
             }
         } else {
-            chunks.par_iter_mut().for_each(|(k, c0, p)| {
-                let g = segs[*k].group;
-                for li in lo..hi {
-                    let f = factors[li * ng + g];
-                    if f != 0.0 {
-                        let row = piece(*k, *c0, p.len(), li);
-                        axpy(p, f as f32, row);
+            par_items(
+                chunks.iter_mut().collect(),
+                |_, (k, c0, p): &mut ColChunk<'_>| {
+                    let g = segs[*k].group;
+                    for li in lo..hi {
+                        let f = factors[li * ng + g];
+                        if f != 0.0 {
+                            let row = piece(*k, *c0, p.len(), li);
+                            axpy(p, f as f32, row);
+                        }
                     }
-                }
-            });
+                },
+            );
             if next_hi > hi {
                 norms_par(hi, next_hi, &mut out, &mut chunks)?;
             }
@@ -811,6 +820,64 @@ fn two_pass(
     Ok(sums)
 }
 
+/// Partial-sum buffers of the row pipeline kept between calls (at most [`SCRATCH_MAX_BYTES`]).
+/// Why: a fresh buffer of a few MB is fresh pages from the kernel, and the first touch of each
+/// 4 KiB page is a page fault — tens of µs each on a virtual machine, so two 4 MB partials cost
+/// as much as the whole clip of 256 MB (measured: 51 ms instead of 15 ms per call at B64 P1e6,
+/// whenever the allocator had returned the previous call's buffers to the system).
+static SCRATCH: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
+
+/// Most bytes [`SCRATCH`] keeps (a bound on the memory a process holds on to, not a tuning).
+const SCRATCH_MAX_BYTES: usize = 256 << 20;
+
+fn scratch() -> std::sync::MutexGuard<'static, Vec<Vec<f32>>> {
+    match SCRATCH.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// A zeroed buffer of `len` entries, reusing a kept one when one is large enough.
+fn scratch_zeroed(len: usize) -> Vec<f32> {
+    let reused = {
+        let mut pool = scratch();
+        let best = pool
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        best.map(|i| pool.swap_remove(i))
+    };
+    match reused {
+        Some(mut v) => {
+            v.clear();
+            v.resize(len, 0.0);
+            v
+        }
+        None => vec![0f32; len],
+    }
+}
+
+/// Keep `v` for a later [`scratch_zeroed`] (dropped when the pool is full).
+fn scratch_return(v: Vec<f32>) {
+    let bytes = v.capacity() * 4;
+    if bytes < 1 << 16 {
+        return; // small buffers come from the allocator's own free lists
+    }
+    let mut pool = scratch();
+    let held: usize = pool.iter().map(|b| b.capacity() * 4).sum();
+    if held + bytes <= SCRATCH_MAX_BYTES {
+        pool.push(v);
+    }
+}
+
+/// Do parallel parts run on raptor-plan's team (called from outside any rayon pool, team
+/// enabled) rather than as rayon tasks of the current pool?
+fn on_team() -> bool {
+    rayon::current_thread_index().is_none() && raptor_plan::team::enabled()
+}
+
 /// `f(i, items[i])` for every item in parallel, results in item order: on raptor-plan's
 /// spinning [`team`](raptor_plan::team) when called from outside a rayon pool (team size: the
 /// global pool's thread count; `RAPTOR_TEAM=off` turns this off), else as rayon tasks of the
@@ -824,7 +891,7 @@ where
     T: Send,
     F: Fn(usize, I) -> T + Sync + Send,
 {
-    if rayon::current_thread_index().is_none() && raptor_plan::team::enabled() {
+    if on_team() {
         raptor_plan::team::map_items(rayon::current_num_threads().max(1), items, f)
     } else {
         items
@@ -855,10 +922,10 @@ fn owner_ranges(chunks: &[ColChunk<'_>], threads: usize) -> Vec<usize> {
     bounds
 }
 
-/// Run `f` on every chunk, pool thread t on the chunks `owners[t]..owners[t + 1]` (forward or
-/// backward), and return the results in chunk order. A range that no pool thread took (the
-/// pool changed size between the split and the call) runs on the calling thread, so every
-/// chunk is processed exactly once whatever happens.
+/// Run `f` on every chunk, thread t (team member or pool thread t) on the chunks
+/// `owners[t]..owners[t + 1]` (forward or backward), and return the results in chunk order. A
+/// range that no pool thread took (the pool changed size between the split and the call) runs
+/// on the calling thread, so every chunk is processed exactly once whatever happens.
 fn on_owners<T, F>(chunks: &mut [ColChunk<'_>], owners: &[usize], forward: bool, f: F) -> Vec<T>
 where
     T: Send,
@@ -892,7 +959,12 @@ where
         };
         guard.take()
     };
-    let mut done: Vec<Option<Vec<T>>> = rayon::broadcast(|bc| take(bc.index()).map(run));
+    let mut done: Vec<Option<Vec<T>>> = if on_team() {
+        // Member t of the persistent team (the same OS thread every call) takes range t.
+        raptor_plan::team::map_parts(ranges, ranges, |t| take(t).map(run))
+    } else {
+        rayon::broadcast(|bc| take(bc.index()).map(run))
+    };
     done.truncate(ranges);
     while done.len() < ranges {
         done.push(None);
@@ -906,10 +978,6 @@ where
     }
     out
 }
-
-/// Prefetch distance (bytes) ahead of the rows streamed from memory.
-#[cfg(target_arch = "x86_64")]
-const PREFETCH_BYTES: usize = 1024;
 
 /// One pipeline sweep: `p += Σ_r a[r] · cur[r]` (f32) and returns `‖next[r]‖²` for each r,
 /// accumulated in f64 (each f32 entry is widened, so its square is exact). All rows have
@@ -1002,7 +1070,7 @@ fn sweep_tail<const R: usize>(
     }
 }
 
-/// Prefetch the two cache lines [`PREFETCH_BYTES`] ahead of entry `k` of every streamed row
+/// Prefetch the two cache lines `dist` bytes ([`Budgets::prefetch`]) ahead of entry `k` of every streamed row
 /// (`next`), and with `cur_nta` of every accumulated row (`cur`) with the non-temporal hint.
 /// Addresses are computed with wrapping arithmetic; prefetches never fault.
 #[cfg(target_arch = "x86_64")]
@@ -1012,13 +1080,10 @@ fn prefetch_ahead<const R: usize>(
     cur: &[*const f32; R],
     k: usize,
     cur_nta: bool,
+    dist: usize,
 ) {
     use std::arch::x86_64::*;
-    let ahead = |row: *const f32| {
-        row.wrapping_add(k)
-            .cast::<i8>()
-            .wrapping_add(PREFETCH_BYTES)
-    };
+    let ahead = |row: *const f32| row.wrapping_add(k).cast::<i8>().wrapping_add(dist);
     for &row in next {
         let a = ahead(row);
         // SAFETY: prefetch is a hint; it never faults, whatever the address.
@@ -1059,6 +1124,7 @@ unsafe fn sweep_avx2<const R: usize>(
     const W: usize = 32;
     let n = p.len();
     let full = n - n % W;
+    let dist = Budgets::here().prefetch;
     let pp = p.as_mut_ptr();
     let cp: [*const f32; R] = std::array::from_fn(|r| cur[r].as_ptr());
     let np: [*const f32; R] = std::array::from_fn(|r| next[r].as_ptr());
@@ -1078,7 +1144,7 @@ unsafe fn sweep_avx2<const R: usize>(
         // SAFETY (whole block): k + 32 ≤ n and every row has n entries; the prefetch addresses
         // are computed with wrapping arithmetic and prefetches never fault.
         unsafe {
-            prefetch_ahead(&np, &cp, k, cur_nta);
+            prefetch_ahead(&np, &cp, k, cur_nta, dist);
             for j in 0..4 {
                 let o = k + 8 * j;
                 let mut v = _mm256_loadu_ps(pp.add(o));
@@ -1139,6 +1205,7 @@ unsafe fn sweep_avx512<const R: usize>(
     const W: usize = 32;
     let n = p.len();
     let full = n - n % W;
+    let dist = Budgets::here().prefetch;
     let pp = p.as_mut_ptr();
     let cp: [*const f32; R] = std::array::from_fn(|r| cur[r].as_ptr());
     let np: [*const f32; R] = std::array::from_fn(|r| next[r].as_ptr());
@@ -1156,7 +1223,7 @@ unsafe fn sweep_avx512<const R: usize>(
         // SAFETY (whole block): k + 32 ≤ n and every row has n entries; the prefetch addresses
         // are computed with wrapping arithmetic and prefetches never fault.
         unsafe {
-            prefetch_ahead(&np, &cp, k, cur_nta);
+            prefetch_ahead(&np, &cp, k, cur_nta, dist);
             for j in 0..2 {
                 let o = k + 16 * j;
                 let mut v = _mm512_loadu_ps(pp.add(o));
@@ -1272,6 +1339,10 @@ pub(crate) fn fused_clip_sum(
         return fused_with(segs, batch, n_groups, mode, weights, est);
     }
     let cands = candidates(rec_floats, batch, threads, &budgets);
+    if on_team() {
+        // Start the team's workers now, so that no timed candidate pays their start-up.
+        raptor_plan::team::run(threads, |_, _| {});
+    }
     let measured = raptor_plan::measure(&cands, raptor_plan::DEFAULT_BUDGET, |&s| {
         fused_with(segs, batch, n_groups, mode, weights, s)
     })?;
@@ -1352,6 +1423,7 @@ pub(crate) fn fused_with(
                 });
                 sums.push(out);
             }
+            partials.into_iter().flatten().for_each(scratch_return);
             sums
         }
         Schedule::Columns(r) => {
@@ -1940,7 +2012,7 @@ mod tests {
     #[test]
     fn schedule_choice() {
         // the cache model on a machine with 1 MiB L2 per core and a 32 MiB L3
-        let b = Budgets::new(1 << 20, 32 << 20);
+        let b = Budgets::new(32 << 10, 1 << 20, 32 << 20);
         assert_eq!(
             b,
             Budgets {
@@ -1948,7 +2020,8 @@ mod tests {
                 row_l3: 8 << 20,
                 row_l3_thread: 4 << 20,
                 col_l3: 20 << 20,
-                col_chunk: 1 << 15
+                col_chunk: 1 << 15,
+                prefetch: 1024,
             }
         );
         let schedule = |p, n, t| schedule(p, n, t, &b);
@@ -1969,16 +2042,34 @@ mod tests {
         assert_eq!(schedule(50_000, 1024, 8), Schedule::Rows(2));
         // a machine with 2 MiB L2 and a 260 MiB L3: the per-thread L3 share (32.5 MiB) holds
         // steps of 8 records of 400 KB, and of 2 records of 4 MB
-        let big = Budgets::new(2 << 20, 260 << 20);
+        let big = Budgets::new(48 << 10, 2 << 20, 260 << 20);
         assert_eq!(super::schedule(100_000, 1024, 2, &big), Schedule::Rows(8));
         assert_eq!(super::schedule(1_000_000, 256, 2, &big), Schedule::Rows(2));
         // tiny caches (the generic fallback): chunks never below 4 Ki entries
-        assert_eq!(Budgets::new(64 << 10, 64 << 10).col_chunk, 4 << 10);
+        assert_eq!(
+            Budgets::new(32 << 10, 64 << 10, 64 << 10).col_chunk,
+            4 << 10
+        );
+        // the prefetch distance follows the L1d: L1d / 32 in whole pairs of lines, 256..4096
+        for (l1d, want) in [
+            (32usize << 10, 1024usize),
+            (48 << 10, 1536),
+            (64 << 10, 2048),
+            (4 << 10, 256),
+            (1 << 20, 4096),
+            (40 << 10, 1280),
+        ] {
+            assert_eq!(
+                Budgets::new(l1d, 2 << 20, 32 << 20).prefetch,
+                want,
+                "L1d {l1d}"
+            );
+        }
     }
 
     #[test]
     fn candidates_start_with_the_estimate_and_end_with_two_pass() {
-        let b = Budgets::new(1 << 20, 32 << 20);
+        let b = Budgets::new(32 << 10, 1 << 20, 32 << 20);
         for (p, n, t) in [
             (10_000usize, 256usize, 2usize),
             (100_000, 1024, 2),

@@ -714,6 +714,10 @@ pub fn newton_schulz_with(
         return Ok(finish(run_plan(x, cfg, ws, plan), tall));
     }
     let cands = NsSchedule::candidates(mm, nn, threads, cfg);
+    if cands.iter().any(|c| c.products == NsProducts::Team) {
+        // Start the team's workers now, so that no timed call pays their start-up.
+        raptor_plan::team::run(threads, |_, _| {});
+    }
     // Two interleaved rounds at least (the first run of a candidate may pay for cold caches),
     // six runs in all at least: 2 to 4 candidates → 6 to 8 calls.
     let measured = raptor_plan::measure(&cands, (2 * cands.len()).max(6), |&plan| {
