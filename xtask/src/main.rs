@@ -105,8 +105,9 @@ enum Task {
     Wheel,
     /// Only the Python package's tests (what the last step of `cargo xtask test` runs).
     Pytest,
-    /// Fetch the corpora, build in release mode, pretrain on public text, fine-tune privately and
-    /// write the result tables (Markdown + JSON) and plots (PNG) under `results/`.
+    /// Fetch the corpora, build the `raptor-reproduce` program in release mode and run it:
+    /// pretrain on public text, fine-tune privately and write the result tables (Markdown +
+    /// JSON) and plots (PNG) under `results/`.
     Reproduce {
         /// Smaller sizes and fewer repetitions.
         #[arg(long, conflicts_with = "full")]

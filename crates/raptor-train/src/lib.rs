@@ -14,11 +14,12 @@
 //!   and adds the noise once, the clipped sums are all-reduced.
 //! - [`upcycle`]: sparse upcycling of a dense checkpoint folder (`raptor upcycle`, and the
 //!   `backbones` part of the `raptor-reproduce` program).
-//! - [`cli`]: the subcommands of the `raptor` program. The experiment driver is the separate
-//!   `raptor-reproduce` program (crate `raptor-reproduce`), built on this library.
+//!
+//! The `raptor` program (`src/main.rs` and its `cli` modules, not part of this library) parses
+//! the command line and calls these modules; the experiment driver is the separate
+//! `raptor-reproduce` program (crate `raptor-reproduce`), built on this library.
 
 pub mod audit;
-pub mod cli;
 pub mod config;
 pub mod device;
 pub mod diagnostics;

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use raptor_train::cli;
+
+mod cli;
 
 /// Differentially private fine-tuning of Mixture-of-Experts and dense transformers.
 #[derive(Debug, Parser)]
@@ -13,7 +14,7 @@ struct Cli {
     command: Command,
 }
 
-/// The subcommands. Each one's arguments and logic live in `raptor_train::cli::<name>` or
+/// The subcommands. Each one's arguments and logic live in this program's `cli::<name>` or
 /// `raptor_cli`.
 #[derive(Debug, Subcommand)]
 enum Command {

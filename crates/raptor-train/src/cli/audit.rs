@@ -1,10 +1,10 @@
 //! `raptor audit`: the one-run canary audit of a run config (an empirical ε lower bound beside
-//! the certified upper bound; see [`crate::audit`]).
+//! the certified upper bound; see [`raptor_train::audit`]).
 
 use std::path::PathBuf;
 
-use crate::audit::{AuditOptions, CanaryKind, audit};
-use crate::config::RunConfig;
+use raptor_train::audit::{AuditOptions, CanaryKind, audit};
+use raptor_train::config::RunConfig;
 
 /// Audit a run config empirically: train once with secret canaries and bound ε from below.
 #[derive(Debug, Clone, clap::Args)]
@@ -44,7 +44,7 @@ pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
     };
     let bar = super::update_bar(args.json);
     let mut progress =
-        |done: u64, total: u64, m: &crate::trainer::UpdateMetrics, _: Option<f64>| {
+        |done: u64, total: u64, m: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
             bar.set_length(total);
             bar.set_position(done);
             bar.set_message(format!("loss {:.4}", m.loss));

@@ -1,12 +1,11 @@
-//! Subcommands of the `raptor` program. Each module owns one subcommand (its clap `Args` and its
-//! `run` function); `main.rs` only dispatches.
+//! Subcommands of the `raptor` program (this binary's modules, not part of the `raptor_train`
+//! library: they use `anyhow`, the library has one `thiserror` enum). Each module owns one
+//! subcommand (its clap `Args` and its `run` function); `main.rs` only dispatches.
 
 use std::io::Write;
 
-/// `account`, `calibrate` and `plan` (shared with the libtorch-free `raptor-acct`).
-pub use raptor_cli::account;
-/// `routing` (shared with the libtorch-free `raptor-acct`).
-pub use raptor_cli::routing;
+// `account`, `calibrate`, `plan` and `routing` are `raptor_cli`'s (shared with the
+// libtorch-free `raptor-acct`); `main.rs` embeds its `Command` enum.
 pub mod audit;
 pub mod train;
 pub mod upcycle;

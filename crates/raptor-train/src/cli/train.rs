@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 
-use crate::config::{DEFAULT_CONFIG, RunConfig};
+use raptor_train::config::{DEFAULT_CONFIG, RunConfig};
 
 /// Train a model privately (or non-privately for the reference methods) from a config file.
 #[derive(Debug, Clone, clap::Args)]
@@ -53,21 +53,24 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         (Some(p), None) => RunConfig::from_file(p)?,
         (None, None) => anyhow::bail!("give --config <run.toml> or --resume <run folder>"),
     };
-    // Under mpirun/srun: one rank per process, rank 0 writes and prints (see crate::dist).
+    // Under mpirun/srun: one rank per process, rank 0 writes and prints (see raptor_train::dist).
     #[cfg(feature = "mpi")]
-    let mpi = if crate::dist::launched_by_mpi() {
-        Some(crate::dist::Mpi::init().context("MPI was already initialized in this process")?)
+    let mpi = if raptor_train::dist::launched_by_mpi() {
+        Some(
+            raptor_train::dist::Mpi::init()
+                .context("MPI was already initialized in this process")?,
+        )
     } else {
         None
     };
     #[cfg(feature = "mpi")]
-    let comm: &dyn crate::dist::Collective = match &mpi {
+    let comm: &dyn raptor_train::dist::Collective = match &mpi {
         Some(m) => m,
-        None => &crate::dist::Solo,
+        None => &raptor_train::dist::Solo,
     };
     #[cfg(not(feature = "mpi"))]
-    let comm: &dyn crate::dist::Collective = {
-        let k = crate::dist::launcher_size();
+    let comm: &dyn raptor_train::dist::Collective = {
+        let k = raptor_train::dist::launcher_size();
         if k > 1 {
             anyhow::bail!(
                 "started by an MPI launcher with {k} processes, but this raptor was built without \
@@ -75,7 +78,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
                  raptor-train --features mpi` (needs libopenmpi-dev and libclang-dev)"
             );
         }
-        &crate::dist::Solo
+        &raptor_train::dist::Solo
     };
     let quiet = !comm.is_writer();
     let stop = Arc::new(AtomicBool::new(false));
@@ -87,7 +90,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     let bar = super::update_bar(args.json || quiet);
     let mut eps_shown = String::from("eps -");
     let mut progress =
-        |done: u64, total: u64, m: &crate::trainer::UpdateMetrics, eps: Option<f64>| {
+        |done: u64, total: u64, m: &raptor_train::trainer::UpdateMetrics, eps: Option<f64>| {
             bar.set_length(total);
             bar.set_position(done);
             if let Some(e) = eps {
@@ -95,7 +98,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
             }
             bar.set_message(format!("{eps_shown}  loss {:.4}  [{}]", m.loss, m.phase));
         };
-    let result = crate::run::train_with(
+    let result = raptor_train::run::train_with(
         &cfg,
         &args.runs_dir,
         args.resume.as_deref(),
@@ -159,7 +162,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
 
 /// Runs `raptor eval`.
 pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
-    let report = crate::run::eval_run(&args.run, args.data.as_deref())
+    let report = raptor_train::run::eval_run(&args.run, args.data.as_deref())
         .with_context(|| format!("evaluating {}", args.run.display()))?;
     if args.json {
         return super::print_json(&report);
