@@ -493,31 +493,63 @@ fn share(n: usize, tid: usize, size: usize) -> (usize, usize) {
     (n * tid / size, n * (tid + 1) / size)
 }
 
-/// The first column of share `k` of `size` when the columns of an `m × m` lower triangle
-/// (column `j` holds `m − j` entries) are split into shares of about equal area.
-fn triangle_share(m: usize, k: usize, size: usize) -> usize {
-    if k >= size {
-        return m;
-    }
-    let total = (m * (m + 1) / 2) as f64;
-    let want = total * k as f64 / size as f64;
-    // Σ_{j<c} (m − j) = c·m − c(c−1)/2 ≥ want: the smallest such c.
-    let mut c = 0usize;
-    let mut area = 0f64;
-    while c < m && area < want {
-        area += (m - c) as f64;
-        c += 1;
-    }
-    c
+/// The column blocks of an `m × m` lower triangle that thread `tid` of `size` computes: the
+/// columns are cut into `4·size` blocks of (nearly) equal width and dealt out in a serpentine
+/// (0, 1, …, size − 1, size − 1, …, 1, 0, 0, 1, …): block k, computed from row `b0` down,
+/// costs `(m − b0)·width`, which falls linearly with k, so each thread gets about the same
+/// area (a contiguous split of the triangle's columns leaves the last thread a square block
+/// whose upper half is wasted work: 1.7× the first thread's at 2 threads).
+fn lower_blocks(m: usize, tid: usize, size: usize) -> Vec<(usize, usize)> {
+    let size = size.max(1);
+    let nb = (4 * size).min(m.max(1));
+    (0..nb)
+        .filter(|&k| {
+            let r = k % (2 * size);
+            let owner = if r < size { r } else { 2 * size - 1 - r };
+            owner == tid
+        })
+        .map(|k| (m * k / nb, m * (k + 1) / nb))
+        .filter(|(b0, b1)| b1 > b0)
+        .collect()
 }
 
-/// The iterations with plain products split by output columns over `threads` threads
+/// The lower part of a symmetric product by column blocks: `OUT[b0.., B] = L[b0.., :] ·
+/// R[:, B]` for each block `B = b0..b1` of `blocks` (the entries above the diagonal inside
+/// `B` come out too; the rest of the upper part is left for a mirror). `R` has `m` columns
+/// (`Xᵀ`, `n × m`, or `T`, `m × m`).
+///
+/// # Safety
+/// No other thread may read or write `OUT`'s columns of `blocks` during the call, and nobody
+/// may write `L` or `R`.
+unsafe fn lower_part(
+    out: Shared,
+    m: usize,
+    blocks: &[(usize, usize)],
+    l: MatRef<'_, f32>,
+    r: MatRef<'_, f32>,
+) {
+    for &(b0, b1) in blocks {
+        // SAFETY: the caller's guarantee.
+        let mut o = unsafe { out.cols_mut(b0, b1) };
+        faer::linalg::matmul::matmul(
+            o.as_mut().subrows_mut(b0, m - b0),
+            Accum::Replace,
+            l.subrows(b0, m - b0),
+            r.subcols(b0, b1 - b0),
+            1.0f32,
+            Par::Seq,
+        );
+    }
+}
+
+/// The iterations with products split by output columns over `threads` threads
 /// ([`NsProducts::Team`]). Per step: the lower triangle of `A = X Xᵀ` by column shares of
-/// equal area; barrier; its upper part mirrored; barrier; the Horner steps of
-/// `T[:, C]` (each reads `A` whole and only its own columns of `T`); barrier;
-/// `Y[:, C'] = T · X[:, C']`; barrier. Each thread's products run on its own thread
-/// (`Par::Seq`), so each output column is computed by the same kernel as `full/seq` would
-/// apply to that slice: deterministic for a given thread count.
+/// equal area; barrier; its upper part mirrored; barrier; `T = p(A)` by Horner steps, each
+/// `T ← A T + d_j I` computed as the lower triangle of the same shares (A T is symmetric:
+/// T is a polynomial in A), barrier, mirrored, barrier; `Y[:, C'] = T · X[:, C']`; barrier.
+/// So the products cost `m²n/2 + (deg − 1)·m³/2 + m²n` multiply-adds per step instead of
+/// `(deg − 1)·m³` for the plain Horner steps. Each thread's products run on its own thread
+/// (`Par::Seq`): deterministic for a given team size.
 fn iterate_team(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, threads: usize) {
     let (m, n) = (x.nrows(), x.ncols());
     let d = coefficients_f32(cfg);
@@ -535,77 +567,78 @@ fn iterate_team(x: &mut Mat<f32>, cfg: &NsConfig, ws: &mut NsWorkspace, threads:
     let work = |tid: usize, size: usize| {
         let (mut x, mut y) = (sx0, sy0);
         let (mut t, mut u) = (st0, su0);
-        let (c0, c1) = share(m, tid, size);
         let (e0, e1) = share(n, tid, size);
-        let (l0, l1) = (
-            triangle_share(m, tid, size),
-            triangle_share(m, tid + 1, size),
-        );
+        let blocks = lower_blocks(m, tid, size);
+        // SAFETY (every phase of this closure): this thread writes only its own columns of
+        // the output (its blocks, or its share of Y's columns); what it reads is not written
+        // in the phase (the barriers order the phases; see the comments of each).
+        let lower = |out: Shared, l: MatRef<'_, f32>, r: MatRef<'_, f32>| {
+            // SAFETY: see above.
+            unsafe { lower_part(out, m, &blocks, l, r) }
+        };
+        // The upper part of this thread's blocks from the lower parts: M[i, j] = M[j, i] for
+        // i < b0 ≤ j (column i's owner wrote rows from its block start, which is ≤ i < j, and
+        // writes only rows above that start in this phase).
+        let mirror = |mm: Shared| {
+            for &(b0, b1) in &blocks {
+                let mut c = unsafe { mm.cols_mut(b0, b1) };
+                let whole = unsafe { mm.read() };
+                for jj in 0..b1 - b0 {
+                    for i in 0..b0 {
+                        c[(i, jj)] = whole[(b0 + jj, i)];
+                    }
+                }
+            }
+        };
         for _ in 0..steps {
-            // SAFETY (every phase): this thread writes only its own columns of the output;
-            // the inputs are not written in the phase (the barriers order the phases).
-            unsafe {
-                // The lower triangle of A's columns C: A[c0.., C] = X[c0.., :] X[C, :]ᵀ
-                // (the columns split so that each share holds about as much of the triangle).
-                let xr = x.read();
+            // The lower part of A = X Xᵀ.
+            let xr = unsafe { x.read() };
+            lower(sa, xr, xr.transpose());
+            barrier.wait();
+            mirror(sa);
+            barrier.wait();
+            // T[:, B] = d_deg A[:, B] + d_{deg−1} I[:, B] on the own blocks (A is whole now).
+            {
+                let ar = unsafe { sa.read() };
+                for &(b0, b1) in &blocks {
+                    let mut tc = unsafe { t.cols_mut(b0, b1) };
+                    for jj in 0..b1 - b0 {
+                        for ii in 0..m {
+                            tc[(ii, jj)] = d[deg] * ar[(ii, b0 + jj)];
+                        }
+                        tc[(b0 + jj, jj)] += d[deg - 1];
+                    }
+                }
+            }
+            for j in (0..deg.saturating_sub(1)).rev() {
+                // T ← A T + d_j I. Every T is a polynomial in A, so A T is symmetric: only its
+                // lower part is computed (half the flops of the plain product), then mirrored.
+                // This thread reads only its own blocks' columns of T, which are whole.
+                let ar = unsafe { sa.read() };
+                let tr = unsafe { t.read() };
+                lower(u, ar, tr);
+                for &(b0, b1) in &blocks {
+                    let mut uc = unsafe { u.cols_mut(b0, b1) };
+                    for jj in 0..b1 - b0 {
+                        uc[(b0 + jj, jj)] += d[j];
+                    }
+                }
+                barrier.wait();
+                mirror(u);
+                barrier.wait();
+                std::mem::swap(&mut t, &mut u);
+            }
+            if deg < 2 {
+                // No Horner product: T's columns were written by their owners only.
+                barrier.wait();
+            }
+            // Y[:, C'] = T X[:, C'] (T whole).
+            {
+                let xr = unsafe { x.read() };
                 faer::linalg::matmul::matmul(
-                    sa.cols_mut(l0, l1).subrows_mut(l0, m - l0),
+                    unsafe { y.cols_mut(e0, e1) },
                     Accum::Replace,
-                    xr.subrows(l0, m - l0),
-                    xr.subrows(l0, l1 - l0).transpose(),
-                    1.0f32,
-                    Par::Seq,
-                );
-            }
-            barrier.wait();
-            unsafe {
-                // The upper part of columns C from the lower parts of the rows' own columns
-                // (A[i, j] = A[j, i], i < l0 ≤ j: column i's owner writes only its rows above
-                // its own start, which is ≤ i < j).
-                let mut ac = sa.cols_mut(l0, l1);
-                let ar = sa.read();
-                for jj in 0..l1 - l0 {
-                    for i in 0..l0 {
-                        ac[(i, jj)] = ar[(l0 + jj, i)];
-                    }
-                }
-            }
-            barrier.wait();
-            unsafe {
-                // T[:, C] = d_deg A[:, C] + d_{deg−1} I[:, C], then T ← A T + d_j I (own columns)
-                let ar = sa.read();
-                let mut tc = t.cols_mut(c0, c1);
-                for jj in 0..c1 - c0 {
-                    for ii in 0..m {
-                        tc[(ii, jj)] = d[deg] * ar[(ii, c0 + jj)];
-                    }
-                    tc[(c0 + jj, jj)] += d[deg - 1];
-                }
-                for j in (0..deg.saturating_sub(1)).rev() {
-                    let tr = t.cols_mut(c0, c1);
-                    let mut uc = u.cols_mut(c0, c1);
-                    faer::linalg::matmul::matmul(
-                        uc.as_mut(),
-                        Accum::Replace,
-                        ar,
-                        tr.as_ref(),
-                        1.0f32,
-                        Par::Seq,
-                    );
-                    for jj in 0..c1 - c0 {
-                        uc[(c0 + jj, jj)] += d[j];
-                    }
-                    std::mem::swap(&mut t, &mut u);
-                }
-            }
-            barrier.wait();
-            unsafe {
-                // Y[:, C'] = T X[:, C']
-                let xr = x.read();
-                faer::linalg::matmul::matmul(
-                    y.cols_mut(e0, e1),
-                    Accum::Replace,
-                    t.read(),
+                    unsafe { t.read() },
                     xr.subcols(e0, e1 - e0),
                     1.0f32,
                     Par::Seq,
@@ -1103,27 +1136,55 @@ pub(crate) fn to_col_major_vec(x: MatRef<'_, f32>) -> Vec<f32> {
 mod tests {
     use super::*;
 
-    /// Shares of a lower triangle's columns: from 0 to m, non-decreasing, each share's area
-    /// within one column (at most m entries) of an equal split; shares of plain columns
-    /// likewise cover 0..n without gaps.
+    /// The lower-part column blocks of every thread cover 0..m exactly once, and the rows
+    /// each thread computes (block from its start down) are balanced: within 30 % of an even
+    /// split wherever every thread has at least 4 blocks of 8 or more columns, and never above
+    /// the contiguous split's worst share (what the blocks replaced). Plain column shares
+    /// cover 0..n without gaps.
     #[test]
-    fn triangle_shares_split_the_area_evenly() {
-        for m in [1usize, 2, 7, 64, 255, 1000] {
+    fn lower_blocks_cover_the_columns_once_and_balance_the_work() {
+        for m in [1usize, 2, 7, 64, 255, 256, 768, 1000] {
             for size in [1usize, 2, 3, 5, 8] {
-                let b: Vec<usize> = (0..=size).map(|k| triangle_share(m, k, size)).collect();
-                assert_eq!((b[0], b[size]), (0, m), "m {m} size {size}");
-                let area = |c0: usize, c1: usize| (c0..c1).map(|j| m - j).sum::<usize>() as f64;
-                let even = (m * (m + 1) / 2) as f64 / size as f64;
-                for k in 0..size {
-                    assert!(b[k] <= b[k + 1], "m {m} size {size}: {b:?}");
-                    let a = area(b[k], b[k + 1]);
-                    assert!(
-                        (a - even).abs() <= m as f64,
-                        "m {m} size {size} share {k}: {a} vs {even}"
-                    );
-                    let (c0, c1) = share(m, k, size);
-                    assert!(c0 <= c1 && c1 <= m);
+                let mut seen = vec![0u32; m];
+                let mut work = Vec::new();
+                for tid in 0..size {
+                    let mut w = 0usize;
+                    for (b0, b1) in lower_blocks(m, tid, size) {
+                        assert!(b0 < b1 && b1 <= m, "m {m} size {size}: {b0}..{b1}");
+                        for c in &mut seen[b0..b1] {
+                            *c += 1;
+                        }
+                        w += (m - b0) * (b1 - b0);
+                    }
+                    work.push(w as f64);
                 }
+                assert!(seen.iter().all(|&c| c == 1), "m {m} size {size}: {seen:?}");
+                let total: f64 = work.iter().sum();
+                let max = work.iter().cloned().fold(0.0, f64::max);
+                if m >= 32 * size {
+                    assert!(
+                        max <= 1.3 * total / size as f64,
+                        "m {m} size {size}: {work:?}"
+                    );
+                }
+                // The contiguous equal-area split's largest share of computed rows.
+                let mut contiguous = 0f64;
+                let (mut c, mut area) = (0usize, 0f64);
+                let half = (m * (m + 1) / 2) as f64;
+                let mut starts = vec![0usize];
+                for k in 1..size {
+                    while c < m && area < half * k as f64 / size as f64 {
+                        area += (m - c) as f64;
+                        c += 1;
+                    }
+                    starts.push(c);
+                }
+                starts.push(m);
+                for k in 0..size {
+                    let (s0, s1) = (starts[k], starts[k + 1]);
+                    contiguous = contiguous.max(((m - s0) * (s1 - s0)) as f64);
+                }
+                assert!(max <= contiguous.max(1.0) + m as f64, "m {m} size {size}");
                 assert_eq!(share(m, 0, size).0, 0);
                 assert_eq!(share(m, size - 1, size).1, m);
                 for k in 1..size {

@@ -235,8 +235,10 @@ fn team_schedule_agrees_with_plain_products_for_every_team_size() {
         .enumerate()
     {
         let x = gaussian_matrix(r, c, 1.0, 70 + k as u64);
+        // Polynomials of degree 1 (no Horner product), 2 (Keller; one) and 3 (two).
         for cfg in [
             NsConfig::keller(),
+            NsConfig::taylor(1, 6),
             NsConfig::taylor(2, 4),
             NsConfig::taylor(3, 3),
         ] {
