@@ -423,7 +423,7 @@ impl SpinBarrier {
         }
         let mut spins = 0u32;
         while self.generation.load(Ordering::Acquire) == generation {
-            if spins < 1 << 14 {
+            if spins < raptor_plan::team::PURE_SPINS {
                 std::hint::spin_loop();
                 spins += 1;
             } else {

@@ -78,6 +78,12 @@ pub const SPIN_ENV: &str = "RAPTOR_TEAM_SPIN_US";
 /// enough that an idle process gives its cores back within a millisecond.
 pub const DEFAULT_SPIN_US: u64 = 500;
 
+/// Checks made with the CPU's pause hint before a waiting thread starts yielding its core
+/// between checks (about 10–50 µs of pausing, depending on the CPU's pause latency): short
+/// waits — a member a few µs behind — cost no system call, and a member that waits for a
+/// thread the OS has descheduled gives its core away soon.
+pub const PURE_SPINS: u32 = 1 << 10;
+
 /// The spin budget in µs; `u64::MAX` = not set yet (read `RAPTOR_TEAM_SPIN_US` on first use).
 static SPIN_US: AtomicU64 = AtomicU64::new(u64::MAX);
 
@@ -242,7 +248,10 @@ impl Team {
         }
     }
 
-    /// Spin until a call after `seen` is published, parking once the spin budget is spent.
+    /// Wait until a call after `seen` is published: spin with the pause hint for the first
+    /// [`PURE_SPINS`] checks, then yield the core between checks (so that other runnable
+    /// threads — a rayon pool, libtorch's OpenMP threads — are not held off by an idle
+    /// worker), and park once the spin budget is spent.
     fn wait_for_call(&self, seen: u64, sleeping: &AtomicBool) {
         let mut start = Instant::now();
         let mut budget = spin_budget();
@@ -251,8 +260,12 @@ impl Team {
             if self.generation.load(Ordering::Acquire) != seen {
                 return;
             }
-            std::hint::spin_loop();
-            i = i.wrapping_add(1);
+            if i < PURE_SPINS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            i = i.saturating_add(1);
             if i.is_multiple_of(64) && start.elapsed() >= budget {
                 // Announce the sleep, then re-check: a caller that publishes after our check
                 // sees the flag and unparks us (an unpark before the park makes it return).
@@ -263,6 +276,7 @@ impl Team {
                 sleeping.store(false, Ordering::SeqCst);
                 start = Instant::now();
                 budget = spin_budget();
+                i = 0;
             }
         }
     }
@@ -324,7 +338,7 @@ where
     let mine = catch_unwind(AssertUnwindSafe(|| f(0, size)));
     let mut i = 0u32;
     while t.remaining.load(Ordering::Acquire) != 0 {
-        if i < 1 << 16 {
+        if i < PURE_SPINS {
             std::hint::spin_loop();
             i += 1;
         } else {
