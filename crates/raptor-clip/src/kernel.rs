@@ -1343,9 +1343,12 @@ pub(crate) fn fused_clip_sum(
         // Start the team's workers now, so that no timed candidate pays their start-up.
         raptor_plan::team::run(threads, |_, _| {});
     }
-    let measured = raptor_plan::measure(&cands, raptor_plan::DEFAULT_BUDGET, |&s| {
-        fused_with(segs, batch, n_groups, mode, weights, s)
-    })?;
+    let measured = raptor_plan::measure_within(
+        &cands,
+        raptor_plan::DEFAULT_BUDGET,
+        raptor_plan::DEFAULT_EXTRA_TIME,
+        |&s| fused_with(segs, batch, n_groups, mode, weights, s),
+    )?;
     match measured {
         Some(m) => {
             let key = shape_key(segs, batch, n_groups, threads);

@@ -752,10 +752,14 @@ pub fn newton_schulz_with(
         raptor_plan::team::run(threads, |_, _| {});
     }
     // Two interleaved rounds at least (the first run of a candidate may pay for cold caches),
-    // six runs in all at least: 2 to 4 candidates → 6 to 8 calls.
-    let measured = raptor_plan::measure(&cands, (2 * cands.len()).max(6), |&plan| {
-        Ok::<_, MuonError>(run_plan(x.clone(), cfg, ws, plan))
-    })?;
+    // six runs in all at least: 2 to 4 candidates → 6 to 8 calls; more whole rounds while
+    // planning has taken less than `DEFAULT_EXTRA_TIME` (small matrices: a few ms per call).
+    let measured = raptor_plan::measure_within(
+        &cands,
+        (2 * cands.len()).max(6),
+        raptor_plan::DEFAULT_EXTRA_TIME,
+        |&plan| Ok::<_, MuonError>(run_plan(x.clone(), cfg, ws, plan)),
+    )?;
     let out = match measured {
         Some(mres) => {
             raptor_plan::remember(&key, &cands[mres.winner].to_string());

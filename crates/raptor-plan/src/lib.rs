@@ -67,6 +67,11 @@ pub const PLAN_ENV: &str = "RAPTOR_PLAN";
 /// Default budget of timed runs per shape class (all candidates together).
 pub const DEFAULT_BUDGET: usize = 9;
 
+/// Default time under which [`measure_within`] adds whole rounds after the budget (50 ms: a
+/// one-off cost per shape class and process, for kernels whose calls take milliseconds or
+/// less, where one disturbed run can decide a close race).
+pub const DEFAULT_EXTRA_TIME: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// How kernels choose a schedule for a shape class they have no wisdom for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlanMode {
@@ -140,8 +145,24 @@ pub struct Measured<T> {
 pub fn measure<C, T, E>(
     candidates: &[C],
     budget: usize,
+    run: impl FnMut(&C) -> Result<T, E>,
+) -> Result<Option<Measured<T>>, E> {
+    measure_within(candidates, budget, std::time::Duration::ZERO, run)
+}
+
+/// [`measure`] that may run more rounds where they are cheap: after the `budget` runs, whole
+/// extra rounds of every candidate run while the time spent so far is below `extra_time`
+/// (at most four times the budget in all). Noise on a shared machine only ever makes a run
+/// slower, so more runs per candidate make the minimum — and the choice — more reliable;
+/// `extra_time` bounds what that costs once per shape class (calls of a few milliseconds get
+/// several runs each, calls of a second get the plain budget).
+pub fn measure_within<C, T, E>(
+    candidates: &[C],
+    budget: usize,
+    extra_time: std::time::Duration,
     mut run: impl FnMut(&C) -> Result<T, E>,
 ) -> Result<Option<Measured<T>>, E> {
+    let started = Instant::now();
     let n = candidates.len();
     if n == 0 {
         return Ok(None);
@@ -164,6 +185,15 @@ pub fn measure<C, T, E>(
         }
         round += 1;
         let left = budget.saturating_sub(runs);
+        if left < alive.len()
+            && alive.len() == n
+            && runs + n <= 4 * budget.max(n)
+            && started.elapsed() < extra_time
+        {
+            // The budget is spent but the runs were cheap: another whole round of every
+            // candidate.
+            continue;
+        }
         if left < alive.len() {
             // Keep the faster half (ties: the earlier candidate), in the given order.
             let keep = alive.len().div_ceil(2);
@@ -182,6 +212,7 @@ pub fn measure<C, T, E>(
             winner = c;
         }
     }
+
     Ok(last[winner].take().map(|output| Measured {
         winner,
         output,
@@ -522,6 +553,57 @@ mod tests {
         second.dedup();
         assert_eq!(second.len(), 4);
         assert!(second.contains(&m.winner));
+    }
+
+    /// Cheap runs get whole extra rounds (every candidate, rotated starts) up to four times the
+    /// budget; a zero extra time, or runs slower than it, get the plain budget.
+    #[test]
+    fn measure_within_adds_whole_rounds_while_cheap() {
+        let cands = [0usize, 1, 2];
+        let mut seen: Vec<usize> = Vec::new();
+        let m = measure_within(&cands, 6, std::time::Duration::from_secs(60), |&v| {
+            seen.push(v);
+            Ok::<_, ()>(v)
+        })
+        .unwrap()
+        .unwrap();
+        // budget 6 = two rounds; extra rounds up to 4 × 6 = 24 runs (8 rounds of 3); then
+        // the halving: the budget is spent, so it stops.
+        assert_eq!(m.runs, 24);
+        for (k, round) in seen.chunks(3).enumerate() {
+            let mut r = round.to_vec();
+            assert_eq!(r[0], k % 3, "round {k} starts rotated: {seen:?}");
+            r.sort_unstable();
+            assert_eq!(r, vec![0, 1, 2], "round {k} runs every candidate");
+        }
+        let plain = measure_within(&cands, 6, std::time::Duration::ZERO, |&v| Ok::<_, ()>(v))
+            .unwrap()
+            .unwrap();
+        assert_eq!(plain.runs, 6);
+        // Runs slower than the extra time: no extra round.
+        let slow = measure_within(&cands, 6, std::time::Duration::from_millis(1), |&v| {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            Ok::<_, ()>(v)
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(slow.runs, 6);
+        // The winner is still the minimum over every run of every candidate.
+        let mut calls = [0u32; 2];
+        let m = measure_within(&[0usize, 1], 2, std::time::Duration::from_secs(60), |&v| {
+            calls[v] += 1;
+            // candidate 1 is slow on its first run only
+            if v == 1 && calls[1] == 1 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            if v == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Ok::<_, ()>(v)
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!((m.winner, m.runs), (1, 8));
     }
 
     #[test]
