@@ -113,18 +113,32 @@ pub fn launcher_size() -> usize {
 /// Fault injection for the tests of the failure path (and for anyone checking their cluster's
 /// behaviour): with `RAPTOR_MPI_FAULT=<rank>:<update>` in the environment, that rank exits
 /// abruptly (status 3, without finalizing MPI, as a crashed process would) just before that
-/// update. The launcher then ends the whole job with a non-zero status; the checkpoint rank 0
+/// update; with `RAPTOR_MPI_FAULT=<rank>:<update>:panic` it panics there instead (a bug in the
+/// program, as opposed to a crash), which the panic hook installed by `Mpi::init` turns into
+/// `MPI_Abort`. Either way the whole job ends with a non-zero status; the checkpoint rank 0
 /// wrote before stays intact.
 #[cfg(feature = "mpi")]
 pub fn fault_injection(comm: &dyn Collective, update: u64) {
     let Ok(spec) = std::env::var("RAPTOR_MPI_FAULT") else {
         return;
     };
-    let mut it = spec.split(':').map(|x| x.trim().parse::<u64>().ok());
-    if let (Some(Some(rank)), Some(Some(at))) = (it.next(), it.next())
+    let mut it = spec.split(':').map(str::trim);
+    let mut num = || it.next().and_then(|x| x.parse::<u64>().ok());
+    let (rank, at) = (num(), num());
+    let panics = spec.split(':').nth(2).map(str::trim) == Some("panic");
+    if let (Some(rank), Some(at)) = (rank, at)
         && rank == comm.rank() as u64
         && at == update
     {
+        if panics {
+            // Deliberate: this is the fault being injected (a bug in the program).
+            #[allow(clippy::panic)]
+            {
+                panic!(
+                    "RAPTOR_MPI_FAULT: rank {rank} panics before update {update} (fault injection)"
+                );
+            }
+        }
         eprintln!(
             "RAPTOR_MPI_FAULT: rank {rank} exits abruptly before update {update} (fault injection)"
         );
@@ -141,7 +155,7 @@ pub fn launcher_rank() -> Option<usize> {
 }
 
 #[cfg(feature = "mpi")]
-pub use self::mpi_impl::Mpi;
+pub use self::mpi_impl::{Mpi, PANIC_EXIT_CODE};
 
 #[cfg(feature = "mpi")]
 mod mpi_impl {
@@ -151,6 +165,9 @@ mod mpi_impl {
     use mpi::topology::SimpleCommunicator;
     use mpi::traits::{Communicator, CommunicatorCollectives, Root};
     use std::cell::Cell;
+
+    /// The status `MPI_Abort` is given when a rank panics (Rust's own status for a panic).
+    pub const PANIC_EXIT_CODE: i32 = 101;
 
     /// `MPI_COMM_WORLD` of an initialized MPI environment (Open MPI, MPICH, …): create it once
     /// per process with [`Mpi::init`] and keep it alive until the end (dropping it finalizes
@@ -174,9 +191,25 @@ mod mpi_impl {
 
     impl Mpi {
         /// Initialize MPI (once per process). `None` if it was already initialized.
+        ///
+        /// With more than one rank this also installs a process-wide panic hook that, after the
+        /// previous hook has printed the panic, calls `MPI_Abort` on `MPI_COMM_WORLD`: a rank
+        /// that panics (on any thread) would otherwise unwind on its own while the other ranks
+        /// wait forever in their next collective. Errors already end the job through
+        /// [`Collective::abort`]; the hook covers panics, which should not happen but must not
+        /// hang a cluster job.
         pub fn init() -> Option<Mpi> {
             let universe = mpi::initialize()?;
             let world = universe.world();
+            if world.size() > 1 {
+                let rank = world.rank();
+                let previous = std::panic::take_hook();
+                std::panic::set_hook(Box::new(move |info| {
+                    previous(info);
+                    eprintln!("rank {rank} panicked: ending the whole MPI job (MPI_Abort)");
+                    SimpleCommunicator::world().abort(PANIC_EXIT_CODE)
+                }));
+            }
             Some(Mpi {
                 world,
                 _universe: universe,

@@ -213,6 +213,67 @@ fn a_dying_rank_ends_the_job_and_the_checkpoint_survives() {
     assert!(rec["epsilon"]["steps"].as_u64().unwrap() >= 10);
 }
 
+/// A rank that panics (a bug in the program rather than a crash) ends the whole job too, and
+/// quickly: `Mpi::init`'s panic hook calls `MPI_Abort`. Without it the panicking rank unwinds
+/// alone while the other waits forever in its next collective; the test gives the job 180 s
+/// and kills it (and fails) after that.
+#[test]
+fn a_panicking_rank_ends_the_job_instead_of_hanging() {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let d = tmp("panic");
+    let cfg = config(&d, "dp-adam", 10);
+    let runs = d.join("runs");
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_raptor"))
+        .args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ])
+        .env("OMP_NUM_THREADS", "1")
+        .env("RAPTOR_MPI_FAULT", "1:7:panic")
+        // Files, not pipes: nobody reads a pipe while the test waits.
+        .stdout(Stdio::from(
+            std::fs::File::create(d.join("stdout")).unwrap(),
+        ))
+        .stderr(Stdio::from(
+            std::fs::File::create(d.join("stderr")).unwrap(),
+        ))
+        // Its own process group, so that a hung job can be killed whole.
+        .process_group(0);
+    let mut child = cmd.spawn().expect("mpirun not found");
+    let t0 = std::time::Instant::now();
+    let limit = std::time::Duration::from_secs(180);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let pgid = child.id() as libc::pid_t;
+            // SAFETY: kill(2) on the process group this test started.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("the job hung for {limit:?} after a rank panicked");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let err = std::fs::read_to_string(d.join("stderr")).unwrap();
+    assert!(!status.success(), "the job survived a panicking rank");
+    assert!(
+        err.contains("panics before update 7") && err.contains("MPI_Abort"),
+        "the panic and the abort are reported:\n{err}"
+    );
+    let run = only_run(&runs);
+    let state: serde_json::Value =
+        raptor_train::run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
+    assert_eq!(state["update"].as_u64(), Some(5), "{state}");
+    assert!(!run.join("record.json").exists());
+}
+
 /// An MPMD launch of two ranks: rank 0 trains with config `a`, rank 1 with config `b`.
 fn mpmd_train(a: &Path, b: &Path, runs: &Path) -> Output {
     let rank = |cfg: &Path| -> Vec<String> {
