@@ -39,7 +39,16 @@ fn examples(n: usize, vocab: i64, seed: u64) -> Vec<Example> {
         .collect()
 }
 
+/// libtorch's generator is one per process and the tests run on parallel threads: whoever
+/// seeds it and then draws from it holds this lock, so that another test's seed cannot land
+/// between the two (two "identical" models came out different once in a parallel run).
+fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn gpt2() -> Gpt2 {
+    let _rng = rng_lock();
     tch::manual_seed(3);
     Gpt2::new(Gpt2Config::tiny(DecoderHead::LanguageModel), Device::Cpu).unwrap()
 }
@@ -315,6 +324,7 @@ fn dp_muonbc_depends_only_on_the_release_and_public_noise() {
     let shapes = [("w", [6i64, 10])];
     let run = |seed: u64, g_scale: f64| -> Vec<f64> {
         let mut o = Optimizers::new(settings(0.01), &[("w".into(), Optim::MuonBc)], Some(seed));
+        let _rng = rng_lock();
         tch::manual_seed(1);
         let mut p = Tensor::randn(shapes[0].1, (Kind::Float, Device::Cpu));
         for t in 0..3 {
@@ -332,6 +342,7 @@ fn dp_muonbc_depends_only_on_the_release_and_public_noise() {
     // With no noise there is nothing to correct: MuonBc equals Muon.
     let plain = |kind: Optim| -> Vec<f64> {
         let mut o = Optimizers::new(settings(0.01), &[("w".into(), kind)], Some(1));
+        let _rng = rng_lock();
         tch::manual_seed(1);
         let mut p = Tensor::randn(shapes[0].1, (Kind::Float, Device::Cpu));
         tch::manual_seed(10);
@@ -453,8 +464,11 @@ fn on_a_lora_scope_dp_muon_updates_the_adapters_with_muon() {
             c.method.scope = "lora".into();
             c.lora.r = 2;
             c.train.seed = 5;
+            // Seeded model and LoRA draws from libtorch's one generator (see `rng_lock`).
+            let rng = rng_lock();
             let mut m = raptor_train::session::build_model(&c, vocab, 2, Device::Cpu).unwrap();
             let (plan, _) = build_plan(&c, &mut *m, data.len(), None).unwrap();
+            drop(rng);
             let lora: Vec<&(String, Optim)> = plan
                 .optim
                 .iter()
