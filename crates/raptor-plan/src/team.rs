@@ -79,7 +79,7 @@ pub const SPIN_ENV: &str = "RAPTOR_TEAM_SPIN_US";
 pub const DEFAULT_SPIN_US: u64 = 500;
 
 /// Checks made with the CPU's pause hint before a waiting thread starts yielding its core
-/// between checks (about 10–50 µs of pausing, depending on the CPU's pause latency): short
+/// between checks (about 5–60 µs of pausing, depending on the CPU's pause latency): short
 /// waits — a member a few µs behind — cost no system call, and a member that waits for a
 /// thread the OS has descheduled gives its core away soon.
 pub const PURE_SPINS: u32 = 1 << 10;
