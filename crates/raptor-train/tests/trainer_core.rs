@@ -41,7 +41,16 @@ fn examples(n: usize, vocab: i64, seed: u64) -> Vec<Example> {
         .collect()
 }
 
+/// libtorch's generator is one per process and the tests run on parallel threads: whoever
+/// seeds it and then draws from it holds this lock, so that another test's seed cannot land
+/// between the two.
+fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn model() -> SwitchEncoder {
+    let _rng = rng_lock();
     tch::manual_seed(11);
     SwitchEncoder::new(SwitchConfig::tiny(), Device::Cpu).unwrap()
 }
@@ -122,6 +131,7 @@ fn snapshot(m: &dyn Model, names: &[String]) -> BTreeMap<String, Tensor> {
 }
 
 fn perturb_trainable(m: &dyn Model, names: &[String]) {
+    let _rng = rng_lock();
     tch::manual_seed(5);
     let vars = m.var_store().variables();
     tch::no_grad(|| {
