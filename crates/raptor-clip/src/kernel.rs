@@ -1659,6 +1659,46 @@ mod tests {
         }
     }
 
+    /// The row pipeline's kept partial-sum buffers carry nothing from one call into the next:
+    /// a call after a call on other (large) records gives bitwise what it gave before.
+    #[test]
+    fn kept_partial_sums_carry_nothing_between_calls() {
+        let width = 20_000; // 80 KB per partial: large enough to be kept
+        let batch = 8;
+        let mut rng = ChaCha8Rng::seed_from_u64(77);
+        let big: Vec<f32> = (0..batch * width)
+            .map(|_| rng.random_range(-1e3..1e3))
+            .collect();
+        let small: Vec<f32> = (0..batch * width)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let run = |d: &[f32]| {
+            let segs = [Seg {
+                data: d,
+                width,
+                group: 0,
+            }];
+            fused_with(
+                &segs,
+                batch,
+                1,
+                BoundMode::PerGroup(&[1e9]),
+                None,
+                Schedule::Rows(2),
+            )
+            .unwrap()
+        };
+        // Other tests of this binary use the pool at the same time: whichever kept buffer a
+        // call gets (this test's, another's, or none), the result must be the same.
+        let fresh = run(&small);
+        for _ in 0..3 {
+            let _ = run(&big);
+            let after = run(&small);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fresh.sums[0]), bits(&after.sums[0]));
+        }
+    }
+
     /// Called from outside any rayon pool, the row and two-pass schedules run their parts on
     /// raptor-plan's spinning team; inside a pool of the same size, as rayon tasks. The parts
     /// are the same, so the results must be bitwise the same (and the rayon path is checked
