@@ -303,6 +303,22 @@ pub fn read_dart_xml(path: &Path) -> Result<D2tDataset, DataError> {
     read_dart_xml_str(&text, path)
 }
 
+/// Read a data-to-text file by format: `"e2e"` is the E2E CSV ([`read_e2e`]); any other format
+/// (`"dart"`) is DART, as XML when the file name ends in `.xml` (any case, [`read_dart_xml`])
+/// and as JSON otherwise ([`read_dart_json`]).
+pub fn read_d2t(format: &str, path: &Path) -> Result<D2tDataset, DataError> {
+    if format == "e2e" {
+        read_e2e(path)
+    } else if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("xml"))
+    {
+        read_dart_xml(path)
+    } else {
+        read_dart_json(path)
+    }
+}
+
 /// [`read_dart_xml`] from a string; `name` is used in error messages.
 pub fn read_dart_xml_str(text: &str, name: &Path) -> Result<D2tDataset, DataError> {
     let opts = roxmltree::ParsingOptions {

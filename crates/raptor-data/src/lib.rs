@@ -37,7 +37,7 @@ mod split;
 mod table;
 
 pub use d2t::{
-    D2tDataset, D2tRecord, MAX_D2T_BYTES, SourceGroup, Triple, linearize, read_dart_json,
+    D2tDataset, D2tRecord, MAX_D2T_BYTES, SourceGroup, Triple, linearize, read_d2t, read_dart_json,
     read_dart_json_str, read_dart_xml, read_dart_xml_str, read_e2e, read_e2e_from,
 };
 pub use error::DataError;

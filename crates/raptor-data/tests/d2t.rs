@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use raptor_data::{
-    DataError, read_dart_json, read_dart_json_str, read_dart_xml, read_dart_xml_str, read_e2e,
-    read_e2e_from,
+    DataError, read_d2t, read_dart_json, read_dart_json_str, read_dart_xml, read_dart_xml_str,
+    read_e2e, read_e2e_from,
 };
 
 fn data(name: &str) -> PathBuf {
@@ -215,4 +215,44 @@ fn real_files_when_present() {
             shared.display()
         );
     }
+}
+
+/// `read_d2t` dispatches by format and, for DART, by the file's extension (any case).
+#[test]
+fn read_d2t_picks_the_reader_by_format_and_extension() {
+    let same = |a: &raptor_data::D2tDataset, b: &raptor_data::D2tDataset| {
+        a.records
+            .iter()
+            .map(|r| (&r.source, &r.target))
+            .collect::<Vec<_>>()
+            == b.records
+                .iter()
+                .map(|r| (&r.source, &r.target))
+                .collect::<Vec<_>>()
+    };
+    let e2e = data("e2e_small.csv");
+    assert!(same(
+        &read_d2t("e2e", &e2e).unwrap(),
+        &read_e2e(&e2e).unwrap()
+    ));
+    let xml = data("dart_small.xml");
+    assert!(same(
+        &read_d2t("dart", &xml).unwrap(),
+        &read_dart_xml(&xml).unwrap()
+    ));
+    let json = data("dart_small.json");
+    assert!(same(
+        &read_d2t("dart", &json).unwrap(),
+        &read_dart_json(&json).unwrap()
+    ));
+    // An upper-case extension is still XML.
+    let dir = tempfile::tempdir().unwrap();
+    let upper = dir.path().join("DART.XML");
+    std::fs::copy(&xml, &upper).unwrap();
+    assert!(same(
+        &read_d2t("dart", &upper).unwrap(),
+        &read_dart_xml(&xml).unwrap()
+    ));
+    // An E2E file read as DART is DART's error, not a silent E2E read.
+    assert!(read_d2t("dart", &e2e).is_err());
 }

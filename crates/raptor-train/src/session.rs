@@ -309,17 +309,7 @@ pub fn to_examples(
 
 /// Reads a data-to-text file (`data.format` = `e2e` or `dart`).
 pub fn read_d2t(cfg: &RunConfig, path: &Path) -> Result<raptor_data::D2tDataset> {
-    let ds = match cfg.data.format.as_str() {
-        "e2e" => raptor_data::read_e2e(path),
-        _ if path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("xml")) =>
-        {
-            raptor_data::read_dart_xml(path)
-        }
-        _ => raptor_data::read_dart_json(path),
-    }
-    .map_err(data_err)?;
+    let ds = raptor_data::read_d2t(&cfg.data.format, path).map_err(data_err)?;
     if ds.is_empty() {
         return Err(TrainError::Data(format!(
             "{} holds no record",

@@ -545,17 +545,7 @@ pub(super) fn write_e2e_csv(path: &Path, records: &[(String, String)]) -> anyhow
 }
 
 pub(super) fn read_d2t(format: &str, path: &Path) -> anyhow::Result<raptor_data::D2tDataset> {
-    let ds = match format {
-        "e2e" => raptor_data::read_e2e(path),
-        _ if path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("xml")) =>
-        {
-            raptor_data::read_dart_xml(path)
-        }
-        _ => raptor_data::read_dart_json(path),
-    };
-    ds.with_context(|| format!("reading {}", path.display()))
+    raptor_data::read_d2t(format, path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// The derived files of a data-to-text task: public and private parts of dev (by source) and
