@@ -27,6 +27,7 @@ mod layers;
 mod model;
 mod moe;
 mod olmoe;
+pub mod rng;
 mod switch;
 mod tape;
 pub mod tokenizer;

@@ -517,7 +517,8 @@ mod tests {
                 _ => vec![5, 12],
             }
         };
-        tch::manual_seed(7);
+        let rng = raptor_models::rng::global_rng();
+        rng.seed(7);
         let init: Vec<Tensor> = kinds
             .iter()
             .map(|(n, _)| Tensor::randn(shape(n), (Kind::Float, tch::Device::Cpu)))

@@ -1038,8 +1038,9 @@ fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
     } else {
         None
     };
-    tch::manual_seed(cfg.train.seed.wrapping_add(1) as i64);
-    crate::methods::setup_scope(&cfg, model.as_mut(), layer)?;
+    raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
+        crate::methods::setup_scope(&cfg, model.as_mut(), layer)
+    })?;
     load_trainable(run, model.as_ref())?;
     Ok(RunModel {
         cfg,

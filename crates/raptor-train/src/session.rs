@@ -392,7 +392,9 @@ pub fn build_model(
     num_labels: i64,
     device: Device,
 ) -> Result<Box<dyn Model>> {
-    tch::manual_seed(cfg.train.seed as i64);
+    // Held until the model is built: no other thread seeds or draws in between.
+    let rng = raptor_models::rng::global_rng();
+    rng.seed(cfg.train.seed as i64);
     let m = &cfg.model;
     let opts = LoadOptions::strict();
     Ok(match (m.kind, &m.path) {
@@ -735,13 +737,14 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
         }
         None
     };
-    tch::manual_seed(cfg.train.seed.wrapping_add(1) as i64);
-    let (plan, privacy) = build_plan(
-        cfg,
-        model.as_mut(),
-        train.len(),
-        layer.as_ref().map(|l| l.layer),
-    )?;
+    let (plan, privacy) = raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
+        build_plan(
+            cfg,
+            model.as_mut(),
+            train.len(),
+            layer.as_ref().map(|l| l.layer),
+        )
+    })?;
     if cfg.lora.dropout > 0.0 && train.iter().any(|e| e.id == u64::MAX) {
         return Err(TrainError::Config("LoRA dropout needs record ids".into()));
     }
@@ -857,8 +860,9 @@ fn prepare_d2t(
             references: g.references,
         });
     }
-    tch::manual_seed(cfg.train.seed.wrapping_add(1) as i64);
-    let (plan, privacy) = build_plan(cfg, model.as_mut(), train.len(), None)?;
+    let (plan, privacy) = raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
+        build_plan(cfg, model.as_mut(), train.len(), None)
+    })?;
     Ok(Session {
         cfg: cfg.clone(),
         model,

@@ -11,11 +11,12 @@ use tch::Device;
 fn upcycle_cli_writes_a_mixtral_folder_with_the_dense_logits() {
     let dir = std::env::temp_dir().join(format!("raptor-cli-upcycle-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    tch::manual_seed(3);
-    let dense = Decoder::new(
-        DecoderConfig::tiny(DecoderFamily::Llama, DecoderHead::LanguageModel),
-        Device::Cpu,
-    )
+    let dense = raptor_models::rng::seeded(3, || {
+        Decoder::new(
+            DecoderConfig::tiny(DecoderFamily::Llama, DecoderHead::LanguageModel),
+            Device::Cpu,
+        )
+    })
     .unwrap();
     save_pretrained(&dense, dir.join("dense")).unwrap();
     std::fs::write(dir.join("dense/tokenizer.json"), "{}").unwrap();

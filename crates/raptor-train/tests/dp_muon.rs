@@ -40,11 +40,10 @@ fn examples(n: usize, vocab: i64, seed: u64) -> Vec<Example> {
 }
 
 /// libtorch's generator is one per process and the tests run on parallel threads: whoever
-/// seeds it and then draws from it holds this lock, so that another test's seed cannot land
-/// between the two (two "identical" models came out different once in a parallel run).
-fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+/// seeds it and then draws from it holds raptor's process-wide lock on it (the one the
+/// library's seeded sections take), so that another test's seed cannot land between the two.
+fn rng_lock() -> raptor_models::rng::GlobalRng {
+    raptor_models::rng::global_rng()
 }
 
 fn gpt2() -> Gpt2 {

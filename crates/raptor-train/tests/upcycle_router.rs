@@ -71,10 +71,9 @@ fn load(dir: &Path) -> Bert {
 #[test]
 fn trained_routers_balance_the_public_load_and_stay_frozen() {
     let tmp = tempfile::tempdir().unwrap();
-    tch::manual_seed(21);
     let mut cfg = BertConfig::tiny(2);
     cfg.vocab_size = 260;
-    let dense = Bert::new(cfg, tch::Device::Cpu).unwrap();
+    let dense = raptor_models::rng::seeded(21, || Bert::new(cfg, tch::Device::Cpu)).unwrap();
     save_pretrained(&dense, tmp.path().join("dense")).unwrap();
     let random = upcycle(&tmp.path().join("dense"), &tmp.path().join("random"), false);
     assert!(random.get("router_training").is_none());

@@ -37,7 +37,8 @@ fn e2e_file(path: &Path, sources: usize, offset: usize) {
 /// Tiny dense checkpoints in Hugging Face folders: a 2-layer BERT and a 2-layer Llama, both
 /// with room for the byte tokenizer's 259 ids.
 fn tiny_models(dir: &Path) -> (PathBuf, PathBuf) {
-    tch::manual_seed(11);
+    let rng = raptor_models::rng::global_rng();
+    rng.seed(11);
     let mut bc = BertConfig::tiny(2);
     bc.vocab_size = 260;
     bc.max_position_embeddings = 32;
