@@ -3493,6 +3493,200 @@ mod tests {
         }
     }
 
+    /// Pins every term of the round-off analysis and the search outputs that only steer
+    /// tightness, rounded to 5 significant digits, on inputs that reach each branch: the
+    /// splits of a bin (clamped both ways, no mass, `y0` past `e^{700}`), the inverse loss and
+    /// its backward error (above and below 0, at the end of the support, `q = 1`), the edge
+    /// tails, each step pmf's round-off summary and MGF drift, the Chernoff and saddle points,
+    /// and the composed directions' round-off charges. These terms are of order 1e-13 of δ or
+    /// smaller, so no ε or δ a test compares can see a change in them (a mutation that zeroes
+    /// the MGF drift was caught by nothing else): any change to a bound formula shows here and
+    /// must be reviewed against the module docs (the soundness tests above check that the
+    /// bounds cover measured errors; this one checks they are the ones derived).
+    #[test]
+    fn round_off_terms_and_search_points_are_the_derived_ones() {
+        use std::fmt::Write;
+        let f = |x: f64| format!("{x:.4e}");
+        let mut out = String::new();
+        let h = 0.05;
+        let omeh = -(-h as f64).exp_m1();
+        for (y0, pm, qm) in [
+            (0.7, 0.3, 0.3 * (-0.72_f64).exp()),
+            (0.0, 0.2, 0.25),
+            (-3.0, 1e-4, 1e-3),
+            (2.0, 0.1, 1e-3),
+            (0.5, 0.0, 1e-20),
+            (0.5, -1e-18, 1e-19),
+            (701.0, 1e-300, 1e-305),
+            (701.0, 1e-300, -1e-310),
+            (750.0, 1e-300, 0.0),
+        ] {
+            let (lo, hi, m) = split_bin(y0, pm, qm, omeh);
+            writeln!(
+                out,
+                "split_bin({y0}, {pm:e}, {qm:e}): {} {} {}",
+                f(lo),
+                f(hi),
+                f(m)
+            )
+            .unwrap();
+        }
+        for x in [0.0, 0.5, 1.0, 1.5, 10.0] {
+            writeln!(out, "exp_up({x}) = {}", f(exp_up(x))).unwrap();
+        }
+        for x in [1e-3, 0.02, 0.5] {
+            writeln!(
+                out,
+                "mean_shift({x}) = {}, max_round_up = {}",
+                f(mean_shift(x)),
+                f(max_round_up(x))
+            )
+            .unwrap();
+        }
+        writeln!(out, "grid_step = {}", f(grid_step(1e-2, 1000.0, 0.5))).unwrap();
+        let losses: [(f64, f64); 3] = [(0.01, 0.8), (0.3, 2.0), (1.0, 1.5)];
+        for &(q, sigma) in &losses {
+            let ln1mq = (1.0 - q).ln();
+            let mut ys = vec![-3.0, -1e-4, 0.0, 1e-3, 0.5, 4.0, 30.0];
+            if q < 1.0 {
+                ys.extend([
+                    ln1mq * 0.5,
+                    ln1mq * (1.0 - 1e-14),
+                    ln1mq * (1.0 - 1e-15),
+                    ln1mq,
+                    -ln1mq,
+                ]);
+            }
+            for dir in [Direction::Remove, Direction::Add] {
+                let loss = Loss { q, sigma, dir };
+                for &y in &ys {
+                    let (x, d, abs) = loss.ginv_err(y);
+                    writeln!(
+                        out,
+                        "ginv_err q={q} s={sigma} {dir:?} y={y:e}: {} {} {}",
+                        f(x),
+                        f(d),
+                        f(abs)
+                    )
+                    .unwrap();
+                    for upper in [false, true] {
+                        let t = loss.edge_tails(y, upper);
+                        writeln!(
+                            out,
+                            "edge_tails upper={upper}: p {} q {} rel {} abs {} d {}",
+                            f(t.p),
+                            f(t.q),
+                            f(t.rel),
+                            f(t.abs),
+                            f(t.d)
+                        )
+                        .unwrap();
+                    }
+                }
+            }
+        }
+        for &(q, sigma, h) in &[(0.05, 1.2, 1e-2), (0.5, 0.6, 0.05), (1.0, 2.0, 0.3)] {
+            let omeh = -(-h as f64).exp_m1();
+            let mut parts = Vec::new();
+            for dir in [Direction::Remove, Direction::Add] {
+                let p = build_pmf(Loss { q, sigma, dir }, h, 1e-14, 1 << 24, 0.01).unwrap();
+                let r = &p.roundoff;
+                let abs_sum: f64 = r.abs.iter().map(|&(_, m)| m).sum();
+                writeln!(
+                    out,
+                    "pmf q={q} s={sigma} h={h} {dir:?}: offset {} len {} trunc {} {} | d {} r_up {} x_low {} r_sw {} e_sw {} pi_sw {} sw_gap {} c_rel {} tail {} abs {}x{}",
+                    p.offset, p.p.len(), f(p.trunc_upper), f(p.trunc_lower), f(r.d), f(r.r_up),
+                    f(r.x_low), f(r.r_sw), f(r.e_sw), f(r.pi_sw), f(r.sw_gap), f(r.c_rel),
+                    f(r.tail_coef), r.abs.len(), f(abs_sum)
+                )
+                .unwrap();
+                for lambda in [0.0, 1e-3, 0.02] {
+                    let ln_m =
+                        p.p.iter()
+                            .enumerate()
+                            .map(|(k, v)| v * (lambda * (p.offset + k as i64) as f64).exp())
+                            .sum::<f64>()
+                            .ln();
+                    let (r1, r2) = r.mgf_drift(lambda, h, omeh, ln_m);
+                    writeln!(out, "  mgf_drift({lambda}) = {} {}", f(r1), f(r2)).unwrap();
+                }
+                let lp = log_pmf(&p);
+                let (a, b, v) = log_mgf(&lp, 0.01);
+                writeln!(
+                    out,
+                    "  log_pmf mean {} var {}; log_mgf(0.01) {} {} {}",
+                    f(lp.mean),
+                    f(lp.var),
+                    f(a),
+                    f(b),
+                    f(v)
+                )
+                .unwrap();
+                parts.push((lp, 300.0));
+            }
+            for upper in [true, false] {
+                let (s, l) = chernoff_point(&parts, 1e-6, upper, None);
+                writeln!(
+                    out,
+                    "  chernoff(1e-6, upper={upper}) = {} at {}",
+                    f(s),
+                    f(l)
+                )
+                .unwrap();
+            }
+            let (s, l) = chernoff_point_tilted(&parts, 0.02, 10.0, true, Some(0.05));
+            writeln!(out, "  chernoff_tilted = {} at {}", f(s), f(l)).unwrap();
+            let st = saddle_tilt(
+                &parts,
+                parts.iter().map(|(c, t)| c.mean * t).sum::<f64>() * 1.5 + 10.0,
+                None,
+            );
+            writeln!(out, "  saddle_tilt = {}", f(st)).unwrap();
+            writeln!(
+                out,
+                "  saddle_index = {:?}",
+                saddle_index(&parts, 1e-6, h).map(f)
+            )
+            .unwrap();
+        }
+        let acc = PrvAccountant::default();
+        let sg = |q, s| SubsampledGaussian::new(q, s).unwrap();
+        let comps = [
+            Composition::single(sg(0.01, 1.0), 1000).unwrap(),
+            Composition::single(sg(0.2, 3.0), 50)
+                .unwrap()
+                .with(sg(0.05, 0.9), 400)
+                .unwrap(),
+        ];
+        for (i, c) in comps.iter().enumerate() {
+            let p = acc.compose(c, 1e-3, 1e-10).unwrap();
+            for (k, d) in p.dirs.iter().enumerate() {
+                writeln!(
+                    out,
+                    "composition {i} dir {k}: h {} k_lo {} n {} shift_low {} extra {} {} b {} {} kappa {} ln_ch_ref {} dpmf {} lambda {} k_ref {} rel {} lowest {}",
+                    f(d.h), d.k_lo, d.n(), f(d.shift_low), f(d.extra_up), f(d.extra_low),
+                    f(d.b_up), f(d.b_low), f(d.kappa), f(d.ln_ch_ref), f(d.dpmf), f(d.lambda),
+                    f(d.k_ref), f(d.rel), f(d.lowest)
+                )
+                .unwrap();
+            }
+            let e = p.epsilon(1e-5).unwrap();
+            let dl = p.delta(2.0).unwrap();
+            writeln!(
+                out,
+                "composition {i}: eps(1e-5) {} {} {}; delta(2) {} {} {}",
+                f(e.upper),
+                f(e.estimate),
+                f(e.lower),
+                f(dl.upper),
+                f(dl.estimate),
+                f(dl.lower)
+            )
+            .unwrap();
+        }
+        insta::assert_snapshot!(out);
+    }
+
     #[test]
     fn fft_sizes_are_smooth() {
         assert_eq!(fft_size(1000), 1024);
