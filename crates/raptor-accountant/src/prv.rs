@@ -3508,8 +3508,8 @@ mod tests {
         use std::fmt::Write;
         let f = |x: f64| format!("{x:.4e}");
         let mut out = String::new();
-        let h = 0.05;
-        let omeh = -(-h as f64).exp_m1();
+        let h: f64 = 0.05;
+        let omeh = -(-h).exp_m1();
         for (y0, pm, qm) in [
             (0.7, 0.3, 0.3 * (-0.72_f64).exp()),
             (0.0, 0.2, 0.25),
@@ -3585,8 +3585,9 @@ mod tests {
                 }
             }
         }
-        for &(q, sigma, h) in &[(0.05, 1.2, 1e-2), (0.5, 0.6, 0.05), (1.0, 2.0, 0.3)] {
-            let omeh = -(-h as f64).exp_m1();
+        let steps: [(f64, f64, f64); 3] = [(0.05, 1.2, 1e-2), (0.5, 0.6, 0.05), (1.0, 2.0, 0.3)];
+        for (q, sigma, h) in steps {
+            let omeh = -(-h).exp_m1();
             let mut parts = Vec::new();
             for dir in [Direction::Remove, Direction::Add] {
                 let p = build_pmf(Loss { q, sigma, dir }, h, 1e-14, 1 << 24, 0.01).unwrap();
