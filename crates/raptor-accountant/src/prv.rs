@@ -3493,6 +3493,67 @@ mod tests {
         }
     }
 
+    /// The Chernoff and saddle searches take a hint (a coarser grid's λ) only when it is a
+    /// usable tilt (finite, > 0): a hint of 0, a negative or a NaN one gives the hint-free
+    /// answer. The Chernoff point is a bound only for λ > 0 (a negative λ flips the
+    /// inequality). A saddle target at or below the untilted mean, or not finite, gives
+    /// λ = 0 (no tilt) rather than a negative tilt.
+    #[test]
+    fn searches_ignore_unusable_hints_and_targets() {
+        let mut parts = Vec::new();
+        for dir in [Direction::Remove, Direction::Add] {
+            let p = build_pmf(
+                Loss {
+                    q: 0.1,
+                    sigma: 1.0,
+                    dir,
+                },
+                0.02,
+                1e-14,
+                1 << 24,
+                0.01,
+            )
+            .unwrap();
+            parts.push((log_pmf(&p), 200.0));
+        }
+        for upper in [true, false] {
+            let free = chernoff_point_tilted(&parts, 0.01, 12.0, upper, None);
+            assert!(free.1 > 0.0 && free.0.is_finite());
+            for bad in [0.0, -0.05, f64::NAN, f64::INFINITY] {
+                let got = chernoff_point_tilted(&parts, 0.01, 12.0, upper, Some(bad));
+                assert_eq!(
+                    got.0.to_bits(),
+                    free.0.to_bits(),
+                    "upper {upper}, hint {bad}"
+                );
+                assert_eq!(
+                    got.1.to_bits(),
+                    free.1.to_bits(),
+                    "upper {upper}, hint {bad}"
+                );
+            }
+        }
+        let m0: f64 = parts.iter().map(|(c, t)| t * c.mean).sum();
+        let sd: f64 = parts.iter().map(|(c, t)| t * c.var).sum::<f64>().sqrt();
+        for target in [
+            m0 - 3.0 * sd,
+            m0 - 1e-9,
+            m0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ] {
+            assert_eq!(saddle_tilt(&parts, target, None), 0.0, "target {target}");
+        }
+        let target = m0 + 2.0 * sd;
+        let free = saddle_tilt(&parts, target, None);
+        assert!(free > 0.0);
+        for bad in [0.0, -0.05, f64::NAN, f64::INFINITY] {
+            let got = saddle_tilt(&parts, target, Some(bad));
+            assert_eq!(got.to_bits(), free.to_bits(), "hint {bad}: {got} vs {free}");
+        }
+    }
+
     /// Pins every term of the round-off analysis and the search outputs that only steer
     /// tightness, rounded to 5 significant digits, on inputs that reach each branch: the
     /// splits of a bin (clamped both ways, no mass, `y0` past `e^{700}`), the inverse loss and
