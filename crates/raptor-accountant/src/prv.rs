@@ -3711,7 +3711,8 @@ mod tests {
             )
             .unwrap();
         }
-        let acc = PrvAccountant::default();
+        let acc = PrvAccountant::new(Accuracy::relative(2e-3)).unwrap();
+        assert_eq!(acc.accuracy(), &Accuracy::relative(2e-3));
         let sg = |q, s| SubsampledGaussian::new(q, s).unwrap();
         let comps = [
             Composition::single(sg(0.01, 1.0), 1000).unwrap(),
@@ -3721,7 +3722,38 @@ mod tests {
                 .unwrap(),
         ];
         for (i, c) in comps.iter().enumerate() {
+            // The grid-step heuristics (curvature of the Gaussian approximation).
+            for flat in c.expand(1 << 16).unwrap() {
+                writeln!(
+                    out,
+                    "composition {i}: sd {} curvature(4.8) {} curvature_at(0.5, 3, 10) {} {} {}",
+                    f(flat_sd(&flat)),
+                    f(gaussian_curvature(&flat, 4.8)),
+                    f(gaussian_curvature_at(&flat, 0.5)),
+                    f(gaussian_curvature_at(&flat, 3.0)),
+                    f(gaussian_curvature_at(&flat, 10.0))
+                )
+                .unwrap();
+            }
+            let dq = acc.delta(c, 2.0).unwrap();
+            writeln!(
+                out,
+                "composition {i}: accountant delta(2) {} {} {}",
+                f(dq.upper),
+                f(dq.estimate),
+                f(dq.lower)
+            )
+            .unwrap();
             let p = acc.compose(c, 1e-3, 1e-10).unwrap();
+            writeln!(
+                out,
+                "composition {i}: eps_error {} delta_error {} grid_step {} grid_points {}",
+                f(p.eps_error()),
+                f(p.delta_error()),
+                f(p.grid_step()),
+                p.grid_points()
+            )
+            .unwrap();
             for (k, d) in p.dirs.iter().enumerate() {
                 writeln!(
                     out,
