@@ -119,7 +119,10 @@ mod tests {
                 interleaved += usize::from(!(x.equal(&x0) && y.equal(&y0)));
             }
         });
-        assert_eq!(interleaved, 0, "draws interleaved in {interleaved} of 5 sections");
+        assert_eq!(
+            interleaved, 0,
+            "draws interleaved in {interleaved} of 5 sections"
+        );
     }
 
     #[test]

@@ -737,14 +737,15 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
         }
         None
     };
-    let (plan, privacy) = raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-        build_plan(
-            cfg,
-            model.as_mut(),
-            train.len(),
-            layer.as_ref().map(|l| l.layer),
-        )
-    })?;
+    let (plan, privacy) =
+        raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
+            build_plan(
+                cfg,
+                model.as_mut(),
+                train.len(),
+                layer.as_ref().map(|l| l.layer),
+            )
+        })?;
     if cfg.lora.dropout > 0.0 && train.iter().any(|e| e.id == u64::MAX) {
         return Err(TrainError::Config("LoRA dropout needs record ids".into()));
     }
@@ -860,9 +861,10 @@ fn prepare_d2t(
             references: g.references,
         });
     }
-    let (plan, privacy) = raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-        build_plan(cfg, model.as_mut(), train.len(), None)
-    })?;
+    let (plan, privacy) =
+        raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
+            build_plan(cfg, model.as_mut(), train.len(), None)
+        })?;
     Ok(Session {
         cfg: cfg.clone(),
         model,
