@@ -3608,7 +3608,7 @@ mod tests {
         let losses: [(f64, f64); 3] = [(0.01, 0.8), (0.3, 2.0), (1.0, 1.5)];
         for &(q, sigma) in &losses {
             let ln1mq = (1.0 - q).ln();
-            let mut ys = vec![-3.0, -1e-4, 0.0, 1e-3, 0.5, 4.0, 30.0];
+            let mut ys = vec![-3.0, -1e-4, 0.0, 1e-3, 0.5, 4.0, 30.0, 40.0, 200.0];
             if q < 1.0 {
                 ys.extend([
                     ln1mq * 0.5,
@@ -3710,6 +3710,47 @@ mod tests {
                 saddle_index(&parts, 1e-6, h).map(f)
             )
             .unwrap();
+        }
+        // Injected tail errors: one edge whose Q-tail is off by half (its bins' masses become
+        // inconsistent: per-bin `abs` terms), and probes off the grid whose backward error is
+        // 10x the edges' (the clamped tails fall back to half a bin inside).
+        let loss = Loss {
+            q: 0.1,
+            sigma: 1.0,
+            dir: Direction::Remove,
+        };
+        let h: f64 = 0.02;
+        let odd = |y: f64, upper: bool| {
+            let mut t = loss.edge_tails(y, upper);
+            let k = (y / h).round();
+            if y != k * h {
+                t.d *= 10.0;
+            } else if k as i64 == 25 {
+                t.q *= 1.5;
+            }
+            t
+        };
+        let p = build_pmf_with(loss, h, 1e-14, 1 << 24, 0.01, &odd).unwrap();
+        let r = &p.roundoff;
+        let abs_sum: f64 = r.abs.iter().map(|&(_, m)| m).sum();
+        writeln!(
+            out,
+            "injected: offset {} len {} trunc {} {} | d {} x_low {} tail {} abs {}x{}",
+            p.offset,
+            p.p.len(),
+            f(p.trunc_upper),
+            f(p.trunc_lower),
+            f(r.d),
+            f(r.x_low),
+            f(r.tail_coef),
+            r.abs.len(),
+            f(abs_sum)
+        )
+        .unwrap();
+        let omeh = -(-h).exp_m1();
+        for lambda in [0.0, 1e-3, 0.02, 0.5] {
+            let (r1, r2) = r.mgf_drift(lambda, h, omeh, 0.0);
+            writeln!(out, "  mgf_drift({lambda}) = {} {}", f(r1), f(r2)).unwrap();
         }
         let acc = PrvAccountant::new(Accuracy::relative(2e-3)).unwrap();
         assert_eq!(acc.accuracy(), &Accuracy::relative(2e-3));
