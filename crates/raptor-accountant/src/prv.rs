@@ -3401,6 +3401,32 @@ mod tests {
         assert_eq!(d.decay(1.0), 1.0);
     }
 
+    /// δ_w(ε) = Σ_k w_k·(1 − e^{ε − kh}) over kh > ε, against that sum term by term, for ε
+    /// inside, above and below the window (a composition whose loss is far from 0 has a window
+    /// that starts above ε = 0).
+    #[test]
+    fn delta_w_is_the_direct_sum_below_inside_and_above_the_window() {
+        let (h, k_lo) = (0.1, 30_i64);
+        let w: Vec<f64> = (0..200)
+            .map(|i| 0.004 * (-0.01 * f64::from(i)).exp())
+            .collect();
+        let d = ComposedDirection::new(h, k_lo, w.clone(), 0.0, 0.0, 0.0);
+        for eps in [0.0, 1.234, 2.95, 3.0, 3.05, 7.77, 22.0, 22.85, 23.0, 40.0] {
+            let direct: f64 = w
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| ((k_lo + i as i64) as f64 * h, v))
+                .filter(|&(y, _)| y > eps)
+                .map(|(y, v)| v * -(eps - y).exp_m1())
+                .sum();
+            let got = d.delta_w(eps);
+            assert!(
+                (got - direct).abs() <= 1e-12 * direct.max(1e-300),
+                "ε = {eps}: δ_w {got:e} vs direct {direct:e}"
+            );
+        }
+    }
+
     /// The certified δ(ε) of one direction charges every term in the bound's direction:
     /// `(1 + rel)·(δ_w(ε) + 3·b_up·decay(ε) + pmf_tail(ε)) + extra_up` (capped at 1), and 1
     /// below `lowest`,
