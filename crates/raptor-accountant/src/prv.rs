@@ -3427,6 +3427,44 @@ mod tests {
         }
     }
 
+    /// τ(x) by the δ-trick: `((1 + rel)·(δ_w(x − Δ) + 3·b_up·decay) + extra_up + κ·chernoff)
+    /// / (1 − e^{−Δ})`, each term charged upward, never below the direct tail of the window, and
+    /// the Chernoff bound where that is smaller.
+    #[test]
+    fn tail_bound_charges_every_term_and_covers_the_direct_tail() {
+        let (h, k_lo) = (0.1, 0_i64);
+        let w: Vec<f64> = (0..200)
+            .map(|i| 0.004 * (-0.01 * f64::from(i)).exp())
+            .collect();
+        let mut d = ComposedDirection::new(h, k_lo, w.clone(), 0.0, 1e-6, 0.0);
+        (d.rel, d.dpmf, d.kappa) = (0.125, 0.5, 0.01);
+        // λ = 0: the Chernoff factor is e^{ln_ch_ref} = 1 everywhere.
+        for x in [1.0, 4.0, 9.5, 15.0] {
+            let y = x - 0.5;
+            let want = (1.125 * d.delta_w(y) + 1e-6 + 0.01) / -(-0.5_f64).exp_m1();
+            let direct: f64 = w
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| (k_lo + i as i64) as f64 * h >= x)
+                .map(|(_, &v)| v)
+                .sum();
+            let got = d.tail_bound(x);
+            assert!(want < 1.0, "x = {x}: {want}");
+            assert!(
+                (got - want).abs() <= 1e-15 * want,
+                "x = {x}: {got} vs {want}"
+            );
+            assert!(
+                got >= direct,
+                "x = {x}: {got} below the direct tail {direct}"
+            );
+        }
+        // A Chernoff bound below the δ-trick is taken instead.
+        d.ln_ch_ref = -30.0;
+        d.kappa = 0.0;
+        assert_eq!(d.tail_bound(4.0), (-30.0_f64).exp());
+    }
+
     /// The certified δ(ε) of one direction charges every term in the bound's direction:
     /// `(1 + rel)·(δ_w(ε) + 3·b_up·decay(ε) + pmf_tail(ε)) + extra_up` (capped at 1), and 1
     /// below `lowest`,
