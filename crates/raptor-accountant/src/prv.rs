@@ -3401,15 +3401,20 @@ mod tests {
         assert_eq!(d.decay(1.0), 1.0);
     }
 
+    /// A synthetic composed window: 200 masses decaying by e^{−0.01} per grid point.
+    fn decaying_window() -> Vec<f64> {
+        (0..200)
+            .map(|i| 0.004 * (-0.01 * f64::from(i)).exp())
+            .collect()
+    }
+
     /// δ_w(ε) = Σ_k w_k·(1 − e^{ε − kh}) over kh > ε, against that sum term by term, for ε
     /// inside, above and below the window (a composition whose loss is far from 0 has a window
     /// that starts above ε = 0).
     #[test]
     fn delta_w_is_the_direct_sum_below_inside_and_above_the_window() {
         let (h, k_lo) = (0.1, 30_i64);
-        let w: Vec<f64> = (0..200)
-            .map(|i| 0.004 * (-0.01 * f64::from(i)).exp())
-            .collect();
+        let w = decaying_window();
         let d = ComposedDirection::new(h, k_lo, w.clone(), 0.0, 0.0, 0.0);
         for eps in [0.0, 1.234, 2.95, 3.0, 3.05, 7.77, 22.0, 22.85, 23.0, 40.0] {
             let direct: f64 = w
@@ -3433,9 +3438,7 @@ mod tests {
     #[test]
     fn tail_bound_charges_every_term_and_covers_the_direct_tail() {
         let (h, k_lo) = (0.1, 0_i64);
-        let w: Vec<f64> = (0..200)
-            .map(|i| 0.004 * (-0.01 * f64::from(i)).exp())
-            .collect();
+        let w = decaying_window();
         let mut d = ComposedDirection::new(h, k_lo, w.clone(), 0.0, 1e-6, 0.0);
         (d.rel, d.dpmf, d.kappa) = (0.125, 0.5, 0.01);
         // λ = 0: the Chernoff factor is e^{ln_ch_ref} = 1 everywhere.
