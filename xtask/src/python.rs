@@ -3,7 +3,7 @@
 //!
 //! Both use one virtual environment in the cache folder (`<cache>/py-venv`) with pinned tools.
 //! When a libtorch venv from `cargo xtask setup` exists, a `.pth` file lets the environment see
-//! its torch (for the Opacus test) without a second 4.7 GB download.
+//! its torch (for the Opacus test) instead of a second, newer torch from PyPI.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +16,9 @@ use crate::{run_step, setup};
 /// What `cargo xtask wheel` needs.
 const WHEEL_PACKAGES: [&str; 1] = ["maturin==1.16.0"];
 
-/// What the pytest step needs (pinned; opacus uses the torch of the libtorch venv).
+/// What the pytest step needs (pinned). Opacus's `torch` requirement is met by the libtorch
+/// venv's torch when there is one (its CUDA libraries still come with it: PyPI's Linux torch
+/// wheel imports them even on a machine without a GPU).
 const TEST_PACKAGES: [&str; 4] = [
     "maturin==1.16.0",
     "pytest==9.2.0",
@@ -42,11 +44,16 @@ fn venv(packages: &[&str]) -> anyhow::Result<PathBuf> {
             bail!("python3 -m venv {} failed", venv.display());
         }
     }
-    // Let the venv see the libtorch venv's torch, when there is one.
-    let torch_site = site_packages(&setup::torch_venv()?.join("bin").join("python"));
+    // Let the venv see the libtorch venv's torch, when there is one (the CUDA or the CPU-only
+    // install of `cargo xtask setup`): without it pip would fetch torch's newest release as
+    // well (about 1.2 GB more on disk) only for the Opacus reference test.
+    let torch_site = [setup::torch_venv()?, setup::torch_cpu_venv()?]
+        .iter()
+        .filter_map(|v| site_packages(&v.join("bin").join("python")))
+        .find(|s| s.join("torch").exists());
     let site = site_packages(&python).context("the venv's site-packages")?;
     let pth = site.join("raptor-torch.pth");
-    if let Some(torch_site) = torch_site.filter(|s| s.join("torch").exists()) {
+    if let Some(torch_site) = torch_site {
         std::fs::write(&pth, format!("{}\n", torch_site.display()))?;
     } else if pth.exists() {
         std::fs::remove_file(&pth)?;
