@@ -49,6 +49,7 @@ mod error;
 mod kernel;
 pub mod plan;
 mod privatizer;
+pub mod routed;
 mod slice;
 pub mod workload;
 

@@ -25,6 +25,7 @@ use raptor_clip::linear::{
     NormMethod, clip_coefficients, ghost_cost, linear_per_example_sq_norms_with, materialized_cost,
     per_record_sq_sums,
 };
+use raptor_clip::routed::{ragged_cost, routed_linear_grads, routed_linear_sq_norms};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use tch::{Kind, Tensor};
@@ -166,7 +167,10 @@ impl GradSite {
 
 /// Routed rows `lo..hi` of `x` (`[N, d]`, rows sorted by record, `counts[i]` rows for the
 /// i-th record of the chunk) as `[n, tmax, d]`, each record's rows first and zeros after: the
-/// CPU form of `GradSite::chunk`'s zero-fill and `index_copy`, one contiguous copy per record.
+/// CPU form of `GradSite::chunk`'s zero-fill and `index_copy`. Every element of the result is
+/// written once (a record's rows, then its padding), straight from `x`'s storage into the new
+/// tensor's: the earlier form (a copy out of `x`, a zeroed buffer, a copy into a tensor) moved
+/// each element three times.
 fn pad_rows<T: tch::kind::Element + Copy + Default>(
     x: &Tensor,
     lo: i64,
@@ -177,25 +181,88 @@ fn pad_rows<T: tch::kind::Element + Copy + Default>(
 ) -> Result<Tensor> {
     let n = counts.len() as i64;
     let du = d as usize;
-    let mut buf = vec![T::default(); (n * tmax * d) as usize];
-    if hi > lo {
-        let rows: Vec<T> = Vec::try_from(x.f_narrow(0, lo, hi - lo)?.f_reshape([-1])?)?;
+    let tm = tmax as usize;
+    let total: i64 = counts.iter().sum();
+    if total != hi - lo || lo < 0 || hi < lo || x.size().first().is_none_or(|&rows| hi > rows) {
+        return Err(internal("routed row counts do not match the rows"));
+    }
+    if counts.iter().any(|&c| c < 0 || c > tmax) || d < 0 || x.dim() != 2 {
+        return Err(internal("routed rows do not fit the padded layout"));
+    }
+    let out = Tensor::f_empty([n, tmax, d], (T::KIND, tch::Device::Cpu))?;
+    let out_len = (n * tmax * d) as usize;
+    if out_len == 0 {
+        return Ok(out);
+    }
+    if out.kind() != T::KIND || !out.is_contiguous() || out.numel() != out_len {
+        return Err(internal("a fresh tensor is not contiguous"));
+    }
+    // SAFETY: `out` is a fresh contiguous CPU tensor of `out_len` elements of type `T`,
+    // aliased by nothing while `dst` lives; its memory is not yet initialized, hence
+    // `MaybeUninit`, and every element is written below before `out` is returned.
+    let dst: &mut [std::mem::MaybeUninit<T>] = unsafe {
+        std::slice::from_raw_parts_mut(out.data_ptr().cast::<std::mem::MaybeUninit<T>>(), out_len)
+    };
+    with_cpu_slice(&x.f_narrow(0, lo, hi - lo)?, |from: &[T]| -> Result<()> {
         let mut at = 0usize;
-        for (i, &c) in counts.iter().enumerate() {
+        for (rec, &c) in dst.chunks_exact_mut(tm * du).zip(counts) {
             let len = c as usize * du;
-            let dst = i * tmax as usize * du;
-            match (buf.get_mut(dst..dst + len), rows.get(at..at + len)) {
-                (Some(to), Some(from)) => to.copy_from_slice(from),
-                _ => {
-                    return Err(ModelError::InvalidConfig(
-                        "internal: routed row counts do not match the rows".into(),
-                    ));
-                }
+            let (rows, pad) = rec.split_at_mut(len);
+            let src = from
+                .get(at..at + len)
+                .ok_or_else(|| internal("routed row counts do not match the rows"))?;
+            for (d, &v) in rows.iter_mut().zip(src) {
+                d.write(v);
             }
+            pad.fill(std::mem::MaybeUninit::new(T::default()));
             at += len;
         }
+        Ok(())
+    })??;
+    Ok(out)
+}
+
+fn internal(what: &str) -> ModelError {
+    ModelError::InvalidConfig(format!("internal: {what}"))
+}
+
+/// `f` on the elements of `t`, a CPU tensor of `T` (a contiguous copy first when it is not
+/// contiguous), borrowed in place.
+fn with_cpu_slice<T: tch::kind::Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+    if t.kind() != T::KIND || t.device() != tch::Device::Cpu {
+        return Err(internal("a CPU slice of another dtype or device"));
     }
-    Ok(Tensor::f_from_slice(&buf)?.f_reshape([n, tmax, d])?)
+    let c = t.f_contiguous()?;
+    let len = c.numel();
+    if len == 0 {
+        return Ok(f(&[]));
+    }
+    // SAFETY: `c` is a contiguous CPU tensor of `len` initialized elements of type `T` (dtype
+    // checked above), alive until the end of this function, and only read while `s` lives.
+    let s = unsafe { std::slice::from_raw_parts(c.data_ptr().cast::<T>().cast_const(), len) };
+    Ok(f(s))
+}
+
+/// A new zero-filled contiguous CPU tensor of `T` and shape `shape`, then handed to `f` as a
+/// mutable slice (for kernels that write into it).
+fn with_new_cpu_tensor<T: tch::kind::Element, R>(
+    shape: &[i64],
+    f: impl FnOnce(&mut [T]) -> Result<R>,
+) -> Result<(Tensor, R)> {
+    let out = Tensor::f_zeros(shape, (T::KIND, tch::Device::Cpu))?;
+    let len = out.numel();
+    if len == 0 {
+        let r = f(&mut [])?;
+        return Ok((out, r));
+    }
+    if out.kind() != T::KIND || !out.is_contiguous() {
+        return Err(internal("a fresh tensor is not contiguous"));
+    }
+    // SAFETY: `out` is a fresh, zero-filled (initialized) contiguous CPU tensor of `len`
+    // elements of type `T`, owned here and aliased by nothing while `s` lives.
+    let s = unsafe { std::slice::from_raw_parts_mut(out.data_ptr().cast::<T>(), len) };
+    let r = f(s)?;
+    Ok((out, r))
 }
 
 /// Per-record gradients of all trainable parameters used in one forward pass.
@@ -699,6 +766,9 @@ impl PerSampleGrads {
         if factor_uses.len() == 1 {
             let (s, p) = self.part(factor_uses[0]);
             if let Part::Weight { a, .. } = p {
+                if let Some(sq) = self.routed_sq_norms(param, s, a, r0, n)? {
+                    return Ok(sq);
+                }
                 let a3 = s.chunk(a, r0, n)?;
                 let g3 = s.chunk(&s.g, r0, n)?;
                 let (t, din, dout) = (a3.size()[1], a3.size()[2], g3.size()[2]);
@@ -750,25 +820,125 @@ impl PerSampleGrads {
         Ok(total)
     }
 
-    /// Squared norms `[n]` of one chunk's per-record gradients `G_b = Σ_t g_t a_tᵀ` by
-    /// materializing them (the same products as raptor-clip's materialized kernel), keeping
-    /// `G` for the clipped sums when caching is on and the budget allows; `None` otherwise.
-    fn materialize_cached(&self, param: &str, a3: &Tensor, g3: &Tensor) -> Result<Option<Tensor>> {
+    /// Room in the materialized-gradient cache for `need` more elements of `param`: false (and
+    /// `param` dropped from the cache for this pass, its sums then taken by the row
+    /// contraction) when caching is off, `param` was dropped before, or the budget is spent.
+    fn cache_admits(&self, param: &str, need: i64) -> bool {
         let mut guard = self.cache.borrow_mut();
         let Some(cache) = guard.as_mut() else {
-            return Ok(None);
+            return false;
         };
         if cache.skipped.contains(param) {
-            return Ok(None);
+            return false;
         }
-        let (n, din, dout) = (a3.size()[0], a3.size()[2], g3.size()[2]);
-        let need = n * din * dout;
         if cache.used + need > cache.budget {
-            // Not kept at all: its earlier chunks are dropped, its sums take the row contraction.
             if let Some(v) = cache.grads.remove(param) {
                 cache.used -= v.iter().map(|t| t.numel() as i64).sum::<i64>();
             }
             cache.skipped.insert(param.to_string());
+            return false;
+        }
+        true
+    }
+
+    /// Keeps one chunk's per-record gradients `gi` of `param` for the clipped sums (after
+    /// [`Self::cache_admits`] said yes).
+    fn cache_keep(&self, param: &str, gi: Tensor) {
+        if let Some(cache) = self.cache.borrow_mut().as_mut() {
+            cache.used += gi.numel() as i64;
+            cache.grads.entry(param.to_string()).or_default().push(gi);
+        }
+    }
+
+    /// Squared norms `[n]` of one chunk's per-record gradients of a routed linear weight (an
+    /// expert's, rows grouped by record) on the CPU in f32, over the records' own rows (no
+    /// padding to the longest record) by raptor-clip's ragged kernels, whichever does less
+    /// work ([`ragged_cost`]): the ghost identity ([`routed_linear_sq_norms`]; the clipped sums
+    /// are then one row contraction), or materializing ([`routed_linear_grads`]) and keeping
+    /// the gradients for the sums when the cache has room. `None` (nothing done) unless the
+    /// site is routed and f32 on the CPU.
+    fn routed_sq_norms(
+        &self,
+        param: &str,
+        s: &GradSite,
+        a: &Tensor,
+        r0: i64,
+        n: i64,
+    ) -> Result<Option<Tensor>> {
+        let Some(off) = &s.offsets else {
+            return Ok(None);
+        };
+        let cpu = tch::Device::Cpu;
+        if self.kind != Kind::Float
+            || a.kind() != Kind::Float
+            || s.g.kind() != Kind::Float
+            || a.device() != cpu
+            || s.g.device() != cpu
+            || a.dim() != 2
+            || s.g.dim() != 2
+        {
+            return Ok(None);
+        }
+        let (din, dout) = (a.size()[1], s.g.size()[1]);
+        let window = off
+            .get(r0 as usize..=(r0 + n) as usize)
+            .ok_or_else(|| internal("routed chunk outside the batch"))?;
+        let (lo, hi) = (window[0], window[window.len() - 1]);
+        let rows: Vec<usize> = window.windows(2).map(|w| (w[1] - w[0]) as usize).collect();
+        let (ghost, mat) = ragged_cost(&rows, din as usize, dout as usize);
+        let materialize = mat < ghost
+            && n * din * dout <= MATERIALIZE_MAX_ELEMS
+            && self.cache_admits(param, n * din * dout);
+        let offsets: Vec<usize> = window.iter().map(|&o| (o - lo) as usize).collect();
+        let a_rows = a.f_narrow(0, lo, hi - lo)?;
+        let g_rows = s.g.f_narrow(0, lo, hi - lo)?;
+        let mut sq = vec![0f64; n as usize];
+        // Spread over the rayon pool only when libtorch may use more than one thread too.
+        let parallel = tch::get_num_threads() > 1;
+        let ck = compute_kind(self.kind);
+        if !materialize {
+            with_cpu_slice(&a_rows, |av: &[f32]| {
+                with_cpu_slice(&g_rows, |gv: &[f32]| {
+                    routed_linear_sq_norms(
+                        av,
+                        din as usize,
+                        gv,
+                        dout as usize,
+                        &offsets,
+                        &mut sq,
+                        parallel,
+                    )
+                })
+            })???;
+            return Ok(Some(Tensor::f_from_slice(&sq)?.f_to_kind(ck)?));
+        }
+        let (gi, ()) = with_new_cpu_tensor::<f32, ()>(&[n, dout, din], |grads| {
+            with_cpu_slice(&a_rows, |av: &[f32]| {
+                with_cpu_slice(&g_rows, |gv: &[f32]| {
+                    routed_linear_grads(
+                        av,
+                        din as usize,
+                        gv,
+                        dout as usize,
+                        &offsets,
+                        grads,
+                        &mut sq,
+                        parallel,
+                    )
+                })
+            })???;
+            Ok(())
+        })?;
+        self.cache_keep(param, gi);
+        Ok(Some(Tensor::f_from_slice(&sq)?.f_to_kind(ck)?))
+    }
+
+    /// Squared norms `[n]` of one chunk's per-record gradients `G_b = Σ_t g_t a_tᵀ` by
+    /// materializing them (the same products as raptor-clip's materialized kernel), keeping
+    /// `G` for the clipped sums when caching is on and the budget allows; `None` otherwise.
+    fn materialize_cached(&self, param: &str, a3: &Tensor, g3: &Tensor) -> Result<Option<Tensor>> {
+        let (n, din, dout) = (a3.size()[0], a3.size()[2], g3.size()[2]);
+        if !self.cache_admits(param, n * din * dout) {
             return Ok(None);
         }
         let ck = compute_kind(self.kind);
@@ -777,8 +947,7 @@ impl PerSampleGrads {
             .f_transpose(1, 2)?
             .f_bmm(&a3.f_to_kind(ck)?)?; // [n, out, in]
         let sq = per_record_sq_sums(&gi)?;
-        cache.used += need;
-        cache.grads.entry(param.to_string()).or_default().push(gi);
+        self.cache_keep(param, gi);
         Ok(Some(sq))
     }
 
@@ -1453,7 +1622,10 @@ mod tests {
         }
     }
 
+    /// Draws under the process-wide generator lock: unlocked draws would land inside another
+    /// test's seeded section (`rng::tests` checks that sections are not interleaved).
     fn randn(sz: &[i64], kind: Kind) -> Tensor {
+        let _rng = crate::rng::global_rng();
         Tensor::randn(sz, (kind, tch::Device::Cpu))
     }
 
@@ -1806,6 +1978,125 @@ mod tests {
             &want_g,
             "routed gain",
         )?;
+        Ok(())
+    }
+
+    /// Routed linear weights in f32 on the CPU take raptor-clip's ragged kernels over each
+    /// record's own rows: the ghost identity where records have few rows and the weight is wide
+    /// (sums then by one row contraction), materializing where records have many rows of a
+    /// narrow weight (kept for the sums). Both give the per-record norms and the clipped sums of
+    /// the obvious per-record loop in f64, records without rows included; with the cache off the
+    /// norms come from the ghost kernel and are the same.
+    #[test]
+    fn routed_weights_take_the_cheaper_ragged_kernel_and_match_loops() -> Result<()> {
+        let f = Kind::Float;
+        let b = 4i64;
+        let routed =
+            |offsets: Vec<i64>, din: i64, dout: i64, param: &str| -> (GradSite, Tensor, Tensor) {
+                let rows = offsets[offsets.len() - 1];
+                let rec: Vec<i64> = offsets
+                    .windows(2)
+                    .enumerate()
+                    .flat_map(|(r, w)| std::iter::repeat_n(r as i64, (w[1] - w[0]) as usize))
+                    .collect();
+                let a = randn(&[rows, din], f);
+                let g = randn(&[rows, dout], f);
+                let site = GradSite {
+                    rows: Rows::Routed {
+                        rec: Tensor::from_slice(&rec),
+                    },
+                    parts: vec![weight(param, &a)],
+                    g: g.shallow_clone(),
+                    offsets: Some(offsets),
+                };
+                (site, a, g)
+            };
+        // "wide": ≤ 2 rows per record of a 40 → 48 weight (ghost is less work);
+        // "narrow": 9–11 rows per record of a 3 → 2 weight (materializing is).
+        let (wide, wa, wg) = routed(vec![0, 1, 1, 3, 4], 40, 48, "wide");
+        let (narrow, na, ng) = routed(vec![0, 9, 9, 20, 30], 3, 2, "narrow");
+        let wide_off = vec![0usize, 1, 1, 3, 4];
+        let narrow_off = vec![0usize, 9, 9, 20, 30];
+        let (gw, mw) = ragged_cost(&[1, 0, 2, 1], 40, 48);
+        assert!(gw < mw, "the wide weight is a ghost case");
+        let (gn, mn) = ragged_cost(&[9, 0, 11, 10], 3, 2);
+        assert!(mn < gn, "the narrow weight is a materializing case");
+        // The per-record loop in f64.
+        let slow = |a: &Tensor, g: &Tensor, off: &[usize]| -> Result<Vec<Tensor>> {
+            let (a, g) = (a.f_to_kind(Kind::Double)?, g.f_to_kind(Kind::Double)?);
+            off.windows(2)
+                .map(|w| {
+                    let n = (w[1] - w[0]) as i64;
+                    let (ar, gr) = (
+                        a.f_narrow(0, w[0] as i64, n)?,
+                        g.f_narrow(0, w[0] as i64, n)?,
+                    );
+                    Ok(gr.f_transpose(0, 1)?.f_matmul(&ar)?)
+                })
+                .collect()
+        };
+        let per_w = slow(&wa, &wg, &wide_off)?;
+        let per_n = slow(&na, &ng, &narrow_off)?;
+        let sq = |v: &[Tensor]| -> Result<Vec<f64>> {
+            v.iter()
+                .map(|t| Ok(t.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?))
+                .collect()
+        };
+        let (sq_w, sq_n) = (sq(&per_w)?, sq(&per_n)?);
+        assert_eq!((sq_w[1], sq_n[1]), (0.0, 0.0), "record 1 owns no rows");
+        let close = |got: f64, want: f64, what: &str| {
+            assert!(
+                (got - want).abs() <= 1e-4 * want.abs().max(1e-3),
+                "{what}: {got} vs {want}"
+            );
+        };
+        let e = engine(b, vec![wide, narrow], 1 << 20);
+        // Norms with the cache off: the ghost kernel for both.
+        for (p, want) in [("wide", &sq_w), ("narrow", &sq_n)] {
+            let got: Vec<f64> = Vec::try_from(e.sq_norms(p)?.f_to_kind(Kind::Double)?)?;
+            for r in 0..b as usize {
+                close(got[r], want[r], &format!("{p} record {r}, cache off"));
+            }
+        }
+        // One group each, bound 1.5: norms, factors, sums against the loop.
+        let mut groups = ParamGroups::new();
+        groups.assign("wide", "gw");
+        groups.assign("narrow", "gn");
+        let bound = 1.5;
+        let policy = ClipPolicy::RoleWise(
+            [("gw".to_string(), bound), ("gn".to_string(), bound)]
+                .into_iter()
+                .collect(),
+        );
+        let out = e.clip(&groups, &policy, &BTreeMap::new())?;
+        assert!(out.from_cache.contains("narrow"), "materialized and kept");
+        assert!(
+            !out.from_cache.contains("wide"),
+            "ghost norms, row-contraction sums"
+        );
+        for (p, grp, per, want_sq) in [
+            ("wide", "gw", &per_w, &sq_w),
+            ("narrow", "gn", &per_n, &sq_n),
+        ] {
+            let got: Vec<f64> = Vec::try_from(out.group_sq_norms[grp].f_to_kind(Kind::Double)?)?;
+            let mut want_sum = per[0].f_zeros_like()?;
+            for r in 0..b as usize {
+                close(got[r], want_sq[r], &format!("{p} record {r}"));
+                let c = (bound / want_sq[r].sqrt()).min(1.0);
+                want_sum = want_sum.f_add(&per[r].f_mul_scalar(c)?)?;
+            }
+            let d = out.sums[p]
+                .f_to_kind(Kind::Double)?
+                .f_sub(&want_sum)?
+                .f_abs()?
+                .f_max()?
+                .f_double_value(&[])?;
+            let scale = want_sum.f_abs()?.f_max()?.f_double_value(&[])?;
+            assert!(
+                d <= 1e-4 * scale.max(1e-3),
+                "{p} sum: max error {d} of {scale}"
+            );
+        }
         Ok(())
     }
 

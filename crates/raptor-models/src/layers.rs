@@ -165,6 +165,19 @@ impl ForwardCtx {
             None => Ok(z),
         }
     }
+
+    /// [`Self::record`] with `z` itself as the handle ([`crate::tape::Tape::push_direct`]).
+    pub(crate) fn record_direct(
+        &mut self,
+        z: Tensor,
+        rows: Rows,
+        parts: Vec<Part>,
+    ) -> Result<Tensor> {
+        match self.tape.as_mut() {
+            Some(t) => t.push_direct(z, rows, parts),
+            None => Ok(z),
+        }
+    }
 }
 
 /// 64-bit FNV-1a hash (stable across runs and platforms).
@@ -455,17 +468,20 @@ impl Linear {
                     param: format!("{}.lora_A.weight", self.name),
                     a: xd.f_detach()?,
                 }];
-                u = ctx.record(u, rows.rows(), parts)?;
+                u = ctx.record_direct(u, rows.rows(), parts)?;
             }
-            let mut v = u.f_linear(&l.b, None::<&Tensor>)?;
+            // The scale goes on the r-wide `u` rather than on the out-wide product: one pass
+            // over an [rows, r] tensor instead of one over [rows, out]. B's recorded input is
+            // then the scaled `u` (∂L/∂B = Σ ∂L/∂δᵀ (s·u) for δ = (s·u)Bᵀ).
+            let us = u.f_mul_scalar(l.scale)?;
+            let mut delta = us.f_linear(&l.b, None::<&Tensor>)?;
             if ctx.recording() && l.b.requires_grad() {
                 let parts = vec![Part::Weight {
                     param: format!("{}.lora_B.weight", self.name),
-                    a: u.f_detach()?,
+                    a: us.f_detach()?,
                 }];
-                v = ctx.record(v, rows.rows(), parts)?;
+                delta = ctx.record_direct(delta, rows.rows(), parts)?;
             }
-            let mut delta = v.f_mul_scalar(l.scale)?;
             if let Some(m) = mask {
                 delta = owner_masked(&delta, m)?;
             }

@@ -59,7 +59,8 @@ impl Part {
 /// A recorded op output and the parameter uses that produced it.
 #[derive(Debug)]
 pub(crate) struct Site {
-    /// Handle whose gradient is `∂L/∂z` (a one-element probe expanded to `z`'s shape).
+    /// Handle whose gradient is `∂L/∂z`: a one-element probe expanded to `z`'s shape
+    /// ([`Tape::push`]), or `z` itself ([`Tape::push_direct`]).
     pub(crate) z: Tensor,
     pub(crate) rows: Rows,
     pub(crate) parts: Vec<Part>,
@@ -94,6 +95,29 @@ impl Tape {
             parts,
         });
         Ok(out)
+    }
+
+    /// Records op output `z` itself as the handle (autograd is asked for the gradient of a
+    /// non-leaf tensor) and returns it unchanged: no extra pass over `z` in the forward, at the
+    /// price of keeping `z` alive until the backward. For the LoRA factors' outputs: `u = x Aᵀ`
+    /// is `r` wide, and `δ = (s·u) Bᵀ` is what the adapter adds to the frozen output, as wide
+    /// as a layer's output, but there the probe's `δ + p` would cost a full extra pass over it
+    /// in every forward (a tenth of a private LoRA update on the bench model).
+    pub(crate) fn push_direct(
+        &mut self,
+        z: Tensor,
+        rows: Rows,
+        parts: Vec<Part>,
+    ) -> Result<Tensor> {
+        if parts.is_empty() {
+            return Ok(z);
+        }
+        self.sites.push(Site {
+            z: z.shallow_clone(),
+            rows,
+            parts,
+        });
+        Ok(z)
     }
 
     /// Number of recorded sites.
