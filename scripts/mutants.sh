@@ -14,6 +14,7 @@
 #   scripts/mutants.sh calibrate         # calibration only
 #   scripts/mutants.sh accountant-prv    # the PRV accountant (about 2,500 mutants: a day)
 #   scripts/mutants.sh clip              # privatizer and public denominator, clipping factors
+#   scripts/mutants.sh clip-routed       # ragged kernels of routed expert rows (norms, gradients)
 #   scripts/mutants.sh routing           # owner maps
 #   scripts/mutants.sh models-owners     # libtorch: owner masks (raptor-models)
 #   scripts/mutants.sh models-engine     # libtorch: the per-sample engine (raptor-models)
@@ -39,7 +40,7 @@ fi
 if [ -n "${MUTANTS_TARGET_DIR:-}" ]; then
     export CARGO_TARGET_DIR="$MUTANTS_TARGET_DIR"
 fi
-target=${1:?usage: scripts/mutants.sh accountant|accountant-prv|clip|routing|models-owners|models-engine|trainer|trainer-mpi [cargo-mutants args]}
+target=${1:?usage: scripts/mutants.sh accountant|accountant-prv|clip|clip-routed|routing|models-owners|models-engine|trainer|trainer-mpi [cargo-mutants args]}
 shift
 out=${MUTANTS_OUT:-target/mutants}
 mkdir -p "$out"
@@ -85,6 +86,13 @@ clip)
         -f crates/raptor-clip/src/kernel.rs \
         --re 'privatizer\.rs|slice\.rs|clip_factor|factors_for_record|sums_skipping_non_finite' "$@" \
         -- --lib --test slice --test privatizer
+    ;;
+clip-routed)
+    # The ragged kernels of routed expert rows (per-record gradients and ghost norms feeding
+    # the clip factors of expert adapters): routed.rs and the two kernel functions it calls.
+    cargo mutants "${common[@]}" -o "$out/clip-routed" -p raptor-clip \
+        -f crates/raptor-clip/src/routed.rs -f crates/raptor-clip/src/kernel.rs \
+        --re 'routed\.rs|outer_sum_rows|ghost_sq_rows' "$@" -- --lib
     ;;
 routing)
     cargo mutants "${common[@]}" -o "$out/routing" -p raptor-routing \
