@@ -344,14 +344,14 @@ multiversion! {
         if d_in == 0 || d_out == 0 {
             return 0.0;
         }
-        let ar: Vec<&[f32]> = a.chunks_exact(d_in).collect();
-        let gr: Vec<&[f32]> = g.chunks_exact(d_out).collect();
+        // Rows as (a_t, g_t) pairs; no allocation (this runs per record and parameter).
+        let rows = || a.chunks_exact(d_in).zip(g.chunks_exact(d_out));
         let mut diag = 0f64;
         let mut off = 0f64;
-        for t in 0..ar.len().min(gr.len()) {
-            diag += f64::from(dot(ar[t], ar[t])) * f64::from(dot(gr[t], gr[t]));
-            for u in 0..t {
-                off += f64::from(dot(ar[t], ar[u])) * f64::from(dot(gr[t], gr[u]));
+        for (t, (at, gt)) in rows().enumerate() {
+            diag += f64::from(dot(at, at)) * f64::from(dot(gt, gt));
+            for (au, gu) in rows().take(t) {
+                off += f64::from(dot(at, au)) * f64::from(dot(gt, gu));
             }
         }
         let sq = diag + 2.0 * off;

@@ -896,40 +896,24 @@ impl PerSampleGrads {
         // Spread over the rayon pool only when libtorch may use more than one thread too.
         let parallel = tch::get_num_threads() > 1;
         let ck = compute_kind(self.kind);
-        if !materialize {
-            with_cpu_slice(&a_rows, |av: &[f32]| {
-                with_cpu_slice(&g_rows, |gv: &[f32]| {
-                    routed_linear_sq_norms(
-                        av,
-                        din as usize,
-                        gv,
-                        dout as usize,
-                        &offsets,
-                        &mut sq,
-                        parallel,
-                    )
-                })
-            })???;
-            return Ok(Some(Tensor::f_from_slice(&sq)?.f_to_kind(ck)?));
+        let (d_in, d_out) = (din as usize, dout as usize);
+        let kept = with_cpu_slice(&a_rows, |av: &[f32]| {
+            with_cpu_slice(&g_rows, |gv: &[f32]| -> Result<Option<Tensor>> {
+                if !materialize {
+                    routed_linear_sq_norms(av, d_in, gv, d_out, &offsets, &mut sq, parallel)?;
+                    return Ok(None);
+                }
+                let (gi, ()) = with_new_cpu_tensor::<f32, ()>(&[n, dout, din], |grads| {
+                    Ok(routed_linear_grads(
+                        av, d_in, gv, d_out, &offsets, grads, &mut sq, parallel,
+                    )?)
+                })?;
+                Ok(Some(gi))
+            })
+        })???;
+        if let Some(gi) = kept {
+            self.cache_keep(param, gi);
         }
-        let (gi, ()) = with_new_cpu_tensor::<f32, ()>(&[n, dout, din], |grads| {
-            with_cpu_slice(&a_rows, |av: &[f32]| {
-                with_cpu_slice(&g_rows, |gv: &[f32]| {
-                    routed_linear_grads(
-                        av,
-                        din as usize,
-                        gv,
-                        dout as usize,
-                        &offsets,
-                        grads,
-                        &mut sq,
-                        parallel,
-                    )
-                })
-            })???;
-            Ok(())
-        })?;
-        self.cache_keep(param, gi);
         Ok(Some(Tensor::f_from_slice(&sq)?.f_to_kind(ck)?))
     }
 
