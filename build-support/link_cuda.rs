@@ -1,5 +1,5 @@
 // Shared build-script logic (included by the `build.rs` of every crate whose binaries link
-// libtorch: raptor-models, raptor-train, raptor-reproduce, raptor-benches).
+// libtorch: raptor-models, raptor-optim, raptor-train, raptor-reproduce, raptor-benches).
 //
 // Force-link libtorch's CUDA libraries when the libtorch in use has them.
 //

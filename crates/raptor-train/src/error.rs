@@ -34,6 +34,9 @@ pub enum TrainError {
     /// From the Muon crate.
     #[error(transparent)]
     Muon(#[from] raptor_muon::MuonError),
+    /// From the optimizers.
+    #[error(transparent)]
+    Optim(#[from] raptor_optim::OptimError),
     /// From the routing crate.
     #[error(transparent)]
     Routing(#[from] raptor_routing::RoutingError),

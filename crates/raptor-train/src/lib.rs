@@ -5,7 +5,8 @@
 //! - [`streams`]: the one description every method is made of (phases of releases over clip
 //!   groups) and [`methods`], which turns a config into it (scope, layer, σ's).
 //! - [`trainer`]: the loop: Poisson sample, per-record clipping, noise ÷ public denominator,
-//!   ledger charged before the update is applied, optimizers ([`optim`]) on released gradients.
+//!   ledger charged before the update is applied, optimizers (crate `raptor-optim`, re-exported
+//!   as [`optim`]) on released gradients.
 //! - [`session`] and [`run`]: data and model preparation, run folders, checkpoints, resume,
 //!   evaluation.
 //! - [`audit`]: `raptor audit`, the one-run canary audit (an empirical ε lower bound beside the
@@ -26,7 +27,6 @@ pub mod diagnostics;
 pub mod dist;
 pub mod error;
 pub mod methods;
-pub mod optim;
 pub mod run;
 pub mod session;
 pub mod streams;
@@ -34,6 +34,9 @@ pub mod trainer;
 pub mod upcycle;
 
 pub use error::{Result, TrainError};
+
+/// The optimizers on released gradients (crate `raptor-optim`).
+pub use raptor_optim as optim;
 
 /// The `tch` version this program was built with (read from the workspace's `Cargo.lock` at
 /// build time).

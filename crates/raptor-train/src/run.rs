@@ -1188,4 +1188,14 @@ mod tests {
             );
         }
     }
+
+    /// The optimizer crate's documented defaults are the ones a default `run.toml` trains with.
+    #[test]
+    fn default_config_trains_with_the_optimizer_crates_defaults() {
+        let cfg = RunConfig::default();
+        assert_eq!(
+            optim_settings(&cfg).unwrap(),
+            OptimSettings::adamw(cfg.train.lr)
+        );
+    }
 }

@@ -131,18 +131,8 @@ impl Phase {
     }
 }
 
-/// Which optimizer updates a parameter (post-processing of its release).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Optim {
-    /// AdamW.
-    AdamW,
-    /// Plain SGD.
-    Sgd,
-    /// Muon (2-D hidden matrices).
-    Muon,
-    /// Muon with DP-MuonBC's bias correction.
-    MuonBc,
-}
+/// Which optimizer updates a parameter (defined in `raptor-optim`).
+pub use raptor_optim::Optim;
 
 /// The whole schedule, fixed before training.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -1,8 +1,32 @@
-//! Optimizers on released gradients (post-processing of each release: they never see a private
-//! gradient): AdamW, SGD, Muon and DP-MuonBC on tensors, one state per parameter (so every
-//! expert has its own AdamW state).
+//! Optimizers on released gradients: AdamW, SGD, Muon and DP-MuonBC on libtorch tensors, one
+//! state per parameter (so every expert of an MoE layer has its own AdamW state), with state
+//! that a checkpoint can export and restore.
+//!
+//! Everything here is post-processing of a release: an optimizer only ever sees a gradient
+//! after it was clipped, summed, noised and divided by its public denominator, so nothing in
+//! this crate touches private data or needs accounting. DP-MuonBC's correction needs the
+//! release's per-coordinate noise level ([`ReleaseNoise`]), which is public (σ·Δ / D).
+//!
+//! ```no_run
+//! use raptor_optim::{Optim, OptimSettings, Optimizers, ReleaseNoise};
+//! use tch::Tensor;
+//!
+//! # fn main() -> Result<(), raptor_optim::OptimError> {
+//! let settings = OptimSettings::adamw(1e-3);
+//! let mut opt = Optimizers::new(settings, &[("w".into(), Optim::AdamW)], Some(0));
+//! let mut w = Tensor::zeros([4, 4], (tch::Kind::Float, tch::Device::Cpu));
+//! let released = Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
+//! opt.step("w", &mut w, &released, 1.0, ReleaseNoise { std: 0.0 })?;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::collections::BTreeMap;
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 use raptor_muon::{
     BcConfig, MomentumForm, NsConfig, TchPrecision, bias_corrected_direction, newton_schulz_tch,
@@ -11,8 +35,39 @@ use raptor_muon::{
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use crate::error::{Result, TrainError};
-use crate::streams::Optim;
+/// Everything that can go wrong in an optimizer step or while restoring optimizer state.
+#[derive(Debug, thiserror::Error)]
+pub enum OptimError {
+    /// Optimizer state that does not match the parameters (a checkpoint from another run, or a
+    /// step for a parameter the optimizers were not built for).
+    #[error("optimizer state: {0}")]
+    State(String),
+    /// A parameter whose shape its optimizer cannot take (Muon needs a matrix).
+    #[error("optimizer: {0}")]
+    Shape(String),
+    /// From the Muon crate (Newton–Schulz, DP-MuonBC).
+    #[error(transparent)]
+    Muon(#[from] raptor_muon::MuonError),
+    /// From libtorch.
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, OptimError>;
+
+/// Which optimizer updates a parameter (post-processing of its release).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Optim {
+    /// AdamW.
+    AdamW,
+    /// Plain SGD.
+    Sgd,
+    /// Muon (2-D hidden matrices).
+    Muon,
+    /// Muon with DP-MuonBC's bias correction.
+    MuonBc,
+}
 
 /// Optimizer hyper-parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +90,25 @@ pub struct OptimSettings {
     pub ns: NsConfig,
     /// DP-MuonBC probe pairs.
     pub bc_probe_pairs: usize,
+}
+
+impl OptimSettings {
+    /// The defaults of a `raptor train` run with learning rate `lr`: AdamW β = (0.9, 0.999),
+    /// ε = 1e-8, decoupled weight decay 0.01; Muon learning rate 0.02, β = 0.95, Nesterov
+    /// momentum, Keller Jordan's five-step Newton–Schulz; one DP-MuonBC probe pair.
+    pub fn adamw(lr: f64) -> Self {
+        Self {
+            lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.01,
+            muon_lr: 0.02,
+            muon_beta: 0.95,
+            muon_form: MomentumForm::Nesterov,
+            ns: NsConfig::keller(),
+            bc_probe_pairs: 1,
+        }
+    }
 }
 
 /// Per-parameter optimizer state.
@@ -182,7 +256,7 @@ impl Optimizers {
         let st = self
             .states
             .get_mut(name)
-            .ok_or_else(|| TrainError::Run(format!("no optimizer state for {name}")))?;
+            .ok_or_else(|| OptimError::State(format!("no optimizer state for {name}")))?;
         st.t += 1;
         let g = grad.f_to_kind(param.kind())?;
         let lr = s.lr * lr_scale;
@@ -247,7 +321,14 @@ impl Optimizers {
                         }
                     };
                     let size = param.size();
-                    let (rows, cols) = (size[0], size[1]);
+                    let (rows, cols) = match size.as_slice() {
+                        [r, c] => (*r, *c),
+                        _ => {
+                            return Err(OptimError::Shape(format!(
+                                "Muon needs matrices; {name} has shape {size:?}"
+                            )));
+                        }
+                    };
                     let pending = PendingMuon {
                         param: param.shallow_clone(),
                         u: Tensor::new(),
@@ -328,27 +409,26 @@ impl Optimizers {
         device: tch::Device,
     ) -> Result<()> {
         for (n, t) in tensors {
-            let (p, which) = n.rsplit_once("::").ok_or_else(|| {
-                TrainError::Run(format!("optimizer state tensor {n} has no ::m/::v suffix"))
-            })?;
+            let (p, which) = n
+                .rsplit_once("::")
+                .ok_or_else(|| OptimError::State(format!("tensor {n} has no ::m/::v suffix")))?;
             let st = self.states.get_mut(p).ok_or_else(|| {
-                TrainError::Run(format!("optimizer state for unknown parameter {p}"))
+                OptimError::State(format!("tensor {n} is for unknown parameter {p}"))
             })?;
             let t = t.f_to(device)?;
             match which {
                 "m" => st.m = Some(t),
                 "v" => st.v = Some(t),
                 other => {
-                    return Err(TrainError::Run(format!(
-                        "optimizer state {n}: unknown part {other}"
-                    )));
+                    return Err(OptimError::State(format!("{n}: unknown part {other}")));
                 }
             }
         }
         for (n, (t, nv, bv)) in &sc.params {
-            let st = self.states.get_mut(n).ok_or_else(|| {
-                TrainError::Run(format!("optimizer scalars for unknown parameter {n}"))
-            })?;
+            let st = self
+                .states
+                .get_mut(n)
+                .ok_or_else(|| OptimError::State(format!("scalars for unknown parameter {n}")))?;
             st.t = *t;
             st.noise_var = *nv;
             st.buf_var = *bv;
@@ -385,7 +465,7 @@ fn ns_batch_cpu(us: &[&Tensor], ns: &NsConfig) -> Result<Vec<Tensor>> {
         let (rows, cols) = match size.as_slice() {
             [r, c] => (*r, *c),
             _ => {
-                return Err(TrainError::Run(format!(
+                return Err(OptimError::Shape(format!(
                     "Muon needs matrices; got a tensor of shape {size:?}"
                 )));
             }
@@ -475,6 +555,67 @@ mod tests {
     }
 
     #[test]
+    fn sgd_steps_along_the_release_with_the_schedule_factor() {
+        let mut o = Optimizers::new(settings(), &[("p".into(), Optim::Sgd)], None);
+        let mut p = Tensor::from_slice(&[1.0f32, -1.0]);
+        let g = Tensor::from_slice(&[2.0f32, 4.0]);
+        o.step("p", &mut p, &g, 0.5, ReleaseNoise { std: 0.0 })
+            .unwrap();
+        // lr 0.1 × schedule 0.5 × g.
+        let v: Vec<f32> = Vec::try_from(&p).unwrap();
+        assert!(
+            (v[0] - 0.9).abs() < 1e-6 && (v[1] + 1.2).abs() < 1e-6,
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn mismatched_state_and_shapes_are_errors_not_panics() {
+        let mut o = Optimizers::new(
+            settings(),
+            &[("v".into(), Optim::Muon), ("m".into(), Optim::AdamW)],
+            None,
+        );
+        let mut v = Tensor::from_slice(&[1.0f32, 2.0]);
+        let g = Tensor::from_slice(&[0.5f32, -2.0]);
+        let quiet = ReleaseNoise { std: 0.0 };
+        let e = o.step("v", &mut v, &g, 1.0, quiet).unwrap_err();
+        assert!(
+            matches!(e, OptimError::Shape(ref m) if m.contains("v")),
+            "{e}"
+        );
+        let e = o.step("nope", &mut v, &g, 1.0, quiet).unwrap_err();
+        assert!(
+            matches!(e, OptimError::State(ref m) if m.contains("nope")),
+            "{e}"
+        );
+        let e = o
+            .step_all(
+                vec![("v".into(), v.shallow_clone(), g.shallow_clone(), quiet)],
+                1.0,
+            )
+            .unwrap_err();
+        assert!(matches!(e, OptimError::Shape(_)), "{e}");
+        let sc = OptimScalars::default();
+        for bad in ["m", "other::m", "m::w"] {
+            let e = o
+                .import(vec![(bad.into(), g.copy())], &sc, tch::Device::Cpu)
+                .unwrap_err();
+            assert!(
+                matches!(e, OptimError::State(ref m) if m.contains(bad)),
+                "{bad}: {e}"
+            );
+        }
+        let mut sc = OptimScalars::default();
+        sc.params.insert("ghost".into(), (1, 0.0, 0.0));
+        let e = o.import(vec![], &sc, tch::Device::Cpu).unwrap_err();
+        assert!(
+            matches!(e, OptimError::State(ref m) if m.contains("ghost")),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn state_round_trips() {
         let mut o = Optimizers::new(settings(), &[("p".into(), Optim::AdamW)], None);
         let mut p = Tensor::from_slice(&[1.0f32, 2.0]);
@@ -517,12 +658,16 @@ mod tests {
                 _ => vec![5, 12],
             }
         };
-        let rng = raptor_models::rng::global_rng();
-        rng.seed(7);
-        let init: Vec<Tensor> = kinds
-            .iter()
-            .map(|(n, _)| Tensor::randn(shape(n), (Kind::Float, tch::Device::Cpu)))
-            .collect();
+        // Values from a seeded generator of our own (libtorch's global one is shared with
+        // other tests of the process).
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+        let mut draw = |shape: Vec<i64>| -> Tensor {
+            let n: i64 = shape.iter().product();
+            let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+            Tensor::from_slice(&v).reshape(shape)
+        };
+        let init: Vec<Tensor> = kinds.iter().map(|(n, _)| draw(shape(n))).collect();
         let mut one = Optimizers::new(s.clone(), &kinds, Some(3));
         let mut all = Optimizers::new(s, &kinds, Some(3));
         let p_one: Vec<Tensor> = init.iter().map(|t| t.copy()).collect();
@@ -531,10 +676,7 @@ mod tests {
             let noise = ReleaseNoise {
                 std: if update == 1 { 0.0 } else { 0.05 },
             };
-            let grads: Vec<Tensor> = kinds
-                .iter()
-                .map(|(n, _)| Tensor::randn(shape(n), (Kind::Float, tch::Device::Cpu)))
-                .collect();
+            let grads: Vec<Tensor> = kinds.iter().map(|(n, _)| draw(shape(n))).collect();
             for (((n, _), p), g) in kinds.iter().zip(&p_one).zip(&grads) {
                 let mut p = p.shallow_clone();
                 one.step(n, &mut p, g, 0.5, noise).unwrap();
