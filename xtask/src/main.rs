@@ -15,6 +15,7 @@ mod gguf_model;
 mod models;
 mod python;
 mod setup;
+mod wheels;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

