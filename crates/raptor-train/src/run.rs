@@ -585,6 +585,207 @@ fn train_impl(
         .map(|(dir, record, _)| (dir, record))
 }
 
+/// Trainable parameters per phase (what the record reports).
+fn trainable_parameters(
+    plan: &crate::streams::Plan,
+    model: &dyn raptor_models::Model,
+) -> std::collections::BTreeMap<String, i64> {
+    let vars = model.var_store().variables();
+    plan.phases
+        .iter()
+        .map(|ph| {
+            let n: i64 = ph
+                .params()
+                .iter()
+                .filter_map(|p| vars.get(p))
+                .map(|t| t.numel() as i64)
+                .sum();
+            (ph.name.clone(), n)
+        })
+        .collect()
+}
+
+/// Where a run starts: from scratch, or from its folder's last checkpoint and ledger.
+struct Resume {
+    /// How many times the run was resumed before (0 for a fresh run).
+    resumed: u32,
+    /// The first update to run.
+    start_update: u64,
+    /// The releases already charged (possibly ahead of the checkpoint: ε only over-counts).
+    ledger: Ledger,
+    /// The optimizer state to restore.
+    optimizer: Option<(Vec<(String, tch::Tensor)>, OptimScalars)>,
+}
+
+impl Resume {
+    fn fresh() -> Self {
+        Self {
+            resumed: 0,
+            start_update: 0,
+            ledger: Ledger::new(),
+            optimizer: None,
+        }
+    }
+}
+
+/// Reads a run folder's checkpoint (trainable parameters into `model`, optimizer state) and its
+/// ledger, every file checked against its checksum; notes a ledger ahead of the checkpoint.
+fn read_resume(
+    dir: &Path,
+    model: &dyn raptor_models::Model,
+    notes: &mut Vec<String>,
+) -> Result<Resume> {
+    let mut r = Resume::fresh();
+    if let Some(st) = checkpoint_state(dir)? {
+        load_trainable(dir, model)?;
+        let opath = dir.join("checkpoint").join(&st.optimizer_file);
+        r.optimizer = Some((
+            read_checked_tensors(&opath, &st.optimizer_sha256)?,
+            st.optim,
+        ));
+        r.start_update = st.update;
+        r.resumed = st.resumed + 1;
+    }
+    let lpath = dir.join("checkpoint").join("ledger.json");
+    if lpath.exists() {
+        r.ledger = read_checked_json(&lpath)?;
+    }
+    if r.ledger.len() > r.start_update {
+        notes.push(format!(
+            "resumed at update {}; the ledger already held {} steps (releases charged before a stop are kept: ε only over-counts)",
+            r.start_update,
+            r.ledger.len()
+        ));
+    }
+    Ok(r)
+}
+
+/// DP-MuonBC's probe seed. The probes are data-independent randomness; over several ranks they
+/// must be the same on every rank (rank 0 draws the seed from the OS unless the run is seeded).
+fn probe_seed(cfg: &RunConfig, comm: &dyn crate::dist::Collective) -> Result<Option<u64>> {
+    Ok(match (cfg.train.insecure_seed, comm.size() > 1) {
+        (Some(s), _) => Some(s),
+        (None, false) => None,
+        (None, true) => {
+            let mut s = vec![rand::random::<u64>()];
+            comm.broadcast_u64(&mut s)?;
+            s.first().copied()
+        }
+    })
+}
+
+/// The certified ε of a private run's ledger; none for a non-private run, an empty ledger, or
+/// releases not yet charged (a stop between a release and its charge).
+fn final_epsilon(
+    trainer: &Trainer<'_>,
+    privacy: &crate::methods::PrivacyPlan,
+    acc: &PrvAccountant,
+) -> Result<Option<FinalEpsilon>> {
+    if !privacy.private || trainer.ledger().is_empty() || trainer.unaccounted_releases() > 0 {
+        return Ok(None);
+    }
+    let e = trainer.ledger().epsilon(privacy.delta, acc)?;
+    Ok(Some(FinalEpsilon {
+        upper: e.upper,
+        estimate: e.estimate,
+        lower: e.lower,
+        delta: privacy.delta,
+        releases: trainer.ledger().releases(),
+        steps: trainer.ledger().len(),
+    }))
+}
+
+/// RAPTOR's diagnostics of a private MoE classifier on (at most 32) validation records, with
+/// the noise, bound and denominator that the method gives the expert coordinates.
+fn run_diagnostics(
+    cfg: &RunConfig,
+    model: &dyn raptor_models::Model,
+    privacy: &crate::methods::PrivacyPlan,
+    layer: Option<&crate::methods::LayerChoice>,
+    validation: &[crate::trainer::Example],
+    pad_id: i64,
+    device: tch::Device,
+) -> Result<Option<crate::diagnostics::Diagnostics>> {
+    if !(privacy.private
+        && !validation.is_empty()
+        && model.num_experts() > 0
+        && crate::session::is_classifier(cfg))
+    {
+        return Ok(None);
+    }
+    let fam = crate::methods::Family {
+        kind: cfg.model.kind,
+    };
+    let Some(layer_id) = layer
+        .map(|l| l.layer)
+        .or_else(|| model.sparse_layers().last().copied())
+    else {
+        return Ok(None);
+    };
+    let raptor_like = cfg.method.name.needs_experts();
+    let sigma_e = if raptor_like {
+        privacy
+            .sigmas
+            .get("experts")
+            .or(privacy.sigmas.get("shared"))
+            .copied()
+            .unwrap_or(0.0)
+    } else {
+        privacy.sigmas.get("all").copied().unwrap_or(0.0)
+    };
+    let clip_e = if raptor_like {
+        cfg.train.clip_expert
+    } else {
+        cfg.train.clip
+    };
+    let d_e = if raptor_like && cfg.method.expert_denominator != "batch" {
+        cfg.train.batch_size / model.num_experts() as f64
+    } else {
+        cfg.train.batch_size
+    };
+    let global = !raptor_like || cfg.method.expert_clip == "global";
+    let n = validation.len().min(32);
+    Ok(Some(crate::diagnostics::diagnostics(
+        model,
+        &fam,
+        layer_id,
+        &validation[..n],
+        sigma_e,
+        clip_e,
+        global,
+        d_e,
+        cfg.train.batch_size,
+        pad_id,
+        device,
+    )?))
+}
+
+/// `cpu`, `cuda:N`.
+fn device_name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cpu => "cpu".to_string(),
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Where the run's noise came from, as the record states it.
+fn noise_source(cfg: &RunConfig, device_name: &str) -> String {
+    format!(
+        "{} ChaCha20 on the CPU (rand_chacha), f64 standard normals; on rank 0 only; added to the clipped sums {}",
+        if cfg.train.insecure_seed.is_some() {
+            "seeded (NOT private: train.insecure_seed)"
+        } else {
+            "OS-seeded CSPRNG"
+        },
+        if device_name == "cpu" {
+            "on the CPU".to_string()
+        } else {
+            format!("after one copy per release to {device_name} (no device generator is used)")
+        }
+    )
+}
+
 /// Trains a prepared session into the run folder `dir` (a new run, or a resume when `resuming`)
 /// and returns the folder, the record and the trained model (for `raptor audit`, which scores
 /// its canaries with it).
@@ -626,20 +827,7 @@ pub(crate) fn train_session(
         tokenizer,
         validation_sources,
     } = session;
-    let trainable_parameters = plan
-        .phases
-        .iter()
-        .map(|ph| {
-            let vars = model.var_store().variables();
-            let n: i64 = ph
-                .params()
-                .iter()
-                .filter_map(|p| vars.get(p))
-                .map(|t| t.numel() as i64)
-                .sum();
-            (ph.name.clone(), n)
-        })
-        .collect();
+    let trainable_parameters = trainable_parameters(&plan, model.as_ref());
     let mut notes = Vec::new();
     if cfg.train.insecure_seed.is_some() {
         let msg = "NOT PRIVATE: train.insecure_seed seeds the Poisson sampler and the noise; anyone who knows the seed can undo both".to_string();
@@ -649,32 +837,16 @@ pub(crate) fn train_session(
     if let Some(l) = &layer {
         notes.extend(l.warnings.iter().cloned());
     }
-    let mut resumed = 0u32;
-    let mut start_update = 0u64;
-    let mut ledger = Ledger::new();
-    let mut scalars: Option<(Vec<(String, tch::Tensor)>, OptimScalars)> = None;
-    if resuming {
-        if let Some(st) = checkpoint_state(&dir)? {
-            load_trainable(&dir, model.as_ref())?;
-            let opath = dir.join("checkpoint").join(&st.optimizer_file);
-            scalars = Some((
-                read_checked_tensors(&opath, &st.optimizer_sha256)?,
-                st.optim,
-            ));
-            start_update = st.update;
-            resumed = st.resumed + 1;
-        }
-        let lpath = dir.join("checkpoint").join("ledger.json");
-        if lpath.exists() {
-            ledger = read_checked_json(&lpath)?;
-        }
-        if ledger.len() > start_update {
-            notes.push(format!(
-                "resumed at update {start_update}; the ledger already held {} steps (releases charged before a stop are kept: ε only over-counts)",
-                ledger.len()
-            ));
-        }
-    }
+    let Resume {
+        resumed,
+        start_update,
+        ledger,
+        optimizer,
+    } = if resuming {
+        read_resume(&dir, model.as_ref(), &mut notes)?
+    } else {
+        Resume::fresh()
+    };
     if comm.size() > 1 {
         // Every rank must resume at the update rank 0 resumes at (they read the same folder).
         let mut at = vec![start_update];
@@ -688,20 +860,8 @@ pub(crate) fn train_session(
             )));
         }
     }
-    let settings = optim_settings(&cfg)?;
-    // DP-MuonBC's probes are data-independent randomness: over several ranks they must be the
-    // same on every rank (rank 0 draws the seed from the OS unless the run is seeded).
-    let probe_seed = match (cfg.train.insecure_seed, comm.size() > 1) {
-        (Some(s), _) => Some(s),
-        (None, false) => None,
-        (None, true) => {
-            let mut s = vec![rand::random::<u64>()];
-            comm.broadcast_u64(&mut s)?;
-            s.first().copied()
-        }
-    };
-    let mut optim = Optimizers::new(settings, &plan.optim, probe_seed);
-    if let Some((ts, sc)) = scalars {
+    let mut optim = Optimizers::new(optim_settings(&cfg)?, &plan.optim, probe_seed(&cfg, comm)?);
+    if let Some((ts, sc)) = optimizer {
         optim.import(ts, &sc, device)?;
     }
     let opts = TrainerOptions {
@@ -808,23 +968,7 @@ pub(crate) fn train_session(
     }
     let wall = started.elapsed().as_secs_f64();
     let applied = trainer.update() - start_update;
-    let epsilon = if privacy.private && !trainer.ledger().is_empty() {
-        if trainer.unaccounted_releases() > 0 {
-            None
-        } else {
-            let e = trainer.ledger().epsilon(privacy.delta, &acc)?;
-            Some(FinalEpsilon {
-                upper: e.upper,
-                estimate: e.estimate,
-                lower: e.lower,
-                delta: privacy.delta,
-                releases: trainer.ledger().releases(),
-                steps: trainer.ledger().len(),
-            })
-        }
-    } else {
-        None
-    };
+    let epsilon = final_epsilon(&trainer, &privacy, &acc)?;
     if let Some(e) = &epsilon
         && e.upper > privacy.epsilon * (1.0 + 1e-9)
     {
@@ -868,81 +1012,21 @@ pub(crate) fn train_session(
             device,
         )?)
     };
-    let diagnostics = if writer
-        && privacy.private
-        && !validation.is_empty()
-        && model.num_experts() > 0
-        && crate::session::is_classifier(&cfg)
-    {
-        let fam = crate::methods::Family {
-            kind: cfg.model.kind,
-        };
-        let layer_id = layer
-            .as_ref()
-            .map(|l| l.layer)
-            .or_else(|| model.sparse_layers().last().copied());
-        let raptor_like = cfg.method.name.needs_experts();
-        let sigma_e = if raptor_like {
-            privacy
-                .sigmas
-                .get("experts")
-                .or(privacy.sigmas.get("shared"))
-                .copied()
-                .unwrap_or(0.0)
-        } else {
-            privacy.sigmas.get("all").copied().unwrap_or(0.0)
-        };
-        let clip_e = if raptor_like {
-            cfg.train.clip_expert
-        } else {
-            cfg.train.clip
-        };
-        let d_e = if raptor_like && cfg.method.expert_denominator != "batch" {
-            cfg.train.batch_size / model.num_experts() as f64
-        } else {
-            cfg.train.batch_size
-        };
-        let global = !raptor_like || cfg.method.expert_clip == "global";
-        match layer_id {
-            Some(l) => {
-                let n = validation.len().min(32);
-                Some(crate::diagnostics::diagnostics(
-                    model.as_ref(),
-                    &fam,
-                    l,
-                    &validation[..n],
-                    sigma_e,
-                    clip_e,
-                    global,
-                    d_e,
-                    cfg.train.batch_size,
-                    pad_id,
-                    device,
-                )?)
-            }
-            None => None,
-        }
+    let diagnostics = if writer {
+        run_diagnostics(
+            &cfg,
+            model.as_ref(),
+            &privacy,
+            layer.as_ref(),
+            &validation,
+            pad_id,
+            device,
+        )?
     } else {
         None
     };
-    let device_name = match device {
-        tch::Device::Cpu => "cpu".to_string(),
-        tch::Device::Cuda(i) => format!("cuda:{i}"),
-        other => format!("{other:?}"),
-    };
-    let noise_source = format!(
-        "{} ChaCha20 on the CPU (rand_chacha), f64 standard normals; on rank 0 only; added to the clipped sums {}",
-        if cfg.train.insecure_seed.is_some() {
-            "seeded (NOT private: train.insecure_seed)"
-        } else {
-            "OS-seeded CSPRNG"
-        },
-        if device_name == "cpu" {
-            "on the CPU".to_string()
-        } else {
-            format!("after one copy per release to {device_name} (no device generator is used)")
-        }
-    );
+    let device_name = device_name(device);
+    let noise_source = noise_source(&cfg, &device_name);
     let membership_inference = if writer && !validation.is_empty() {
         membership_inference(
             model.as_ref(),

@@ -139,6 +139,23 @@ fn lora_and_raptor_learn_the_toy_task() {
             let e = rec["epsilon"]["upper"].as_f64().unwrap();
             assert!(e <= 8.0 && e > 1.0, "epsilon {e}");
             assert!(rec["insecure_seeded"].as_bool().unwrap());
+            assert!(
+                rec["noise_source"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("seeded (NOT private"),
+                "{}",
+                rec["noise_source"]
+            );
+            // Both streams train something; the diagnostics cover the chosen layer's 4 experts.
+            let trainable = rec["trainable_parameters"].as_object().unwrap();
+            assert_eq!(trainable.len(), 2, "{trainable:?}");
+            assert!(trainable.values().all(|n| n.as_i64().unwrap() > 0));
+            let diag = &rec["diagnostics"];
+            assert_eq!(diag["layer"], rec["layer"]["layer"], "{diag}");
+            assert_eq!(diag["snr"].as_array().unwrap().len(), 4, "{diag}");
+            let m_role = diag["role_mismatch"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&m_role), "{diag}");
             // eval on the test file agrees in kind
             let run = std::fs::read_dir(&runs)
                 .unwrap()
@@ -166,6 +183,10 @@ fn lora_and_raptor_learn_the_toy_task() {
             assert!(
                 rec["epsilon"].is_null(),
                 "a non-private method reports no finite epsilon"
+            );
+            assert!(
+                rec["diagnostics"].is_null(),
+                "diagnostics are for private runs"
             );
         }
     }
