@@ -498,6 +498,18 @@ impl RunConfig {
         toml::to_string_pretty(self).map_err(|e| TrainError::Config(e.to_string()))
     }
 
+    /// The fields (`section.field`, sorted) whose values differ between two configs; empty when
+    /// they are equal. A field set in one and left out (`None`) in the other counts as
+    /// different.
+    pub fn differences(&self, other: &RunConfig) -> Result<Vec<String>> {
+        let value =
+            |c: &RunConfig| toml::Value::try_from(c).map_err(|e| TrainError::Config(e.to_string()));
+        let mut out = Vec::new();
+        diff_values("", &value(self)?, &value(other)?, &mut out);
+        out.sort();
+        Ok(out)
+    }
+
     fn resolve_paths(&mut self, base: &Path) {
         let cache = raptor_data::cache::default_cache_dir();
         let fix = |p: &mut PathBuf| {
@@ -690,6 +702,28 @@ pub fn default_delta(n: usize) -> f64 {
 /// The commented default config printed by `raptor train --print-default-config`.
 pub const DEFAULT_CONFIG: &str = include_str!("default_config.toml");
 
+/// Collects the dotted keys under which `a` and `b` differ.
+fn diff_values(prefix: &str, a: &toml::Value, b: &toml::Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (toml::Value::Table(ta), toml::Value::Table(tb)) => {
+            let keys: std::collections::BTreeSet<&String> = ta.keys().chain(tb.keys()).collect();
+            for k in keys {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match (ta.get(k), tb.get(k)) {
+                    (Some(x), Some(y)) => diff_values(&path, x, y, out),
+                    _ => out.push(path),
+                }
+            }
+        }
+        _ if a != b => out.push(prefix.to_string()),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -699,6 +733,21 @@ mod tests {
     fn default_config_text_parses_to_the_defaults() {
         let parsed = RunConfig::from_toml(DEFAULT_CONFIG).unwrap();
         assert_eq!(parsed, RunConfig::default());
+    }
+
+    #[test]
+    fn differences_name_every_changed_field() {
+        let a = RunConfig::default();
+        assert_eq!(a.differences(&a.clone()).unwrap(), Vec::<String>::new());
+        let mut b = a.clone();
+        b.train.steps = Some(25);
+        b.privacy.epsilon = 2.0;
+        b.lora.attention_targets = vec!["query".into()];
+        assert_eq!(
+            a.differences(&b).unwrap(),
+            ["lora.attention_targets", "privacy.epsilon", "train.steps"]
+        );
+        assert_eq!(b.differences(&a).unwrap(), a.differences(&b).unwrap());
     }
 
     #[test]

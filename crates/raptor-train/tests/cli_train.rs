@@ -266,6 +266,23 @@ fn killed_and_resumed_run_never_undercounts() {
         "ledger {} < applied {applied}",
         ledger.len()
     );
+    // A --config beside --resume that is not the run's own: refused, naming the field, and
+    // the run folder is left as it was.
+    let changed = d.join("changed");
+    std::fs::create_dir_all(&changed).unwrap();
+    let changed_cfg = config(&changed, "dp-adam-lora", steps + 5, "");
+    let out = raptor(&[
+        "train",
+        "--config",
+        changed_cfg.to_str().unwrap(),
+        "--resume",
+        run.to_str().unwrap(),
+    ]);
+    assert_bad(&out, "train.steps");
+    assert!(!run.join("record.json").exists());
+    let after: serde_json::Value =
+        raptor_train::run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
+    assert_eq!(after, state);
     // Resume (the stale lock of the killed process is taken over).
     let out = raptor(&["train", "--resume", run.to_str().unwrap(), "--json"]);
     assert!(
@@ -282,6 +299,22 @@ fn killed_and_resumed_run_never_undercounts() {
         "resumed {eps} < uninterrupted {full_eps}"
     );
     assert!(rec["epsilon"]["steps"].as_u64().unwrap() >= steps);
+    // The run's own config beside --resume is accepted (the finished run is reported again).
+    let out = raptor(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--resume",
+        run.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["updates"].as_u64().unwrap(), steps);
 }
 
 fn assert_bad(out: &Output, needle: &str) {

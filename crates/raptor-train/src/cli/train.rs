@@ -14,7 +14,8 @@ pub struct TrainArgs {
     /// The run configuration (TOML; `--print-default-config` shows every field).
     #[arg(long, required_unless_present_any = ["print_default_config", "resume"])]
     pub config: Option<PathBuf>,
-    /// Continue an interrupted run from its folder (its own config.toml is used).
+    /// Continue an interrupted run from its folder (its own config.toml is used; a `--config`
+    /// given too must be the same config, or the command fails naming the fields that differ).
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Folder under which the run folder `<method>-<time>-<pid>` is created.
@@ -49,7 +50,25 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let cfg = match (&args.config, &args.resume) {
-        (_, Some(_)) => RunConfig::default(),
+        (Some(p), Some(run)) => {
+            // A run resumes with the config it started with (its privacy plan, schedule and
+            // data are fixed); a --config beside --resume must be that config.
+            let given = RunConfig::from_file(p)?;
+            let stored = run.join("config.toml");
+            let text = std::fs::read_to_string(&stored)
+                .with_context(|| format!("cannot read {}", stored.display()))?;
+            let diff = given.differences(&RunConfig::from_toml(&text)?)?;
+            if !diff.is_empty() {
+                anyhow::bail!(
+                    "{} differs from the config {} started with ({}): a run resumes with its own config; drop --config to resume it, or train a new run",
+                    p.display(),
+                    run.display(),
+                    diff.join(", ")
+                );
+            }
+            given
+        }
+        (None, Some(_)) => RunConfig::default(),
         (Some(p), None) => RunConfig::from_file(p)?,
         (None, None) => anyhow::bail!("give --config <run.toml> or --resume <run folder>"),
     };
