@@ -554,6 +554,49 @@ mod tests {
         }
     }
 
+    /// Our AdamW against libtorch's own (`torch::optim::AdamW` through `tch::nn`): decoupled
+    /// weight decay, bias correction and a changing learning rate (schedule) over eight steps.
+    #[test]
+    fn adamw_matches_libtorchs_adamw() {
+        use tch::nn::OptimizerConfig;
+        let init = [0.5f32, -1.0, 2.0, 0.0, 3.0, -0.25];
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let w = vs.root().var_copy("w", &Tensor::from_slice(&init));
+        let lr = 0.05;
+        let mut torch_opt = tch::nn::AdamW::default().build(&vs, lr).unwrap();
+        let mut ours = Optimizers::new(
+            OptimSettings::adamw(lr),
+            &[("w".into(), Optim::AdamW)],
+            None,
+        );
+        let mut p = Tensor::from_slice(&init);
+        for step in 0..8 {
+            let scale = lr_scale(step, 8, 2, true);
+            let g: Vec<f32> = (0..init.len())
+                .map(|i| ((step as f32 + 1.0) * (i as f32 - 2.5)).sin() * (1.0 + i as f32))
+                .collect();
+            let g = Tensor::from_slice(&g);
+            torch_opt.set_lr(lr * scale);
+            torch_opt.zero_grad();
+            (&w * &g).sum(Kind::Float).backward();
+            torch_opt.step();
+            ours.step("w", &mut p, &g, scale, ReleaseNoise { std: 0.0 })
+                .unwrap();
+        }
+        let theirs: Vec<f32> = Vec::try_from(w.detach()).unwrap();
+        let mine: Vec<f32> = Vec::try_from(&p).unwrap();
+        for (a, b) in mine.iter().zip(&theirs) {
+            assert!(
+                (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                "{mine:?} vs {theirs:?}"
+            );
+        }
+        assert!(
+            mine.iter().zip(&init).any(|(a, b)| (a - b).abs() > 0.01),
+            "the parameters moved"
+        );
+    }
+
     #[test]
     fn sgd_steps_along_the_release_with_the_schedule_factor() {
         let mut o = Optimizers::new(settings(), &[("p".into(), Optim::Sgd)], None);
