@@ -7,16 +7,19 @@
 //! this crate touches private data or needs accounting. DP-MuonBC's correction needs the
 //! release's per-coordinate noise level ([`ReleaseNoise`]), which is public (σ·Δ / D).
 //!
-//! ```no_run
+//! ```
 //! use raptor_optim::{Optim, OptimSettings, Optimizers, ReleaseNoise};
 //! use tch::Tensor;
 //!
-//! # fn main() -> Result<(), raptor_optim::OptimError> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let settings = OptimSettings::adamw(1e-3);
 //! let mut opt = Optimizers::new(settings, &[("w".into(), Optim::AdamW)], Some(0));
 //! let mut w = Tensor::zeros([4, 4], (tch::Kind::Float, tch::Device::Cpu));
 //! let released = Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
 //! opt.step("w", &mut w, &released, 1.0, ReleaseNoise { std: 0.0 })?;
+//! // Adam's first step moves every entry by the learning rate against the gradient's sign.
+//! let moved: Vec<f32> = Vec::try_from(w.flatten(0, -1))?;
+//! assert!(moved.iter().all(|x| (x + 1e-3).abs() < 1e-7));
 //! # Ok(())
 //! # }
 //! ```
