@@ -3565,6 +3565,31 @@ mod tests {
     /// answer. The Chernoff point is a bound only for λ > 0 (a negative λ flips the
     /// inequality). A saddle target at or below the untilted mean, or not finite, gives
     /// λ = 0 (no tilt) rather than a negative tilt.
+    /// A loss inversion whose error it cannot bound is refused: with q below the unit
+    /// round-off and a loss just above 0, w = −(1 − q)e^{−y} rounds to −1, so the derivative
+    /// bound's denominator is not positive; the inversion must give up (NaN, ∞). Going on
+    /// would return x = −∞, which `edge_tails` reads as "no loss at or below y": wrong for a y
+    /// inside the support. Both sides of that edge.
+    #[test]
+    fn loss_inversion_refuses_what_it_cannot_bound() {
+        let loss = Loss {
+            q: 1e-17,
+            sigma: 1.0,
+            dir: Direction::Remove,
+        };
+        let (x, d, abs) = loss.ginv_err(1e-18);
+        assert!(
+            x.is_nan() && d == f64::INFINITY && abs == 0.0,
+            "{x} {d} {abs}"
+        );
+        // A loss large enough for w to stay above −1: a finite point with a positive bound.
+        let (x, d, abs) = loss.ginv_err(1.0);
+        assert!(
+            x.is_finite() && d > 0.0 && d.is_finite() && abs == 0.0,
+            "{x} {d} {abs}"
+        );
+    }
+
     #[test]
     fn searches_ignore_unusable_hints_and_targets() {
         let mut parts = Vec::new();
