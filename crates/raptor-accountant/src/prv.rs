@@ -3565,6 +3565,33 @@ mod tests {
     /// answer. The Chernoff point is a bound only for λ > 0 (a negative λ flips the
     /// inequality). A saddle target at or below the untilted mean, or not finite, gives
     /// λ = 0 (no tilt) rather than a negative tilt.
+    /// Edge tails whose backward error exceeds a quarter bin are refused (the round-off
+    /// analysis assumes d ≤ h/4), and accepted just below.
+    #[test]
+    fn a_backward_error_above_a_quarter_bin_is_refused() {
+        let loss = Loss {
+            q: 0.1,
+            sigma: 1.0,
+            dir: Direction::Remove,
+        };
+        let h: f64 = 0.02;
+        for (frac, ok) in [(0.3, false), (0.2, true)] {
+            let widened = |y: f64, upper: bool| {
+                let mut t = loss.edge_tails(y, upper);
+                t.d = t.d.max(frac * h);
+                t
+            };
+            let r = build_pmf_with(loss, h, 1e-14, 1 << 24, 0.01, &widened);
+            match (ok, r) {
+                (true, Ok(p)) => assert!(p.roundoff.d <= 0.25 * h, "{}", p.roundoff.d),
+                (false, Err(AccountantError::NumericalFailure(what))) => {
+                    assert_eq!(what, "grid pmf round-off")
+                }
+                (_, other) => panic!("d = {frac}·h: {:?}", other.map(|p| p.roundoff.d)),
+            }
+        }
+    }
+
     /// A loss inversion whose error it cannot bound is refused: with q below the unit
     /// round-off and a loss just above 0, w = −(1 − q)e^{−y} rounds to −1, so the derivative
     /// bound's denominator is not positive; the inversion must give up (NaN, ∞). Going on
@@ -3673,6 +3700,9 @@ mod tests {
             (701.0, 1e-300, 1e-305),
             (701.0, 1e-300, -1e-310),
             (750.0, 1e-300, 0.0),
+            // e^{y0}·qm in log space, consistent masses (no clamp): the term of its rounding
+            // (ts, which includes libm's error on ln qm) dominates m.
+            (701.0, 1.4e-19, 5e-324),
         ] {
             let (lo, hi, m) = split_bin(y0, pm, qm, omeh);
             writeln!(
