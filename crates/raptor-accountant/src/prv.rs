@@ -3874,6 +3874,30 @@ mod tests {
             let (r1, r2) = r.mgf_drift(lambda, h, omeh, 0.0);
             writeln!(out, "  mgf_drift({lambda}) = {} {}", f(r1), f(r2)).unwrap();
         }
+        // Injected relative errors of the tails (1 %, both sides of the switch): the edge terms
+        // r_up and x_low (rel·(p + e^y q)/(1 − rel) below the switch) and what they feed.
+        let noisy = |y: f64, upper: bool| {
+            let mut t = loss.edge_tails(y, upper);
+            t.rel = t.rel.max(0.01);
+            t
+        };
+        let np = build_pmf_with(loss, h, 1e-14, 1 << 24, 0.01, &noisy).unwrap();
+        let nr = &np.roundoff;
+        writeln!(
+            out,
+            "injected rel: trunc {} {} | r_up {} x_low {} r_sw {} tail {}",
+            f(np.trunc_upper),
+            f(np.trunc_lower),
+            f(nr.r_up),
+            f(nr.x_low),
+            f(nr.r_sw),
+            f(nr.tail_coef)
+        )
+        .unwrap();
+        for lambda in [0.0, 0.02] {
+            let (r1, r2) = nr.mgf_drift(lambda, h, omeh, 0.0);
+            writeln!(out, "  mgf_drift({lambda}) = {} {}", f(r1), f(r2)).unwrap();
+        }
         let acc = PrvAccountant::new(Accuracy::relative(2e-3)).unwrap();
         assert_eq!(acc.accuracy(), &Accuracy::relative(2e-3));
         let sg = |q, s| SubsampledGaussian::new(q, s).unwrap();
