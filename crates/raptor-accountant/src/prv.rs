@@ -3440,11 +3440,12 @@ mod tests {
         let (h, k_lo) = (0.1, 0_i64);
         let w = decaying_window();
         let mut d = ComposedDirection::new(h, k_lo, w.clone(), 0.0, 1e-6, 0.0);
-        (d.rel, d.dpmf, d.kappa) = (0.125, 0.5, 0.01);
-        // λ = 0: the Chernoff factor is e^{ln_ch_ref} = 1 everywhere.
+        (d.rel, d.dpmf, d.kappa, d.b_up) = (0.125, 0.5, 0.01, 1e-3);
+        // λ = 0: the Chernoff factor is e^{ln_ch_ref} = 1 everywhere, and so is the decay of
+        // the FFT round-off term 3·b_up.
         for x in [1.0, 4.0, 9.5, 15.0] {
             let y = x - 0.5;
-            let want = (1.125 * d.delta_w(y) + 1e-6 + 0.01) / -(-0.5_f64).exp_m1();
+            let want = (1.125 * (d.delta_w(y) + 3e-3) + 1e-6 + 0.01) / -(-0.5_f64).exp_m1();
             let direct: f64 = w
                 .iter()
                 .enumerate()
@@ -3466,6 +3467,16 @@ mod tests {
         d.ln_ch_ref = -30.0;
         d.kappa = 0.0;
         assert_eq!(d.tail_bound(4.0), (-30.0_f64).exp());
+        // With λ > 0 it falls by e^{−λ} per grid step past k_ref: e^{−30 − λ(⌈x/h⌉ − k_ref)}.
+        (d.lambda, d.k_ref) = (0.3, 5.0);
+        for (x, steps) in [(4.05, 41.0 - 5.0), (5.05, 51.0 - 5.0)] {
+            let want = (-30.0_f64 - 0.3 * steps).exp();
+            let got = d.tail_bound(x);
+            assert!(
+                (got - want).abs() <= 1e-12 * want,
+                "x = {x}: {got} vs {want}"
+            );
+        }
     }
 
     /// The certified δ(ε) of one direction charges every term in the bound's direction:
