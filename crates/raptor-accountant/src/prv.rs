@@ -1657,10 +1657,6 @@ fn compose_direction(
     acc: &Accuracy,
     hint: Option<((f64, f64), (f64, f64))>,
 ) -> Result<ComposedDirection> {
-    let h = plan.h;
-    let eps_error = plan.eps_error;
-    let u = UNIT_ROUNDOFF;
-    let trace = std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some();
     let t0 = std::time::Instant::now();
     let mut pmfs = Vec::with_capacity(parts.len());
     for (m, t) in parts {
@@ -1670,10 +1666,29 @@ fn compose_direction(
             dir,
         };
         pmfs.push((
-            build_pmf(loss, h, plan.tail_mass, acc.max_points, eps_error)?,
+            build_pmf(loss, plan.h, plan.tail_mass, acc.max_points, plan.eps_error)?,
             *t as f64,
         ));
     }
+    compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0)
+}
+
+/// Compose grid pmfs of one direction (each `(pmf, times)`, built on `plan.h`) into a
+/// [`ComposedDirection`]: the window, the tilted FFT composition and every round-off charge
+/// (module docs). `hint` carries a coarser pass's tilts; `t0` is when building the pmfs
+/// began (for the trace's timings).
+fn compose_pmfs(
+    pmfs: &[(GridPmf, f64)],
+    dir: Direction,
+    plan: &Plan,
+    max_points: usize,
+    hint: Option<((f64, f64), (f64, f64))>,
+    t0: std::time::Instant,
+) -> Result<ComposedDirection> {
+    let h = plan.h;
+    let eps_error = plan.eps_error;
+    let u = UNIT_ROUNDOFF;
+    let trace = std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some();
     let t_pmf = std::time::Instant::now();
     // Window by Chernoff.
     let logp: Vec<(LogPmf, f64)> = pmfs.iter().map(|(p, t)| (log_pmf(p), *t)).collect();
@@ -1809,8 +1824,8 @@ fn compose_direction(
     k_lo = k_lo.max(full_lo);
     k_hi = k_hi.min(full_hi).max(k_lo);
     let needed = k_hi - k_lo + 1.0;
-    if needed > acc.max_points as f64 {
-        return Err(grid_too_large(needed, acc.max_points, eps_error));
+    if needed > max_points as f64 {
+        return Err(grid_too_large(needed, max_points, eps_error));
     }
     let n = fft_size((needed as usize).max(2));
     let k_lo = k_lo as i64;
@@ -3908,6 +3923,48 @@ mod tests {
         for lambda in [0.0, 0.02] {
             let (r1, r2) = nr.mgf_drift(lambda, h, omeh, 0.0);
             writeln!(out, "  mgf_drift({lambda}) = {} {}", f(r1), f(r2)).unwrap();
+        }
+        // Both injected pmfs composed (ten steps, tilted at ε = 1): the per-bin terms reach the
+        // composition's point charge `b` (they dominate its FFT part here), the MGF drift and
+        // the pmf mass its Chernoff factor `ln_ch_ref`, the tail coefficients `kappa`.
+        let plan = |e: f64| Plan {
+            h,
+            tilt: Tilt::Eps(e),
+            eps_error: 0.01,
+            eta: 1e-12,
+            tail_mass: 1e-14,
+            tau: 1e-12,
+        };
+        // (Centred at ε = 0, below the mean: untilted, where the pmf's mass enters directly.)
+        for (name, pmf, plan) in [
+            ("injected", &p, plan(1.0)),
+            ("injected untilted", &p, plan(0.0)),
+            ("injected rel", &np, plan(1.0)),
+        ] {
+            let t0 = std::time::Instant::now();
+            let d = compose_pmfs(
+                &[(pmf.clone(), 10.0)],
+                Direction::Remove,
+                &plan,
+                1 << 24,
+                None,
+                t0,
+            )
+            .unwrap();
+            writeln!(
+                out,
+                "{name} x10: k_lo {} n {} b {} {} kappa {} ln_ch_ref {} lambda {} k_ref {} delta_upper(1) {}",
+                d.k_lo,
+                d.n(),
+                f(d.b_up),
+                f(d.b_low),
+                f(d.kappa),
+                f(d.ln_ch_ref),
+                f(d.lambda),
+                f(d.k_ref),
+                f(d.delta_upper(1.0))
+            )
+            .unwrap();
         }
         let acc = PrvAccountant::new(Accuracy::relative(2e-3)).unwrap();
         assert_eq!(acc.accuracy(), &Accuracy::relative(2e-3));

@@ -256,3 +256,34 @@ fn grid_limit_budgets_all_member_combinations_together() {
     let big = PrvAccountant::new(tol.with_max_points(8 * limit)).unwrap();
     assert!(big.compose(&group, 1e-3, 1e-10).is_ok());
 }
+
+/// `compose`'s two error budgets are checked at their boundaries: an ε tolerance must be
+/// positive and finite, a δ error budget must lie strictly inside (0, 1). A budget of exactly
+/// 0 is refused (no composition can spend nothing on truncation and round-off), and the error
+/// names the budget and carries the value given.
+#[test]
+fn compose_refuses_error_budgets_outside_their_ranges() {
+    let acc = PrvAccountant::default();
+    let c = comp();
+    for eps_error in [0.0, -1e-3, f64::NAN, f64::INFINITY] {
+        match acc.compose(&c, eps_error, 1e-10) {
+            Err(E::InvalidAccuracy { name, value, .. }) => {
+                assert_eq!(name, "eps_error");
+                assert!(value == eps_error || (value.is_nan() && eps_error.is_nan()));
+            }
+            other => panic!("eps_error {eps_error}: expected InvalidAccuracy, got {other:?}"),
+        }
+    }
+    for delta_error in [0.0, -0.0, 1.0, 1.5, -1e-10, f64::NAN, f64::INFINITY] {
+        match acc.compose(&c, 1e-3, delta_error) {
+            Err(E::InvalidAccuracy { name, value, .. }) => {
+                assert_eq!(name, "delta_error");
+                assert!(value == delta_error || (value.is_nan() && delta_error.is_nan()));
+            }
+            other => panic!("delta_error {delta_error}: expected InvalidAccuracy, got {other:?}"),
+        }
+    }
+    // Just inside both ranges: accepted.
+    assert!(acc.compose(&c, 1e-3, 1e-300).is_ok());
+    assert!(acc.compose(&c, 1e-3, 0.5).is_ok());
+}
