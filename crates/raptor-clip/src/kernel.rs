@@ -385,10 +385,12 @@ multiversion! {
     }
 }
 
-/// The clip factor of a (weighted) norm: min(1, C / n), 1 for n = 0.
+/// The clip factor of a (weighted) norm: min(1, C / n); 1 for n = 0 (C / 0 = +∞), 0 for an
+/// infinite n. (`f64::min` returns 1 where C / n is NaN, i.e. C = n = 0 or C = n = ∞; a
+/// non-finite record never gets here: [`factors_for_record`] gives it factor 0 first.)
 #[inline]
 pub(crate) fn clip_factor(norm: f64, bound: f64) -> f64 {
-    if norm > bound { bound / norm } else { 1.0 }
+    (bound / norm).min(1.0)
 }
 
 /// Per record: from raw per-group squared norms, fill norms / total / factors. `sq` holds the
@@ -411,8 +413,12 @@ fn factors_for_record(
             norms_out[g] = weight * sq[g].sqrt();
             factors_out[g] = 0.0;
         }
-        // +inf (or NaN when the squared norms hold NaN): never finite.
-        return Ok(total_sq.sqrt().abs() + f64::INFINITY);
+        // NaN when the squared norms hold NaN, else +∞: never finite.
+        return Ok(if total_sq.is_nan() {
+            f64::NAN
+        } else {
+            f64::INFINITY
+        });
     }
     let total = weight * total_sq.sqrt();
     match mode {
@@ -1585,8 +1591,13 @@ fn sums_skipping_non_finite(
         .map(|s| {
             let mut out = vec![0f32; s.width];
             for (i, row) in s.data.chunks_exact(s.width).take(batch).enumerate() {
+                // A non-finite record contributes nothing, whatever factor it was given.
+                if !total_norms[i].is_finite() {
+                    continue;
+                }
                 let f = factors[i * ng + s.group];
-                if !total_norms[i].is_finite() || f == 0.0 {
+                // (A factor of 0 would add zeros: skipped to save the pass over the row.)
+                if f == 0.0 {
                     continue;
                 }
                 axpy(&mut out, f as f32, row);
