@@ -1541,6 +1541,97 @@ mod tests {
         Ok(())
     }
 
+    /// The engine's accessors report what it was built with: the batch size, the parameters
+    /// that received gradient (sorted, each once) and the memory limits, before and after
+    /// `with_limits`. `with_cpu_slice` lends only a CPU tensor of the asked element type.
+    #[test]
+    fn accessors_report_the_batch_parameters_and_limits() -> Result<()> {
+        let f = Kind::Float;
+        let sites = vec![
+            dense(
+                randn(&[3, 2, 4], f),
+                vec![weight("w2", &randn(&[3, 2, 5], f))],
+            ),
+            dense(
+                randn(&[3, 2, 4], f),
+                vec![
+                    weight("w1", &randn(&[3, 2, 4], f)),
+                    Part::Bias { param: "b".into() },
+                ],
+            ),
+            dense(
+                randn(&[3, 1, 5], f),
+                vec![weight("w2", &randn(&[3, 1, 4], f))],
+            ),
+        ];
+        let e = engine(3, sites, 1000);
+        assert_eq!(e.batch_size(), 3);
+        assert_eq!(e.params(), vec!["b", "w1", "w2"]);
+        assert_eq!(e.limits().chunk_elems, 1000);
+        assert_eq!(e.limits().cache_elems, None);
+        let e = e.with_limits(EngineLimits {
+            chunk_elems: 17,
+            cache_elems: Some(5),
+        })?;
+        assert_eq!(
+            (e.limits().chunk_elems, e.limits().cache_elems),
+            (17, Some(5))
+        );
+        let v = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        assert_eq!(
+            with_cpu_slice(&v, |s: &[f32]| s.to_vec())?,
+            vec![1.0, 2.0, 3.0]
+        );
+        assert!(with_cpu_slice(&v.f_to_kind(Kind::Double)?, |s: &[f32]| s.len()).is_err());
+        assert_eq!(
+            with_cpu_slice(&v.f_to_kind(Kind::Double)?, |s: &[f64]| s.len())?,
+            3
+        );
+        Ok(())
+    }
+
+    /// `pad_rows` checks its layout before it writes into a fresh tensor: row counts that do
+    /// not add up to the rows asked for, rows outside `x`, negative or too large counts, a
+    /// negative width or an `x` that is not `[rows, d]` are errors, each on its own (every
+    /// other argument valid), with the message of its check; zero-width rows are a valid
+    /// (empty) layout.
+    #[test]
+    fn pad_rows_checks_each_condition_of_its_layout() -> Result<()> {
+        let x = Tensor::from_slice(&(0..18).map(|v| v as f32).collect::<Vec<_>>()).reshape([6, 3]);
+        let ok = pad_rows::<f32>(&x, 1, 5, &[1, 3], 3, 3)?;
+        assert_eq!(ok.size(), [2, 3, 3]);
+        let got: Vec<f32> = Vec::try_from(ok.f_flatten(0, -1)?)?;
+        let mut want = vec![3.0, 4.0, 5.0];
+        want.extend([0.0; 6]);
+        want.extend((6..15).map(|v| v as f32));
+        assert_eq!(got, want);
+        let empty = Tensor::zeros([6, 0], (Kind::Float, tch::Device::Cpu));
+        assert_eq!(
+            pad_rows::<f32>(&empty, 1, 5, &[1, 3], 3, 0)?.size(),
+            [2, 3, 0]
+        );
+        let counts_msg = "routed row counts do not match the rows";
+        let layout_msg = "routed rows do not fit the padded layout";
+        let cube = x.reshape([6, 3, 1]);
+        let cases: [(&Tensor, i64, i64, &[i64], i64, i64, &str); 8] = [
+            (&x, 1, 5, &[1, 2], 3, 3, counts_msg), // counts sum to 3, not 4
+            (&x, -1, 3, &[1, 3], 3, 3, counts_msg), // starts before row 0
+            (&x, 3, 2, &[-1], 3, 3, counts_msg),   // ends before it starts
+            (&x, 3, 8, &[2, 3], 3, 3, counts_msg), // past the 6 rows of x
+            (&x, 1, 5, &[-1, 5], 5, 3, layout_msg), // a negative count
+            (&x, 1, 5, &[1, 3], 2, 3, layout_msg), // a count above tmax
+            (&x, 1, 5, &[1, 3], 3, -1, layout_msg), // a negative width
+            (&cube, 1, 5, &[1, 3], 3, 3, layout_msg), // x is not [rows, d]
+        ];
+        for (i, (x, lo, hi, counts, tmax, d, msg)) in cases.into_iter().enumerate() {
+            match pad_rows::<f32>(x, lo, hi, counts, tmax, d) {
+                Err(ModelError::InvalidConfig(m)) => assert!(m.ends_with(msg), "case {i}: {m}"),
+                other => panic!("case {i}: expected an error, got {other:?}"),
+            }
+        }
+        Ok(())
+    }
+
     /// Coefficients and contractions in f64 for f64 models, f32 for every other dtype (never
     /// a half-precision coefficient that could round up past the bound).
     #[test]
