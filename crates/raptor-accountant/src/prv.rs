@@ -1650,6 +1650,8 @@ const FFT_LEVEL_C: f64 = 32.0;
 /// bound is at most this fraction of the mass above them (module docs, round-off).
 const USABLE_FRACTION: f64 = 1e-3;
 
+/// One direction of a flat composition: the grid pmf of each step's loss on `plan.h`, then
+/// their composition ([`compose_pmfs`]). `hint` carries a coarser pass's tilts.
 fn compose_direction(
     parts: &[(SubsampledGaussian, u64)],
     dir: Direction,
