@@ -1541,6 +1541,142 @@ mod tests {
         Ok(())
     }
 
+    /// `routed_sq_norms` takes a routed site only in its fast form (f32 engine, 2-D f32 CPU
+    /// rows and gradients) and declines (`None`: the generic path runs) anything else, each
+    /// condition on its own; where it runs, its norms are those of the per-record loop, for a
+    /// chunk from record 0 and one further in, and it materializes (keeping the gradients in
+    /// the cache) exactly when `ragged_cost` says that is less work and the cache admits them.
+    #[test]
+    fn routed_norms_take_the_fast_form_only_and_choose_by_cost() -> Result<()> {
+        let f = Kind::Float;
+        // records own rows 0..1, none, 1..3, 3..4 (wide: ghost) or 0..9, none, 9..20, 20..30
+        // (narrow: materialize)
+        let site = |off: &[i64], a: &Tensor, g: &Tensor, param: &str| {
+            let rec: Vec<i64> = off
+                .windows(2)
+                .enumerate()
+                .flat_map(|(r, w)| std::iter::repeat_n(r as i64, (w[1] - w[0]) as usize))
+                .collect();
+            GradSite {
+                rows: Rows::Routed {
+                    rec: Tensor::from_slice(&rec),
+                },
+                parts: vec![weight(param, a)],
+                g: g.shallow_clone(),
+                offsets: Some(off.to_vec()),
+            }
+        };
+        let (w_off, n_off) = ([0i64, 1, 1, 3, 4], [0i64, 9, 9, 20, 30]);
+        let (wa, wg) = (randn(&[4, 40], f), randn(&[4, 48], f));
+        let (na, ng) = (randn(&[30, 3], f), randn(&[30, 2], f));
+        let wide = site(&w_off, &wa, &wg, "wide");
+        let narrow = site(&n_off, &na, &ng, "narrow");
+        // "mid": 5 rows for three of four records of a 4 → 4 weight, a ghost case that counting
+        // rows from the offsets themselves (rather than their differences) would turn into a
+        // materializing one.
+        let m_off = [0i64, 5, 5, 10, 15];
+        let (ma, mg) = (randn(&[15, 4], f), randn(&[15, 4], f));
+        let mid = site(&m_off, &ma, &mg, "mid");
+        let (g_true, m_true) = ragged_cost(&[5, 0, 5, 5], 4, 4);
+        let (g_cum, m_cum) = ragged_cost(&[5, 10, 15, 25], 4, 4);
+        assert!(
+            g_true < m_true && m_cum < g_cum,
+            "precondition: mid sits between the two"
+        );
+        let a_of = |s: &GradSite| match &s.parts[0] {
+            Part::Weight { a, .. } => a.shallow_clone(),
+            _ => Tensor::new(),
+        };
+        // ‖Σ_{rows of r} g aᵀ‖² per record in f64, records r0..r0+n.
+        let slow = |s: &GradSite, r0: usize, n: usize| -> Result<Vec<f64>> {
+            let (a, g) = (
+                a_of(s).f_to_kind(Kind::Double)?,
+                s.g.f_to_kind(Kind::Double)?,
+            );
+            let off = s.offsets.clone().unwrap_or_default();
+            (r0..r0 + n)
+                .map(|r| {
+                    let (lo, hi) = (off[r], off[r + 1]);
+                    let gr = g
+                        .f_narrow(0, lo, hi - lo)?
+                        .f_transpose(0, 1)?
+                        .f_matmul(&a.f_narrow(0, lo, hi - lo)?)?;
+                    Ok(gr.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?)
+                })
+                .collect()
+        };
+        let cached = |e: &PerSampleGrads, p: &str| {
+            e.cache
+                .borrow()
+                .as_ref()
+                .is_some_and(|c| c.grads.contains_key(p))
+        };
+        let e = engine(
+            4,
+            vec![
+                site(&w_off, &wa, &wg, "wide"),
+                site(&n_off, &na, &ng, "narrow"),
+                site(&m_off, &ma, &mg, "mid"),
+            ],
+            1 << 20,
+        );
+        e.start_cache();
+        for (s, p, materialized) in [
+            (&wide, "wide", false),
+            (&narrow, "narrow", true),
+            (&mid, "mid", false),
+        ] {
+            for (r0, n) in [(0usize, 4usize), (2, 2)] {
+                let got = e
+                    .routed_sq_norms(p, s, &a_of(s), r0 as i64, n as i64)?
+                    .ok_or_else(|| ModelError::InvalidConfig(format!("{p}: declined")))?;
+                let got: Vec<f64> = Vec::try_from(got.f_to_kind(Kind::Double)?)?;
+                let want = slow(s, r0, n)?;
+                assert_eq!(got.len(), n);
+                for (x, y) in got.iter().zip(&want) {
+                    assert!(
+                        (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                        "{p} {r0}+{n}: {got:?} vs {want:?}"
+                    );
+                }
+            }
+            assert_eq!(cached(&e, p), materialized, "{p}");
+        }
+        // Without a cache, or without room for the chunk's 4·3·2 = 24 gradient entries,
+        // nothing is materialized: the ghost kernel runs.
+        e.end_cache();
+        let n0 = e.routed_sq_norms("narrow", &narrow, &a_of(&narrow), 0, 4)?;
+        assert!(n0.is_some() && !cached(&e, "narrow"));
+        for (room, fits) in [(23i64, false), (24, true)] {
+            let e = engine(4, vec![site(&n_off, &na, &ng, "narrow")], 1 << 20).with_limits(
+                EngineLimits {
+                    chunk_elems: 1 << 20,
+                    cache_elems: Some(room),
+                },
+            )?;
+            e.start_cache();
+            assert!(e.routed_sq_norms("narrow", &narrow, &na, 0, 4)?.is_some());
+            assert_eq!(cached(&e, "narrow"), fits, "cache room {room}");
+        }
+        // Declined, one condition at a time.
+        let none = |e: &PerSampleGrads, s: &GradSite, a: &Tensor| -> Result<bool> {
+            Ok(e.routed_sq_norms("wide", s, a, 0, 4)?.is_none())
+        };
+        let mut e64 = engine(4, vec![site(&w_off, &wa, &wg, "wide")], 1 << 20);
+        e64.kind = Kind::Double;
+        assert!(none(&e64, &wide, &wa)?, "an f64 engine");
+        assert!(none(&e, &wide, &wa.f_to_kind(Kind::Double)?)?, "f64 rows");
+        let g64 = site(&w_off, &wa, &wg.f_to_kind(Kind::Double)?, "wide");
+        assert!(none(&e, &g64, &wa)?, "f64 output gradients");
+        assert!(none(&e, &wide, &wa.f_unsqueeze(1)?)?, "3-D rows");
+        let g3 = site(&w_off, &wa, &wg.f_unsqueeze(1)?, "wide");
+        assert!(none(&e, &g3, &wa)?, "3-D output gradients");
+        let mut dense_site = site(&w_off, &wa, &wg, "wide");
+        dense_site.offsets = None;
+        assert!(none(&e, &dense_site, &wa)?, "a dense site");
+        Ok(())
+    }
+
     /// The engine's accessors report what it was built with: the batch size, the parameters
     /// that received gradient (sorted, each once) and the memory limits, before and after
     /// `with_limits`. `with_cpu_slice` lends only a CPU tensor of the asked element type.
