@@ -1749,7 +1749,9 @@ mod tests {
         let counts_msg = "routed row counts do not match the rows";
         let layout_msg = "routed rows do not fit the padded layout";
         let cube = x.reshape([6, 3, 1]);
-        let cases: [(&Tensor, i64, i64, &[i64], i64, i64, &str); 8] = [
+        // (x, lo, hi, counts, tmax, d, the message)
+        type Case<'a> = (&'a Tensor, i64, i64, &'a [i64], i64, i64, &'a str);
+        let cases: [Case<'_>; 8] = [
             (&x, 1, 5, &[1, 2], 3, 3, counts_msg), // counts sum to 3, not 4
             (&x, -1, 3, &[1, 3], 3, 3, counts_msg), // starts before row 0
             (&x, 3, 2, &[-1], 3, 3, counts_msg),   // ends before it starts
