@@ -1677,6 +1677,33 @@ mod tests {
         Ok(())
     }
 
+    /// The cache's budget: a parameter whose next chunk does not fit is dropped whole (its
+    /// kept chunks freed, its later chunks refused), and the room it freed serves the others
+    /// up to the budget exactly.
+    #[test]
+    fn the_cache_frees_a_dropped_parameter_for_the_others() -> Result<()> {
+        let f = Kind::Float;
+        let sites = vec![dense(
+            randn(&[2, 1, 1], f),
+            vec![weight("w", &randn(&[2, 1, 1], f))],
+        )];
+        let e = engine(2, sites, 1 << 20).with_limits(EngineLimits {
+            chunk_elems: 1 << 20,
+            cache_elems: Some(30),
+        })?;
+        let zeros = |n: i64| Tensor::zeros([n], (f, tch::Device::Cpu));
+        assert!(!e.cache_admits("a", 1), "no cache before start_cache");
+        e.start_cache();
+        assert!(e.cache_admits("a", 24));
+        e.cache_keep("a", zeros(24));
+        assert!(!e.cache_admits("a", 24), "48 > 30: a is dropped");
+        assert!(!e.cache_admits("a", 1), "and stays dropped");
+        assert!(e.cache_admits("b", 30), "a's 24 were freed");
+        e.cache_keep("b", zeros(30));
+        assert!(!e.cache_admits("c", 1), "the budget is spent");
+        Ok(())
+    }
+
     /// The engine's accessors report what it was built with: the batch size, the parameters
     /// that received gradient (sorted, each once) and the memory limits, before and after
     /// `with_limits`. `with_cpu_slice` lends only a CPU tensor of the asked element type.
