@@ -3937,10 +3937,13 @@ mod tests {
             tail_mass: 1e-14,
             tau: 1e-12,
         };
-        // (Centred at ε = 0, below the mean: untilted, where the pmf's mass enters directly.)
+        // (Centred at ε = 0, below the mean: untilted, where the pmf's mass enters directly;
+        // at ε = 40, past the top of the support: the centre is clamped halfway between the
+        // mean and the top.)
         for (name, pmf, plan) in [
             ("injected", &p, plan(1.0)),
             ("injected untilted", &p, plan(0.0)),
+            ("injected centred past the top", &p, plan(40.0)),
             ("injected rel", &np, plan(1.0)),
         ] {
             let t0 = std::time::Instant::now();
