@@ -1173,6 +1173,32 @@ impl PerSampleGrads {
     )> {
         let b = self.batch_size;
         let dev = self.device;
+        let check_bound = |bound: f64| -> Result<()> {
+            if bound.is_finite() && bound > 0.0 {
+                Ok(())
+            } else {
+                Err(ModelError::InvalidClip(format!(
+                    "bound {bound} must be finite and > 0"
+                )))
+            }
+        };
+        // The policy is checked whole, before any norm: every bound it holds, and (per group)
+        // a bound for every group of `groups`, whether or not this batch reaches the group (a
+        // routed expert no record chose is absent from the pass; an error that appeared only
+        // when a record reaches it would depend on private data).
+        match policy {
+            ClipPolicy::RoleWise(bounds) => {
+                for &c in bounds.values() {
+                    check_bound(c)?;
+                }
+                if let Some((_, g)) = groups.iter().find(|(_, g)| !bounds.contains_key(*g)) {
+                    return Err(ModelError::InvalidClip(format!(
+                        "no clipping bound for group {g}"
+                    )));
+                }
+            }
+            ClipPolicy::Global(c) => check_bound(*c)?,
+        }
         let mut group_sq: BTreeMap<String, Tensor> = BTreeMap::new();
         let mut members: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for p in self.uses.keys() {
@@ -1220,9 +1246,11 @@ impl PerSampleGrads {
         // Weights before clipping: w_b ∈ [0, 1] per record (checked, typed error otherwise).
         let mut w: BTreeMap<String, Tensor> = BTreeMap::new();
         for (g, wt) in weights {
-            if !group_sq.contains_key(g) {
+            // (A group of `groups` that this batch does not reach is fine: its weights are
+            // checked and then unused. Whether a routed expert is reached depends on the data.)
+            if !groups.iter().any(|(_, x)| x == g.as_str()) {
                 return Err(ModelError::InvalidClip(format!(
-                    "record weights given for group {g}, which has no trainable parameter in this pass"
+                    "record weights given for group {g}, which no parameter belongs to"
                 )));
             }
             if wt.size() != [b] {
@@ -1242,17 +1270,10 @@ impl PerSampleGrads {
                     "record weight {x} of record {r} in group {g} is outside [0, 1]"
                 )));
             }
-            w.insert(g.clone(), wt.f_to_kind(self.kind)?.f_to(dev)?);
-        }
-        let check_bound = |bound: f64| -> Result<()> {
-            if bound.is_finite() && bound > 0.0 {
-                Ok(())
-            } else {
-                Err(ModelError::InvalidClip(format!(
-                    "bound {bound} must be finite and > 0"
-                )))
+            if group_sq.contains_key(g) {
+                w.insert(g.clone(), wt.f_to_kind(self.kind)?.f_to(dev)?);
             }
-        };
+        }
         // Reported norms are those of the weighted gradients w_b·g_b.
         let mut weighted_sq: BTreeMap<String, Tensor> = BTreeMap::new();
         for (g, sq) in &group_sq {
@@ -1270,7 +1291,6 @@ impl PerSampleGrads {
                     let c = *bounds.get(g).ok_or_else(|| {
                         ModelError::InvalidClip(format!("no clipping bound for group {g}"))
                     })?;
-                    check_bound(c)?;
                     factors.insert(
                         g.clone(),
                         drop_bad(clip_coefficients(&weighted_sq[g], c, None)?)?,
@@ -1282,7 +1302,6 @@ impl PerSampleGrads {
                 }
             }
             ClipPolicy::Global(c) => {
-                check_bound(*c)?;
                 let mut tot = Tensor::f_zeros([b], (ck, dev))?;
                 for sq in weighted_sq.values() {
                     tot = tot.f_add(&sq.f_to_kind(ck)?)?;
@@ -1674,6 +1693,70 @@ mod tests {
         let mut dense_site = site(&w_off, &wa, &wg, "wide");
         dense_site.offsets = None;
         assert!(none(&e, &dense_site, &wa)?, "a dense site");
+        Ok(())
+    }
+
+    /// The clipping policy is checked whole, whatever the batch reaches: a group whose
+    /// parameters got no gradient in this pass (a routed expert no record chose; here a
+    /// parameter that is never used) still needs a finite positive bound, and record weights
+    /// for it are checked and then unused; weights for a group no parameter belongs to are an
+    /// error. (Before, these checks ran only for the groups the batch reached, so whether a bad
+    /// bound was noticed depended on the records' routing.)
+    #[test]
+    fn the_policy_is_checked_whole_whatever_the_batch_reaches() -> Result<()> {
+        let f = Kind::Float;
+        let b = 3i64;
+        let e = {
+            engine(
+                b,
+                vec![dense(
+                    randn(&[b, 2, 4], f),
+                    vec![weight("w", &randn(&[b, 2, 5], f))],
+                )],
+                1 << 20,
+            )
+        };
+        let mut groups = ParamGroups::new();
+        groups.assign("w", "used");
+        groups.assign("never.used", "absent");
+        let role = |absent: Option<f64>| {
+            let mut m = BTreeMap::from([("used".to_string(), 1.0)]);
+            if let Some(c) = absent {
+                m.insert("absent".to_string(), c);
+            }
+            ClipPolicy::RoleWise(m)
+        };
+        let none = BTreeMap::new();
+        let msg = |r: Result<ClipOutput>| match r {
+            Err(ModelError::InvalidClip(m)) => m,
+            other => format!("not an InvalidClip error: {other:?}"),
+        };
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let m = msg(e.clip(&groups, &role(Some(bad)), &none));
+            assert!(m.contains("must be finite and > 0"), "bound {bad}: {m}");
+        }
+        let m = msg(e.clip(&groups, &role(None), &none));
+        assert_eq!(m, "no clipping bound for group absent");
+        let out = e.clip(&groups, &role(Some(2.0)), &none)?;
+        assert_eq!(out.group_sq_norms.keys().collect::<Vec<_>>(), ["used"]);
+        // Weights of the unreached group: checked ([0, 1]) and unused.
+        let half = BTreeMap::from([("absent".to_string(), Tensor::from_slice(&[0.5f32; 3]))]);
+        let with = e.clip(&groups, &role(Some(2.0)), &half)?;
+        let without: Vec<f64> = Vec::try_from(&out.group_sq_norms["used"])?;
+        let got: Vec<f64> = Vec::try_from(&with.group_sq_norms["used"])?;
+        assert_eq!(got, without);
+        let over = BTreeMap::from([(
+            "absent".to_string(),
+            Tensor::from_slice(&[0.5f32, 2.0, 0.5]),
+        )]);
+        let m = msg(e.clip(&groups, &role(Some(2.0)), &over));
+        assert!(m.contains("record 1") && m.contains("absent"), "{m}");
+        let stray = BTreeMap::from([("nobody".to_string(), Tensor::from_slice(&[0.5f32; 3]))]);
+        let m = msg(e.clip(&groups, &role(Some(2.0)), &stray));
+        assert!(
+            m.contains("nobody") && m.contains("no parameter belongs to"),
+            "{m}"
+        );
         Ok(())
     }
 
