@@ -1570,32 +1570,17 @@ mod tests {
         let f = Kind::Float;
         // records own rows 0..1, none, 1..3, 3..4 (wide: ghost) or 0..9, none, 9..20, 20..30
         // (narrow: materialize)
-        let site = |off: &[i64], a: &Tensor, g: &Tensor, param: &str| {
-            let rec: Vec<i64> = off
-                .windows(2)
-                .enumerate()
-                .flat_map(|(r, w)| std::iter::repeat_n(r as i64, (w[1] - w[0]) as usize))
-                .collect();
-            GradSite {
-                rows: Rows::Routed {
-                    rec: Tensor::from_slice(&rec),
-                },
-                parts: vec![weight(param, a)],
-                g: g.shallow_clone(),
-                offsets: Some(off.to_vec()),
-            }
-        };
         let (w_off, n_off) = ([0i64, 1, 1, 3, 4], [0i64, 9, 9, 20, 30]);
         let (wa, wg) = (randn(&[4, 40], f), randn(&[4, 48], f));
         let (na, ng) = (randn(&[30, 3], f), randn(&[30, 2], f));
-        let wide = site(&w_off, &wa, &wg, "wide");
-        let narrow = site(&n_off, &na, &ng, "narrow");
+        let wide = routed_site(&w_off, &wa, &wg, "wide");
+        let narrow = routed_site(&n_off, &na, &ng, "narrow");
         // "mid": 5 rows for three of four records of a 4 → 4 weight, a ghost case that counting
         // rows from the offsets themselves (rather than their differences) would turn into a
         // materializing one.
         let m_off = [0i64, 5, 5, 10, 15];
         let (ma, mg) = (randn(&[15, 4], f), randn(&[15, 4], f));
-        let mid = site(&m_off, &ma, &mg, "mid");
+        let mid = routed_site(&m_off, &ma, &mg, "mid");
         let (g_true, m_true) = ragged_cost(&[5, 0, 5, 5], 4, 4);
         let (g_cum, m_cum) = ragged_cost(&[5, 10, 15, 25], 4, 4);
         assert!(
@@ -1608,20 +1593,10 @@ mod tests {
         };
         // ‖Σ_{rows of r} g aᵀ‖² per record in f64, records r0..r0+n.
         let slow = |s: &GradSite, r0: usize, n: usize| -> Result<Vec<f64>> {
-            let (a, g) = (
-                a_of(s).f_to_kind(Kind::Double)?,
-                s.g.f_to_kind(Kind::Double)?,
-            );
             let off = s.offsets.clone().unwrap_or_default();
-            (r0..r0 + n)
-                .map(|r| {
-                    let (lo, hi) = (off[r], off[r + 1]);
-                    let gr = g
-                        .f_narrow(0, lo, hi - lo)?
-                        .f_transpose(0, 1)?
-                        .f_matmul(&a.f_narrow(0, lo, hi - lo)?)?;
-                    Ok(gr.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?)
-                })
+            per_record_grads(&a_of(s), &s.g, &off)?[r0..r0 + n]
+                .iter()
+                .map(|t| Ok(t.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?))
                 .collect()
         };
         let cached = |e: &PerSampleGrads, p: &str| {
@@ -1633,9 +1608,9 @@ mod tests {
         let e = engine(
             4,
             vec![
-                site(&w_off, &wa, &wg, "wide"),
-                site(&n_off, &na, &ng, "narrow"),
-                site(&m_off, &ma, &mg, "mid"),
+                routed_site(&w_off, &wa, &wg, "wide"),
+                routed_site(&n_off, &na, &ng, "narrow"),
+                routed_site(&m_off, &ma, &mg, "mid"),
             ],
             1 << 20,
         );
@@ -1667,7 +1642,7 @@ mod tests {
         let n0 = e.routed_sq_norms("narrow", &narrow, &a_of(&narrow), 0, 4)?;
         assert!(n0.is_some() && !cached(&e, "narrow"));
         for (room, fits) in [(23i64, false), (24, true)] {
-            let e = engine(4, vec![site(&n_off, &na, &ng, "narrow")], 1 << 20).with_limits(
+            let e = engine(4, vec![routed_site(&n_off, &na, &ng, "narrow")], 1 << 20).with_limits(
                 EngineLimits {
                     chunk_elems: 1 << 20,
                     cache_elems: Some(room),
@@ -1681,16 +1656,16 @@ mod tests {
         let none = |e: &PerSampleGrads, s: &GradSite, a: &Tensor| -> Result<bool> {
             Ok(e.routed_sq_norms("wide", s, a, 0, 4)?.is_none())
         };
-        let mut e64 = engine(4, vec![site(&w_off, &wa, &wg, "wide")], 1 << 20);
+        let mut e64 = engine(4, vec![routed_site(&w_off, &wa, &wg, "wide")], 1 << 20);
         e64.kind = Kind::Double;
         assert!(none(&e64, &wide, &wa)?, "an f64 engine");
         assert!(none(&e, &wide, &wa.f_to_kind(Kind::Double)?)?, "f64 rows");
-        let g64 = site(&w_off, &wa, &wg.f_to_kind(Kind::Double)?, "wide");
+        let g64 = routed_site(&w_off, &wa, &wg.f_to_kind(Kind::Double)?, "wide");
         assert!(none(&e, &g64, &wa)?, "f64 output gradients");
         assert!(none(&e, &wide, &wa.f_unsqueeze(1)?)?, "3-D rows");
-        let g3 = site(&w_off, &wa, &wg.f_unsqueeze(1)?, "wide");
+        let g3 = routed_site(&w_off, &wa, &wg.f_unsqueeze(1)?, "wide");
         assert!(none(&e, &g3, &wa)?, "3-D output gradients");
-        let mut dense_site = site(&w_off, &wa, &wg, "wide");
+        let mut dense_site = routed_site(&w_off, &wa, &wg, "wide");
         dense_site.offsets = None;
         assert!(none(&e, &dense_site, &wa)?, "a dense site");
         Ok(())
@@ -1927,6 +1902,38 @@ mod tests {
                 cache_elems: None,
             },
         }
+    }
+
+    /// A routed site of one weight `param` with input rows `a` and output gradient rows `g`,
+    /// record r owning rows `off[r]..off[r + 1]`.
+    fn routed_site(off: &[i64], a: &Tensor, g: &Tensor, param: &str) -> GradSite {
+        let rec: Vec<i64> = off
+            .windows(2)
+            .enumerate()
+            .flat_map(|(r, w)| std::iter::repeat_n(r as i64, (w[1] - w[0]) as usize))
+            .collect();
+        GradSite {
+            rows: Rows::Routed {
+                rec: Tensor::from_slice(&rec),
+            },
+            parts: vec![weight(param, a)],
+            g: g.shallow_clone(),
+            offsets: Some(off.to_vec()),
+        }
+    }
+
+    /// The per-record loop in f64: `G_r = Σ_{rows of r} g aᵀ` for each record of `off`.
+    fn per_record_grads(a: &Tensor, g: &Tensor, off: &[i64]) -> Result<Vec<Tensor>> {
+        let (a, g) = (a.f_to_kind(Kind::Double)?, g.f_to_kind(Kind::Double)?);
+        off.windows(2)
+            .map(|w| {
+                let (ar, gr) = (
+                    a.f_narrow(0, w[0], w[1] - w[0])?,
+                    g.f_narrow(0, w[0], w[1] - w[0])?,
+                );
+                Ok(gr.f_transpose(0, 1)?.f_matmul(&ar)?)
+            })
+            .collect()
     }
 
     fn dense(g: Tensor, parts: Vec<Part>) -> GradSite {
@@ -2317,49 +2324,22 @@ mod tests {
         let routed =
             |offsets: Vec<i64>, din: i64, dout: i64, param: &str| -> (GradSite, Tensor, Tensor) {
                 let rows = offsets[offsets.len() - 1];
-                let rec: Vec<i64> = offsets
-                    .windows(2)
-                    .enumerate()
-                    .flat_map(|(r, w)| std::iter::repeat_n(r as i64, (w[1] - w[0]) as usize))
-                    .collect();
                 let a = randn(&[rows, din], f);
                 let g = randn(&[rows, dout], f);
-                let site = GradSite {
-                    rows: Rows::Routed {
-                        rec: Tensor::from_slice(&rec),
-                    },
-                    parts: vec![weight(param, &a)],
-                    g: g.shallow_clone(),
-                    offsets: Some(offsets),
-                };
-                (site, a, g)
+                (routed_site(&offsets, &a, &g, param), a, g)
             };
         // "wide": ≤ 2 rows per record of a 40 → 48 weight (ghost is less work);
         // "narrow": 9–11 rows per record of a 3 → 2 weight (materializing is).
         let (wide, wa, wg) = routed(vec![0, 1, 1, 3, 4], 40, 48, "wide");
         let (narrow, na, ng) = routed(vec![0, 9, 9, 20, 30], 3, 2, "narrow");
-        let wide_off = vec![0usize, 1, 1, 3, 4];
-        let narrow_off = vec![0usize, 9, 9, 20, 30];
+        let wide_off = [0i64, 1, 1, 3, 4];
+        let narrow_off = [0i64, 9, 9, 20, 30];
         let (gw, mw) = ragged_cost(&[1, 0, 2, 1], 40, 48);
         assert!(gw < mw, "the wide weight is a ghost case");
         let (gn, mn) = ragged_cost(&[9, 0, 11, 10], 3, 2);
         assert!(mn < gn, "the narrow weight is a materializing case");
-        // The per-record loop in f64.
-        let slow = |a: &Tensor, g: &Tensor, off: &[usize]| -> Result<Vec<Tensor>> {
-            let (a, g) = (a.f_to_kind(Kind::Double)?, g.f_to_kind(Kind::Double)?);
-            off.windows(2)
-                .map(|w| {
-                    let n = (w[1] - w[0]) as i64;
-                    let (ar, gr) = (
-                        a.f_narrow(0, w[0] as i64, n)?,
-                        g.f_narrow(0, w[0] as i64, n)?,
-                    );
-                    Ok(gr.f_transpose(0, 1)?.f_matmul(&ar)?)
-                })
-                .collect()
-        };
-        let per_w = slow(&wa, &wg, &wide_off)?;
-        let per_n = slow(&na, &ng, &narrow_off)?;
+        let per_w = per_record_grads(&wa, &wg, &wide_off)?;
+        let per_n = per_record_grads(&na, &ng, &narrow_off)?;
         let sq = |v: &[Tensor]| -> Result<Vec<f64>> {
             v.iter()
                 .map(|t| Ok(t.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?))
