@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::charge::SampleCharge;
 use crate::error::{AccountantError, Result};
 use crate::prv::{EpsilonBounds, PrvAccountant};
 use crate::rdp::RdpAccountant;
@@ -210,6 +211,21 @@ pub struct Stream {
     pub steps: u64,
 }
 
+/// How RAPTOR's two streams draw their samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamSampling {
+    /// Each stream's updates draw their own Poisson samples (RAPTOR's alternation: a shared
+    /// update, then an expert update, each with a sample of its own). The streams compose as
+    /// independent mechanisms.
+    #[default]
+    Alternating,
+    /// Every update draws one sample that both streams release from (no alternation): the
+    /// streams need the same q and steps, and each update costs the one mechanism of
+    /// [`SampleCharge`] (1/σ_eff² = 1/σ_s² + L/σ_e²), never two.
+    Simultaneous,
+}
+
 /// RAPTOR budget-planning request.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PlanRequest {
@@ -226,6 +242,9 @@ pub struct PlanRequest {
     pub expert: Stream,
     /// Number L of trained sparse layers.
     pub layers: u64,
+    /// Whether the streams draw their own samples or share one per update.
+    #[serde(default)]
+    pub sampling: StreamSampling,
 }
 
 /// One stream's part of a plan.
@@ -273,14 +292,25 @@ pub struct BudgetPlans {
     pub variance_ratio: f64,
 }
 
-/// The whole run's composition for given σ's: the shared stream's T_s steps, then L layers each
-/// a parallel group of experts (one member suffices: members are identical) of T_e steps.
+/// The whole run's composition for given σ's.
+///
+/// - [`StreamSampling::Alternating`]: the shared stream's T_s steps, then L layers each a
+///   parallel group of experts (one member suffices: members are identical) of T_e steps.
+/// - [`StreamSampling::Simultaneous`]: T steps of the one mechanism each update costs, a
+///   [`SampleCharge`] of the shared release and L parallel groups of expert releases
+///   (1/σ_eff² = 1/σ_s² + L/σ_e²); the streams must share q and T.
 pub fn run_composition(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<Composition> {
     let layers = if req.layers == 0 {
         return Err(AccountantError::InvalidLayers(0));
     } else {
         req.layers
     };
+    if req.sampling == StreamSampling::Simultaneous {
+        return Composition::single(
+            update_charge(req, sigma_s, sigma_e)?,
+            one_sample_steps(req)?,
+        );
+    }
     Composition::single(
         SubsampledGaussian::new(req.shared.q, sigma_s)?,
         req.shared.steps,
@@ -297,6 +327,31 @@ pub fn run_composition(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<
     )
 }
 
+/// The steps of a simultaneous plan (an error unless both streams have the same q and T).
+fn one_sample_steps(req: &PlanRequest) -> Result<u64> {
+    if req.shared.q.to_bits() != req.expert.q.to_bits() || req.shared.steps != req.expert.steps {
+        return Err(AccountantError::OneSampleMismatch {
+            shared_q: req.shared.q,
+            shared_steps: req.shared.steps,
+            expert_q: req.expert.q,
+            expert_steps: req.expert.steps,
+        });
+    }
+    Ok(Steps::new(req.shared.steps)?.get())
+}
+
+/// The one mechanism an update of a simultaneous plan costs: the shared release and, per
+/// trained layer, a parallel group of expert releases, folded by [`SampleCharge`].
+fn update_charge(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<SubsampledGaussian> {
+    let mut charge = SampleCharge::new(req.shared.q)?;
+    charge.release(sigma_s)?;
+    for l in 0..req.layers {
+        // One member stands for the group: its members are identical.
+        charge.member_release(&format!("layer {l}"), 0, sigma_e)?;
+    }
+    charge.mechanism()
+}
+
 /// RAPTOR's budget plans.
 ///
 /// 1. **Additive** (the paper's): ε_s = ρε, δ_s = ρδ for the shared stream; ε_e = (1−ρ)ε/L,
@@ -309,6 +364,33 @@ pub fn run_composition(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<
 ///    (ε, δ) on its certified upper bound.
 ///
 /// Both plans report their σ's and the ε they actually spend (composed in one PRV).
+///
+/// With [`StreamSampling::Simultaneous`] the streams are not separate mechanisms (each update
+/// is one, [`SampleCharge`]), so ε cannot be split between them: both plans are the joint one,
+/// where ρ is the shared stream's share of 1/σ_eff² (1/σ_s² = ρ/σ_eff², L/σ_e² =
+/// (1 − ρ)/σ_eff²), calibrated so that T updates of σ_eff meet (ε, δ); `epsilon_target` and
+/// `delta_target` are NaN.
+///
+/// ```
+/// use raptor_accountant::{PlanRequest, PrvAccountant, Stream, StreamSampling, plan_budget};
+/// let req = PlanRequest {
+///     epsilon: 4.0,
+///     delta: 1e-5,
+///     rho: 0.5,
+///     shared: Stream { q: 0.01, steps: 1000 },
+///     expert: Stream { q: 0.01, steps: 1000 },
+///     layers: 1,
+///     sampling: StreamSampling::Simultaneous,
+/// };
+/// let plans = plan_budget(&req, &PrvAccountant::default())?;
+/// let (s, e) = (plans.joint.shared.sigma, plans.joint.expert.sigma);
+/// let sigma_eff = 1.0 / (1.0 / (s * s) + 1.0 / (e * e)).sqrt();
+/// assert!(plans.joint.epsilon_composed.upper <= 4.0);
+/// assert_eq!(plans.additive.shared.sigma, s); // no separate additive split
+/// assert_eq!(plans.additive.expert.sigma, e);
+/// assert!(sigma_eff < s.min(e));
+/// # Ok::<(), raptor_accountant::AccountantError>(())
+/// ```
 pub fn plan_budget(req: &PlanRequest, accountant: &PrvAccountant) -> Result<BudgetPlans> {
     let eps = Epsilon::new(req.epsilon)?.get();
     if eps == 0.0 {
@@ -331,35 +413,11 @@ pub fn plan_budget(req: &PlanRequest, accountant: &PrvAccountant) -> Result<Budg
         Steps::new(req.expert.steps)?.get(),
     );
     let l = req.layers as f64;
+    if req.sampling == StreamSampling::Simultaneous {
+        one_sample_steps(req)?;
+    }
 
-    // (i) additive
-    let (eps_s, delta_s) = (rho * eps, rho * delta);
-    let (eps_e, delta_e) = ((1.0 - rho) * eps / l, (1.0 - rho) * delta / l);
-    let cs = calibrate_sigma(eps_s, delta_s, qs, ts, accountant)?;
-    let ce = calibrate_sigma(eps_e, delta_e, qe, te, accountant)?;
-    let composed_add = accountant.epsilon(&run_composition(req, cs.sigma, ce.sigma)?, delta)?;
-    let additive = BudgetPlan {
-        shared: StreamPlan {
-            q: qs,
-            steps: ts,
-            sigma: cs.sigma,
-            epsilon_target: eps_s,
-            delta_target: delta_s,
-            epsilon_alone: cs.epsilon.upper,
-        },
-        expert: StreamPlan {
-            q: qe,
-            steps: te,
-            sigma: ce.sigma,
-            epsilon_target: eps_e,
-            delta_target: delta_e,
-            epsilon_alone: ce.epsilon.upper,
-        },
-        epsilon_claimed: cs.epsilon.upper + l * ce.epsilon.upper,
-        epsilon_composed: composed_add,
-    };
-
-    // (ii) joint
+    // (ii) joint (first: a simultaneous plan has no other)
     let ratio = rho * l * te as f64 * qe * qe / ((1.0 - rho) * ts as f64 * qs * qs);
     let sr = ratio.sqrt();
     let build = |s: f64| run_composition(req, s, s * sr);
@@ -402,6 +460,42 @@ pub fn plan_budget(req: &PlanRequest, accountant: &PrvAccountant) -> Result<Budg
         epsilon_claimed: cj.epsilon.upper,
         epsilon_composed: cj.epsilon,
     };
+    if req.sampling == StreamSampling::Simultaneous {
+        return Ok(BudgetPlans {
+            request: *req,
+            additive: joint,
+            joint,
+            variance_ratio: ratio,
+        });
+    }
+
+    // (i) additive
+    let (eps_s, delta_s) = (rho * eps, rho * delta);
+    let (eps_e, delta_e) = ((1.0 - rho) * eps / l, (1.0 - rho) * delta / l);
+    let cs = calibrate_sigma(eps_s, delta_s, qs, ts, accountant)?;
+    let ce = calibrate_sigma(eps_e, delta_e, qe, te, accountant)?;
+    let composed_add = accountant.epsilon(&run_composition(req, cs.sigma, ce.sigma)?, delta)?;
+    let additive = BudgetPlan {
+        shared: StreamPlan {
+            q: qs,
+            steps: ts,
+            sigma: cs.sigma,
+            epsilon_target: eps_s,
+            delta_target: delta_s,
+            epsilon_alone: cs.epsilon.upper,
+        },
+        expert: StreamPlan {
+            q: qe,
+            steps: te,
+            sigma: ce.sigma,
+            epsilon_target: eps_e,
+            delta_target: delta_e,
+            epsilon_alone: ce.epsilon.upper,
+        },
+        epsilon_claimed: cs.epsilon.upper + l * ce.epsilon.upper,
+        epsilon_composed: composed_add,
+    };
+
     Ok(BudgetPlans {
         request: *req,
         additive,

@@ -82,6 +82,30 @@ pub enum AccountantError {
     /// The number of trained sparse layers must be at least 1.
     #[error("number of trained layers must be at least 1 (got {0})")]
     InvalidLayers(u64),
+    /// A member of a parallel group was released twice from one sample.
+    #[error("member {member} of parallel group {group:?} was released twice from one sample")]
+    DuplicateMember {
+        /// The group's name.
+        group: String,
+        /// The member index.
+        member: usize,
+    },
+    /// A plan whose streams share one sample per update needs the same rate and step count
+    /// for both streams.
+    #[error(
+        "streams released from one sample must share q and steps: shared (q = {shared_q}, \
+         steps = {shared_steps}), expert (q = {expert_q}, steps = {expert_steps})"
+    )]
+    OneSampleMismatch {
+        /// The shared stream's q.
+        shared_q: f64,
+        /// The shared stream's steps.
+        shared_steps: u64,
+        /// The expert stream's q.
+        expert_q: f64,
+        /// The expert stream's steps.
+        expert_steps: u64,
+    },
     /// Calibration could not meet the target.
     #[error(
         "cannot calibrate sigma for epsilon = {target_epsilon}, delta = {delta}: even sigma = {sigma_max} \

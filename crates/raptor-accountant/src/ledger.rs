@@ -1,7 +1,9 @@
-//! A stateful ledger of the steps taken during training.
+//! A stateful ledger of the steps taken during training: one charge per Poisson sample
+//! ([`Ledger::charge`], the rule in [`crate::charge`]), never one per release.
 
 use serde::{Deserialize, Serialize};
 
+use crate::charge::SampleCharge;
 use crate::error::{AccountantError, Result};
 use crate::prv::{EpsilonBounds, PrvAccountant};
 use crate::types::{
@@ -17,8 +19,11 @@ pub struct LedgerEntry {
     pub count: Steps,
 }
 
-/// One named parallel group of a ledger (e.g. the expert streams of one RAPTOR layer): every
-/// record touches exactly one member, so the group costs its worst member's whole history.
+/// One named parallel group of a ledger written by an earlier version of raptor, which charged
+/// the expert streams of a RAPTOR layer as a parallel group of their own (every record touches
+/// exactly one member, so the group costs its worst member's whole history). Such a ledger
+/// still loads and is accounted as it was written; new charges never create one: a sample's
+/// parallel releases are folded into its one [`SampleCharge`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParallelEntry {
     /// The group's name (e.g. `experts[layer 3]`).
@@ -29,11 +34,17 @@ pub struct ParallelEntry {
     pub steps: u64,
 }
 
-/// The steps taken so far, compressed to counts per distinct mechanism (in first-use order),
-/// plus named parallel groups ([`Ledger::step_parallel`]).
+/// The samples charged so far, one mechanism per sample ([`Ledger::charge`]), compressed to
+/// counts per distinct mechanism (in first-use order), and the number of releases they made.
+///
+/// A sample that made several releases (RAPTOR's shared and expert streams without
+/// alternation, the expert streams of a layer) is charged once, with the one mechanism that
+/// all its releases together amount to ([`SampleCharge`]): charging its releases one by one
+/// would treat them as independent samples and under-report ε. [`Ledger::step`] is the charge
+/// of a sample that made one release.
 ///
 /// Serialization stores the history only (not numerical state): a resumed run re-accounts the
-/// same composition, parallel groups included, and can never under-count ε.
+/// same composition and can never under-count ε.
 ///
 /// ```
 /// use raptor_accountant::{Ledger, PrvAccountant, SubsampledGaussian};
@@ -42,7 +53,7 @@ pub struct ParallelEntry {
 /// for _ in 0..100 {
 ///     ledger.step(m)?;
 /// }
-/// assert_eq!(ledger.len(), 100);
+/// assert_eq!((ledger.len(), ledger.releases()), (100, 100));
 /// let json = serde_json::to_string(&ledger).unwrap();
 /// let back: Ledger = serde_json::from_str(&json).unwrap();
 /// assert_eq!(back, ledger);
@@ -54,6 +65,7 @@ pub struct Ledger {
     history: Vec<LedgerEntry>,
     parallel: Vec<ParallelEntry>,
     steps: u64,
+    releases: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -61,6 +73,10 @@ struct LedgerRecord {
     history: Vec<LedgerEntry>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     parallel: Vec<ParallelRecord>,
+    /// Releases charged; absent in ledgers of earlier versions (one release per sequential
+    /// step and one per member of each parallel step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    releases: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -89,6 +105,7 @@ impl TryFrom<LedgerRecord> for Ledger {
         for e in r.history {
             l.step_many(e.mechanism, e.count.get())?;
         }
+        let recorded = r.releases;
         for p in r.parallel {
             if p.members.is_empty() {
                 return Err(AccountantError::EmptyParallelGroup);
@@ -105,11 +122,21 @@ impl TryFrom<LedgerRecord> for Ledger {
                 }
             }
             l.add_steps(p.steps)?;
+            l.releases = l
+                .releases
+                .saturating_add(p.steps.saturating_mul(p.members.len() as u64));
             l.parallel.push(ParallelEntry {
                 group: p.group,
                 members: p.members,
                 steps: p.steps,
             });
+        }
+        if let Some(n) = recorded {
+            // Every charged sample made at least one release.
+            if n < l.steps {
+                return Err(AccountantError::InvalidCount(n));
+            }
+            l.releases = n;
         }
         Ok(l)
     }
@@ -128,6 +155,7 @@ impl From<Ledger> for LedgerRecord {
                     steps: p.steps,
                 })
                 .collect(),
+            releases: Some(l.releases),
         }
     }
 }
@@ -138,18 +166,50 @@ impl Ledger {
         Self::default()
     }
 
-    /// Record one step of `mech`.
+    /// Charge one sample that made one release of `mech`.
     pub fn step(&mut self, mech: SubsampledGaussian) -> Result<()> {
         self.step_many(mech, 1)
     }
 
-    /// Record `count` steps of `mech`.
+    /// Charge `count` samples, each of which made one release of `mech`.
     pub fn step_many(&mut self, mech: SubsampledGaussian, count: u64) -> Result<()> {
         let count = Steps::new(count)?.get();
         self.check_room(count)?;
         push_entry(&mut self.history, mech, count)?;
         self.steps += count;
+        self.releases = self.releases.saturating_add(count);
         Ok(())
+    }
+
+    /// Charge one sample with everything it released: one step of the one mechanism all its
+    /// releases amount to ([`SampleCharge::mechanism`]; the derivation is in
+    /// [`crate::charge`]). Returns that mechanism.
+    ///
+    /// ```
+    /// use raptor_accountant::{Ledger, PrvAccountant, SampleCharge, SubsampledGaussian};
+    /// // Two releases of σ = 1 from one sample cost one step of σ = 1/√2, not two of σ = 1.
+    /// let mut charge = SampleCharge::new(0.05)?;
+    /// charge.release(1.0)?;
+    /// charge.release(1.0)?;
+    /// let (mut one_sample, mut two_samples) = (Ledger::new(), Ledger::new());
+    /// for _ in 0..50 {
+    ///     let m = one_sample.charge(&charge)?;
+    ///     assert!((m.sigma() - 0.5f64.sqrt()).abs() < 1e-12);
+    ///     two_samples.step_many(SubsampledGaussian::new(0.05, 1.0)?, 2)?;
+    /// }
+    /// assert_eq!((one_sample.len(), one_sample.releases()), (50, 100));
+    /// let acc = PrvAccountant::default();
+    /// let eps = |l: &Ledger| l.epsilon(1e-5, &acc).map(|e| e.upper);
+    /// assert!(eps(&one_sample)? > 1.2 * eps(&two_samples)?);
+    /// # Ok::<(), raptor_accountant::AccountantError>(())
+    /// ```
+    pub fn charge(&mut self, sample: &SampleCharge) -> Result<SubsampledGaussian> {
+        let mech = sample.mechanism()?;
+        self.check_room(1)?;
+        push_entry(&mut self.history, mech, 1)?;
+        self.steps += 1;
+        self.releases = self.releases.saturating_add(sample.releases());
+        Ok(mech)
     }
 
     fn check_room(&self, count: u64) -> Result<()> {
@@ -166,78 +226,20 @@ impl Ledger {
         Ok(())
     }
 
-    /// Record one parallel step of the named group: member `i` (e.g. expert `i` of a RAPTOR
-    /// layer) ran `members[i]` on the records it owns. Every record belongs to exactly one
-    /// member for the whole run (the caller's partition is fixed), so the group costs the worst
-    /// member's whole history, never the sum over members. The first step fixes the number of
-    /// members; a later step with another width is an error.
-    ///
-    /// ```
-    /// use raptor_accountant::{Ledger, PrvAccountant, SubsampledGaussian};
-    /// let m = SubsampledGaussian::new(0.05, 1.0)?;
-    /// let (mut one, mut eight) = (Ledger::new(), Ledger::new());
-    /// for _ in 0..50 {
-    ///     one.step(m)?;
-    ///     eight.step_parallel("experts[layer 1]", &[m; 8])?;
-    /// }
-    /// let acc = PrvAccountant::default();
-    /// assert_eq!(one.epsilon(1e-5, &acc)?.upper, eight.epsilon(1e-5, &acc)?.upper);
-    /// # Ok::<(), raptor_accountant::AccountantError>(())
-    /// ```
-    pub fn step_parallel(&mut self, group: &str, members: &[SubsampledGaussian]) -> Result<()> {
-        if members.is_empty() {
-            return Err(AccountantError::EmptyParallelGroup);
-        }
-        self.check_room(1)?;
-        let pos = match self.parallel.iter().position(|p| p.group == group) {
-            Some(i) => {
-                let expected = self.parallel[i].members.len();
-                if expected != members.len() {
-                    return Err(AccountantError::ParallelWidth {
-                        group: group.to_string(),
-                        expected,
-                        got: members.len(),
-                    });
-                }
-                i
-            }
-            None => {
-                self.parallel.push(ParallelEntry {
-                    group: group.to_string(),
-                    members: vec![Vec::new(); members.len()],
-                    steps: 0,
-                });
-                self.parallel.len() - 1
-            }
-        };
-        let entry = &mut self.parallel[pos];
-        for (hist, m) in entry.members.iter_mut().zip(members) {
-            push_entry(hist, *m, 1)?;
-        }
-        entry.steps += 1;
-        self.steps += 1;
-        Ok(())
-    }
-
-    /// The named parallel groups.
+    /// The named parallel groups of a ledger written by an earlier version (empty for a ledger
+    /// charged by this one).
     pub fn parallel_groups(&self) -> &[ParallelEntry] {
         &self.parallel
     }
 
-    /// Number of steps recorded (a parallel step counts once).
+    /// Number of samples charged (a sample that made several releases counts once).
     pub fn len(&self) -> u64 {
         self.steps
     }
 
-    /// Number of releases recorded: sequential steps plus, per parallel step, one per member.
+    /// Number of releases the charged samples made.
     pub fn releases(&self) -> u64 {
-        let seq: u64 = self.history.iter().map(|e| e.count.get()).sum();
-        let par: u64 = self
-            .parallel
-            .iter()
-            .map(|p| p.steps.saturating_mul(p.members.len() as u64))
-            .sum();
-        seq.saturating_add(par)
+        self.releases
     }
 
     /// True when no step was recorded.
@@ -276,7 +278,7 @@ impl Ledger {
         accountant.epsilon(&self.composition()?, delta)
     }
 
-    /// Would one more step of `next` push the certified ε upper bound at `delta` above
+    /// Would one more sample charged as `next` push the certified ε upper bound at `delta` above
     /// `epsilon_budget`?
     pub fn would_exceed(
         &self,

@@ -10,7 +10,9 @@
 //! - [`RdpAccountant`]: Rényi DP (integer and fractional orders) as an independent cross-check.
 //! - [`calibrate_sigma`] and [`plan_budget`]: σ calibration on the certified upper bound and
 //!   RAPTOR's budget plans (additive and joint).
-//! - [`Ledger`]: a serializable record of the steps taken during training.
+//! - [`Ledger`]: a serializable record of the samples charged during training, one
+//!   [`SampleCharge`] per Poisson sample: every release a sample made is folded into the one
+//!   mechanism the sample costs (see [`charge`] for the rule and its derivation).
 //! - [`PoissonSampler`]: the per-record Bernoulli(q) sampling (CSPRNG) the accountants certify.
 //!
 //! ```
@@ -22,6 +24,7 @@
 //! ```
 
 pub mod calibrate;
+pub mod charge;
 pub mod error;
 pub mod ledger;
 pub mod prv;
@@ -32,8 +35,9 @@ pub mod types;
 
 pub use calibrate::{
     BudgetPlan, BudgetPlans, Calibration, PlanRequest, SIGMA_TOLERANCE, Stream, StreamPlan,
-    calibrate_sigma, plan_budget,
+    StreamSampling, calibrate_sigma, plan_budget,
 };
+pub use charge::SampleCharge;
 pub use error::{AccountantError, Result};
 pub use ledger::{Ledger, LedgerEntry, ParallelEntry};
 pub use prv::{

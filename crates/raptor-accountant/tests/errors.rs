@@ -3,7 +3,7 @@
 
 use raptor_accountant::{
     AccountantError as E, Accuracy, Composition, Ledger, ParallelGroup, PlanRequest, PrvAccountant,
-    RdpAccountant, Stream, SubsampledGaussian, calibrate_sigma, plan_budget,
+    RdpAccountant, Stream, StreamSampling, SubsampledGaussian, calibrate_sigma, plan_budget,
 };
 
 fn comp() -> Composition {
@@ -173,6 +173,7 @@ fn calibration_and_planning_errors() {
             steps: 100,
         },
         layers: 1,
+        sampling: StreamSampling::Alternating,
     };
     assert_eq!(plan_budget(&req, &acc).unwrap_err(), E::InvalidRho(1.0));
     assert_eq!(
@@ -187,6 +188,36 @@ fn calibration_and_planning_errors() {
         .unwrap_err(),
         E::InvalidLayers(0)
     );
+    // Streams released from one sample must share q and steps.
+    let one = PlanRequest {
+        rho: 0.5,
+        sampling: StreamSampling::Simultaneous,
+        ..req
+    };
+    let mismatch = PlanRequest {
+        expert: Stream { q: 0.01, steps: 99 },
+        ..one
+    };
+    assert_eq!(
+        plan_budget(&mismatch, &acc).unwrap_err(),
+        E::OneSampleMismatch {
+            shared_q: 0.01,
+            shared_steps: 100,
+            expert_q: 0.01,
+            expert_steps: 99
+        }
+    );
+    let mismatch = PlanRequest {
+        expert: Stream {
+            q: 0.02,
+            steps: 100,
+        },
+        ..one
+    };
+    assert!(matches!(
+        plan_budget(&mismatch, &acc).unwrap_err(),
+        E::OneSampleMismatch { .. }
+    ));
     assert_eq!(
         plan_budget(
             &PlanRequest {

@@ -3,7 +3,7 @@
 
 use raptor_accountant::{
     AccountantError, Accuracy, Composition, Ledger, MAX_TOTAL_STEPS, PlanRequest, PrvAccountant,
-    Stream, SubsampledGaussian, plan_budget,
+    SampleCharge, Stream, StreamSampling, SubsampledGaussian, plan_budget,
 };
 
 #[test]
@@ -50,6 +50,7 @@ fn budget_plans_meet_the_budget_and_joint_needs_less_noise() {
             steps: 500,
         },
         layers: 2,
+        sampling: StreamSampling::Alternating,
     };
     let p = plan_budget(&req, &acc).unwrap();
     // additive: each stream meets its share; the sum of shares meets ε
@@ -66,22 +67,35 @@ fn budget_plans_meet_the_budget_and_joint_needs_less_noise() {
     assert!(p.joint.shared.sigma < p.additive.shared.sigma, "{p:?}");
 }
 
+/// A ledger written by an earlier version, with a named parallel group of expert streams that
+/// drew their own samples, still loads, costs the group's worst member, and round-trips.
 #[test]
-fn parallel_groups_cost_the_worst_member_and_round_trip() {
+fn an_earlier_ledgers_parallel_groups_cost_the_worst_member_and_round_trip() {
     let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
     let shared = SubsampledGaussian::new(0.02, 1.1).unwrap();
     let quiet = SubsampledGaussian::new(0.02, 2.0).unwrap();
     let loud = SubsampledGaussian::new(0.02, 1.0).unwrap();
-    let mut l = Ledger::new();
-    for _ in 0..40 {
-        l.step(shared).unwrap();
-        // member 2 is the worst (smallest sigma); the others are quieter
-        l.step_parallel("experts[layer 1]", &[quiet, quiet, loud, quiet])
-            .unwrap();
-    }
+    let mech = |m: SubsampledGaussian| {
+        format!(
+            r#"{{"mechanism":{{"sampling_rate":{},"noise_multiplier":{}}},"count":40}}"#,
+            m.q(),
+            m.sigma()
+        )
+    };
+    // member 2 is the worst (smallest sigma); the others are quieter
+    let members: Vec<String> = [quiet, quiet, loud, quiet]
+        .iter()
+        .map(|m| format!("[{}]", mech(*m)))
+        .collect();
+    let file = format!(
+        r#"{{"history":[{}],"parallel":[{{"group":"experts[layer 1]","members":[{}],"steps":40}}]}}"#,
+        mech(shared),
+        members.join(",")
+    );
+    let l: Ledger = serde_json::from_str(&file).unwrap();
     assert_eq!(l.len(), 80);
+    // No release count in the file: one per sequential step and per member of a parallel one.
     assert_eq!(l.releases(), 40 + 40 * 4);
-    // The group as recorded: its name, 40 steps, and per member one entry of 40 steps.
     let groups = l.parallel_groups();
     assert_eq!(groups.len(), 1);
     assert_eq!(groups[0].group, "experts[layer 1]");
@@ -89,12 +103,6 @@ fn parallel_groups_cost_the_worst_member_and_round_trip() {
     let mechanisms: Vec<SubsampledGaussian> =
         groups[0].members.iter().map(|m| m[0].mechanism).collect();
     assert_eq!(mechanisms, [quiet, quiet, loud, quiet]);
-    assert!(
-        groups[0]
-            .members
-            .iter()
-            .all(|m| m.len() == 1 && m[0].count.get() == 40)
-    );
     assert_eq!(l.history().len(), 1);
     // The group costs its worst member's history: shared ∘ 40 × loud.
     let worst = Composition::single(shared, 40)
@@ -115,9 +123,44 @@ fn parallel_groups_cost_the_worst_member_and_round_trip() {
     let back: Ledger = serde_json::from_str(&json).unwrap();
     assert_eq!(back, l);
     assert_eq!(back.epsilon(1e-5, &acc).unwrap(), got);
-    // A step with another width is an error; so is an empty one.
-    assert!(l.step_parallel("experts[layer 1]", &[quiet; 3]).is_err());
-    assert!(l.step_parallel("experts[layer 3]", &[]).is_err());
+}
+
+/// An alternating RAPTOR run charged one sample at a time (a shared sample of one release, an
+/// expert sample of a parallel group of releases) costs what the earlier per-group ledger
+/// charged: the worst member's history, never the sum over members; its releases are counted.
+#[test]
+fn alternating_samples_cost_the_worst_member_of_each_expert_sample() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.02)).unwrap();
+    let shared = SubsampledGaussian::new(0.02, 1.1).unwrap();
+    let loud = SubsampledGaussian::new(0.02, 1.0).unwrap();
+    let mut experts = SampleCharge::new(0.02).unwrap();
+    for (m, sigma) in [2.0, 2.0, 1.0, 2.0].into_iter().enumerate() {
+        experts
+            .member_release("experts[layer 1]", m, sigma)
+            .unwrap();
+    }
+    let mut l = Ledger::new();
+    for _ in 0..40 {
+        l.step(shared).unwrap();
+        assert_eq!(l.charge(&experts).unwrap(), loud);
+    }
+    assert_eq!((l.len(), l.releases()), (80, 40 + 40 * 4));
+    assert!(l.parallel_groups().is_empty());
+    let worst = Composition::single(shared, 40)
+        .unwrap()
+        .with(loud, 40)
+        .unwrap();
+    assert_eq!(
+        l.epsilon(1e-5, &acc).unwrap(),
+        acc.epsilon(&worst, 1e-5).unwrap()
+    );
+    let back: Ledger = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+    assert_eq!(back, l);
+    // A recorded release count below the step count is refused.
+    let json = serde_json::to_string(&l)
+        .unwrap()
+        .replace("\"releases\":200", "\"releases\":79");
+    assert!(serde_json::from_str::<Ledger>(&json).is_err());
 }
 
 #[test]
@@ -134,7 +177,7 @@ fn ledger_and_parallel_group_reject_empty_groups_on_load() {
 }
 
 /// The ledger's total-step cap is [`MAX_TOTAL_STEPS`] exactly: reaching it is allowed, one step
-/// beyond it is an error (for a sequential and for a parallel step), and a refused step leaves
+/// beyond it is an error (for a one-release sample and for a sample of several releases), and a refused step leaves
 /// the ledger as it was. Two mechanisms are used so that the per-entry count check (which
 /// only sees one mechanism's count) cannot stand in for the total check.
 #[test]
@@ -161,22 +204,25 @@ fn total_step_cap_is_exact_and_a_refused_step_changes_nothing() {
             .unwrap_err(),
         AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
     );
+    let mut two = SampleCharge::new(0.01).unwrap();
+    two.release(1.0).unwrap();
+    two.member_release("g", 0, 2.0).unwrap();
     assert_eq!(
-        l.step_parallel("g", &[a, b]).unwrap_err(),
+        l.charge(&two).unwrap_err(),
         AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
     );
     assert_eq!(l, full);
     assert_eq!(l.len(), MAX_TOTAL_STEPS);
     assert_eq!(l.releases(), MAX_TOTAL_STEPS);
 
-    // A parallel step may also take the ledger exactly to the cap, not beyond.
+    // A sample of two releases may also take the ledger exactly to the cap, not beyond.
     let mut p = Ledger::new();
     p.step_many(a, MAX_TOTAL_STEPS - 1).unwrap();
-    p.step_parallel("g", &[a, b]).unwrap();
+    p.charge(&two).unwrap();
     assert_eq!(p.len(), MAX_TOTAL_STEPS);
     assert_eq!(p.releases(), MAX_TOTAL_STEPS - 1 + 2);
     assert_eq!(
-        p.step_parallel("g", &[a, b]).unwrap_err(),
+        p.charge(&two).unwrap_err(),
         AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
     );
     // Small counts add (not multiply): 3 + 4 steps on an empty ledger are 7.
@@ -250,6 +296,7 @@ fn budget_plan_figures_are_what_they_claim() {
         shared: Stream { q: qs, steps: ts },
         expert: Stream { q: qe, steps: te },
         layers: l,
+        sampling: StreamSampling::Alternating,
     };
     let p = plan_budget(&req, &acc).unwrap();
     assert_eq!(p.request, req);
@@ -346,6 +393,7 @@ fn rho_must_be_strictly_inside_the_unit_interval() {
         shared: Stream { q: 0.02, steps: 50 },
         expert: Stream { q: 0.02, steps: 50 },
         layers: 1,
+        sampling: StreamSampling::Alternating,
     };
     for bad in [0.0, -0.1, 1.0, 1.5, f64::NAN, f64::INFINITY] {
         assert!(
@@ -372,6 +420,7 @@ fn run_composition_rejects_too_many_expert_steps() {
         shared: Stream { q: 0.01, steps: 10 },
         expert: Stream { q: 0.01, steps },
         layers,
+        sampling: StreamSampling::Alternating,
     };
     let run = raptor_accountant::calibrate::run_composition;
     assert_eq!(
@@ -391,4 +440,65 @@ fn run_composition_rejects_too_many_expert_steps() {
         AccountantError::InvalidLayers(0)
     );
     assert!(run(&req(MAX_TOTAL_STEPS / 2 - 10, 2), 1.0, 1.0).is_ok());
+}
+
+/// A plan whose streams share one sample per update is calibrated on the one mechanism each
+/// update costs: T updates of σ_eff (1/σ_eff² = 1/σ_s² + L/σ_e²) meet the target, with ρ the
+/// shared stream's share of 1/σ_eff²; charging the same σ's as two independent streams (what
+/// the alternating plan's composition does) gives a smaller, wrong ε.
+#[test]
+fn a_simultaneous_plan_is_calibrated_on_the_one_sample_mechanism() {
+    let acc = PrvAccountant::new(Accuracy::relative(0.01)).unwrap();
+    for (layers, rho) in [(1u64, 0.5), (2, 0.7)] {
+        let req = PlanRequest {
+            epsilon: 2.0,
+            delta: 1e-5,
+            rho,
+            shared: Stream {
+                q: 0.02,
+                steps: 300,
+            },
+            expert: Stream {
+                q: 0.02,
+                steps: 300,
+            },
+            layers,
+            sampling: StreamSampling::Simultaneous,
+        };
+        let p = plan_budget(&req, &acc).unwrap();
+        let (s, e) = (p.joint.shared.sigma, p.joint.expert.sigma);
+        assert_eq!((p.additive.shared.sigma, p.additive.expert.sigma), (s, e));
+        // ρ is the shared stream's share of 1/σ_eff².
+        let inv = 1.0 / (s * s) + layers as f64 / (e * e);
+        assert!(((1.0 / (s * s)) / inv - rho).abs() < 1e-9, "{p:?}");
+        // The ledger of the run (one charge per update) spends exactly the plan's ε, ≤ target.
+        let mut charge = SampleCharge::new(0.02).unwrap();
+        charge.release(s).unwrap();
+        for l in 0..layers {
+            for m in 0..4 {
+                charge
+                    .member_release(&format!("experts[layer {l}]"), m, e)
+                    .unwrap();
+            }
+        }
+        let mut ledger = Ledger::new();
+        for _ in 0..300 {
+            ledger.charge(&charge).unwrap();
+        }
+        let spent = ledger.epsilon(1e-5, &acc).unwrap().upper;
+        assert!(spent <= 2.0, "{spent}");
+        assert!(
+            (spent - p.joint.epsilon_composed.upper).abs() <= 1e-9 * spent,
+            "{spent} vs {:?}",
+            p.joint.epsilon_composed
+        );
+        // Calibrated to the target (within the bisection's tolerance on σ).
+        assert!(spent >= 2.0 * 0.98, "{spent}");
+        // The same σ's composed as independent streams claim less: that would be the bug.
+        let wrong = Composition::single(SubsampledGaussian::new(0.02, s).unwrap(), 300)
+            .unwrap()
+            .with(SubsampledGaussian::new(0.02, e).unwrap(), 300 * layers)
+            .unwrap();
+        assert!(acc.epsilon(&wrong, 1e-5).unwrap().upper < 0.9 * spent);
+    }
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use clap::Args;
 use raptor_accountant::{
     Accuracy, Composition, DEFAULT_RELATIVE_EPS_ERROR, PlanRequest, PrvAccountant, RdpAccountant,
-    Stream, SubsampledGaussian, calibrate_sigma, plan_budget,
+    Stream, StreamSampling, SubsampledGaussian, calibrate_sigma, plan_budget,
 };
 use serde::Serialize;
 
@@ -219,6 +219,10 @@ pub struct PlanArgs {
     /// Number of trained sparse layers.
     #[arg(long, default_value_t = 1)]
     pub layers: u64,
+    /// Both streams release from one sample per update (no alternation): the streams need the
+    /// same Q,STEPS, and each update is charged as one mechanism (1/σ_eff² = 1/σ_s² + L/σ_e²).
+    #[arg(long)]
+    pub simultaneous: bool,
     /// Relative ε accuracy of the PRV bounds.
     #[arg(long, default_value_t = DEFAULT_RELATIVE_EPS_ERROR)]
     pub eps_error: f64,
@@ -236,6 +240,11 @@ pub fn run_plan(args: PlanArgs) -> Result<()> {
         shared: args.shared,
         expert: args.expert,
         layers: args.layers,
+        sampling: if args.simultaneous {
+            StreamSampling::Simultaneous
+        } else {
+            StreamSampling::Alternating
+        },
     };
     let p = plan_budget(&req, &accountant(args.eps_error)?)
         .map_err(CliError::accountant("budget plan"))?;

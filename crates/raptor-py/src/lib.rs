@@ -15,7 +15,7 @@ use pyo3::types::PyTuple;
 use raptor_accountant::{
     AccountantError as CoreError, Accuracy, Composition, DEFAULT_RELATIVE_EPS_ERROR, DeltaBounds,
     EpsilonBounds, ParallelGroup, PlanRequest, PrvAccountant, RdpAccountant, Stream,
-    SubsampledGaussian,
+    StreamSampling, SubsampledGaussian,
 };
 
 pyo3::create_exception!(
@@ -524,7 +524,7 @@ fn calibrate_sigma(
 /// RAPTOR budget plans (the paper's additive split and the joint split) as a JSON string (the
 /// Python wrapper returns it as a dict).
 #[pyfunction]
-#[pyo3(signature = (epsilon, delta, shared, expert, *, rho = 0.9, layers = 1, eps_error = DEFAULT_RELATIVE_EPS_ERROR))]
+#[pyo3(signature = (epsilon, delta, shared, expert, *, rho = 0.9, layers = 1, simultaneous = false, eps_error = DEFAULT_RELATIVE_EPS_ERROR))]
 #[allow(clippy::too_many_arguments)]
 fn plan_budget_json(
     py: Python<'_>,
@@ -534,6 +534,7 @@ fn plan_budget_json(
     expert: (f64, i128),
     rho: f64,
     layers: i128,
+    simultaneous: bool,
     eps_error: f64,
 ) -> PyResult<String> {
     let (shared, expert) = (
@@ -555,6 +556,11 @@ fn plan_budget_json(
             steps: expert.1,
         },
         layers,
+        sampling: if simultaneous {
+            StreamSampling::Simultaneous
+        } else {
+            StreamSampling::Alternating
+        },
     };
     let plans = py
         .detach(|| raptor_accountant::plan_budget(&req, &acc))

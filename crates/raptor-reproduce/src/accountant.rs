@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use raptor_accountant::{
-    Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, SubsampledGaussian,
+    Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, StreamSampling,
+    SubsampledGaussian,
     plan_budget,
 };
 
@@ -168,6 +169,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
                 steps: 2000,
             },
             layers: 2,
+            sampling: StreamSampling::Alternating,
         };
         let p = plan_budget(&req, &plan_acc)?;
         for (name, plan) in [("(i) additive", &p.additive), ("(ii) joint", &p.joint)] {

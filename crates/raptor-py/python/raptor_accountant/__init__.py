@@ -142,6 +142,7 @@ def plan_budget(
     *,
     rho: float = 0.9,
     layers: int = 1,
+    simultaneous: bool = False,
     eps_error: float = DEFAULT_EPS_ERROR,
 ) -> Dict[str, Any]:
     """RAPTOR budget plans for a shared stream and ``layers`` expert streams.
@@ -152,9 +153,22 @@ def plan_budget(
     composition of all streams in one PRV meets ``(epsilon, delta)``: less noise for the same
     guarantee), each with ``"shared"`` and ``"expert"`` stream plans (``"sigma"`` ...) and
     ``"epsilon_composed"`` bounds, plus ``"variance_ratio"`` and the ``"request"``.
+
+    ``simultaneous=True``: both streams release from one sample per update (no alternation;
+    ``shared`` and ``expert`` must be equal). Each update is then one mechanism with
+    ``1/sigma_eff**2 = 1/sigma_s**2 + layers/sigma_e**2``, so the budget cannot be split
+    additively: both plans are the joint one, ``rho`` being the shared stream's share of
+    ``1/sigma_eff**2``.
     """
     text = _native.plan_budget_json(
-        epsilon, delta, shared, expert, rho=rho, layers=layers, eps_error=eps_error
+        epsilon,
+        delta,
+        shared,
+        expert,
+        rho=rho,
+        layers=layers,
+        simultaneous=simultaneous,
+        eps_error=eps_error,
     )
     plans: Dict[str, Any] = json.loads(text)
     return plans

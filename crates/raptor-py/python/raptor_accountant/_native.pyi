@@ -120,5 +120,6 @@ def plan_budget_json(
     *,
     rho: float = 0.9,
     layers: int = 1,
+    simultaneous: bool = False,
     eps_error: float = ...,
 ) -> str: ...
