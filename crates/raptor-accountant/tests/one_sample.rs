@@ -83,8 +83,14 @@ fn charge(c: &Case) -> SampleCharge {
 fn golden_file_has_the_cases_we_rely_on() {
     let cs = cases();
     assert!(cs.len() >= 9);
-    assert!(cs.iter().any(|c| c.groups.len() == 2), "two parallel groups");
-    assert!(cs.iter().any(|c| c.groups.is_empty()), "a one-release update");
+    assert!(
+        cs.iter().any(|c| c.groups.len() == 2),
+        "two parallel groups"
+    );
+    assert!(
+        cs.iter().any(|c| c.groups.is_empty()),
+        "a one-release update"
+    );
     for c in &cs {
         assert!(c.dp_lower <= c.dp_upper, "{c:?}");
     }

@@ -203,7 +203,8 @@ pub struct MethodConfig {
     pub layer: String,
     /// Owner rule: `gate-weighted` (default) or `token-count` plurality.
     pub owner_rule: String,
-    /// Alternate shared and expert updates (RAPTOR); false: both streams from one sample.
+    /// Alternate shared and expert updates (RAPTOR); false: both streams from one sample per
+    /// update, charged as one mechanism (1/σ_eff² = 1/σ_s² + 1/σ_e²) and calibrated on it.
     pub alternate: bool,
     /// Shared updates per cycle (alternating schedule).
     pub shared_steps: u64,
@@ -693,10 +694,29 @@ impl RunConfig {
     }
 }
 
-/// δ = 1/N rounded down to a power of ten (the usual convention: δ < 1/N).
+/// The default δ for N private records: the largest power of ten at most 1/(10·N), so that
+/// δ ≪ 1/N (a mechanism that publishes one record at random is (0, 1/N)-DP; δ must sit well
+/// below that). N = 1,714 gives 1e-5; N = 1,000 gives 1e-4.
 pub fn default_delta(n: usize) -> f64 {
-    let n = n.max(2) as f64;
-    10f64.powf(-(n.log10().ceil()))
+    // The smallest k with 10^k ≥ 10·N, in integers (no log10 round-off at exact powers).
+    let target = (n.max(1) as u128).saturating_mul(10);
+    let mut k = 0i32;
+    let mut p: u128 = 1;
+    while p < target {
+        p = p.saturating_mul(10);
+        k += 1;
+    }
+    10f64.powi(-k)
+}
+
+/// Why a run's δ has its value (recorded beside it).
+pub fn delta_reason(given: Option<f64>, n: usize) -> String {
+    match given {
+        Some(_) => "given in the config (privacy.delta)".into(),
+        None => format!(
+            "default: the largest power of ten at most 1/(10·N) for N = {n} private records"
+        ),
+    }
 }
 
 /// The commented default config printed by `raptor train --print-default-config`.
@@ -757,13 +777,23 @@ mod tests {
     }
 
     #[test]
-    fn delta_default_is_below_one_over_n() {
-        assert_eq!(default_delta(1000), 1e-3);
-        assert_eq!(default_delta(1001), 1e-4);
-        assert_eq!(default_delta(12_750), 1e-5);
-        for n in [2usize, 9, 10, 11, 99, 12_345] {
-            assert!(default_delta(n) <= 1.0 / n as f64);
+    fn delta_default_is_the_largest_power_of_ten_below_a_tenth_of_one_over_n() {
+        assert_eq!(default_delta(1000), 1e-4);
+        assert_eq!(default_delta(1001), 1e-5);
+        assert_eq!(default_delta(1_714), 1e-5);
+        assert_eq!(default_delta(12_750), 1e-6);
+        assert_eq!(default_delta(1), 1e-1);
+        for n in [1usize, 2, 9, 10, 11, 99, 100, 12_345, 1_000_000, 7_654_321] {
+            let d = default_delta(n);
+            assert!(d <= 1.0 / (10.0 * n as f64), "{n}: {d}");
+            // the largest such power: ten times it is above 1/(10N)
+            assert!(
+                d * 10.0 > 1.0 / (10.0 * n as f64) * (1.0 - 1e-12),
+                "{n}: {d}"
+            );
         }
+        assert!(delta_reason(None, 1714).contains("N = 1714"));
+        assert!(delta_reason(Some(1e-6), 1714).contains("given"));
     }
 
     #[test]

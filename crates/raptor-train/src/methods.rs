@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use raptor_accountant::{
-    Accuracy, PlanRequest, PrvAccountant, Stream as PlanStream, calibrate_sigma, plan_budget,
+    Accuracy, PlanRequest, PrvAccountant, Stream as PlanStream, StreamSampling, calibrate_sigma,
+    plan_budget,
 };
 use raptor_models::{LoraConfig, Model, attach_lora, freeze_all, set_trainable};
 use serde::Serialize;
@@ -149,6 +150,8 @@ pub struct PrivacyPlan {
     pub epsilon: f64,
     /// δ.
     pub delta: f64,
+    /// Why δ has its value (given, or the default rule for N).
+    pub delta_reason: String,
     /// Sampling rate q = B/N.
     pub q: f64,
     /// Records N.
@@ -523,15 +526,8 @@ pub fn build_plan(
                     } else {
                         vec![0]
                     };
-                    let probe = Plan {
-                        phases: vec![],
-                        pattern: pattern.clone(),
-                        updates,
-                        q,
-                        expected_batch: b,
-                        optim: vec![],
-                        routed: vec![],
-                    };
+                    // Alternating: each phase draws its own samples; otherwise one sample per
+                    // update feeds both streams (and both run every update).
                     let counts = if alternate {
                         let mut c = vec![0u64; 2];
                         let per = pattern.len() as u64;
@@ -542,7 +538,6 @@ pub fn build_plan(
                     } else {
                         vec![updates, updates]
                     };
-                    let _ = probe;
                     let (ts, te) = (counts[0], counts[1]);
                     if ts == 0 || te == 0 {
                         return Err(TrainError::Config(format!(
@@ -558,10 +553,20 @@ pub fn build_plan(
                                 shared: PlanStream { q, steps: ts },
                                 expert: PlanStream { q, steps: te },
                                 layers: 1,
+                                sampling: if alternate {
+                                    StreamSampling::Alternating
+                                } else {
+                                    StreamSampling::Simultaneous
+                                },
                             },
                             &acc,
                         )?;
-                        split = cfg.privacy.split.clone();
+                        split = if alternate {
+                            cfg.privacy.split.clone()
+                        } else {
+                            // One mechanism per update: no additive split exists.
+                            "joint (one sample per update)".to_string()
+                        };
                         let p = if cfg.privacy.split == "joint" {
                             plans.joint
                         } else {
@@ -716,6 +721,7 @@ pub fn build_plan(
         private,
         epsilon: if private { eps } else { f64::INFINITY },
         delta,
+        delta_reason: crate::config::delta_reason(cfg.privacy.delta, n),
         q,
         records: n,
         expected_batch: b,

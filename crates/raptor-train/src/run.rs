@@ -878,7 +878,7 @@ pub(crate) fn train_session(
     let acc = PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?;
     let mut trainer = Trainer::new(model.as_mut(), plan, &train_set, owners, optim, opts)?
         .with_collective(comm)?;
-    trainer.resume(ledger, start_update);
+    trainer.resume(ledger, start_update)?;
     let metrics_path = dir.join("metrics.jsonl");
     let mut metrics_file = if writer {
         Some(

@@ -7,7 +7,9 @@
 //!   the ledger before it is applied, as a sequential step or as one member of a named parallel
 //!   group (the experts of one RAPTOR layer).
 //! - A [`Phase`] draws one Poisson sample, runs one forward/backward over it and makes its
-//!   releases. The [`Plan`] repeats a fixed pattern of phases (RAPTOR's alternation) for a fixed
+//!   releases, and is charged **once** for all of them ([`Phase::charge`]: every release of
+//!   one sample folded into the one mechanism the sample costs; the rule and its derivation
+//!   live in `raptor_accountant::charge`). The [`Plan`] repeats a fixed pattern of phases (RAPTOR's alternation) for a fixed
 //!   number of updates, decided before training from public quantities only.
 //!
 //! ```text
@@ -20,6 +22,7 @@
 //! lora / full          = one phase, not private (mean gradient, no clipping, no noise)
 //! ```
 
+use raptor_accountant::{AccountantError, SampleCharge};
 use serde::Serialize;
 
 /// Parameters clipped together per record.
@@ -128,6 +131,54 @@ impl Phase {
                 .sum::<f64>()
                 .sqrt(),
         }
+    }
+}
+
+/// What one update of a phase costs the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PhaseCharge {
+    /// Every release of the update's sample, folded into one charge (one ledger step).
+    Charged(SampleCharge),
+    /// A non-private phase: nothing is charged (ε = ∞).
+    NotPrivate,
+    /// A private phase with `releases` releases of σ ≤ 0 (tests only): the update cannot be
+    /// charged, and the run has no finite ε.
+    Unaccountable {
+        /// How many releases have σ ≤ 0.
+        releases: u64,
+    },
+}
+
+impl Phase {
+    /// What one update of this phase costs: its releases all come from the update's one
+    /// Poisson sample (rate `q`), so they are charged together as one [`SampleCharge`] —
+    /// sequential releases add their 1/σ², a parallel group (the experts of a layer) adds its
+    /// worst member's — never release by release.
+    pub fn charge(&self, q: f64) -> Result<PhaseCharge, AccountantError> {
+        if !self.private || self.releases.iter().all(|r| r.charge == Charge::None) {
+            return Ok(PhaseCharge::NotPrivate);
+        }
+        let zero = self
+            .releases
+            .iter()
+            .filter(|r| r.charge != Charge::None && (r.sigma.is_nan() || r.sigma <= 0.0))
+            .count() as u64;
+        if zero > 0 {
+            return Ok(PhaseCharge::Unaccountable { releases: zero });
+        }
+        let mut sample = SampleCharge::new(q)?;
+        for r in &self.releases {
+            match &r.charge {
+                Charge::None => {}
+                Charge::Sequential => {
+                    sample.release(r.sigma)?;
+                }
+                Charge::Parallel { group, member } => {
+                    sample.member_release(group, *member, r.sigma)?;
+                }
+            }
+        }
+        Ok(PhaseCharge::Charged(sample))
     }
 }
 

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use rand::{RngCore, SeedableRng};
-use raptor_accountant::{Ledger, PoissonSampler, SamplingRate, SubsampledGaussian};
+use raptor_accountant::{Ledger, PoissonSampler, SamplingRate};
 use raptor_clip::{Privatizer, PublicDenominator};
 use raptor_models::{Batch, ClipPolicy, ForwardCtx, Model, ParamGroups, PrivateStep, Task};
 use serde::Serialize;
@@ -27,7 +27,7 @@ use tch::{Device, Kind, Tensor};
 use crate::dist::{Collective, Solo};
 use crate::error::{Result, TrainError};
 use crate::optim::{Optimizers, ReleaseNoise, lr_scale};
-use crate::streams::{Charge, Phase, Plan, Residual};
+use crate::streams::{Charge, Phase, PhaseCharge, Plan, Residual};
 
 /// One training record, already tokenized.
 #[derive(Debug, Clone, PartialEq)]
@@ -389,9 +389,32 @@ impl<'a> Trainer<'a> {
 
     /// Continue from a checkpoint: the ledger (which may hold more releases than `update`
     /// applied updates after a crash: it only over-counts) and the update counter.
-    pub fn resume(&mut self, ledger: Ledger, update: u64) {
+    ///
+    /// A ledger written by an earlier raptor that charged a sample's releases separately (named
+    /// parallel groups) is refused when this plan releases several streams from one sample:
+    /// that ledger under-counts the updates it holds.
+    pub fn resume(&mut self, ledger: Ledger, update: u64) -> Result<()> {
+        let one_sample_streams = self.plan.phases.iter().any(|ph| {
+            ph.private
+                && ph
+                    .releases
+                    .iter()
+                    .filter(|r| r.charge != Charge::None)
+                    .count()
+                    > 1
+                && ph.releases.iter().any(|r| r.charge == Charge::Sequential)
+        });
+        if one_sample_streams && !ledger.parallel_groups().is_empty() {
+            return Err(TrainError::Run(
+                "this run's ledger was written by an earlier raptor that charged the shared and \
+                 expert releases of one sample as separate samples, which under-reports epsilon; \
+                 it cannot be resumed: start a new run"
+                    .into(),
+            ));
+        }
         self.ledger = ledger;
         self.update = update;
+        Ok(())
     }
 
     /// The plan.
@@ -613,8 +636,8 @@ impl<'a> Trainer<'a> {
 
     /// The phase's releases from the summed clipped gradients `sums` (noise on rank 0, then
     /// the public denominator; an absent sum is zeros), each recorded as an event and charged
-    /// to the ledger (sequential steps, then one parallel step per group of expert streams),
-    /// all before any parameter moves. Returns the released gradients and how many expert
+    /// to the ledger as one charge for the whole sample ([`Phase::charge`]), all before any
+    /// parameter moves. Returns the released gradients and how many expert
     /// releases had no owned record in `owned` (a diagnostic).
     fn release_and_charge(
         &mut self,
@@ -626,8 +649,6 @@ impl<'a> Trainer<'a> {
     ) -> Result<(Vec<Released>, usize)> {
         let rank = self.comm.rank();
         let mut released: Vec<Released> = Vec::new();
-        let mut parallel: BTreeMap<String, Vec<(usize, f64)>> = BTreeMap::new();
-        let mut sequential: Vec<f64> = Vec::new();
         let mut empty_experts = 0usize;
         for (j, r) in phase.releases.iter().enumerate() {
             let delta = phase.sensitivity(r);
@@ -684,15 +705,6 @@ impl<'a> Trainer<'a> {
             for (p, out) in names.into_iter().zip(outs) {
                 released.push((p, out, noise));
             }
-            match &r.charge {
-                Charge::None => {}
-                _ if r.sigma <= 0.0 => self.unaccounted += 1,
-                Charge::Sequential => sequential.push(r.sigma),
-                Charge::Parallel { group, member } => parallel
-                    .entry(group.clone())
-                    .or_default()
-                    .push((*member, r.sigma)),
-            }
             self.events.push(ReleaseEvent {
                 update: t,
                 phase: phase.name.clone(),
@@ -703,16 +715,13 @@ impl<'a> Trainer<'a> {
                 charge: r.charge.clone(),
             });
         }
-        for s in sequential {
-            self.ledger.step(SubsampledGaussian::new(self.plan.q, s)?)?;
-        }
-        for (g, mut members) in parallel {
-            members.sort_by_key(|m| m.0);
-            let mechs = members
-                .iter()
-                .map(|(_, s)| SubsampledGaussian::new(self.plan.q, *s))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            self.ledger.step_parallel(&g, &mechs)?;
+        // One sample, one charge: every release above came from this update's sample.
+        match phase.charge(self.plan.q)? {
+            PhaseCharge::Charged(sample) => {
+                self.ledger.charge(&sample)?;
+            }
+            PhaseCharge::NotPrivate => {}
+            PhaseCharge::Unaccountable { releases } => self.unaccounted += releases,
         }
         Ok((released, empty_experts))
     }
