@@ -7,8 +7,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use raptor_accountant::{
     Accuracy, Composition, PlanRequest, PrvAccountant, RdpAccountant, Stream, StreamSampling,
-    SubsampledGaussian,
-    plan_budget,
+    SubsampledGaussian, plan_budget,
 };
 
 use crate::driver::{Context, Table};
