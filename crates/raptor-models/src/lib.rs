@@ -45,7 +45,7 @@ pub use model::{
     LoraConfig, Model, PrivateStep, PrivateStepOutput, attach_lora, freeze_all, set_trainable,
     trainable_params,
 };
-pub use moe::{RouterOutput, collect_routing, owner_tensors};
+pub use moe::{RouterOutput, collect_routing, owner_tensors, owners_per_record};
 pub use olmoe::{DecoderHead, OlmoeConfig, OlmoeDecoder};
 pub use switch::{SwitchConfig, SwitchEncoder};
 pub use tape::Tape;

@@ -205,3 +205,36 @@ where
     }
     Ok(out)
 }
+
+/// Owner maps of every sparse layer for `records` (token ids), each record routed **on its
+/// own** (a batch of one, no padding): a record's owner depends on that record alone, never on
+/// which other records share a micro-batch (padding to a batch's longest record changes the
+/// shapes of the router's float reductions, which can flip a near-tie). This is the map a
+/// private run must use: each record's owner decides which expert stream it may touch.
+/// Returns, per sparse layer, one owner per record, in order.
+pub fn owners_per_record<M>(
+    model: &M,
+    records: &[Vec<i64>],
+    pad_id: i64,
+    rule: raptor_routing::OwnerRule,
+    device: tch::Device,
+) -> Result<BTreeMap<usize, Vec<i64>>>
+where
+    M: crate::Model + ?Sized,
+{
+    let mut batches = Vec::with_capacity(records.len());
+    for r in records {
+        batches.push(crate::Batch::from_records(
+            std::slice::from_ref(r),
+            pad_id,
+            None,
+            device,
+        )?);
+    }
+    let mut out = BTreeMap::new();
+    for (l, routing) in collect_routing(model, batches.iter())? {
+        let map = raptor_routing::owner_map(&routing, rule);
+        out.insert(l, map.owners().iter().map(|&o| i64::from(o)).collect());
+    }
+    Ok(out)
+}

@@ -827,3 +827,42 @@ fn clip_bounds_must_be_finite_and_positive() {
         "{err}"
     );
 }
+
+/// A record's owner is a function of that record alone: `owners_per_record` gives every
+/// record the owner it gets when routed by itself, and adding or removing other records (which
+/// changes the longest record, hence the padding of a shared micro-batch) changes no owner.
+#[test]
+fn owners_per_record_do_not_depend_on_the_other_records() {
+    let m = {
+        let _rng = raptor_models::rng::global_rng();
+        model(SwitchConfig::tiny())
+    };
+    let vocab = m.vocab_size();
+    let lens: Vec<usize> = (0..24).map(|i| 1 + (i * 7) % 13).collect();
+    let recs = records(&lens, vocab, 29);
+    let rule = raptor_routing::OwnerRule::GateWeighted;
+    let all = raptor_models::owners_per_record(&m, &recs, 0, rule, Device::Cpu).unwrap();
+    assert_eq!(all.keys().copied().collect::<Vec<_>>(), m.sparse_layers());
+    // Alone.
+    for (i, r) in recs.iter().enumerate() {
+        let one =
+            raptor_models::owners_per_record(&m, std::slice::from_ref(r), 0, rule, Device::Cpu)
+                .unwrap();
+        for (l, o) in &one {
+            assert_eq!(o, &vec![all[l][i]], "record {i}, layer {l}");
+        }
+    }
+    // Every third record removed, and a long record added in front.
+    let mut sub: Vec<Vec<i64>> = vec![records(&[40], vocab, 3).remove(0)];
+    let kept: Vec<usize> = (0..recs.len()).filter(|i| i % 3 != 0).collect();
+    sub.extend(kept.iter().map(|&i| recs[i].clone()));
+    let other = raptor_models::owners_per_record(&m, &sub, 0, rule, Device::Cpu).unwrap();
+    for (l, o) in &other {
+        for (j, &i) in kept.iter().enumerate() {
+            assert_eq!(o[j + 1], all[l][i], "record {i}, layer {l}");
+        }
+    }
+    // Owners are experts of the layer.
+    let e = m.num_experts();
+    assert!(all.values().flatten().all(|&o| (0..e).contains(&o)));
+}

@@ -758,14 +758,20 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
         .flat_map(|p| p.owner_layers.clone())
         .collect();
     if !owner_layers.is_empty() {
-        let bs = batches(&train, 64, pad_id, device, classify)?;
-        let maps =
-            raptor_models::owner_tensors(model.as_ref(), bs.iter(), owner_rule(cfg), Device::Cpu)?;
+        // Each record routed on its own: its owner cannot depend on the other records.
+        let tokens: Vec<Vec<i64>> = train.iter().map(|e| e.tokens.clone()).collect();
+        let maps = raptor_models::owners_per_record(
+            model.as_ref(),
+            &tokens,
+            pad_id,
+            owner_rule(cfg),
+            device,
+        )?;
         for l in owner_layers {
-            let t = maps
+            let v = maps
                 .get(&l)
                 .ok_or_else(|| TrainError::Config(format!("no routing for layer {l}")))?;
-            owners.insert(l, Vec::<i64>::try_from(t)?);
+            owners.insert(l, v.clone());
         }
     }
     if model.task() == Task::Classification && labels.is_none() {

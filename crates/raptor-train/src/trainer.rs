@@ -120,6 +120,11 @@ pub struct UpdateMetrics {
     pub empty_expert_groups: usize,
     /// Learning-rate multiplier.
     pub lr_scale: f64,
+    /// Sampled records whose residual weight was not finite (their shared-only logits were
+    /// NaN or infinite), given weight 0 in the weighted groups: they contribute nothing there,
+    /// within their bound, and the run goes on (an error would be an event that depends on
+    /// private data). Counted over this process's share of the sample.
+    pub nonfinite_residual_weights: u64,
 }
 
 /// The training loop's state.
@@ -514,8 +519,10 @@ impl<'a> Trainer<'a> {
         )))
     }
 
-    /// Residual weights `[b]` in [0, 1] from the shared-only logits (expert LoRA off).
-    fn residual_weights(&self, phase: &Phase, batch: &Batch) -> Result<Tensor> {
+    /// Residual weights `[b]` in [0, 1] from the shared-only logits (expert LoRA off), and how
+    /// many were not finite: those are mapped to 0 (the record adds nothing to the weighted
+    /// groups) instead of stopping the run.
+    fn residual_weights(&self, phase: &Phase, batch: &Batch) -> Result<(Tensor, u64)> {
         let mut ctx = ForwardCtx::new(false);
         ctx.lora_disabled = phase.residual_disable.clone();
         let logits = tch::no_grad(|| self.model.forward(batch, &mut ctx))?;
@@ -538,7 +545,13 @@ impl<'a> Trainer<'a> {
                 py.f_sub(&best_other)?.f_lt(0.2)?.f_to_kind(Kind::Double)?
             }
         };
-        Ok(w.f_to_kind(Kind::Float)?.f_detach()?)
+        let finite = w.f_isfinite()?;
+        let bad = finite
+            .f_logical_not()?
+            .f_sum(Kind::Int64)?
+            .f_int64_value(&[])?;
+        let w = w.f_where_self(&finite, &w.f_zeros_like()?)?;
+        Ok((w.f_to_kind(Kind::Float)?.f_detach()?, bad.max(0) as u64))
     }
 
     /// Draws this update's Poisson sample and its dropout seed. Under data parallelism rank 0
@@ -585,6 +598,7 @@ impl<'a> Trainer<'a> {
         batch: &Batch,
         step_seed: u64,
         owned: &mut BTreeMap<(usize, i64), usize>,
+        nonfinite: &mut u64,
     ) -> Result<(Tensor, raptor_models::ClipOutput)> {
         let ids: Vec<u64> = chunk.iter().map(|&i| self.data[i].id).collect();
         let mut owners = BTreeMap::new();
@@ -597,7 +611,8 @@ impl<'a> Trainer<'a> {
         }
         let mut weights = BTreeMap::new();
         if phase.residual != Residual::None && phase.groups.iter().any(|g| g.weighted) {
-            let w = self.residual_weights(phase, batch)?;
+            let (w, bad) = self.residual_weights(phase, batch)?;
+            *nonfinite += bad;
             for g in phase.groups.iter().filter(|g| g.weighted) {
                 weights.insert(g.name.clone(), w.shallow_clone());
             }
@@ -747,11 +762,18 @@ impl<'a> Trainer<'a> {
         let mut loss_sum = 0.0f64;
         let mut clipped: BTreeMap<String, f64> = BTreeMap::new();
         let mut owned: BTreeMap<(usize, i64), usize> = BTreeMap::new();
+        let mut nonfinite = 0u64;
         for chunk in mine.chunks(self.opts.micro_batch.max(1)) {
             let batch = self.batch(chunk)?;
             let part: BTreeMap<String, Tensor> = if phase.private {
-                let (losses, clip) =
-                    self.private_sums(&phase, chunk, &batch, step_seed, &mut owned)?;
+                let (losses, clip) = self.private_sums(
+                    &phase,
+                    chunk,
+                    &batch,
+                    step_seed,
+                    &mut owned,
+                    &mut nonfinite,
+                )?;
                 loss_sum += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
                 for (g, f) in &clip.clip_factors {
                     let n = f
@@ -837,6 +859,7 @@ impl<'a> Trainer<'a> {
                 .collect(),
             empty_expert_groups: empty_experts,
             lr_scale: scale,
+            nonfinite_residual_weights: nonfinite,
         })
     }
 }

@@ -1011,3 +1011,42 @@ fn dp_muons_per_matrix_release_is_one_charge_per_sample() {
     assert_eq!((steps, released), (5, 5));
     assert_matches_golden("trainer-dp-muon-q0.2-s1.3-T5", eps);
 }
+
+/// A record whose shared-only logits are not finite gets residual weight 0 (it adds nothing to
+/// the weighted expert groups) and is counted in the private metrics; the run goes on instead
+/// of stopping on an event that depends on private data.
+#[test]
+fn a_nonfinite_residual_weight_is_zero_and_counted_not_an_error() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(12, vocab, 4);
+    let mut m = model();
+    let mut c = cfg(Method::Raptor, data.len());
+    c.method.residual = "prob".into();
+    c.train.steps = Some(2);
+    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    // NaN head: every record's shared-only logits, hence its residual weight, are NaN.
+    tch::no_grad(|| {
+        for (n, v) in m.var_store().variables() {
+            if n.starts_with("classifier") {
+                let _ = v.shallow_clone().fill_(f64::NAN);
+            }
+        }
+    });
+    let owners = owner_maps(&m, &data);
+    let optim = sgd(&plan, 0.01);
+    let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(Some(3))).unwrap();
+    let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+    let mut seen_expert_phase = false;
+    while !tr.done() {
+        let metrics = tr.step(&mut noop).unwrap();
+        if metrics.phase == "experts" {
+            seen_expert_phase = true;
+            assert!(metrics.sampled > 0);
+            assert_eq!(metrics.nonfinite_residual_weights, metrics.sampled as u64);
+        } else {
+            assert_eq!(metrics.nonfinite_residual_weights, 0);
+        }
+    }
+    assert!(seen_expert_phase);
+    assert_eq!(tr.ledger().len(), 2);
+}
