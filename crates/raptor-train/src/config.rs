@@ -72,6 +72,11 @@ pub struct DataConfig {
     pub text_column: String,
     /// The label column (classification).
     pub label_column: String,
+    /// The label set, declared (classification). Omitted: read from the private training
+    /// file, which reveals it — the head's shape and the run's `labels.json` show every label
+    /// that occurs there, one that occurs only in private data included; the run says so. A
+    /// record whose label is not declared is an error.
+    pub labels: Option<Vec<String>>,
     /// Tokens kept per record (longer records are truncated).
     pub max_length: usize,
 }
@@ -86,6 +91,7 @@ impl Default for DataConfig {
             public: None,
             text_column: "text".into(),
             label_column: "label".into(),
+            labels: None,
             max_length: 64,
         }
     }

@@ -1,4 +1,6 @@
-//! Run folders: `config.toml` (resolved), `record.json`, `metrics.jsonl`, `checkpoint/`
+//! Run folders: `config.toml` (resolved), `record.json` (what may be published beside the model),
+//! `private/` (`record.json`, `metrics.jsonl`: computed from private records without noise, never
+//! published), `checkpoint/`
 //! (trainable parameters and optimizer state as safetensors named by update, `state.json` with
 //! their SHA-256 and the update counter, `ledger.json`), a lock file; training with checkpoints
 //! and resume; evaluation of a finished run.
@@ -64,11 +66,6 @@ pub struct Record {
     pub device: String,
     /// Where the noise came from and how it reached the device.
     pub noise_source: String,
-    /// Loss-threshold membership inference after training: training records (members) against
-    /// held-out validation records (non-members), up to 1,000 of each (evenly strided). AUC near
-    /// 0.5 and TPR near the FPR mean the losses do not tell members apart. Computed on private
-    /// records: a diagnostic for the data owner, not part of the DP release.
-    pub membership_inference: Option<raptor_eval::mia::MiaReport>,
     /// MPI ranks that trained the run data-parallel (1: one process).
     pub ranks: usize,
     /// Payload bytes rank 0 sent or received in collectives during the run (0 on one process).
@@ -95,8 +92,6 @@ pub struct Record {
     pub trainable_parameters: BTreeMap<String, i64>,
     /// Updates applied.
     pub updates: u64,
-    /// Per-update diagnostics (private: for the data owner).
-    pub metrics: Vec<UpdateMetrics>,
     /// Validation metrics every `train.eval_every` updates (update, metrics); the final
     /// evaluation is `eval`. Empty when `eval_every` is 0 or after a resume (this process only).
     pub eval_curve: Vec<(u64, EvalMetrics)>,
@@ -107,8 +102,6 @@ pub struct Record {
     pub eval: Option<EvalMetrics>,
     /// Data-to-text generation metrics on the validation sources.
     pub generation: Option<GenerationMetrics>,
-    /// RAPTOR's diagnostics on held-out records (MoE classifiers, private methods).
-    pub diagnostics: Option<crate::diagnostics::Diagnostics>,
     /// Final ε from the ledger (None for non-private methods: ε = ∞).
     pub epsilon: Option<FinalEpsilon>,
     /// Wall time of training (seconds, this process), periodic evaluations included.
@@ -121,6 +114,43 @@ pub struct Record {
     pub resumed: u32,
     /// Notes (warnings) produced by the run.
     pub notes: Vec<String>,
+    /// Where the validation metrics (`eval`, `eval_curve`) come from: the user's validation
+    /// file, or records held out of the training file (then they are computed on private
+    /// records without noise, like everything under `private/`).
+    pub validation_source: Option<String>,
+    /// Where the label set comes from: declared in the config (`data.labels`), or read from the
+    /// private training file (then the head's shape and `labels.json` reveal every label that
+    /// occurs there, one that occurs only in private data included).
+    pub labels_source: Option<String>,
+    /// What the run computed from private records without noise, written to
+    /// `private/record.json` (not differentially private: never publish it). Not part of
+    /// `record.json`.
+    #[serde(skip)]
+    pub private: PrivateRecord,
+}
+
+/// The warning every file under a run's `private/` folder carries.
+pub const PRIVATE_NOTICE: &str = "not differentially private: computed from private records \
+     without noise; do not publish or share this file (the model, record.json and the epsilon \
+     are what a run may publish)";
+
+/// What a run computed from private records without noise (`private/record.json`): per-update
+/// metrics of the private batches, membership inference on training records, RAPTOR's
+/// diagnostics. For the data owner only: `raptor export` and `record.json` never include it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PrivateRecord {
+    /// [`PRIVATE_NOTICE`].
+    pub notice: String,
+    /// Per-update metrics of the private batches (also appended to `private/metrics.jsonl`
+    /// as training goes).
+    pub metrics: Vec<UpdateMetrics>,
+    /// Loss-threshold membership inference after training: training records (members) against
+    /// held-out validation records (non-members), up to 1,000 of each (evenly strided). AUC near
+    /// 0.5 and TPR near the FPR mean the losses do not tell members apart. Computed on private
+    /// records: a diagnostic for the data owner, not part of the DP release.
+    pub membership_inference: Option<raptor_eval::mia::MiaReport>,
+    /// RAPTOR's diagnostics on held-out records (MoE classifiers, private methods).
+    pub diagnostics: Option<crate::diagnostics::Diagnostics>,
 }
 
 /// Generation metrics of a data-to-text run (corpus BLEU and ROUGE-L over the sources).
@@ -211,7 +241,7 @@ fn strided(data: &[crate::trainer::Example], n: usize) -> Vec<crate::trainer::Ex
     (0..n).map(|i| data[i * data.len() / n].clone()).collect()
 }
 
-/// The loss-threshold attack of [`Record::membership_inference`]: `None` when either side has
+/// The loss-threshold attack of [`PrivateRecord::membership_inference`]: `None` when either side has
 /// fewer than 2 records.
 fn membership_inference(
     model: &dyn raptor_models::Model,
@@ -674,6 +704,33 @@ fn probe_seed(cfg: &RunConfig, comm: &dyn crate::dist::Collective) -> Result<Opt
     })
 }
 
+/// Where a run's label set comes from (recorded beside it).
+fn labels_source(cfg: &RunConfig) -> String {
+    if cfg.data.labels.is_some() {
+        "declared in the config (data.labels)".into()
+    } else {
+        format!(
+            "read from the private training file {}: the head's shape and labels.json reveal every label that occurs there",
+            cfg.data.train.display()
+        )
+    }
+}
+
+/// Where a run's validation metrics come from (recorded beside them).
+fn validation_source(cfg: &RunConfig, records: usize) -> Option<String> {
+    if records == 0 {
+        return None;
+    }
+    Some(match &cfg.data.validation {
+        Some(p) => format!("the validation file {} ({records} records)", p.display()),
+        None => format!(
+            "{records} records held out of the private training file {} (data.validation_fraction = {}): computed on private records without noise",
+            cfg.data.train.display(),
+            cfg.data.validation_fraction
+        ),
+    })
+}
+
 /// The certified ε of a private run's ledger; none for a non-private run, an empty ledger, or
 /// releases not yet charged (a stop between a release and its charge).
 fn final_epsilon(
@@ -837,6 +894,16 @@ pub(crate) fn train_session(
     if let Some(l) = &layer {
         notes.extend(l.warnings.iter().cloned());
     }
+    let labels_source = labels.as_ref().map(|_| labels_source(&cfg));
+    if labels.is_some() && cfg.data.labels.is_none() && writer && !resuming {
+        let msg = format!(
+            "the label set was read from the private training file ({}): the model's head and labels.json reveal every label that occurs there; declare data.labels = [...] to fix it publicly",
+            cfg.data.train.display()
+        );
+        eprintln!("note: {msg}");
+        notes.push(msg);
+    }
+    let validation_source = validation_source(&cfg, validation.len());
     let Resume {
         resumed,
         start_update,
@@ -879,8 +946,10 @@ pub(crate) fn train_session(
     let mut trainer = Trainer::new(model.as_mut(), plan, &train_set, owners, optim, opts)?
         .with_collective(comm)?;
     trainer.resume(ledger, start_update)?;
-    let metrics_path = dir.join("metrics.jsonl");
+    let private_dir = dir.join("private");
+    let metrics_path = private_dir.join("metrics.jsonl");
     let mut metrics_file = if writer {
+        std::fs::create_dir_all(&private_dir).map_err(io(&private_dir))?;
         Some(
             std::fs::OpenOptions::new()
                 .create(true)
@@ -1040,7 +1109,6 @@ pub(crate) fn train_session(
         None
     };
     let record = Record {
-        membership_inference,
         raptor_version: env!("CARGO_PKG_VERSION").into(),
         device: device_name,
         noise_source,
@@ -1057,12 +1125,10 @@ pub(crate) fn train_session(
         layer,
         trainable_parameters,
         updates,
-        metrics: all_metrics,
         eval_curve,
         epsilon_curve,
         eval,
         generation,
-        diagnostics,
         epsilon,
         wall_seconds: wall,
         eval_seconds,
@@ -1073,8 +1139,20 @@ pub(crate) fn train_session(
         },
         resumed,
         notes,
+        validation_source,
+        labels_source,
+        private: PrivateRecord {
+            notice: PRIVATE_NOTICE.into(),
+            metrics: all_metrics,
+            membership_inference,
+            diagnostics,
+        },
     };
     if writer {
+        write_atomic(
+            &private_dir.join("record.json"),
+            &serde_json::to_vec_pretty(&record.private)?,
+        )?;
         write_atomic(
             &dir.join("record.json"),
             &serde_json::to_vec_pretty(&record)?,

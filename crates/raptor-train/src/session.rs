@@ -642,7 +642,11 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
     }
     let train_ds = read_records(cfg, &cfg.data.train, classify)?;
     let labels = if classify {
-        let m = LabelMap::from_records(&train_ds.records).map_err(data_err)?;
+        let m = match &cfg.data.labels {
+            Some(list) => LabelMap::from_list(list.clone())
+                .map_err(|e| TrainError::Config(format!("data.labels: {e}")))?,
+            None => LabelMap::from_records(&train_ds.records).map_err(data_err)?,
+        };
         if m.len() < 2 {
             return Err(TrainError::Data(format!(
                 "{}: column {} holds fewer than two distinct labels ({:?})",

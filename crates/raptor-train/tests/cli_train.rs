@@ -108,8 +108,61 @@ fn lora_and_raptor_learn_the_toy_task() {
         );
         let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let acc = rec["eval"]["accuracy"].as_f64().unwrap();
+        // What was computed from private records without noise is under private/, never in
+        // the publishable record.
+        let run_dir = std::fs::read_dir(&runs)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let on_disk: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run_dir.join("record.json")).unwrap()).unwrap();
+        assert_eq!(on_disk, rec, "--json prints record.json");
+        for private_key in ["metrics", "membership_inference", "diagnostics"] {
+            assert!(
+                rec.get(private_key).is_none(),
+                "record.json has {private_key}"
+            );
+        }
+        assert!(!run_dir.join("metrics.jsonl").exists());
+        let private: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(run_dir.join("private").join("record.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            private["notice"]
+                .as_str()
+                .unwrap()
+                .starts_with("not differentially private"),
+            "{}",
+            private["notice"]
+        );
+        let per_update = std::fs::read_to_string(run_dir.join("private").join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .count() as u64;
+        assert_eq!(per_update, steps);
+        assert_eq!(private["metrics"].as_array().unwrap().len() as u64, steps);
+        // The label set came from the private training file, and the record says so.
+        assert!(
+            rec["labels_source"]
+                .as_str()
+                .unwrap()
+                .starts_with("read from the private training file"),
+            "{}",
+            rec["labels_source"]
+        );
+        assert!(
+            rec["validation_source"]
+                .as_str()
+                .unwrap()
+                .starts_with("the validation file"),
+            "{}",
+            rec["validation_source"]
+        );
         // The loss-threshold attack ran on equal numbers of members and held-out records.
-        let mia = &rec["membership_inference"];
+        let mia = &private["membership_inference"];
         let n = rec["train_records"]
             .as_u64()
             .unwrap()
@@ -151,18 +204,13 @@ fn lora_and_raptor_learn_the_toy_task() {
             let trainable = rec["trainable_parameters"].as_object().unwrap();
             assert_eq!(trainable.len(), 2, "{trainable:?}");
             assert!(trainable.values().all(|n| n.as_i64().unwrap() > 0));
-            let diag = &rec["diagnostics"];
+            let diag = &private["diagnostics"];
             assert_eq!(diag["layer"], rec["layer"]["layer"], "{diag}");
             assert_eq!(diag["snr"].as_array().unwrap().len(), 4, "{diag}");
             let m_role = diag["role_mismatch"].as_f64().unwrap();
             assert!((0.0..=1.0).contains(&m_role), "{diag}");
             // eval on the test file agrees in kind
-            let run = std::fs::read_dir(&runs)
-                .unwrap()
-                .next()
-                .unwrap()
-                .unwrap()
-                .path();
+            let run = run_dir.clone();
             let test = root().join("examples/toy/test.csv");
             let ev = raptor(&[
                 "eval",
@@ -185,7 +233,7 @@ fn lora_and_raptor_learn_the_toy_task() {
                 "a non-private method reports no finite epsilon"
             );
             assert!(
-                rec["diagnostics"].is_null(),
+                private["diagnostics"].is_null(),
                 "diagnostics are for private runs"
             );
         }
@@ -237,7 +285,7 @@ fn killed_and_resumed_run_never_undercounts() {
         let charged = std::fs::read_dir(&runs)
             .ok()
             .and_then(|mut it| it.next())
-            .and_then(|e| std::fs::read(e.ok()?.path().join("metrics.jsonl")).ok());
+            .and_then(|e| std::fs::read(e.ok()?.path().join("private").join("metrics.jsonl")).ok());
         if charged.is_some_and(|m| m.iter().filter(|&&b| b == b'\n').count() >= 12) {
             break;
         }

@@ -108,16 +108,13 @@ insecure_seed = 3
     assert!(eps.is_finite() && eps <= target, "epsilon {eps} > {target}");
     assert_eq!(rec["updates"].as_u64(), Some(8));
     // The resolved config names the cached folder.
-    let resolved = std::fs::read_to_string(
-        std::fs::read_dir(d.join("runs"))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path()
-            .join("config.toml"),
-    )
-    .unwrap();
+    let run = std::fs::read_dir(d.join("runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(
         resolved.contains(&model.display().to_string()),
         "{resolved}"
@@ -128,7 +125,10 @@ insecure_seed = 3
     let curve = rec["eval_curve"].as_array().unwrap();
     let loss = |i: usize| curve[i][1]["loss"].as_f64().unwrap();
     let (first, last) = (loss(0), loss(curve.len() - 1));
-    let first_batch = rec["metrics"][0]["loss"].as_f64().unwrap();
+    let private: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("private").join("record.json")).unwrap())
+            .unwrap();
+    let first_batch = private["metrics"][0]["loss"].as_f64().unwrap();
     println!(
         "MiniLM DP-Adam LoRA, 8 updates: ε {eps:.3} (target {target}); validation loss {first:.4} after \
          update 1 -> {last:.4} after update 8 (first private batch {first_batch:.4}); accuracy {}",

@@ -157,7 +157,11 @@ fn two_ranks_match_one_process() {
         "one ledger entry per update"
     );
     assert_eq!(rec["epsilon"]["upper"], e1["epsilon"]["upper"]);
-    // The same samples were drawn: the per-update sample sizes agree.
+    // The same samples were drawn: the per-update sample sizes agree (private metrics).
+    let private = |run: &std::path::Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(run.join("private").join("record.json")).unwrap())
+            .unwrap()
+    };
     let sizes = |r: &serde_json::Value| -> Vec<u64> {
         r["metrics"]
             .as_array()
@@ -166,7 +170,7 @@ fn two_ranks_match_one_process() {
             .map(|m| m["sampled"].as_u64().unwrap())
             .collect()
     };
-    assert_eq!(sizes(&rec), sizes(&e1));
+    assert_eq!(sizes(&private(&r2)), sizes(&private(&r1)));
     let notes = rec["notes"].to_string();
     assert!(notes.contains("data-parallel over 2 MPI ranks"), "{notes}");
 }

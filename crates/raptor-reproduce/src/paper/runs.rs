@@ -95,6 +95,7 @@ impl Summary {
             },
             peak_rss_mib,
             loss_curve: r
+                .private
                 .metrics
                 .iter()
                 .filter(|m| m.loss.is_finite())
@@ -110,12 +111,13 @@ impl Summary {
             layer: r.layer.as_ref().map(|l| l.layer),
             public_entropy,
             snr: r
+                .private
                 .diagnostics
                 .as_ref()
                 .map(|d| d.snr.iter().map(|&x| x.is_finite().then_some(x)).collect())
                 .unwrap_or_default(),
-            snr_cv: r.diagnostics.as_ref().map(|d| d.snr_cv),
-            role_mismatch: r.diagnostics.as_ref().map(|d| d.role_mismatch),
+            snr_cv: r.private.diagnostics.as_ref().map(|d| d.snr_cv),
+            role_mismatch: r.private.diagnostics.as_ref().map(|d| d.role_mismatch),
         }
     }
 }
@@ -391,7 +393,7 @@ impl Runner {
                 let mut i = 0;
                 while i < running.len() {
                     let w = &mut running[i];
-                    let lines = std::fs::read(w.dir.join("metrics.jsonl"))
+                    let lines = std::fs::read(w.dir.join("private").join("metrics.jsonl"))
                         .map(|b| b.iter().filter(|&&c| c == b'\n').count())
                         .unwrap_or(0);
                     w.bar.set_position(lines as u64);

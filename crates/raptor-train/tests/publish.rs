@@ -1,0 +1,126 @@
+//! What a run folder may publish: the model, `record.json` and ε; everything computed from
+//! private records without noise lives under `private/`, and the record says where the label
+//! set and the validation metrics come from.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use raptor_train::config::RunConfig;
+use raptor_train::run::{PRIVATE_NOTICE, train_in};
+
+mod common;
+
+fn cfg(extra_data: &str) -> RunConfig {
+    let text = common::toy_config(
+        "dp-adam-lora",
+        "batch_size = 32.0\nsteps = 3\nmicro_batch = 32\ninsecure_seed = 2",
+    )
+    .replace("[data]\n", &format!("[data]\n{extra_data}\n"));
+    RunConfig::from_toml(&text).unwrap()
+}
+
+fn train(
+    cfg: &RunConfig,
+    dir: &Path,
+) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
+    let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
+    train_in(cfg, dir, &mut quiet, None)
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Declared labels: the head follows the declared order, the record says they were declared,
+/// and private values go to `private/` only.
+#[test]
+fn declared_labels_and_the_private_folder() {
+    let d = tempfile::tempdir().unwrap();
+    let run = d.path().join("run");
+    // Declared in the reverse of the order the training file shows them.
+    let (_, rec) = train(&cfg(r#"labels = ["positive", "negative"]"#), &run).unwrap();
+    assert_eq!(
+        rec.labels.as_deref(),
+        Some(&["positive".to_string(), "negative".to_string()][..])
+    );
+    assert_eq!(
+        rec.labels_source.as_deref(),
+        Some("declared in the config (data.labels)")
+    );
+    assert!(!rec.notes.iter().any(|n| n.contains("label set")));
+    let labels: Vec<String> =
+        serde_json::from_slice(&std::fs::read(run.join("labels.json")).unwrap()).unwrap();
+    assert_eq!(labels, ["positive", "negative"]);
+    // record.json holds nothing computed from private records without noise.
+    let public = json(&run.join("record.json"));
+    for key in ["metrics", "membership_inference", "diagnostics", "private"] {
+        assert!(public.get(key).is_none(), "record.json has {key}");
+    }
+    assert!(public["epsilon"]["upper"].as_f64().unwrap() <= 8.0);
+    assert!(
+        public["validation_source"]
+            .as_str()
+            .unwrap()
+            .contains("valid.csv")
+    );
+    // private/ has them, each file marked.
+    let private = json(&run.join("private").join("record.json"));
+    assert_eq!(private["notice"], PRIVATE_NOTICE);
+    assert_eq!(private["metrics"].as_array().unwrap().len(), 3);
+    assert!(private.get("membership_inference").is_some());
+    assert_eq!(
+        std::fs::read_to_string(run.join("private").join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        3
+    );
+    // Nothing private sits at the top of the run folder.
+    let top: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(!top.iter().any(|n| n == "metrics.jsonl"), "{top:?}");
+    // The in-memory record carries the private part apart from what is published.
+    assert_eq!(rec.private.metrics.len(), 3);
+}
+
+/// Labels read from the private training file: the run notes it and the record says so.
+#[test]
+fn labels_read_from_private_data_are_announced() {
+    let d = tempfile::tempdir().unwrap();
+    let (_, rec) = train(&cfg(""), &d.path().join("run")).unwrap();
+    assert!(
+        rec.labels_source
+            .as_deref()
+            .unwrap()
+            .starts_with("read from the private training file"),
+        "{:?}",
+        rec.labels_source
+    );
+    assert!(
+        rec.notes
+            .iter()
+            .any(|n| n.contains("label set was read from the private training file")),
+        "{:?}",
+        rec.notes
+    );
+}
+
+/// A training record whose label is not declared is a clear error, before anything trains.
+#[test]
+fn an_undeclared_label_is_an_error() {
+    let d = tempfile::tempdir().unwrap();
+    let err = train(
+        &cfg(r#"labels = ["positive", "neutral"]"#),
+        &d.path().join("run"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("negative"), "{err}");
+    // Fewer than two declared labels is refused too.
+    let err = train(&cfg(r#"labels = ["positive"]"#), &d.path().join("run2"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("label"), "{err}");
+}
