@@ -125,6 +125,9 @@ struct State {
     noise_var: f64,
     /// DP-MuonBC (Nesterov): running noise variance of the EMA buffer.
     buf_var: f64,
+    /// This parameter's AdamW / SGD learning rate, when it is not the settings' `lr` (e.g.
+    /// RAPTOR's expert stream).
+    lr: Option<f64>,
 }
 
 /// Serializable scalar part of the optimizer state (tensors go to safetensors).
@@ -140,6 +143,8 @@ pub struct Optimizers {
     settings: OptimSettings,
     states: BTreeMap<String, State>,
     probe_rng: rand_chacha::ChaCha20Rng,
+    /// Heavy-ball momentum of [`Optim::Sgd`] (0: plain SGD).
+    sgd_momentum: f64,
 }
 
 /// Per-entry noise of one release as DP-MuonBC needs it: std σΔ/D per coordinate.
@@ -170,6 +175,7 @@ impl Optimizers {
                         t: 0,
                         noise_var: 0.0,
                         buf_var: 0.0,
+                        lr: None,
                     },
                 )
             })
@@ -182,7 +188,40 @@ impl Optimizers {
             settings,
             states,
             probe_rng,
+            sgd_momentum: 0.0,
         }
+    }
+
+    /// Gives parameter `name` its own AdamW / SGD learning rate `lr` (the settings' `lr` is
+    /// every other parameter's; the schedule multiplies both). Muon matrices keep `muon_lr`.
+    /// An unknown name or a learning rate that is not finite and ≥ 0 is an error.
+    pub fn with_param_lr(mut self, name: &str, lr: f64) -> Result<Self> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(OptimError::State(format!(
+                "learning rate {lr} of {name} is not finite and >= 0"
+            )));
+        }
+        let st = self
+            .states
+            .get_mut(name)
+            .ok_or_else(|| OptimError::State(format!("no optimizer state for {name}")))?;
+        st.lr = Some(lr);
+        Ok(self)
+    }
+
+    /// Heavy-ball momentum β ∈ [0, 1) of every [`Optim::Sgd`] parameter: `m ← βm + g`,
+    /// `param ← param − lr·m` (β = 0, the default, is plain SGD). The update's size then
+    /// follows the released gradient's scale, so a public denominator (RAPTOR's D_e = B/E)
+    /// sets the expert step's size, as the analysis of the expert stream assumes; AdamW
+    /// divides that scale out.
+    pub fn with_sgd_momentum(mut self, beta: f64) -> Result<Self> {
+        if !(beta.is_finite() && (0.0..1.0).contains(&beta)) {
+            return Err(OptimError::State(format!(
+                "SGD momentum {beta} is outside [0, 1)"
+            )));
+        }
+        self.sgd_momentum = beta;
+        Ok(self)
     }
 
     /// One step of `param` along its released gradient `grad`; `lr_scale` multiplies every
@@ -262,11 +301,20 @@ impl Optimizers {
             .ok_or_else(|| OptimError::State(format!("no optimizer state for {name}")))?;
         st.t += 1;
         let g = grad.f_to_kind(param.kind())?;
-        let lr = s.lr * lr_scale;
+        let lr = st.lr.unwrap_or(s.lr) * lr_scale;
+        let sgd_beta = self.sgd_momentum;
         tch::no_grad(|| -> Result<Option<PendingMuon>> {
             match st.kind {
-                Optim::Sgd => {
+                Optim::Sgd if sgd_beta == 0.0 => {
                     let _ = param.f_sub_(&g.f_mul_scalar(lr)?)?;
+                }
+                Optim::Sgd => {
+                    let m = match st.m.take() {
+                        Some(m) => m.f_mul_scalar(sgd_beta)?.f_add(&g)?,
+                        None => g.f_mul_scalar(1.0)?,
+                    };
+                    let _ = param.f_sub_(&m.f_mul_scalar(lr)?)?;
+                    st.m = Some(m);
                 }
                 Optim::AdamW => {
                     let m = match st.m.take() {
@@ -613,6 +661,112 @@ mod tests {
             (v[0] - 0.9).abs() < 1e-6 && (v[1] + 1.2).abs() < 1e-6,
             "{v:?}"
         );
+    }
+
+    /// SGD with heavy-ball momentum against libtorch's `torch::optim::SGD` (momentum β,
+    /// dampening 0) over eight steps with a changing learning rate; β = 0 stays plain SGD.
+    #[test]
+    fn sgd_momentum_matches_libtorchs_sgd() {
+        use tch::nn::OptimizerConfig;
+        let init = [0.5f32, -1.0, 2.0, 0.0];
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let w = vs.root().var_copy("w", &Tensor::from_slice(&init));
+        let (lr, beta) = (0.05, 0.9);
+        let mut torch_opt = tch::nn::Sgd {
+            momentum: beta,
+            dampening: 0.0,
+            wd: 0.0,
+            nesterov: false,
+        }
+        .build(&vs, lr)
+        .unwrap();
+        let mut ours = Optimizers::new(OptimSettings::adamw(lr), &[("w".into(), Optim::Sgd)], None)
+            .with_sgd_momentum(beta)
+            .unwrap();
+        let mut p = Tensor::from_slice(&init);
+        for step in 0..8 {
+            let scale = lr_scale(step, 8, 2, true);
+            let g: Vec<f32> = (0..init.len())
+                .map(|i| ((step as f32 + 1.0) * (i as f32 - 1.5)).cos() * (1.0 + i as f32))
+                .collect();
+            let g = Tensor::from_slice(&g);
+            torch_opt.set_lr(lr * scale);
+            torch_opt.zero_grad();
+            (&w * &g).sum(Kind::Float).backward();
+            torch_opt.step();
+            ours.step("w", &mut p, &g, scale, ReleaseNoise { std: 0.0 })
+                .unwrap();
+        }
+        let theirs: Vec<f32> = Vec::try_from(w.detach()).unwrap();
+        let mine: Vec<f32> = Vec::try_from(&p).unwrap();
+        for (a, b) in mine.iter().zip(&theirs) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{mine:?} vs {theirs:?}"
+            );
+        }
+        // Momentum moved it further than plain SGD would have.
+        let mut plain =
+            Optimizers::new(OptimSettings::adamw(lr), &[("w".into(), Optim::Sgd)], None);
+        let mut q = Tensor::from_slice(&init);
+        let g = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 1.0]);
+        let mut r = Tensor::from_slice(&init);
+        let mut mom = Optimizers::new(OptimSettings::adamw(lr), &[("w".into(), Optim::Sgd)], None)
+            .with_sgd_momentum(beta)
+            .unwrap();
+        for _ in 0..3 {
+            plain
+                .step("w", &mut q, &g, 1.0, ReleaseNoise { std: 0.0 })
+                .unwrap();
+            mom.step("w", &mut r, &g, 1.0, ReleaseNoise { std: 0.0 })
+                .unwrap();
+        }
+        let (q0, r0) = (q.double_value(&[0]), r.double_value(&[0]));
+        assert!((q0 - (0.5 - 3.0 * lr)).abs() < 1e-6, "{q0}");
+        // 1 + 1.9 + 2.71 steps of lr.
+        assert!((r0 - (0.5 - 5.61 * lr)).abs() < 1e-5, "{r0}");
+        for bad in [-0.1, 1.0, f64::NAN] {
+            assert!(
+                Optimizers::new(OptimSettings::adamw(lr), &[], None)
+                    .with_sgd_momentum(bad)
+                    .is_err()
+            );
+        }
+    }
+
+    /// A parameter with its own learning rate steps by it (AdamW and SGD); the others keep the
+    /// settings' rate; unknown names and bad rates are errors.
+    #[test]
+    fn a_parameter_can_have_its_own_learning_rate() {
+        let mut o = Optimizers::new(
+            settings(),
+            &[
+                ("a".into(), Optim::AdamW),
+                ("b".into(), Optim::AdamW),
+                ("s".into(), Optim::Sgd),
+            ],
+            None,
+        )
+        .with_param_lr("b", 0.01)
+        .unwrap()
+        .with_param_lr("s", 0.5)
+        .unwrap();
+        let g = Tensor::from_slice(&[1.0f32]);
+        let mut a = Tensor::from_slice(&[0.0f32]);
+        let mut b = Tensor::from_slice(&[0.0f32]);
+        let mut sg = Tensor::from_slice(&[0.0f32]);
+        let n = ReleaseNoise { std: 0.0 };
+        o.step("a", &mut a, &g, 0.5, n).unwrap();
+        o.step("b", &mut b, &g, 0.5, n).unwrap();
+        o.step("s", &mut sg, &g, 0.5, n).unwrap();
+        // Adam's first step is lr·sign(g); the schedule factor 0.5 applies to both rates.
+        assert!((a.double_value(&[0]) + 0.05).abs() < 1e-6);
+        assert!((b.double_value(&[0]) + 0.005).abs() < 1e-7);
+        assert!((sg.double_value(&[0]) + 0.25).abs() < 1e-7);
+        let fresh = || Optimizers::new(settings(), &[("a".into(), Optim::AdamW)], None);
+        assert!(fresh().with_param_lr("zzz", 0.1).is_err());
+        assert!(fresh().with_param_lr("a", -1.0).is_err());
+        assert!(fresh().with_param_lr("a", f64::NAN).is_err());
     }
 
     #[test]

@@ -345,7 +345,9 @@ pub struct PrivacyConfig {
     pub epsilon: f64,
     /// Total δ; empty: 1/N rounded down to a power of ten.
     pub delta: Option<f64>,
-    /// RAPTOR's budget split: `additive` (the paper's) or `joint` (one PRV, less noise).
+    /// RAPTOR's budget split: `joint` (the default: both σ's calibrated together on the one
+    /// composed PRV, so the run spends its whole ε) or `additive` (the paper's: each stream
+    /// calibrated alone on its share, which leaves part of ε unspent).
     pub split: String,
     /// Share ρ of the budget for the shared stream.
     pub rho: f64,
@@ -358,7 +360,7 @@ impl Default for PrivacyConfig {
         Self {
             epsilon: 8.0,
             delta: None,
-            split: "additive".into(),
+            split: "joint".into(),
             rho: 0.9,
             accuracy: 1e-4,
         }
@@ -377,6 +379,25 @@ pub struct TrainConfig {
     pub steps: Option<u64>,
     /// Learning rate (AdamW / SGD).
     pub lr: f64,
+    /// Learning rate of RAPTOR's expert streams (AdamW / SGD); omitted: `lr`. The expert
+    /// releases carry far more noise per coordinate than the shared one (noise σ_e·C_e/D_e on
+    /// every expert coordinate against a clipped signal of norm ≤ C_e·n_e/D_e), so they
+    /// usually want a smaller step.
+    pub expert_lr: Option<f64>,
+    /// Optimizer of RAPTOR's shared stream (`adamw` or `sgd`); monolithic methods keep their
+    /// own (DP-Adam: AdamW, DP-SGD: SGD).
+    pub shared_optimizer: StreamOptimizer,
+    /// Optimizer of RAPTOR's expert streams. With `sgd` a step is proportional to the release,
+    /// so the public denominator D_e = B/E sets the expert step's scale (the paper's analysis);
+    /// AdamW divides each coordinate by its own running scale, which cancels D_e.
+    pub expert_optimizer: StreamOptimizer,
+    /// Heavy-ball momentum β of every SGD-updated parameter (0: plain SGD).
+    pub momentum: f64,
+    /// What `steps` (or `epochs`) counts: `updates` (phase executions: an alternating RAPTOR
+    /// run gives each stream about half of them) or `stream-updates` (each stream of an
+    /// alternating plan gets that many updates, as a monolithic run does: twice the updates
+    /// and samples for a 1:1 cycle, at the same ε).
+    pub budget: Budget,
     /// AdamW weight decay.
     pub weight_decay: f64,
     /// Warm-up updates (linear), then constant or cosine.
@@ -408,6 +429,11 @@ impl Default for TrainConfig {
             epochs: 3.0,
             steps: None,
             lr: 2e-3,
+            expert_lr: None,
+            shared_optimizer: StreamOptimizer::Adamw,
+            expert_optimizer: StreamOptimizer::Adamw,
+            momentum: 0.0,
+            budget: Budget::Updates,
             weight_decay: 0.01,
             warmup_steps: 0,
             cosine: false,
@@ -423,6 +449,26 @@ impl Default for TrainConfig {
     }
 }
 
+/// The optimizer of one RAPTOR stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamOptimizer {
+    /// AdamW (scale-invariant per coordinate).
+    Adamw,
+    /// SGD, with `train.momentum` (steps proportional to the release).
+    Sgd,
+}
+
+/// What a run's update budget counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Budget {
+    /// Updates (phase executions).
+    Updates,
+    /// Updates per stream (alternating plans run one cycle per `shared_steps` of them).
+    StreamUpdates,
+}
+
 /// LoRA settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -435,6 +481,9 @@ pub struct LoraSettings {
     pub dropout: f64,
     /// Attention modules to adapt (patterns); empty: the model family's attention projections.
     pub attention_targets: Vec<String>,
+    /// FFA-LoRA: keep every adapter's A factor frozen at its random initialization and train B
+    /// only (half the trainable, hence noised, coordinates of each adapter).
+    pub freeze_a: bool,
 }
 
 impl Default for LoraSettings {
@@ -444,6 +493,7 @@ impl Default for LoraSettings {
             alpha: 16.0,
             dropout: 0.0,
             attention_targets: Vec::new(),
+            freeze_a: false,
         }
     }
 }
@@ -592,6 +642,17 @@ impl RunConfig {
             if !(v.is_finite() && v > 0.0) {
                 return bad(f, format!("{v} must be finite and > 0"));
             }
+        }
+        if let Some(v) = t.expert_lr
+            && !(v.is_finite() && v > 0.0)
+        {
+            return bad("train.expert_lr", format!("{v} must be finite and > 0"));
+        }
+        if !(t.momentum.is_finite() && (0.0..1.0).contains(&t.momentum)) {
+            return bad(
+                "train.momentum",
+                format!("{} must be in [0, 1)", t.momentum),
+            );
         }
         if t.micro_batch == 0 {
             return bad("train.micro_batch", "must be >= 1".into());

@@ -11,7 +11,7 @@ use raptor_accountant::{
 use raptor_models::{LoraConfig, Model, attach_lora, freeze_all, set_trainable};
 use serde::Serialize;
 
-use crate::config::{Method, ModelKind, RunConfig};
+use crate::config::{Budget, Method, ModelKind, RunConfig, StreamOptimizer};
 use crate::error::{Result, TrainError};
 use crate::streams::{Charge, ClipGroup, Optim, Phase, Plan, ReleaseSpec, Residual};
 
@@ -265,12 +265,56 @@ pub fn owner_rule(cfg: &RunConfig) -> raptor_routing::OwnerRule {
     }
 }
 
-/// Number of updates: `train.steps`, else ceil(epochs · N / B).
+/// Number of updates: `train.steps`, else ceil(epochs · N / B); with `train.budget =
+/// "stream-updates"`, an alternating RAPTOR plan runs enough whole cycles that its shared
+/// stream gets that many updates (each cycle gives it `shared_steps`).
 pub fn total_updates(cfg: &RunConfig, n: usize) -> u64 {
-    match cfg.train.steps {
+    let base = match cfg.train.steps {
         Some(s) => s,
         None => ((cfg.train.epochs * n as f64 / cfg.train.batch_size).ceil() as u64).max(1),
+    };
+    let m = &cfg.method;
+    let alternating = matches!(m.name, Method::Raptor) && m.alternate;
+    if cfg.train.budget == Budget::StreamUpdates && alternating && m.shared_steps > 0 {
+        let cycle = m.shared_steps + m.expert_steps;
+        base.div_ceil(m.shared_steps).saturating_mul(cycle)
+    } else {
+        base
     }
+}
+
+/// RAPTOR's alternating pattern (phase 0 shared, phase 1 experts): the expert updates of a
+/// cycle come first and its shared updates last, rotated so that the run's last update is a
+/// shared one whatever the number of updates (the head and shared adapters get the final word).
+pub fn alternating_pattern(shared_steps: u64, expert_steps: u64, updates: u64) -> Vec<usize> {
+    let mut p = vec![1usize; expert_steps as usize];
+    p.extend(std::iter::repeat_n(0usize, shared_steps as usize));
+    let len = p.len();
+    if len > 0 {
+        let r = (updates % len as u64) as usize;
+        if r != 0 {
+            p.rotate_left(len - r);
+        }
+    }
+    p
+}
+
+/// The optimizers of a run's plan: `train.lr` for every AdamW / SGD parameter but RAPTOR's
+/// routed-expert ones, which get `train.expert_lr` when it is set; `train.momentum` for SGD.
+pub fn optimizers(
+    cfg: &RunConfig,
+    plan: &Plan,
+    settings: raptor_optim::OptimSettings,
+    probe_seed: Option<u64>,
+) -> Result<raptor_optim::Optimizers> {
+    let mut o = raptor_optim::Optimizers::new(settings, &plan.optim, probe_seed)
+        .with_sgd_momentum(cfg.train.momentum)?;
+    if let Some(lr) = cfg.train.expert_lr {
+        for p in &plan.routed {
+            o = o.with_param_lr(p, lr)?;
+        }
+    }
+    Ok(o)
 }
 
 fn lora_cfg(cfg: &RunConfig, targets: Vec<String>) -> LoraConfig {
@@ -320,6 +364,10 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
             targets.extend(fam.expert_targets(l));
         }
         attach_lora(model, &lora_cfg(cfg, targets))?;
+        if cfg.lora.freeze_a {
+            // FFA-LoRA: A stays at its random initialization; only B (zero at start) trains.
+            set_trainable(model, &["lora_A"], false)?;
+        }
         let head: Vec<&str> = fam.head_patterns();
         set_trainable(model, &head, true)?;
     }
@@ -517,12 +565,11 @@ pub fn build_plan(
                 _ => {
                     let alternate = cfg.method.alternate;
                     let pattern: Vec<usize> = if alternate {
-                        let mut p = vec![0usize; cfg.method.shared_steps as usize];
-                        p.extend(std::iter::repeat_n(
-                            1usize,
-                            cfg.method.expert_steps as usize,
-                        ));
-                        p
+                        alternating_pattern(
+                            cfg.method.shared_steps,
+                            cfg.method.expert_steps,
+                            updates,
+                        )
                     } else {
                         vec![0]
                     };
@@ -685,8 +732,20 @@ pub fn build_plan(
             }
         }
     }
+    let raptor_family = matches!(
+        method,
+        Method::Raptor | Method::SharedOnly | Method::ExpertOnly
+    );
+    let stream_optim = |o: StreamOptimizer| match o {
+        StreamOptimizer::Adamw => Optim::AdamW,
+        StreamOptimizer::Sgd => Optim::Sgd,
+    };
     for n in &names {
         let o = match method {
+            _ if raptor_family && expert_of(n).is_some() => {
+                stream_optim(cfg.train.expert_optimizer)
+            }
+            _ if raptor_family => stream_optim(cfg.train.shared_optimizer),
             Method::DpSgd => Optim::Sgd,
             Method::DpMuon | Method::Muon if fam.is_hidden_matrix(n, shapes[n].len()) => {
                 Optim::Muon
@@ -732,4 +791,47 @@ pub fn build_plan(
         split,
     };
     Ok((plan, privacy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The alternating pattern gives each phase its count per cycle, and the run's last
+        /// update is a shared one whatever the number of updates.
+        #[test]
+        fn the_alternating_schedule_ends_on_a_shared_update(
+            shared in 1u64..4,
+            expert in 1u64..4,
+            updates in 1u64..60,
+        ) {
+            let p = alternating_pattern(shared, expert, updates);
+            prop_assert_eq!(p.len() as u64, shared + expert);
+            prop_assert_eq!(p.iter().filter(|&&x| x == 0).count() as u64, shared);
+            let last = p[((updates - 1) % p.len() as u64) as usize];
+            prop_assert_eq!(last, 0, "pattern {:?}, {} updates", p, updates);
+        }
+    }
+
+    #[test]
+    fn stream_updates_give_each_alternating_stream_the_budget() {
+        let mut c = RunConfig::default();
+        c.train.steps = Some(25);
+        assert_eq!(total_updates(&c, 1000), 25);
+        c.train.budget = Budget::StreamUpdates;
+        // 1:1 cycles: 25 shared and 25 expert updates.
+        assert_eq!(total_updates(&c, 1000), 50);
+        c.method.shared_steps = 2;
+        c.method.expert_steps = 1;
+        // 13 cycles of (2 shared, 1 expert): 26 shared updates ≥ 25.
+        assert_eq!(total_updates(&c, 1000), 39);
+        // Not alternating, or not RAPTOR: the budget is the updates.
+        c.method.alternate = false;
+        assert_eq!(total_updates(&c, 1000), 25);
+        c.method.alternate = true;
+        c.method.name = Method::DpAdamLora;
+        assert_eq!(total_updates(&c, 1000), 25);
+    }
 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
 use crate::error::{Result, TrainError, io};
-use crate::optim::{OptimScalars, OptimSettings, Optimizers};
+use crate::optim::{OptimScalars, OptimSettings};
 use crate::session::{Session, prepare};
 use crate::trainer::{EvalMetrics, Trainer, TrainerOptions, UpdateMetrics, evaluate};
 
@@ -927,7 +927,8 @@ pub(crate) fn train_session(
             )));
         }
     }
-    let mut optim = Optimizers::new(optim_settings(&cfg)?, &plan.optim, probe_seed(&cfg, comm)?);
+    let mut optim =
+        crate::methods::optimizers(&cfg, &plan, optim_settings(&cfg)?, probe_seed(&cfg, comm)?)?;
     if let Some((ts, sc)) = optimizer {
         optim.import(ts, &sc, device)?;
     }

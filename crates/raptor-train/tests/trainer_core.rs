@@ -1050,3 +1050,119 @@ fn a_nonfinite_residual_weight_is_zero_and_counted_not_an_error() {
     assert!(seen_expert_phase);
     assert_eq!(tr.ledger().len(), 2);
 }
+
+/// Per-stream optimization: RAPTOR's expert parameters take `train.expert_optimizer` and
+/// `train.expert_lr`, the shared ones `train.shared_optimizer` and `train.lr`; with SGD an
+/// expert step is −expert_lr × its release (so the public denominator sets its scale).
+#[test]
+fn raptor_streams_have_their_own_optimizer_and_learning_rate() {
+    use raptor_train::config::StreamOptimizer;
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(16, vocab, 6);
+    let mut m = model();
+    let mut c = cfg(Method::Raptor, data.len());
+    c.train.expert_optimizer = StreamOptimizer::Sgd;
+    c.train.expert_lr = Some(0.5);
+    c.train.lr = 0.01;
+    c.train.steps = Some(2);
+    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let routed: std::collections::BTreeSet<&String> = plan.routed.iter().collect();
+    assert!(!routed.is_empty());
+    for (n, o) in &plan.optim {
+        let want = if routed.contains(n) {
+            Optim::Sgd
+        } else {
+            Optim::AdamW
+        };
+        assert_eq!(*o, want, "{n}");
+    }
+    // The schedule ends on a shared update: 2 updates are experts, then shared.
+    assert_eq!(plan.phases[plan.phase_at(1)].name, "shared");
+    assert_eq!(plan.phases[plan.phase_at(0)].name, "experts");
+    // σ = 0 and a huge bound: an SGD expert step is −expert_lr × (summed gradient / D_e), so
+    // halving expert_lr halves every expert parameter's displacement exactly.
+    let displacement = |expert_lr: f64| -> BTreeMap<String, Tensor> {
+        let mut m = model();
+        let mut c = c.clone();
+        c.train.expert_lr = Some(expert_lr);
+        let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+        for ph in &mut plan.phases {
+            for r in &mut ph.releases {
+                r.sigma = 0.0;
+            }
+            for g in &mut ph.groups {
+                g.bound = 1e9;
+            }
+        }
+        let owners = owner_maps(&m, &data);
+        let settings = OptimSettings {
+            lr: c.train.lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            muon_lr: 0.02,
+            muon_beta: 0.9,
+            muon_form: raptor_muon::MomentumForm::HeavyBall,
+            ns: raptor_muon::NsConfig::keller(),
+            bc_probe_pairs: 1,
+        };
+        let optim = raptor_train::methods::optimizers(&c, &plan, settings, Some(1)).unwrap();
+        let expert_params = plan.phases[plan.phase_at(0)].params();
+        // LoRA B starts at 0, so the first expert step moves the B factors only: perturb first.
+        perturb_trainable(&m, &expert_params);
+        let before = snapshot(&m, &expert_params);
+        let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(Some(1))).unwrap();
+        let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+        assert_eq!(tr.step(&mut noop).unwrap().phase, "experts");
+        let after = snapshot(tr.model(), &expert_params);
+        expert_params
+            .iter()
+            .map(|p| (p.clone(), &after[p] - &before[p]))
+            .collect()
+    };
+    let big = displacement(0.5);
+    let small = displacement(0.25);
+    let mut moved = 0.0f64;
+    for (p, d) in &big {
+        assert!(routed.contains(p), "{p} is not an expert parameter");
+        let diff = (d - &small[p] * 2.0).abs().max().double_value(&[]);
+        let scale = d.abs().max().double_value(&[]);
+        moved = moved.max(scale);
+        assert!(diff <= 1e-4 * scale.max(1e-12), "{p}: {diff} vs {scale}");
+    }
+    assert!(moved > 0.0, "no expert parameter moved");
+}
+
+/// FFA-LoRA: with `lora.freeze_a`, no adapter's A factor is trainable or moves; B does.
+#[test]
+fn ffa_lora_trains_b_only() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(16, vocab, 6);
+    let mut m = model();
+    let mut c = cfg(Method::Raptor, data.len());
+    c.lora.freeze_a = true;
+    c.train.steps = Some(2);
+    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let params = plan.params();
+    assert!(params.iter().all(|p| !p.contains("lora_A")), "{params:?}");
+    assert!(params.iter().any(|p| p.contains("lora_B")));
+    let a_names: Vec<String> = m
+        .var_store()
+        .variables()
+        .into_keys()
+        .filter(|n| n.contains("lora_A"))
+        .collect();
+    assert!(!a_names.is_empty());
+    let before = snapshot(&m, &a_names);
+    let owners = owner_maps(&m, &data);
+    let optim = sgd(&plan, 0.5);
+    let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(Some(2))).unwrap();
+    let mut noop = |_: &raptor_accountant::Ledger| Ok(());
+    while !tr.done() {
+        tr.step(&mut noop).unwrap();
+    }
+    let after = snapshot(tr.model(), &a_names);
+    for n in &a_names {
+        assert!(before[n].equal(&after[n]), "{n} moved");
+    }
+}
