@@ -408,6 +408,11 @@ pub struct TrainConfig {
     pub clip: f64,
     /// Clipping bound of each expert stream (RAPTOR).
     pub clip_expert: f64,
+    /// Clip bounds from public data: every clip group's bound (`clip`, `clip_expert` and the
+    /// per-matrix ones alike) is this quantile of the initial model's per-record gradient
+    /// norms over the labelled public records of `data.public` (privacy-free; the chosen
+    /// values go to the record). Omitted: the configured bounds.
+    pub clip_from_public: Option<f64>,
     /// Records per forward pass (memory only; results do not depend on it).
     pub micro_batch: usize,
     /// Seed of model initialization.
@@ -439,6 +444,7 @@ impl Default for TrainConfig {
             cosine: false,
             clip: 1.0,
             clip_expert: 1.0,
+            clip_from_public: None,
             micro_batch: 64,
             seed: 0,
             insecure_seed: None,
@@ -647,6 +653,17 @@ impl RunConfig {
             && !(v.is_finite() && v > 0.0)
         {
             return bad("train.expert_lr", format!("{v} must be finite and > 0"));
+        }
+        if let Some(q) = t.clip_from_public {
+            if !(q.is_finite() && q > 0.0 && q < 1.0) {
+                return bad("train.clip_from_public", format!("{q} must be in (0, 1)"));
+            }
+            if self.data.public.is_none() {
+                return bad(
+                    "train.clip_from_public",
+                    "needs data.public (labelled public records)".into(),
+                );
+            }
         }
         if !(t.momentum.is_finite() && (0.0..1.0).contains(&t.momentum)) {
             return bad(

@@ -27,6 +27,7 @@ pub mod diagnostics;
 pub mod dist;
 pub mod error;
 pub mod methods;
+pub mod public_clip;
 pub mod run;
 pub mod session;
 pub mod streams;

@@ -168,6 +168,8 @@ pub struct PrivacyPlan {
     pub planned_epsilon: f64,
     /// The budget split (RAPTOR) or `single`.
     pub split: String,
+    /// Clip bounds chosen from public data (`train.clip_from_public`), if any.
+    pub public_clip: Option<crate::public_clip::PublicClip>,
 }
 
 /// What RAPTOR-family setup decided (public).
@@ -789,6 +791,7 @@ pub fn build_plan(
         sigmas,
         planned_epsilon,
         split,
+        public_clip: None,
     };
     Ok((plan, privacy))
 }

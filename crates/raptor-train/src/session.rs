@@ -783,6 +783,45 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
             "a classifier needs a label column".into(),
         ));
     }
+    let mut plan = plan;
+    let mut privacy = privacy;
+    if let (Some(q), Some(p)) = (cfg.train.clip_from_public, &cfg.data.public) {
+        // Public records only: labelled with the run's label set, routed one by one.
+        let ds = read_records(cfg, p, classify)?;
+        let public = to_examples(
+            cfg,
+            tokenizer.as_ref(),
+            &ds.records,
+            labels.as_ref(),
+            model.vocab_size(),
+        )?;
+        let layers: Vec<usize> = plan
+            .phases
+            .iter()
+            .flat_map(|ph| ph.owner_layers.clone())
+            .collect();
+        let public_owners = if layers.is_empty() {
+            BTreeMap::new()
+        } else {
+            let tokens: Vec<Vec<i64>> = public.iter().map(|e| e.tokens.clone()).collect();
+            raptor_models::owners_per_record(
+                model.as_ref(),
+                &tokens,
+                pad_id,
+                owner_rule(cfg),
+                device,
+            )?
+        };
+        privacy.public_clip = Some(crate::public_clip::calibrate(
+            model.as_ref(),
+            &mut plan,
+            &public,
+            &public_owners,
+            q,
+            pad_id,
+            device,
+        )?);
+    }
     Ok(Session {
         cfg: cfg.clone(),
         model,

@@ -124,3 +124,25 @@ fn an_undeclared_label_is_an_error() {
         .to_string();
     assert!(err.contains("label"), "{err}");
 }
+
+/// `train.clip_from_public`: the bounds come from the labelled public file and are recorded
+/// in the privacy plan; a public file without the label column is a clear error.
+#[test]
+fn clip_bounds_from_public_data_are_recorded() {
+    let d = tempfile::tempdir().unwrap();
+    let labelled = common::root().join("examples/toy/test.csv");
+    let mut c = cfg("");
+    c.data.public = Some(labelled);
+    c.train.clip_from_public = Some(0.5);
+    let (_, rec) = train(&c, &d.path().join("run")).unwrap();
+    let pc = rec.privacy_plan.public_clip.as_ref().unwrap();
+    assert_eq!(pc.quantile, 0.5);
+    assert_eq!(pc.records, 200);
+    assert!(!pc.bounds.is_empty());
+    assert!(pc.bounds.iter().all(|b| b.2 > 0.0 && b.2.is_finite()));
+    // The toy public file has no label column.
+    let mut c = cfg("");
+    c.train.clip_from_public = Some(0.5);
+    let err = train(&c, &d.path().join("run2")).unwrap_err().to_string();
+    assert!(err.contains("label"), "{err}");
+}

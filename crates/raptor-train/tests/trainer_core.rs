@@ -1166,3 +1166,80 @@ fn ffa_lora_trains_b_only() {
         assert!(before[n].equal(&after[n]), "{n} moved");
     }
 }
+
+/// Clip bounds from public data: each group's bound is the median (q = 0.5) of the public
+/// records' gradient norms in that group, each record's norm computed from a batch of that
+/// record alone; a group no record reaches keeps its bound.
+#[test]
+fn public_clip_bounds_are_quantiles_of_single_record_norms() {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(16, vocab, 6);
+    let public = examples(11, vocab, 21);
+    let mut m = model();
+    let c = cfg(Method::Raptor, data.len());
+    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    // LoRA B = 0 gives zero gradients to A: perturb so every factor has a gradient.
+    perturb_trainable(&m, &plan.params());
+    let owners = owner_maps(&m, &public);
+    let before = plan.clone();
+    let got =
+        raptor_train::public_clip::calibrate(&m, &mut plan, &public, &owners, 0.5, 0, Device::Cpu)
+            .unwrap();
+    assert_eq!(got.records, public.len());
+    for (pi, ph) in before.phases.iter().enumerate() {
+        for g in &ph.groups {
+            let mut norms = Vec::new();
+            for (i, e) in public.iter().enumerate() {
+                let b = raptor_train::trainer::make_batch(
+                    &[e],
+                    raptor_models::Task::Classification,
+                    0,
+                    Device::Cpu,
+                )
+                .unwrap();
+                let own: BTreeMap<usize, Tensor> = ph
+                    .owner_layers
+                    .iter()
+                    .map(|&l| (l, Tensor::from_slice(&[owners[&l][i]])))
+                    .collect();
+                let (_, grads) = raptor_models::PrivateStep::new(&m)
+                    .unwrap()
+                    .per_sample(&b, &own, false)
+                    .unwrap();
+                let reached = grads.params();
+                let sq: f64 = g
+                    .params
+                    .iter()
+                    .filter(|p| reached.contains(p))
+                    .map(|p| grads.sq_norms(p).unwrap().double_value(&[0]))
+                    .sum();
+                if sq > 0.0 {
+                    norms.push(sq.sqrt());
+                }
+            }
+            let new = plan.phases[pi].group(&g.name).unwrap().bound;
+            if norms.is_empty() {
+                assert_eq!(new, g.bound, "{}: unreached group keeps its bound", g.name);
+                continue;
+            }
+            norms.sort_by(f64::total_cmp);
+            let want = norms[norms.len().div_ceil(2) - 1];
+            assert!(
+                (new - want).abs() <= 1e-4 * want,
+                "{}: bound {new} vs median {want} of {norms:?}",
+                g.name
+            );
+        }
+    }
+    // The shared group was reached by every record, and some expert group by at least one.
+    assert!(
+        got.bounds
+            .iter()
+            .any(|b| b.1 == "shared" && b.3 == public.len())
+    );
+    assert!(
+        got.bounds
+            .iter()
+            .any(|b| b.1.starts_with("expert[") && b.3 > 0)
+    );
+}
