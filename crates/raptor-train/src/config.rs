@@ -266,7 +266,7 @@ impl Default for MethodConfig {
 }
 
 /// The training methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Method {
     /// RAPTOR: shared + per-expert streams.
@@ -490,6 +490,10 @@ pub struct LoraSettings {
     /// FFA-LoRA: keep every adapter's A factor frozen at its random initialization and train B
     /// only (half the trainable, hence noised, coordinates of each adapter).
     pub freeze_a: bool,
+    /// Whether the monolithic LoRA methods (`dp-adam-lora`, `lora`) also adapt the routed
+    /// experts of every sparse layer (default) or the attention projections and the head only
+    /// (a reference without expert adaptation).
+    pub experts: bool,
 }
 
 impl Default for LoraSettings {
@@ -500,6 +504,7 @@ impl Default for LoraSettings {
             dropout: 0.0,
             attention_targets: Vec::new(),
             freeze_a: false,
+            experts: true,
         }
     }
 }

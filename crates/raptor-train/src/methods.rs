@@ -356,7 +356,7 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
     if method.needs_experts() {
         let l = layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
         expert_layers.push(l);
-    } else if matches!(method, Method::DpAdamLora | Method::Lora) {
+    } else if matches!(method, Method::DpAdamLora | Method::Lora) && cfg.lora.experts {
         expert_layers = sparse;
     }
     if lora_scope {

@@ -1219,6 +1219,10 @@ fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
 /// pretraining run on public text, fine-tuned privately afterwards). Runs that trained LoRA
 /// adapters are refused (their adapters are not merged into the base weights).
 pub fn export_run(run: &Path, out: &Path) -> Result<()> {
+    export_run_skipping(run, out, &[])
+}
+
+fn export_run_skipping(run: &Path, out: &Path, skip: &[&str]) -> Result<()> {
     let cpath = run.join("config.toml");
     if !run.join("record.json").exists() {
         return Err(TrainError::Run(format!(
@@ -1240,8 +1244,14 @@ pub fn export_run(run: &Path, out: &Path) -> Result<()> {
             run.display()
         )));
     }
-    raptor_models::checkpoint::save_pretrained(rm.model.as_ref(), out)?;
+    raptor_models::checkpoint::save_pretrained_without(rm.model.as_ref(), out, skip)?;
     Ok(())
+}
+
+/// [`export_run`] without the task head (`classifier.*`, `score.*`): an encoder to fine-tune
+/// on another task, whose runs get a new head of their own label count.
+pub fn export_encoder(run: &Path, out: &Path) -> Result<()> {
+    export_run_skipping(run, out, &["classifier.*", "score.*"])
 }
 
 /// What `raptor eval` reports.

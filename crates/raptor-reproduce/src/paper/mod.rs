@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
-use raptor_train::config::{Method, ModelKind, RunConfig};
+use raptor_train::config::{Budget, Method, ModelKind, RunConfig, StreamOptimizer};
 
 use crate::driver::{Context, Table};
 use runs::{Job, Placed, Runner, Summary};
@@ -69,6 +69,12 @@ pub struct Scale {
     pub d2t_sources: usize,
     /// Longest generation.
     pub d2t_new_tokens: usize,
+    /// Learning rates tried on the public proxy (classification; the shared stream's for
+    /// RAPTOR).
+    pub proxy_lrs: Vec<f64>,
+    /// RAPTOR's expert-stream settings tried on the public proxy: optimizer and expert learning
+    /// rate as a multiple of the shared one.
+    pub expert_grid: Vec<(StreamOptimizer, f64)>,
 }
 
 impl Scale {
@@ -91,14 +97,16 @@ impl Scale {
             d2t_finetune: (3, 16.0, 2e-3, 2e-2),
             d2t_sources: 4,
             d2t_new_tokens: 8,
+            proxy_lrs: vec![1e-2],
+            expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
         }
     }
 
     /// `cargo xtask reproduce`: the whole report in about half an hour on 2 CPU cores.
     pub fn standard() -> Self {
         Self {
-            seeds: vec![0, 1, 2],
-            epsilons: vec![1.0, 4.0, 8.0],
+            seeds: vec![0, 1, 2, 3, 4],
+            epsilons: vec![1.0, 8.0],
             cls_vocab: 3000,
             cls_max_len: 32,
             enc: (64, 4, 4, 128, 8),
@@ -113,6 +121,13 @@ impl Scale {
             d2t_finetune: (30, 64.0, 2e-3, 2e-2),
             d2t_sources: 20,
             d2t_new_tokens: 32,
+            proxy_lrs: vec![3e-3, 1e-2, 3e-2],
+            expert_grid: vec![
+                (StreamOptimizer::Adamw, 1.0),
+                (StreamOptimizer::Adamw, 0.1),
+                (StreamOptimizer::Sgd, 10.0),
+                (StreamOptimizer::Sgd, 50.0),
+            ],
         }
     }
 
@@ -135,6 +150,14 @@ impl Scale {
             d2t_finetune: (400, 512.0, 1e-3, 2e-2),
             d2t_sources: 0,
             d2t_new_tokens: 64,
+            proxy_lrs: vec![1e-3, 3e-3, 1e-2, 3e-2],
+            expert_grid: vec![
+                (StreamOptimizer::Adamw, 1.0),
+                (StreamOptimizer::Adamw, 0.3),
+                (StreamOptimizer::Adamw, 0.1),
+                (StreamOptimizer::Sgd, 10.0),
+                (StreamOptimizer::Sgd, 50.0),
+            ],
         }
     }
 }
@@ -334,18 +357,31 @@ pub(super) fn read_lines(path: &Path, column: &str) -> anyhow::Result<Vec<String
     Ok(ds.records.iter().map(|r| r.text.clone()).collect())
 }
 
-/// A classification task ready for fine-tuning: its tokenizer and pretraining.
+/// A classification task ready for fine-tuning: its tokenizer, the pretraining of its encoder
+/// on **another** corpus's public split (the private task then has room to learn: a new head,
+/// features from another task), and its public proxy (the task's own public split, cut in two)
+/// on which every method's hyperparameters are chosen.
 struct ClsPrepared {
     size_note: String,
     task: ClsTask,
+    /// The corpus the encoder was pretrained on (its public split).
+    source: String,
     tok: PathBuf,
     pre: pretrain::Pretraining,
     public_records: usize,
     train_records: usize,
+    /// The public proxy: training part, validation part, and the training part's size.
+    proxy: (PathBuf, PathBuf, usize),
 }
 
-/// Tokenizer (trained now, cached) and pretraining plan of a classification task.
-fn prepare_cls(inputs: &Inputs, task: &ClsTask, s: &Scale) -> anyhow::Result<ClsPrepared> {
+/// Tokenizer (trained now on public text only, cached), pretraining plan (on `source`'s public
+/// split; the task head is not exported) and public proxy of a classification task.
+fn prepare_cls(
+    inputs: &Inputs,
+    task: &ClsTask,
+    source: &ClsTask,
+    s: &Scale,
+) -> anyhow::Result<ClsPrepared> {
     let mut task = task.clone();
     let n_valid = read_lines(&task.validation, "text")?.len();
     let n_train = read_lines(&task.train, "text")?.len();
@@ -357,21 +393,37 @@ fn prepare_cls(inputs: &Inputs, task: &ClsTask, s: &Scale) -> anyhow::Result<Cls
         s.max_validation,
     )?;
     task.train = capped(&inputs.cache, &task.name, "train", &task.train, s.max_train)?;
-    let ph = pretrain::public_hash(&task.public)?;
-    let lines = read_lines(&task.public, "text")?;
+    let transfer = source.name != task.name;
+    // The tokenizer sees public text only: both public splits.
+    let ph = format!(
+        "{}|{}",
+        pretrain::public_hash(&source.public)?,
+        pretrain::public_hash(&task.public)?
+    );
+    let src_lines = read_lines(&source.public, "text")?;
+    let mut lines = src_lines.clone();
+    if transfer {
+        lines.extend(read_lines(&task.public, "text")?);
+    }
+    let tok_name = if transfer {
+        format!("{}+{}", source.name, task.name)
+    } else {
+        task.name.clone()
+    };
     let tok = pretrain::tokenizer(
         &inputs.cache,
-        &task.name,
+        &tok_name,
         &lines,
         &ph,
         CorpusModel::WordPiece,
         s.cls_vocab,
     )?;
-    // Pretraining: non-private full fine-tuning of a from-scratch encoder on the public split
-    // (routers stay at their seeded random initialization, as in every `full` run).
+    // Pretraining: non-private full fine-tuning of a from-scratch encoder on the source's
+    // public split, supervised on the source's labels (routers stay at their seeded random
+    // initialization, as in every `full` run).
     let mut p = RunConfig::default();
-    p.data.train = task.public.clone();
-    p.data.validation = Some(task.validation.clone());
+    p.data.train = source.public.clone();
+    p.data.validation = Some(source.validation.clone());
     p.data.max_length = s.cls_max_len;
     p.model.kind = ModelKind::Switch;
     p.model.tokenizer = tok.display().to_string();
@@ -384,55 +436,295 @@ fn prepare_cls(inputs: &Inputs, task: &ClsTask, s: &Scale) -> anyhow::Result<Cls
     ) = s.enc;
     p.method.name = Method::Full;
     p.train.steps = Some(s.pretrain.0);
-    p.train.batch_size = fit_batch(s.pretrain.1, lines.len());
+    p.train.batch_size = fit_batch(s.pretrain.1, src_lines.len());
     p.train.lr = s.pretrain.2;
     p.train.micro_batch = 256;
     p.train.checkpoint_every = 0;
     p.train.insecure_seed = Some(7);
     p.train.device = inputs.device.clone();
-    let pre =
-        pretrain::Pretraining::plan(&inputs.cache, &format!("{}-switch", task.name), &p, &ph)?;
+    let mut pre = pretrain::Pretraining::plan(
+        &inputs.cache,
+        &format!("{}-for-{}-switch", source.name, task.name),
+        &p,
+        &ph,
+    )?;
+    pre.drop_head = transfer;
     let train_records = read_lines(&task.train, "text")?.len();
     let valid_records = read_lines(&task.validation, "text")?.len();
+    let proxy = proxy_split(&inputs.cache, &task.name, &task.public)?;
     let size_note = format!(
-        "{}: private fine-tuning on {train_records} of {n_train} training records, scored on {valid_records} of {n_valid} validation records{}.",
+        "{}: encoder pretrained on the public split of {} ({} records{}); private fine-tuning on {train_records} of {n_train} training records, scored on {valid_records} of {n_valid} validation records{}; hyperparameters chosen on {}'s public split ({} records to train, {} to score).",
         task.name,
+        source.name,
+        src_lines.len(),
+        if transfer {
+            ", another task: a new head"
+        } else {
+            ", the same task: no other corpus was given"
+        },
         if train_records < n_train || valid_records < n_valid {
             " (evenly strided fixed subsets: the profile's size limits)"
         } else {
             ""
-        }
+        },
+        task.name,
+        proxy.2,
+        read_lines(&proxy.1, "text")?.len(),
     );
     Ok(ClsPrepared {
         size_note,
         task,
+        source: source.name.clone(),
         tok,
         pre,
-        public_records: lines.len(),
+        public_records: src_lines.len(),
         train_records,
+        proxy,
     })
 }
 
-/// The classification grid of one task (Table 1; ablations and layer choice on the first task).
-fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str) -> Vec<Job> {
-    let task = &c.task;
-    let mut base = cls_base(task, s, &c.tok, &c.pre.hf, device);
+/// A task's public split cut in two (every fifth record to the validation part), cached as
+/// TSV: the public proxy on which hyperparameters are chosen. Returns (train, validation,
+/// training records).
+fn proxy_split(
+    cache: &Path,
+    task: &str,
+    public: &Path,
+) -> anyhow::Result<(PathBuf, PathBuf, usize)> {
+    let spec = raptor_data::TableSpec::new("text", Some("label"));
+    let ds = raptor_data::read_table(public, &spec)
+        .with_context(|| format!("reading {}", public.display()))?;
+    let h = runs::file_hash(public)?;
+    let dir = cache.join("reproduce").join("data");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tr = dir.join(format!("{task}-proxy-train-{}.tsv", &h[..16]));
+    let va = dir.join(format!("{task}-proxy-valid-{}.tsv", &h[..16]));
+    let clean = |t: &str| t.replace(['\t', '\n', '\r'], " ");
+    let (mut a, mut b) = (String::from("text\tlabel\n"), String::from("text\tlabel\n"));
+    let mut n = 0usize;
+    for (i, r) in ds.records.iter().enumerate() {
+        let line = format!(
+            "{}\t{}\n",
+            clean(&r.text),
+            clean(r.label.as_deref().unwrap_or(""))
+        );
+        if i % 5 == 4 {
+            b.push_str(&line);
+        } else {
+            a.push_str(&line);
+            n += 1;
+        }
+    }
+    if !tr.exists() || !va.exists() {
+        raptor_train::run::write_atomic(&tr, a.as_bytes())?;
+        raptor_train::run::write_atomic(&va, b.as_bytes())?;
+    }
+    Ok((tr, va, n))
+}
+
+/// One method's hyperparameters as the public proxy chose them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    /// Learning rate (the shared stream's for RAPTOR).
+    pub lr: f64,
+    /// RAPTOR: the expert stream's optimizer and learning rate.
+    pub expert: Option<(StreamOptimizer, f64)>,
+}
+
+impl Choice {
+    fn apply(&self, c: &mut RunConfig) {
+        c.train.lr = self.lr;
+        if let Some((o, lr)) = self.expert {
+            c.train.expert_optimizer = o;
+            c.train.expert_lr = Some(lr);
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self.expert {
+            Some((o, lr)) => format!(
+                "lr {} (shared, AdamW), expert {} lr {}",
+                self.lr,
+                match o {
+                    StreamOptimizer::Adamw => "AdamW",
+                    StreamOptimizer::Sgd => "SGD (momentum 0.9)",
+                },
+                lr
+            ),
+            None => format!("lr {}", self.lr),
+        }
+    }
+}
+
+/// The fine-tuning config every run of a task starts from (data.public is the task's public
+/// split: routing statistics, layer choice, clip bounds; SGD, where chosen, with momentum 0.9).
+fn base_for(c: &ClsPrepared, s: &Scale, device: &str) -> RunConfig {
+    let mut base = cls_base(&c.task, s, &c.tok, &c.pre.hf, device);
     base.train.batch_size = fit_batch(base.train.batch_size, c.train_records);
+    base.train.momentum = 0.9;
+    base
+}
+
+/// Chosen hyperparameters per tuned cell (method, variant, ε bits), with the proxy accuracy.
+type Chosen = BTreeMap<(Method, &'static str, Option<u64>), (Choice, f64)>;
+
+/// Sets a method's own settings: every private method takes its clip bounds from the public
+/// split (median gradient norm) and RAPTOR counts its budget per stream (each stream gets the
+/// updates a monolithic run gets).
+fn method_cfg(mut c: RunConfig, m: Method, variant: &str, eps: Option<f64>) -> RunConfig {
+    c.method.name = m;
+    if variant == "no-experts" {
+        c.lora.experts = false;
+    }
+    if let Some(e) = eps {
+        c.privacy.epsilon = e;
+    }
+    if m.is_private() {
+        c.train.clip_from_public = Some(0.5);
+    }
+    if m == Method::Raptor {
+        c.train.budget = Budget::StreamUpdates;
+    }
+    c
+}
+
+/// Candidates of a method on the proxy grid. RAPTOR's shared stream is shared-only's stream,
+/// so it takes shared-only's chosen learning rate at the same ε and only its expert stream's
+/// settings are searched (none: the grid's learning rates).
+fn candidates(m: Method, eps: Option<f64>, s: &Scale, chosen: &Chosen) -> Vec<Choice> {
+    if m == Method::Raptor {
+        let shared: Vec<f64> = match chosen.get(&(Method::SharedOnly, "", eps.map(f64::to_bits))) {
+            Some((ch, _)) => vec![ch.lr],
+            None => s.proxy_lrs.clone(),
+        };
+        return shared
+            .iter()
+            .flat_map(|&lr| {
+                s.expert_grid.iter().map(move |&(o, f)| Choice {
+                    lr,
+                    expert: Some((o, lr * f)),
+                })
+            })
+            .collect();
+    }
+    s.proxy_lrs
+        .iter()
+        .map(|&lr| Choice { lr, expert: None })
+        .collect()
+}
+
+/// (method, variant, ε) cells of the main grid that are tuned on the proxy.
+fn tuned_cells(s: &Scale) -> Vec<(Method, &'static str, Option<f64>)> {
+    let mut v = vec![(Method::Lora, "", None), (Method::Lora, "no-experts", None)];
+    for &e in &s.epsilons {
+        for m in CLASSIFICATION_METHODS {
+            v.push((m, "", Some(e)));
+        }
+    }
+    v
+}
+
+fn proxy_label(task: &str, m: Method, variant: &str, eps: Option<f64>, ch: &Choice) -> String {
+    format!(
+        "proxy {}",
+        label(
+            task,
+            m.name(),
+            &format!("{variant}|{}", ch.describe()),
+            eps,
+            0
+        )
+    )
+}
+
+/// The public proxy grid of a task: every candidate of every tuned cell (RAPTOR's only when
+/// `raptor`, after the others were chosen), trained on the training part of the task's public
+/// split at the private runs' sampling rate q, number of updates and δ (hence the same σ),
+/// scored on its validation part; one seed.
+fn proxy_jobs(c: &ClsPrepared, s: &Scale, device: &str, raptor: bool, chosen: &Chosen) -> Vec<Job> {
+    let base = base_for(c, s, device);
+    let q = base.train.batch_size / c.train_records.max(1) as f64;
+    let delta = raptor_train::config::default_delta(c.train_records);
+    let mut jobs = Vec::new();
+    for (m, variant, eps) in tuned_cells(s) {
+        if (m == Method::Raptor) != raptor {
+            continue;
+        }
+        for ch in candidates(m, eps, s, chosen) {
+            let mut cfg = method_cfg(base.clone(), m, variant, eps);
+            ch.apply(&mut cfg);
+            cfg.data.train = c.proxy.0.clone();
+            cfg.data.validation = Some(c.proxy.1.clone());
+            cfg.train.batch_size = (q * c.proxy.2 as f64).clamp(1.0, (c.proxy.2 / 2).max(1) as f64);
+            cfg.privacy.delta = Some(delta);
+            jobs.push(Job {
+                label: proxy_label(&c.task.name, m, variant, eps, &ch),
+                cfg: seeded(cfg, 0),
+            });
+        }
+    }
+    jobs
+}
+
+/// Adds to `chosen`, per tuned cell not chosen yet, the candidate with the best proxy
+/// validation accuracy (ties: the earlier candidate, the smaller learning rate).
+fn choose(c: &ClsPrepared, s: &Scale, runs: &BTreeMap<String, Summary>, chosen: &mut Chosen) {
+    for (m, variant, eps) in tuned_cells(s) {
+        if chosen.contains_key(&(m, variant, eps.map(f64::to_bits))) {
+            continue;
+        }
+        let mut best: Option<(Choice, f64)> = None;
+        for ch in candidates(m, eps, s, chosen) {
+            let acc = runs
+                .get(&proxy_label(&c.task.name, m, variant, eps, &ch))
+                .and_then(|r| r.accuracy)
+                .filter(|a| a.is_finite());
+            if let Some(a) = acc
+                && best.is_none_or(|(_, b)| a > b)
+            {
+                best = Some((ch, a));
+            }
+        }
+        if let Some(b) = best {
+            chosen.insert((m, variant, eps.map(f64::to_bits)), b);
+        }
+    }
+}
+
+/// The classification grid of one task with the proxy's choices: per seed, the pretrained
+/// start (one update at a vanishing learning rate: the new head at its initialization), the
+/// non-private references (LoRA on attention + experts + head; without the experts: the
+/// positive control), and every private method at every ε; ablations and layer choice on the
+/// first task at the largest ε.
+fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str, chosen: &Chosen) -> Vec<Job> {
+    let task = &c.task;
+    let base = base_for(c, s, device);
     let max_eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
+    let tuned = |m: Method, variant: &'static str, eps: Option<f64>| -> RunConfig {
+        let mut cfg = method_cfg(base.clone(), m, variant, eps);
+        if let Some((ch, _)) = chosen.get(&(m, variant, eps.map(f64::to_bits))) {
+            ch.apply(&mut cfg);
+        }
+        cfg
+    };
     let mut jobs = Vec::new();
     for &seed in &s.seeds {
-        // Non-private LoRA reference (ε = ∞).
-        let mut cfg = base.clone();
-        cfg.method.name = Method::Lora;
+        let mut start = method_cfg(base.clone(), Method::Lora, "", None);
+        start.train.steps = Some(1);
+        start.train.lr = 1e-12;
         jobs.push(Job {
-            label: label(&task.name, "lora", "", None, seed),
-            cfg: seeded(cfg, seed),
+            label: label(&task.name, "lora", "start", None, seed),
+            cfg: seeded(start, seed),
         });
+        for variant in ["", "no-experts"] {
+            jobs.push(Job {
+                label: label(&task.name, "lora", variant, None, seed),
+                cfg: seeded(tuned(Method::Lora, variant, None), seed),
+            });
+        }
         for &eps in &s.epsilons {
             for m in CLASSIFICATION_METHODS {
-                let mut cfg = base.clone();
-                cfg.method.name = m;
-                cfg.privacy.epsilon = eps;
+                let mut cfg = tuned(m, "", Some(eps));
                 // Validation curves only where a plot uses them (first seed, largest ε).
                 if Some(&seed) == s.seeds.first()
                     && eps == max_eps
@@ -448,29 +740,24 @@ fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str) -> Vec<Job> {
         }
     }
     if first {
-        let eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
-        for &seed in &s.seeds {
+        for &seed in s.seeds.iter().take(3) {
             for (variant, f) in report::ABLATIONS {
-                let mut cfg = base.clone();
-                cfg.method.name = Method::Raptor;
-                cfg.privacy.epsilon = eps;
+                let mut cfg = tuned(Method::Raptor, "", Some(max_eps));
                 f(&mut cfg);
                 jobs.push(Job {
-                    label: label(&task.name, "raptor", variant, Some(eps), seed),
+                    label: label(&task.name, "raptor", variant, Some(max_eps), seed),
                     cfg: seeded(cfg, seed),
                 });
             }
             for layer in ["first", "last"] {
-                let mut cfg = base.clone();
-                cfg.method.name = Method::Raptor;
-                cfg.privacy.epsilon = eps;
+                let mut cfg = tuned(Method::Raptor, "", Some(max_eps));
                 cfg.method.layer = layer.into();
                 jobs.push(Job {
                     label: label(
                         &task.name,
                         "raptor",
                         &format!("layer={layer}"),
-                        Some(eps),
+                        Some(max_eps),
                         seed,
                     ),
                     cfg: seeded(cfg, seed),
@@ -522,11 +809,14 @@ fn pretrained_note(c: &ClsPrepared) -> Option<String> {
     let bytes = std::fs::read(c.pre.run.join("summary.json")).ok()?;
     let sm: Summary = serde_json::from_slice(&bytes).ok()?;
     Some(format!(
-        "{}: the public-pretrained encoder alone (no private fine-tuning) scores {:.1} % validation accuracy ({} public records, {} updates).",
+        "{}: the encoder's pretraining on {}'s public split ({} records, {} updates) scores {:.1} % on {}'s own validation split (its task, not {}'s).",
         c.task.name,
-        100.0 * sm.accuracy?,
+        c.source,
         c.public_records,
-        sm.updates
+        sm.updates,
+        100.0 * sm.accuracy?,
+        c.source,
+        c.task.name
     ))
 }
 
@@ -752,10 +1042,14 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
     let want_d2t = which.contains(&"dpmuon");
     let mut runner = Runner::new(&ctx.out.join("runs"), ctx.exe.clone(), ctx.workers)?;
     let cls: Vec<ClsPrepared> = if want_cls {
+        // Each task's encoder is pretrained on the next task's public split (another task:
+        // room to learn); with one task, on its own.
+        let n = inputs.cls.len();
         inputs
             .cls
             .iter()
-            .map(|t| prepare_cls(&inputs, t, &scale))
+            .enumerate()
+            .map(|(i, t)| prepare_cls(&inputs, t, &inputs.cls[(i + 1) % n], &scale))
             .collect::<anyhow::Result<_>>()?
     } else {
         Vec::new()
@@ -782,10 +1076,25 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
     for p in cls.iter().map(|c| &c.pre).chain(d2t.iter().map(|d| &d.pre)) {
         p.export()?;
     }
-    // Phase 2: private fine-tuning.
+    // Phase 2: hyperparameters on each task's public proxy (non-RAPTOR cells, then RAPTOR's
+    // expert stream given shared-only's choice).
+    let mut chosen: Vec<Chosen> = vec![Chosen::new(); cls.len()];
+    let mut proxy_runs = BTreeMap::new();
+    for raptor in [false, true] {
+        let mut jobs = Vec::new();
+        for (c, ch) in cls.iter().zip(&chosen) {
+            jobs.extend(proxy_jobs(c, &scale, &inputs.device, raptor, ch));
+        }
+        let placed = runner.place(jobs)?;
+        proxy_runs.extend(runner.run_all(&placed)?);
+        for (c, ch) in cls.iter().zip(chosen.iter_mut()) {
+            choose(c, &scale, &proxy_runs, ch);
+        }
+    }
+    // Phase 3: private fine-tuning.
     let mut jobs = Vec::new();
-    for (i, c) in cls.iter().enumerate() {
-        jobs.extend(cls_jobs(c, i == 0, &scale, &inputs.device));
+    for (i, (c, ch)) in cls.iter().zip(&chosen).enumerate() {
+        jobs.extend(cls_jobs(c, i == 0, &scale, &inputs.device, ch));
     }
     for d in &d2t {
         jobs.extend(d2t_jobs(d, &scale, &inputs.device));
@@ -795,6 +1104,31 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
     runner.finish_all();
     let mut notes: Vec<String> = cls.iter().map(|c| c.size_note.clone()).collect();
     notes.extend(cls.iter().filter_map(pretrained_note));
+    for (c, ch) in cls.iter().zip(&chosen) {
+        let mut parts: Vec<String> = ch
+            .iter()
+            .map(|((m, variant, eps), (choice, acc))| {
+                format!(
+                    "{}{} at ε = {}: {} (public proxy accuracy {:.1} %)",
+                    m.name(),
+                    if variant.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" [{variant}]")
+                    },
+                    eps.map_or("∞".to_string(), |b| format!("{}", f64::from_bits(b))),
+                    choice.describe(),
+                    100.0 * acc
+                )
+            })
+            .collect();
+        parts.sort();
+        notes.push(format!(
+            "{}: hyperparameters chosen on the public proxy only (no private record, no private validation score): {}.",
+            c.task.name,
+            parts.join("; ")
+        ));
+    }
     notes.extend(d2t.iter().map(|d| d.note.clone()));
     let results = Results {
         runs: out,
@@ -830,6 +1164,7 @@ mod tests {
             },
             run: PathBuf::from("/nonexistent/run"),
             hf: PathBuf::from("/nonexistent/hf"),
+            drop_head: kind == "switch",
         }
     }
 
@@ -852,16 +1187,71 @@ mod tests {
             let cls = |n: &str| ClsPrepared {
                 size_note: String::new(),
                 task: task(n),
+                source: "other".into(),
                 tok: PathBuf::from("/tok.json"),
                 pre: fake_pre("switch"),
                 public_records: 2000,
                 train_records: 20_000,
+                proxy: (
+                    PathBuf::from(format!("/{n}/pt.tsv")),
+                    PathBuf::from(format!("/{n}/pv.tsv")),
+                    1600,
+                ),
             };
-            let mut jobs = cls_jobs(&cls("a"), true, &s, "cpu");
-            let per_task = s.seeds.len() * (1 + s.epsilons.len() * CLASSIFICATION_METHODS.len());
-            let extra = s.seeds.len() * (report::ABLATIONS.len() + 2);
-            assert_eq!(jobs.len(), per_task + extra, "{name}");
-            jobs.extend(cls_jobs(&cls("b"), false, &s, "cpu"));
+            // The public proxy: non-RAPTOR cells first, then RAPTOR's expert settings at the
+            // learning rate chosen for shared-only (here: pretend the smallest won).
+            let mut chosen = Chosen::new();
+            let first_stage = proxy_jobs(&cls("a"), &s, "cpu", false, &chosen);
+            let lrs = s.proxy_lrs.len();
+            assert_eq!(
+                first_stage.len(),
+                lrs * (2 + s.epsilons.len() * (CLASSIFICATION_METHODS.len() - 1)),
+                "{name}"
+            );
+            for &e in &s.epsilons {
+                chosen.insert(
+                    (Method::SharedOnly, "", Some(e.to_bits())),
+                    (
+                        Choice {
+                            lr: s.proxy_lrs[0],
+                            expert: None,
+                        },
+                        0.5,
+                    ),
+                );
+            }
+            let second = proxy_jobs(&cls("a"), &s, "cpu", true, &chosen);
+            assert_eq!(
+                second.len(),
+                s.epsilons.len() * s.expert_grid.len(),
+                "{name}"
+            );
+            assert!(second.iter().all(|j| j.cfg.train.lr == s.proxy_lrs[0]));
+            // Proxy runs train on the public proxy at the private runs' q (B scaled to its size).
+            for j in first_stage.iter().chain(&second) {
+                assert_eq!(j.cfg.data.train, PathBuf::from("/a/pt.tsv"));
+                let q = j.cfg.train.batch_size / 1600.0;
+                let want = fit_batch(s.finetune.1, 20_000) / 20_000.0;
+                assert!(
+                    (q - want).abs() < 1e-9 || j.cfg.train.batch_size == 1.0,
+                    "{name}: q {q} vs {want}"
+                );
+                assert!(j.cfg.privacy.delta.is_some());
+            }
+            let mut jobs = first_stage;
+            jobs.extend(second);
+            let main = cls_jobs(&cls("a"), true, &s, "cpu", &chosen);
+            let per_task = s.seeds.len() * (3 + s.epsilons.len() * CLASSIFICATION_METHODS.len());
+            let extra = s.seeds.len().min(3) * (report::ABLATIONS.len() + 2);
+            assert_eq!(main.len(), per_task + extra, "{name}");
+            // The chosen learning rate reached the main grid.
+            assert!(
+                main.iter()
+                    .filter(|j| j.cfg.method.name == Method::SharedOnly)
+                    .all(|j| j.cfg.train.lr == s.proxy_lrs[0])
+            );
+            jobs.extend(main);
+            jobs.extend(cls_jobs(&cls("b"), false, &s, "cpu", &chosen));
             let d = D2tPrepared {
                 task: D2tTask {
                     name: "e2e".into(),

@@ -56,6 +56,8 @@ pub struct Pretraining {
     pub run: PathBuf,
     /// The exported model (`model.path` of the fine-tuning runs).
     pub hf: PathBuf,
+    /// Export the encoder without its task head (fine-tuning on another task gets a new head).
+    pub drop_head: bool,
 }
 
 impl Pretraining {
@@ -89,6 +91,7 @@ impl Pretraining {
             },
             run: out.join("run"),
             hf: out.join("hf"),
+            drop_head: false,
         })
     }
 
@@ -100,8 +103,12 @@ impl Pretraining {
     /// Exports the finished run (when not cached yet).
     pub fn export(&self) -> anyhow::Result<()> {
         if !self.cached() {
-            raptor_train::run::export_run(&self.run, &self.hf)
-                .with_context(|| format!("exporting {}", self.job.label))?;
+            let export = if self.drop_head {
+                raptor_train::run::export_encoder
+            } else {
+                raptor_train::run::export_run
+            };
+            export(&self.run, &self.hf).with_context(|| format!("exporting {}", self.job.label))?;
         }
         Ok(())
     }

@@ -85,6 +85,7 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
     assert_eq!(
         slugs,
         [
+            "paper-evidence",
             "paper-table1",
             "paper-table5-ablation",
             "paper-layer-choice",
@@ -96,10 +97,38 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
     for t in &tables {
         t.check().unwrap();
     }
-    // Table 1: the non-private row and the five private methods, one column per ε (quick: 1, 8).
-    let t1 = &tables[0];
+    // The evidence table: one row per (task, ε), every cell computed, a verdict by the rule
+    // written before the numbers, the positive control and the public-only tuning recorded.
+    let ev = &tables[0];
+    assert_eq!(ev.rows.len(), 2);
+    for row in &ev.rows {
+        assert_eq!(row.len(), ev.columns.len());
+        for c in &row[2..8] {
+            assert!(c.contains('±'), "{row:?}");
+        }
+        assert!(
+            row[10].starts_with("reproduced")
+                || row[10].starts_with("not reproduced")
+                || row[10].starts_with("undecided"),
+            "{row:?}"
+        );
+    }
+    let evtext = ev.notes.join("\n");
+    assert!(
+        evtext.starts_with("Decision rule (fixed before the runs)"),
+        "{evtext}"
+    );
+    assert!(evtext.contains("positive control"), "{evtext}");
+    assert!(
+        evtext.contains("RAPTOR's advantage reproduced in"),
+        "{evtext}"
+    );
+    assert!(evtext.contains("headroom"), "{evtext}");
+    assert!(md(&out, "paper-evidence").contains("(raptor-paired-differences.png)"));
+    // Table 1: the non-private row and the three private methods, one column per ε (quick: 1, 8).
+    let t1 = &tables[1];
     assert_eq!(t1.columns, ["method", "toy ε=1", "toy ε=8"]);
-    assert_eq!(t1.rows.len(), 6);
+    assert_eq!(t1.rows.len(), 4);
     for row in &t1.rows {
         for c in &row[1..] {
             // "mean ± half-width" over 2 seeds, accuracy in percent.
@@ -116,7 +145,11 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
     );
     assert!(text.contains("Target ε = 1:") && text.contains("within the target"));
     assert!(!text.contains("ABOVE"), "{text}");
-    assert!(text.contains("public-pretrained encoder alone"), "{text}");
+    assert!(text.contains("pretraining on toy's public split"), "{text}");
+    assert!(
+        text.contains("hyperparameters chosen on the public proxy only"),
+        "{text}"
+    );
     // Plots exist and are PNG files; the notes link them.
     for f in [
         "accuracy-vs-epsilon-toy.png",
@@ -124,19 +157,20 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
         "validation-accuracy-toy.png",
         "routing-entropy-toy.png",
         "nll-e2e.png",
+        "raptor-paired-differences.png",
     ] {
         let bytes = std::fs::read(out.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{f}");
     }
     assert!(md(&out, "paper-table1").contains("(accuracy-vs-epsilon-toy.png)"));
     // Ablation: the full method plus four ablations, each with a delta.
-    assert_eq!(tables[1].rows.len(), 5);
+    assert_eq!(tables[2].rows.len(), 5);
     // Layer choice: three rules; the entropy-selected row names a sparse block.
-    let lc = &tables[2];
+    let lc = &tables[3];
     assert_eq!(lc.rows.len(), 3);
     assert!(lc.rows[0][1].parse::<usize>().is_ok(), "{:?}", lc.rows[0]);
     // DP-Muon table: five methods on e2e, NLL present, DART reported as skipped.
-    let dm = &tables[5];
+    let dm = &tables[6];
     assert_eq!(dm.rows.len(), 5);
     for row in &dm.rows {
         assert!(row[3] != "—", "{row:?}");
