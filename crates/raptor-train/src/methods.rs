@@ -505,8 +505,8 @@ pub fn build_plan(
                         sigma,
                         denominator: d_e,
                         charge: Charge::Parallel {
-                            group: format!("experts[layer {l}]"),
-                            member: x as usize,
+                            layer: l,
+                            expert: x as usize,
                         },
                     })
                     .collect()

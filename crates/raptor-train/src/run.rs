@@ -756,14 +756,15 @@ fn final_epsilon(
 /// the noise, bound and denominator that the method gives the expert coordinates.
 fn run_diagnostics(
     cfg: &RunConfig,
+    expert_noise: Option<crate::streams::ReleaseNoiseSpec>,
     model: &dyn raptor_models::Model,
-    privacy: &crate::methods::PrivacyPlan,
     layer: Option<&crate::methods::LayerChoice>,
     validation: &[crate::trainer::Example],
     pad_id: i64,
     device: tch::Device,
 ) -> Result<Option<crate::diagnostics::Diagnostics>> {
-    if !(privacy.private
+    // A non-private run has no private release (no noise to diagnose).
+    if !(expert_noise.is_some()
         && !validation.is_empty()
         && model.num_experts() > 0
         && crate::session::is_classifier(cfg))
@@ -779,28 +780,17 @@ fn run_diagnostics(
     else {
         return Ok(None);
     };
-    let raptor_like = cfg.method.name.needs_experts();
-    let sigma_e = if raptor_like {
-        privacy
-            .sigmas
-            .get("experts")
-            .or(privacy.sigmas.get("shared"))
-            .copied()
-            .unwrap_or(0.0)
-    } else {
-        privacy.sigmas.get("all").copied().unwrap_or(0.0)
+    // σ, bound and denominator of the releases that carry the experts, as the plan made them
+    // (after any calibration of the bounds).
+    let Some(noise) = expert_noise else {
+        return Ok(None);
     };
-    let clip_e = if raptor_like {
-        cfg.train.clip_expert
-    } else {
-        cfg.train.clip
-    };
-    let d_e = if raptor_like && cfg.method.expert_denominator != "batch" {
-        cfg.train.batch_size / model.num_experts() as f64
-    } else {
-        cfg.train.batch_size
-    };
-    let global = !raptor_like || cfg.method.expert_clip == "global";
+    let (sigma_e, clip_e, d_e, global) = (
+        noise.sigma,
+        noise.bound,
+        noise.denominator,
+        noise.global_clip || !cfg.method.name.needs_experts(),
+    );
     let n = validation.len().min(32);
     Ok(Some(crate::diagnostics::diagnostics(
         model,
@@ -1049,6 +1039,7 @@ pub(crate) fn train_session(
     }
     let updates = trainer.update();
     let comm_stats = comm.stats();
+    let expert_noise = trainer.plan().expert_release_noise();
     drop(trainer);
     if comm.size() > 1 {
         notes.push(format!(
@@ -1085,8 +1076,8 @@ pub(crate) fn train_session(
     let diagnostics = if writer {
         run_diagnostics(
             &cfg,
+            expert_noise,
             model.as_ref(),
-            &privacy,
             layer.as_ref(),
             &validation,
             pad_id,

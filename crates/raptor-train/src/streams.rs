@@ -15,7 +15,7 @@
 //! ```text
 //! raptor (alternating) = phase shared  [group shared: attention LoRA + head, C_s] -> release σ_s, ÷B
 //!                      + phase experts [group expert[l,e] per e, owner rows, weight w, C_e]
-//!                                      -> one release per expert, σ_e, ÷B/E, parallel "experts[layer l]"
+//!                                      -> one release per expert, σ_e, ÷B/E, parallel over layer l
 //! dp-adam-lora         = one phase, one group (all LoRA + head), one release
 //! dp-muon              = one phase, one group per hidden matrix (C_W) + one for the rest,
 //!                        one release with Δ = sqrt(Σ C_W²)
@@ -46,12 +46,13 @@ pub struct ClipGroup {
 pub enum Charge {
     /// A sequential step.
     Sequential,
-    /// Member `member` of the named parallel group (each record touches exactly one member).
+    /// The release of routed expert `expert` of sparse layer `layer`: a member of that
+    /// layer's parallel group (each record touches exactly one member: its owner's).
     Parallel {
-        /// The group (e.g. `experts[layer 3]`).
-        group: String,
-        /// This release's member index.
-        member: usize,
+        /// The sparse layer (the parallel group).
+        layer: usize,
+        /// The expert (the member; the owner whose records it releases).
+        expert: usize,
     },
     /// Not private: nothing is charged (ε = ∞).
     None,
@@ -173,13 +174,26 @@ impl Phase {
                 Charge::Sequential => {
                     sample.release(r.sigma)?;
                 }
-                Charge::Parallel { group, member } => {
-                    sample.member_release(group, *member, r.sigma)?;
+                Charge::Parallel { layer, expert } => {
+                    sample.member_release(&format!("experts[layer {layer}]"), *expert, r.sigma)?;
                 }
             }
         }
         Ok(PhaseCharge::Charged(sample))
     }
+}
+
+/// Noise multiplier, bound (L2 sensitivity), public denominator of one release.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReleaseNoiseSpec {
+    /// σ.
+    pub sigma: f64,
+    /// The release's sensitivity (its bound).
+    pub bound: f64,
+    /// The public denominator.
+    pub denominator: f64,
+    /// Whether its phase clips globally (one factor over every group).
+    pub global_clip: bool,
 }
 
 /// Which optimizer updates a parameter (defined in `raptor-optim`).
@@ -222,6 +236,32 @@ impl Plan {
             c[p] += full + u64::from((i as u64) < rest);
         }
         c
+    }
+
+    /// The noise multiplier, clip bound and public denominator of the releases that carry the
+    /// routed experts' coordinates: RAPTOR's expert releases (a parallel group's member), else
+    /// the first private release of a one-release phase (a monolithic method). None when no
+    /// private phase releases anything.
+    pub fn expert_release_noise(&self) -> Option<ReleaseNoiseSpec> {
+        let private = || self.phases.iter().filter(|p| p.private);
+        let pick = |ph: &Phase, r: &ReleaseSpec| ReleaseNoiseSpec {
+            sigma: r.sigma,
+            bound: ph.sensitivity(r),
+            denominator: r.denominator,
+            global_clip: ph.global_clip.is_some(),
+        };
+        for ph in private() {
+            if let Some(r) = ph
+                .releases
+                .iter()
+                .find(|r| matches!(r.charge, Charge::Parallel { .. }))
+            {
+                return Some(pick(ph, r));
+            }
+        }
+        private()
+            .find_map(|ph| ph.releases.first().map(|r| (ph, r)))
+            .map(|(ph, r)| pick(ph, r))
     }
 
     /// Every trainable parameter.

@@ -668,17 +668,10 @@ impl<'a> Trainer<'a> {
         for (j, r) in phase.releases.iter().enumerate() {
             let delta = phase.sensitivity(r);
             let denom = PublicDenominator::new(r.denominator)?;
-            if let Charge::Parallel { .. } = r.charge {
-                let has_owned = phase.owner_layers.iter().any(|&l| {
-                    r.name
-                        .strip_prefix(&format!("expert[{l},"))
-                        .and_then(|s| s.strip_suffix(']'))
-                        .and_then(|s| s.parse::<i64>().ok())
-                        .is_some_and(|e| owned.get(&(l, e)).copied().unwrap_or(0) > 0)
-                });
-                if !has_owned {
-                    empty_experts += 1;
-                }
+            if let Charge::Parallel { layer, expert } = r.charge
+                && owned.get(&(layer, expert as i64)).copied().unwrap_or(0) == 0
+            {
+                empty_experts += 1;
             }
             // The release's parameters in plan order (an absent sum is zeros: a routed expert
             // no sampled record reached still gets its noise).

@@ -977,8 +977,8 @@ fn two_parallel_groups_of_one_sample_are_one_charge() {
             sigma: 2.5,
             denominator: 8.0 / e as f64,
             charge: Charge::Parallel {
-                group: format!("experts[layer {other}]"),
-                member: x as usize,
+                layer: other,
+                expert: x as usize,
             },
         });
     }
