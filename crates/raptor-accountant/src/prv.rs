@@ -1287,6 +1287,10 @@ struct ComposedDirection {
     /// FFT's error): the upper bound is 1 and the lower bound 0 there. −∞ if nothing was
     /// dropped.
     lowest: f64,
+    /// 1, or the factor by which a coarser grid step would have let the window keep the full
+    /// tilt within the grid limit (its tilt was halved for lack of points, at a cost in
+    /// tightness).
+    coarser: f64,
 }
 
 impl ComposedDirection {
@@ -1315,6 +1319,7 @@ impl ComposedDirection {
             k_ref: 0.0,
             rel: 0.0,
             lowest: f64::NEG_INFINITY,
+            coarser: 1.0,
         };
         let n = out.n();
         out.ck.resize(n.div_ceil(BLOCK), (0.0, 0.0, 0.0));
@@ -1636,6 +1641,9 @@ struct Plan {
     tilt: Tilt,
     /// Target excess (for error messages).
     eps_error: f64,
+    /// About the δ the queries are expected at (NaN if unknown): how much round-off the
+    /// tilt's choice may leave (see [`TILT_ROUNDOFF_SHARE`]).
+    delta_hint: f64,
     /// Rounding tail of the lower bound.
     eta: f64,
     tail_mass: f64,
@@ -1645,6 +1653,14 @@ struct Plan {
 /// Assumed normwise accuracy of the FFTs per level (module docs, round-off):
 /// `‖fl(FFT x) − FFT x‖₂ ≤ FFT_LEVEL_C·log2(n)·u·‖FFT x‖₂`.
 const FFT_LEVEL_C: f64 = 32.0;
+
+/// How far the window may grow (a multiple of the untilted window) to keep the composition's
+/// tilt where halving it would cost tightness (heavy per-step tails; module docs, round-off, 2).
+const TILT_GROWTH_MAX: f64 = 64.0;
+
+/// The share of the ε tolerance that the FFT's round-off may take before the window grows to
+/// keep the tilt (see [`TILT_GROWTH_MAX`]).
+const TILT_ROUNDOFF_SHARE: f64 = 1e-3;
 
 /// Below the reference point, the window keeps the grid values whose ε-dependent round-off
 /// bound is at most this fraction of the mass above them (module docs, round-off).
@@ -1744,7 +1760,14 @@ fn compose_pmfs(
             .sum()
     };
     let base_width = k_hi - k_lo.max(full_lo);
+    let n_steps_all: f64 = pmfs.iter().map(|(_, t)| t).sum();
+    // ln of the Chernoff factor G·e^{−λ k_ref} at the saddle tilt: about δ at the centre. The
+    // FFT's round-off is charged relative to this factor at the tilt finally used, about
+    // n_steps·η times it (module docs, round-off, 3).
+    let lambda0 = lambda;
+    let ln_c0 = ln_g_of(lambda0) - lambda0 * k_ref;
     let mut tilted_hi = k_hi;
+    let mut coarser = 1.0_f64;
     let mut mu_start = hint_mu;
     let mut mu_used = f64::NAN;
     for _ in 0..12 {
@@ -1769,10 +1792,37 @@ fn compose_pmfs(
         } else {
             0.25
         };
-        if tilted_hi - k_hi <= growth * base_width.max(16.0) {
+        let extra = tilted_hi - k_hi;
+        if extra <= growth * base_width.max(16.0) {
             break;
         }
-        lambda *= 0.5;
+        // Beyond that the window may grow up to `TILT_GROWTH_MAX`-fold (and a quarter of the
+        // grid limit) where halving the tilt would cost tightness: where the FFT's round-off,
+        // relative to the halved tilt's Chernoff factor, would exceed `TILT_ROUNDOFF_SHARE` of
+        // the tolerance in ε (the charge moves ε by about charge/(δ·λ/h), δ ≈ the saddle
+        // tilt's factor). Heavy per-step tails (small q and σ, small δ) need this.
+        let half = 0.5 * lambda;
+        let width = (tilted_hi - k_lo.max(full_lo)).max(16.0);
+        let eta_est = FFT_LEVEL_C * width.log2() * u;
+        let ln_delta = if plan.delta_hint > 0.0 {
+            plan.delta_hint.ln()
+        } else {
+            ln_c0
+        };
+        let ln_loss = (3.0 * n_steps_all * eta_est).ln() + ln_g_of(half) - half * k_ref - ln_delta;
+        let allowed = TILT_ROUNDOFF_SHARE * eps_error * lambda0 / h;
+        let costly = ln_loss >= allowed.ln() || ln_loss.is_nan();
+        let within_growth = width <= TILT_GROWTH_MAX * base_width.max(16.0);
+        let within_points = width <= 0.25 * max_points as f64;
+        if costly && within_growth && within_points {
+            break;
+        }
+        if costly && within_growth {
+            // Only the grid limit forces the halving: a grid this much coarser would keep the
+            // tilt (the window's width scales like 1/h).
+            coarser = coarser.max(width / (0.25 * max_points as f64));
+        }
+        lambda = half;
         if trace {
             eprintln!(
                 "{dir:?}: tilt halved to {lambda:.3e} (tilted top {tilted_hi}, k_hi {k_hi}, base width {base_width})"
@@ -2186,6 +2236,7 @@ fn compose_pmfs(
     // Aliased mass from above the window (≤ τ·e^{−λ(k0 − k_ref)}) counts in the lower bound.
     composed.b_low = b_up + plan.tau;
     composed.rel = rel;
+    composed.coarser = coarser;
     if start > 0 || raised {
         composed.lowest = k_lo as f64 * h;
     }
@@ -2438,7 +2489,16 @@ impl PrvAccountant {
             grid_tol,
             &measured,
             delta_error,
-            |d| Tilt::Eps(d.eps_w(delta)),
+            |d| {
+                // A coarse window that dropped its values at the answer (too steep a tilt
+                // there) has no ε to centre on: the fine pass falls back to the saddle point.
+                let e = d.eps_w(delta);
+                if e.is_finite() && e >= d.lowest {
+                    (Tilt::Eps(e), delta)
+                } else {
+                    (Tilt::Delta(delta), delta)
+                }
+            },
             &coarse_prv,
             |d| d.eps_upper(delta),
         )?;
@@ -2474,7 +2534,7 @@ impl PrvAccountant {
             tol,
             &measured,
             delta_error,
-            |_| Tilt::Eps(eps),
+            |d| (Tilt::Eps(eps), d.delta_upper(eps)),
             &coarse,
             |d| Ok(d.delta_upper(eps)),
         )?
@@ -2527,6 +2587,10 @@ impl PrvAccountant {
                 curv.get(i).copied().unwrap_or(0.0),
                 delta_error,
                 tilt,
+                match tilt {
+                    Tilt::Delta(d) => d,
+                    Tilt::Eps(_) => f64::NAN,
+                },
             );
             let hint = |k: usize| {
                 hints
@@ -2567,7 +2631,7 @@ impl PrvAccountant {
         eps_error: f64,
         curv: &[f64],
         delta_error: f64,
-        tilt_of: impl Fn(&ComposedDirection) -> Tilt,
+        tilt_of: impl Fn(&ComposedDirection) -> (Tilt, f64),
         coarse: &ComposedPrv,
         upper: impl Fn(&ComposedDirection) -> Result<f64>,
     ) -> Result<ComposedPrv> {
@@ -2587,26 +2651,39 @@ impl PrvAccountant {
             let d = if coarse_upper <= bar {
                 coarse_dir.clone()
             } else {
-                let plan = plan_for(
+                let (tilt, delta_hint) = tilt_of(coarse_dir);
+                let mut plan = plan_for(
                     flat,
                     eps_error,
                     curv.get(j / 2).copied().unwrap_or(0.0),
                     delta_error,
-                    tilt_of(coarse_dir),
+                    tilt,
+                    delta_hint,
                 );
                 let dir = if j % 2 == 0 {
                     Direction::Remove
                 } else {
                     Direction::Add
                 };
-                let d = compose_direction(
-                    flat,
-                    dir,
-                    &plan,
-                    &self.accuracy,
-                    Some((coarse_dir.tilts, coarse_dir.tilt_hint)),
-                )?;
-                bar = bar.max(upper(&d)?);
+                let hint = Some((coarse_dir.tilts, coarse_dir.tilt_hint));
+                let mut d = compose_direction(flat, dir, &plan, &self.accuracy, hint)?;
+                let mut best = upper(&d)?;
+                // Where the grid limit cost the fine grid its tilt, a coarser fine grid that
+                // keeps it can be tighter (heavy per-step tails at small δ).
+                if d.coarser > 1.0 && plan.h * d.coarser < coarse_dir.h {
+                    plan.h *= 1.05 * d.coarser;
+                    let d2 = compose_direction(flat, dir, &plan, &self.accuracy, hint)?;
+                    let u2 = upper(&d2)?;
+                    if u2 < best {
+                        (d, best) = (d2, u2);
+                    }
+                }
+                // Both compositions certify this direction: keep the tighter (a finer accuracy
+                // never loosens the bound the coarse pass already certified).
+                if coarse_upper <= best {
+                    (d, best) = (coarse_dir.clone(), coarse_upper);
+                }
+                bar = bar.max(best);
                 d
             };
             total_points += d.n();
@@ -2658,6 +2735,7 @@ fn plan_for(
     r: f64,
     delta_error: f64,
     tilt: Tilt,
+    delta_hint: f64,
 ) -> Plan {
     let n_steps: f64 = flat.iter().map(|(_, t)| *t as f64).sum();
     // Never coarser than a tenth of the composed loss's spread.
@@ -2667,6 +2745,7 @@ fn plan_for(
         h,
         tilt,
         eps_error,
+        delta_hint,
         eta: 0.5 * delta_error,
         tail_mass: 0.4 * delta_error / n_steps,
         tau: 0.2 * delta_error,
@@ -3016,6 +3095,7 @@ mod tests {
                 h,
                 tilt,
                 eps_error: 1e-3,
+                delta_hint: f64::NAN,
                 eta: 1e-30,
                 tail_mass: 1e-32,
                 tau: 1e-32,
@@ -3301,7 +3381,7 @@ mod tests {
                 tol,
                 &prior,
                 delta_error,
-                |_| Tilt::Delta(delta),
+                |_| (Tilt::Delta(delta), delta),
                 &coarse,
                 |d| d.eps_upper(delta),
             )
@@ -3933,6 +4013,7 @@ mod tests {
             h,
             tilt: Tilt::Eps(e),
             eps_error: 0.01,
+            delta_hint: f64::NAN,
             eta: 1e-12,
             tail_mass: 1e-14,
             tau: 1e-12,
