@@ -515,6 +515,7 @@ mod tests {
             lower: upper,
             upper_remove: upper,
             upper_add: upper,
+            method: crate::Method::default(),
         }
     }
 

@@ -42,7 +42,7 @@ pub use error::{AccountantError, Result};
 pub use ledger::{Ledger, LedgerEntry, ParallelEntry};
 pub use prv::{
     Accuracy, ComposedPrv, DEFAULT_RELATIVE_EPS_ERROR, DeltaBounds, Direction, EpsTolerance,
-    EpsilonBounds, PrvAccountant,
+    EpsilonBounds, Method, PrvAccountant, RELATIVE_FLOOR,
 };
 pub use rdp::{RdpAccountant, RdpEpsilon};
 pub use sampling::PoissonSampler;

@@ -380,6 +380,35 @@ pub struct EpsilonBounds {
     /// Certified upper bound for the add direction alone (the coarse pass's where that
     /// direction cannot set `upper`, as for `upper_remove`).
     pub upper_add: f64,
+    /// How `upper` was certified.
+    #[serde(default)]
+    pub method: Method,
+}
+
+/// How a certified ε was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Method {
+    /// The PRV accountant on a grid built for this absolute ε tolerance (the estimated excess
+    /// of the upper bound over the truth). It is larger than the requested one where the
+    /// requested grid would exceed `max_points`.
+    Prv {
+        /// The absolute ε tolerance of the grid that answered.
+        eps_error: f64,
+    },
+    /// The RDP bound at this order (certified but looser: no PRV grid fitted `max_points`, or
+    /// the δ error budget was not small against δ); the lower bound is then 0.
+    Rdp {
+        /// The Rényi order that gave the bound.
+        order: f64,
+    },
+}
+
+impl Default for Method {
+    fn default() -> Self {
+        Self::Prv {
+            eps_error: f64::NAN,
+        }
+    }
 }
 
 /// δ(ε): certified upper bound, estimate and lower bound.
@@ -1088,7 +1117,9 @@ fn chernoff_point_tilted(
     };
     let (mut lambda, iters) = match start {
         Some(l) if l.is_finite() && l > 0.0 => (l, 1),
-        _ => ((2.0 * ln_inv_tau / var).sqrt(), 8),
+        // (Up to 40 steps: from the Gaussian optimum, heavy per-step tails can need many
+        // bisections down before Newton steps take over.)
+        _ => ((2.0 * ln_inv_tau / var).sqrt(), 40),
     };
     let (mut lo, mut hi) = (0.0_f64, f64::INFINITY);
     let (mut best, mut best_lambda) = (f64::INFINITY, lambda);
@@ -1555,7 +1586,8 @@ impl ComposedDirection {
         Ok(up)
     }
 
-    /// The certified lower bound on ε(δ) of this direction alone: with `x*` the smallest ε at
+    /// The certified lower bound on ε(δ) of this direction alone (0 where `x*` is not above
+    /// `lowest`): with `x*` the smallest ε at
     /// which `δ_w ≤ (δ + extra_low)(1 + rel) + 3·b_low·decay(x_g) + pmf_tail(x_g)` (`x_g` ≤ `x*`
     /// a point where the decaying terms are evaluated; they bound the terms at every x ≥ x_g), every ε' < x* − shift has δ(ε') > δ (at `ε' + shift ≥ x_g` by
     /// [`Self::delta_lower`], below by monotonicity), so ε(δ) ≥ x* − shift.
@@ -1567,6 +1599,11 @@ impl ComposedDirection {
             return 0.0;
         }
         let x = self.eps_w((base + var).min(1.0)).max(x_g);
+        // Where the window's values below `lowest` were dropped, the crossing must lie above
+        // it: at `lowest` itself δ_w is already small enough, and below it nothing is known.
+        if x <= self.lowest || x.is_nan() {
+            return 0.0;
+        }
         let v = x - self.shift_low;
         if v.is_finite() { v.max(0.0) } else { 0.0 }
     }
@@ -2328,6 +2365,9 @@ impl ComposedPrv {
             lower: 0.0,
             upper_remove: 0.0,
             upper_add: 0.0,
+            method: Method::Prv {
+                eps_error: self.eps_error,
+            },
         };
         for (i, d) in self.dirs.iter().enumerate() {
             // Pessimistic discretization: δ_Y(ε) ≤ δ_w(ε) + extra_up at every ε, no shift.
@@ -2426,6 +2466,10 @@ pub struct PrvAccountant {
     accuracy: Accuracy,
 }
 
+/// A relative ε tolerance is relative to max(ε, `RELATIVE_FLOOR`): below ε = 0.01 it is an
+/// absolute one (1e-6 at the default 1e-4), so that a tiny ε does not ask for a tiny grid.
+pub const RELATIVE_FLOOR: f64 = 0.01;
+
 /// Relative excess target of the first (coarse) pass.
 const COARSE_REL: f64 = 3e-3;
 
@@ -2442,9 +2486,39 @@ impl PrvAccountant {
     }
 
     /// ε(δ) of a composition: certified upper bound, estimate, lower bound.
+    ///
+    /// Every valid query gets a certified answer: where the requested accuracy needs more grid
+    /// points than `max_points` allows, the answer comes from the finest grid that fits
+    /// ([`EpsilonBounds::method`] gives the tolerance it was built for), and where no PRV grid
+    /// fits (or the δ error budget is not small against δ), from the RDP bound
+    /// ([`Method::Rdp`]; certified, looser).
     pub fn epsilon(&self, comp: &Composition, delta: f64) -> Result<EpsilonBounds> {
         let delta = Delta::new(delta)?.get();
         self.accuracy.validate()?;
+        match self.epsilon_prv(comp, delta) {
+            Err(
+                err @ (AccountantError::GridTooLarge { .. }
+                | AccountantError::DeltaBelowAccuracy { .. }
+                | AccountantError::NumericalFailure(_)),
+            ) => {
+                let Ok(r) = RdpAccountant::default().epsilon(comp, delta) else {
+                    return Err(err);
+                };
+                Ok(EpsilonBounds {
+                    upper: r.epsilon,
+                    estimate: r.epsilon,
+                    lower: 0.0,
+                    upper_remove: r.epsilon,
+                    upper_add: r.epsilon,
+                    method: Method::Rdp { order: r.order },
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// [`Self::epsilon`] by the PRV alone (grids coarsened to fit `max_points`).
+    fn epsilon_prv(&self, comp: &Composition, delta: f64) -> Result<EpsilonBounds> {
         let delta_error = self.accuracy.delta_error_rel * delta;
         let flats = comp.expand(self.accuracy.max_combinations)?;
         let z = (2.0 * (1.0 / delta).ln()).sqrt();
@@ -2453,26 +2527,40 @@ impl PrvAccountant {
             .epsilon(comp, delta)?
             .epsilon
             .max(1e-9);
-        let coarse_tol = COARSE_REL * rdp;
+        let mut coarse_tol = COARSE_REL * rdp;
         let prior: Vec<f64> = flats.iter().map(|f| gaussian_curvature(f, z)).collect();
         // The coarse pass is tilted at a saddle-point estimate of ε(δ), the fine pass at each
         // direction's coarse ε.
         let tilt = Tilt::Delta(delta);
         let final_tol = |scale: f64| match self.accuracy.eps {
             EpsTolerance::Absolute(a) => a,
-            EpsTolerance::Relative(r) => r * scale.max(1e-9),
+            EpsTolerance::Relative(r) => r * scale.max(RELATIVE_FLOOR),
         };
         // One pass suffices for an absolute tolerance at least as coarse as the first pass's; a
         // relative one needs the first pass's ε as its scale (the RDP ε can be far above it).
-        if matches!(self.accuracy.eps, EpsTolerance::Absolute(a) if a >= coarse_tol) {
-            let prv =
-                self.compose_flats(&flats, final_tol(rdp), &prior, delta_error, tilt, None)?;
-            return prv.epsilon(delta);
+        let single = matches!(self.accuracy.eps, EpsTolerance::Absolute(a) if a >= coarse_tol);
+        if single {
+            coarse_tol = final_tol(rdp);
         }
-        let coarse_prv = self.compose_flats(&flats, coarse_tol, &prior, delta_error, tilt, None)?;
+        // The first pass, on a coarser grid where the limit requires it (up to three tries).
+        let mut tries = 0;
+        let coarse_prv = loop {
+            match self.compose_flats(&flats, coarse_tol, &prior, delta_error, tilt, None) {
+                Err(AccountantError::GridTooLarge {
+                    suggested_eps_error,
+                    ..
+                }) if tries < 3 && suggested_eps_error.is_finite() => {
+                    coarse_tol = suggested_eps_error.max(2.0 * coarse_tol);
+                    tries += 1;
+                }
+                other => break other?,
+            }
+        };
+        let coarse_prv =
+            self.recentre(&flats, coarse_prv, coarse_tol, &prior, delta_error, delta)?;
         let coarse = coarse_prv.epsilon(delta)?;
         let tol = final_tol(coarse.upper);
-        if tol >= coarse_tol {
+        if single || tol >= coarse_tol {
             return Ok(coarse);
         }
         let at = coarse.upper.max(coarse.estimate);
@@ -2483,26 +2571,42 @@ impl PrvAccountant {
         // model it replaced; the allowances left, truncation, wrap-around and the FFT's term,
         // hardly depend on h, but the fine pass's tilt and hence its Chernoff factor differ).
         let spent = coarse_prv.allowance_eps(at, delta) * (coarse_tol / tol).powf(0.25);
-        let grid_tol = (tol - spent).max(0.5 * tol);
-        let prv = self.refine_flats(
-            &flats,
-            grid_tol,
-            &measured,
-            delta_error,
-            |d| {
-                // A coarse window that dropped its values at the answer (too steep a tilt
-                // there) has no ε to centre on: the fine pass falls back to the saddle point.
-                let e = d.eps_w(delta);
-                if e.is_finite() && e >= d.lowest {
-                    (Tilt::Eps(e), delta)
-                } else {
-                    (Tilt::Delta(delta), delta)
+        let mut grid_tol = (tol - spent).max(0.5 * tol);
+        // The fine pass, on the finest grid that fits (the coarse pass's answer if none does).
+        for _ in 0..2 {
+            let fine = self.refine_flats(
+                &flats,
+                grid_tol,
+                &measured,
+                delta_error,
+                |d| {
+                    // A coarse window that dropped its values at the answer (too steep a tilt
+                    // there) has no ε to centre on: the fine pass falls back to the saddle
+                    // point.
+                    let e = d.eps_w(delta);
+                    if e.is_finite() && e >= d.lowest {
+                        (Tilt::Eps(e), delta)
+                    } else {
+                        (Tilt::Delta(delta), delta)
+                    }
+                },
+                &coarse_prv,
+                |d| d.eps_upper(delta),
+            );
+            match fine {
+                Ok(prv) => return prv.epsilon(delta),
+                Err(AccountantError::GridTooLarge {
+                    suggested_eps_error,
+                    ..
+                }) if suggested_eps_error < 0.5 * coarse_tol => {
+                    grid_tol = suggested_eps_error.max(1.5 * grid_tol);
                 }
-            },
-            &coarse_prv,
-            |d| d.eps_upper(delta),
-        )?;
-        prv.epsilon(delta)
+                Err(AccountantError::GridTooLarge { .. })
+                | Err(AccountantError::DeltaBelowAccuracy { .. }) => return Ok(coarse),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(coarse)
     }
 
     /// δ(ε) of a composition: certified upper bound, estimate, lower bound.
@@ -2612,6 +2716,65 @@ impl PrvAccountant {
             eps_error,
             delta_error,
         })
+    }
+
+    /// Where a direction's answer to ε(δ) lies at the bottom of its window's usable values
+    /// (the tilt was centred far above it: a saddle-point estimate, off for heavy per-step
+    /// tails, where the Chernoff bound is loose), compose that direction again on the same grid
+    /// step, centred at the tangent extrapolation of `ln δ_w` from the bottom of the usable
+    /// values down to δ (at or below the answer where `ln δ` is convex). Up to three rounds
+    /// per direction; a composition replaces the previous one only where its certified bound is
+    /// smaller (each is certified), so this changes the tightness only.
+    fn recentre(
+        &self,
+        flats: &[Vec<(SubsampledGaussian, u64)>],
+        mut prv: ComposedPrv,
+        eps_error: f64,
+        curv: &[f64],
+        delta_error: f64,
+        delta: f64,
+    ) -> Result<ComposedPrv> {
+        for j in 0..prv.dirs.len() {
+            let Some(flat) = flats.get(j / 2) else {
+                return Err(AccountantError::NumericalFailure("direction index"));
+            };
+            for _ in 0..3 {
+                let d = &prv.dirs[j];
+                let low = d.lowest;
+                if !(low.is_finite() && d.eps_w(delta) <= low + d.h) {
+                    break;
+                }
+                let step = (16.0 * d.h).max(1e-3 * low.abs());
+                let (a, b) = (d.delta_w(low), d.delta_w(low + step));
+                let slope = (a / b).ln() / step;
+                let centre = if a > 0.0 && b > 0.0 && slope > 0.0 && slope.is_finite() {
+                    low - (delta / a).ln().max(0.0) / slope
+                } else {
+                    0.5 * low
+                };
+                let centre = centre.min(low - d.h).max(0.0);
+                let plan = plan_for(
+                    flat,
+                    eps_error,
+                    curv.get(j / 2).copied().unwrap_or(0.0),
+                    delta_error,
+                    Tilt::Eps(centre),
+                    delta,
+                );
+                let dir = if j % 2 == 0 {
+                    Direction::Remove
+                } else {
+                    Direction::Add
+                };
+                let new = compose_direction(flat, dir, &plan, &self.accuracy, None)?;
+                if new.eps_upper(delta)? < d.eps_upper(delta)? {
+                    prv.dirs[j] = new;
+                } else {
+                    break;
+                }
+            }
+        }
+        Ok(prv)
     }
 
     /// The fine pass, direction by direction, skipping the directions that cannot set the

@@ -2,8 +2,9 @@
 //! Bad input gives typed errors carrying the offending value, never a panic or a number.
 
 use raptor_accountant::{
-    AccountantError as E, Accuracy, Composition, Ledger, ParallelGroup, PlanRequest, PrvAccountant,
-    RdpAccountant, Stream, StreamSampling, SubsampledGaussian, calibrate_sigma, plan_budget,
+    AccountantError as E, Accuracy, Composition, Ledger, Method, ParallelGroup, PlanRequest,
+    PrvAccountant, RdpAccountant, Stream, StreamSampling, SubsampledGaussian, calibrate_sigma,
+    plan_budget,
 };
 
 fn comp() -> Composition {
@@ -114,11 +115,26 @@ fn invalid_accuracy_and_orders() {
     );
 }
 
+/// A query whose requested accuracy needs more grid points than allowed is answered from the
+/// finest grid that fits (certified, the grid's tolerance reported), or from the RDP bound where
+/// no grid fits; composing at that accuracy by hand stays a typed error with a remedy.
 #[test]
-fn too_fine_a_grid_is_a_typed_error_with_a_remedy() {
+fn too_fine_a_grid_answers_from_the_finest_grid_that_fits() {
     let acc = PrvAccountant::new(Accuracy::absolute(1e-7).with_max_points(1 << 16)).unwrap();
     let c = Composition::single(SubsampledGaussian::new(0.25, 0.6).unwrap(), 10_000).unwrap();
-    match acc.epsilon(&c, 1e-5) {
+    let e = acc.epsilon(&c, 1e-5).unwrap();
+    let Method::Prv { eps_error } = e.method else {
+        panic!("expected a PRV answer, got {e:?}")
+    };
+    assert!(eps_error > 1e-7, "{e:?}");
+    // Certified: at or above the lower bound of an answer at the default accuracy, and close.
+    let reference = PrvAccountant::default().epsilon(&c, 1e-5).unwrap();
+    assert!(
+        e.upper >= reference.lower && e.upper >= reference.estimate,
+        "{e:?} {reference:?}"
+    );
+    assert!(e.upper <= reference.upper * 1.01, "{e:?} {reference:?}");
+    match acc.compose(&c, 1e-7, 1e-10) {
         Err(E::GridTooLarge {
             needed,
             limit,
@@ -127,7 +143,7 @@ fn too_fine_a_grid_is_a_typed_error_with_a_remedy() {
         }) => {
             assert!(needed > limit as u64);
             assert!(suggested_eps_error > 1e-7);
-            let msg = acc.epsilon(&c, 1e-5).unwrap_err().to_string();
+            let msg = acc.compose(&c, 1e-7, 1e-10).unwrap_err().to_string();
             assert!(
                 msg.contains("coarser accuracy") && msg.contains("RDP"),
                 "{msg}"
@@ -135,6 +151,12 @@ fn too_fine_a_grid_is_a_typed_error_with_a_remedy() {
         }
         other => panic!("expected GridTooLarge, got {other:?}"),
     }
+    // No grid fits 16 points: the RDP bound answers, and says so.
+    let tiny = PrvAccountant::new(Accuracy::default().with_max_points(16)).unwrap();
+    let e = tiny.epsilon(&c, 1e-5).unwrap();
+    let rdp = RdpAccountant::default().epsilon(&c, 1e-5).unwrap();
+    assert_eq!(e.method, Method::Rdp { order: rdp.order });
+    assert_eq!((e.upper, e.lower), (rdp.epsilon, 0.0));
 }
 
 #[test]
