@@ -54,7 +54,14 @@
 //!    combination) in decreasing order of their coarse upper bound, and keeps the coarse
 //!    composition of any direction whose coarse upper bound is already at most the largest fine
 //!    upper bound found: the reported maximum of certified bounds is unchanged, and that
-//!    direction's work is saved (the add direction of the subsampled Gaussian, usually).
+//!    direction's work is saved (the add direction of the subsampled Gaussian, usually). A
+//!    refined direction whose fine bound comes out above its coarse one keeps the coarse one
+//!    (both are certified), so a finer accuracy never loosens the bound already certified.
+//! 7. **Every query answered.** A pass whose grid would exceed `max_points` is redone on the
+//!    coarser grid the limit allows (the first pass), or skipped (the fine pass: the first
+//!    pass's certified answer stands); where no PRV grid fits, or the δ error budget is not
+//!    small against δ, [`PrvAccountant::epsilon`] returns the RDP bound, and
+//!    [`EpsilonBounds::method`] says which computation answered and at which tolerance.
 //!
 //! The estimate (not certified) removes the discretization's expected effect from the upper
 //! bound: the mean shift `N·s(h)`, `s(h) = h/(1 − e^{−h}) − 1 − h/2 ≈ h²/12`, plus the effect
@@ -80,9 +87,17 @@
 //!    error becomes relative to the tail beyond ε (at δ = 1e-12, T = 1000 the untilted error,
 //!    ~1e-13, was half of δ). λ is the saddle point whose tilted mean is the expected query
 //!    point: a saddle-point estimate of ε(δ) for the coarse pass, each direction's coarse ε for
-//!    the fine pass, ε itself for δ(ε) queries; it is halved while the window would grow more
-//!    than fourfold (1.25-fold for a coarse pass; heavy per-step tails). Any λ ≥ 0 is valid; λ
-//!    only sets the tightness.
+//!    the fine pass, ε itself for δ(ε) queries. Heavy per-step tails (small q or σ) stretch
+//!    the tilted sum far above the untilted window (a few large single-step losses carry much
+//!    of the tilted mass): the window may grow fourfold (1.25-fold for a coarse pass) for free,
+//!    and up to 64-fold (and a quarter of `max_points`) where halving λ would leave an FFT
+//!    round-off above 1e-3 of the tolerance (it is relative to the halved tilt's Chernoff
+//!    factor, which can lie far above δ); otherwise λ is halved. Where only the point limit
+//!    forced the halving in a fine pass, that pass is also composed on the coarser grid that
+//!    keeps the tilt, and the tighter of the two kept. Where the saddle-point estimate lies so
+//!    far above the answer that the window's values there were dropped (see 6), the direction
+//!    is composed again centred lower (the tangent of `ln δ_w` extrapolated down to δ). Any
+//!    λ ≥ 0 is valid; λ only sets the tightness.
 //! 2. **Window with a tilt.** Mass above the window wraps to `r = k − jn` amplified by
 //!    `e^{λ(k − r)}`: the top of the window is also chosen by a Chernoff bound on the tilted sum
 //!    so that `Σ_{k > K_hi} w_k e^{λ(k − k_ref)} ≤ τ` (its untilted mass is then at most τ
@@ -185,13 +200,13 @@
 //!    below the answer (their value there bounds them further out); the answer is re-checked
 //!    by evaluating the upper bound there.
 //!
-//! What remains assumed: the FFT kernels' constant (3) and libm's accuracy (3, 5). At
-//! δ = 1e-12, T = 1000, q = 0.01, σ = 1 the tight preset's certified ε is 8.5e-6 above our
-//! estimate (7.2e-6 above prv_accountant's): the FFT's term (1.2e-4·δ at the answer),
-//! relative to the tilt's Chernoff factor, which this case's heavy per-step tails keep far
-//! above δ (the tilt is halved to keep the window small), is most of what is left beside the
-//! discretization. At δ ≥ 1e-8 the golden cases meet the tight
-//! preset's target (see the crate README).
+//! What remains assumed: the FFT kernels' constant (3) and libm's accuracy (3, 5). With the
+//! window free to grow where halving the tilt would cost tightness (1), the FFT's term stays
+//! small against δ also where heavy per-step tails stretch the tilted sum: at δ = 1e-12,
+//! T = 1000, q = 0.01, σ = 1 the tight preset's certified ε is 5.3e-6 above our estimate
+//! (8.5e-6 when the tilt was halved to keep the window small), and at δ = 1e-8,
+//! q = 0.0005, σ = 0.8, T = 10⁴ the default's is within 2e-5 of the truth (11 % above it
+//! then). Both are checked against references (see the crate README).
 //!
 //! # Grid step
 //!
@@ -230,8 +245,8 @@ pub enum Direction {
 /// How precise ε must be: the estimated excess of the certified upper bound over the true ε.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum EpsTolerance {
-    /// `eps_error = rel × scale`, where the scale is a first (coarse) certified ε (for ε(δ)) or
-    /// max(ε, sd of the composed loss) (for δ(ε)).
+    /// `eps_error = rel × scale`, where the scale is a first (coarse) certified ε, at least
+    /// [`RELATIVE_FLOOR`] (for ε(δ)), or max(ε, sd of the composed loss) (for δ(ε)).
     Relative(f64),
     /// A fixed `eps_error`.
     Absolute(f64),
@@ -2721,9 +2736,9 @@ impl PrvAccountant {
     /// Where a direction's answer to ε(δ) lies at the bottom of its window's usable values
     /// (the tilt was centred far above it: a saddle-point estimate, off for heavy per-step
     /// tails, where the Chernoff bound is loose), compose that direction again on the same grid
-    /// step, centred at the tangent extrapolation of `ln δ_w` from the bottom of the usable
-    /// values down to δ (at or below the answer where `ln δ` is convex). Up to three rounds
-    /// per direction; a composition replaces the previous one only where its certified bound is
+    /// step, centred halfway down from the bottom of the usable values to the tangent
+    /// extrapolation of `ln δ_w` there down to δ (at or below the answer where `ln δ` is
+    /// convex). Up to six rounds per direction; a composition replaces the previous one only where its certified bound is
     /// smaller (each is certified), so this changes the tightness only.
     fn recentre(
         &self,
@@ -2738,7 +2753,7 @@ impl PrvAccountant {
             let Some(flat) = flats.get(j / 2) else {
                 return Err(AccountantError::NumericalFailure("direction index"));
             };
-            for _ in 0..3 {
+            for _ in 0..6 {
                 let d = &prv.dirs[j];
                 let low = d.lowest;
                 if !(low.is_finite() && d.eps_w(delta) <= low + d.h) {
@@ -2747,12 +2762,15 @@ impl PrvAccountant {
                 let step = (16.0 * d.h).max(1e-3 * low.abs());
                 let (a, b) = (d.delta_w(low), d.delta_w(low + step));
                 let slope = (a / b).ln() / step;
-                let centre = if a > 0.0 && b > 0.0 && slope > 0.0 && slope.is_finite() {
+                let tangent = if a > 0.0 && b > 0.0 && slope > 0.0 && slope.is_finite() {
                     low - (delta / a).ln().max(0.0) / slope
                 } else {
-                    0.5 * low
+                    0.0
                 };
-                let centre = centre.min(low - d.h).max(0.0);
+                // Halfway down to the tangent's point: where ln δ bends sharply (a narrow bulk
+                // below heavy single-step tails), the tangent lies far below the answer, and a
+                // centre there loses the tilt the answer needs.
+                let centre = (0.5 * (tangent.max(0.0) + low)).min(low - d.h).max(0.0);
                 let plan = plan_for(
                     flat,
                     eps_error,

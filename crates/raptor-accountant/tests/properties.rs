@@ -3,8 +3,8 @@
 
 use proptest::prelude::*;
 use raptor_accountant::{
-    Accuracy, Composition, ParallelGroup, PrvAccountant, RdpAccountant, SIGMA_TOLERANCE,
-    SubsampledGaussian, calibrate_sigma,
+    Accuracy, Composition, ParallelGroup, PrvAccountant, RELATIVE_FLOOR, RdpAccountant,
+    SIGMA_TOLERANCE, SubsampledGaussian, calibrate_sigma,
 };
 
 /// Exact δ(ε) of T Gaussian steps (Balle & Wang 2018), μ = √T/σ.
@@ -98,6 +98,62 @@ proptest! {
         prop_assert!(p.upper < sq.upper);
         // identical members: the group costs exactly one member
         prop_assert_eq!(p, m);
+    }
+}
+
+/// The certified ε at accuracy `finer` is at most the one at `coarser` plus `finer`'s stated
+/// tolerance (relative to max(ε, RELATIVE_FLOOR)): asking for more accuracy never loosens the
+/// bound beyond what the finer accuracy itself allows.
+fn assert_not_looser(c: &Composition, delta: f64, coarser: Accuracy, finer: Accuracy, rel: f64) {
+    let a = PrvAccountant::new(coarser)
+        .unwrap()
+        .epsilon(c, delta)
+        .unwrap();
+    let b = PrvAccountant::new(finer)
+        .unwrap()
+        .epsilon(c, delta)
+        .unwrap();
+    assert!(
+        b.upper <= a.upper + rel * a.upper.max(RELATIVE_FLOOR),
+        "delta {delta}: finer {b:?} looser than {a:?}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    /// Over small and ordinary sampling rates and δ from 1e-12 to 1e-5, a finer eps_error or a
+    /// smaller delta error budget never loosens the certified bound (beyond the finer
+    /// tolerance).
+    #[test]
+    fn finer_accuracy_never_loosens_the_bound(
+        lq in -4.0f64..-1.5,
+        s in 0.7f64..2.0,
+        t in 10u64..3000,
+        ld in -12.0f64..-5.0,
+        r in 3e-4f64..3e-3,
+        k in 3.0f64..30.0,
+    ) {
+        let c = Composition::single(SubsampledGaussian::new(10f64.powf(lq), s).unwrap(), t).unwrap();
+        let delta = 10f64.powf(ld);
+        assert_not_looser(&c, delta, Accuracy::relative(r), Accuracy::relative(r / k), r / k);
+        assert_not_looser(
+            &c,
+            delta,
+            Accuracy::relative(r),
+            Accuracy::relative(r).with_delta_error_rel(1e-5 / k),
+            r,
+        );
+    }
+}
+
+/// The small-δ rows that a finer eps_error once made looser (q 0.0005, σ 0.8, T 10⁴, δ 1e-8:
+/// 0.926110 at the default, 0.946073 at eps_error 1e-5).
+#[test]
+fn finer_accuracy_never_loosens_the_bound_at_small_delta() {
+    for (q, s, delta) in [(0.0005, 0.8, 1e-8), (0.001, 0.8, 1e-8), (0.001, 1.0, 1e-8)] {
+        let c = Composition::single(SubsampledGaussian::new(q, s).unwrap(), 10_000).unwrap();
+        assert_not_looser(&c, delta, Accuracy::default(), Accuracy::tight(), 1e-5);
     }
 }
 

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use raptor_accountant::{
     AccountantError as CoreError, Accuracy, Composition, DEFAULT_RELATIVE_EPS_ERROR, DeltaBounds,
-    EpsilonBounds, ParallelGroup, PlanRequest, PrvAccountant, RdpAccountant, Stream,
+    EpsilonBounds, Method, ParallelGroup, PlanRequest, PrvAccountant, RdpAccountant, Stream,
     StreamSampling, SubsampledGaussian,
 };
 
@@ -266,10 +266,12 @@ fn as_composition(obj: &Bound<'_, PyAny>) -> PyResult<Composition> {
 }
 
 /// ε(δ): the certified upper bound (what to report), the estimate and a lower bound, and the
-/// upper bounds of the two adjacency directions (the upper bound is their max). `float(bounds)`
-/// is the upper bound.
+/// upper bounds of the two adjacency directions (the upper bound is their max), and which
+/// computation certified it (`method`: "prv", with the absolute ε tolerance `eps_error` of the
+/// grid that answered, larger than asked where the grid limit did not allow the requested one;
+/// or "rdp", the RDP bound, where no PRV grid fitted). `float(bounds)` is the upper bound.
 #[pyclass(name = "EpsilonBounds", module = "raptor_accountant", frozen, get_all)]
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct PyEpsilonBounds {
     /// Certified upper bound on ε.
     upper: f64,
@@ -281,16 +283,26 @@ pub struct PyEpsilonBounds {
     upper_remove: f64,
     /// Upper bound for adding a record.
     upper_add: f64,
+    /// "prv" or "rdp".
+    method: String,
+    /// The absolute ε tolerance of the PRV grid that answered (None for "rdp").
+    eps_error: Option<f64>,
 }
 
 impl From<EpsilonBounds> for PyEpsilonBounds {
     fn from(e: EpsilonBounds) -> Self {
+        let (method, eps_error) = match e.method {
+            Method::Prv { eps_error } => ("prv", Some(eps_error).filter(|v| v.is_finite())),
+            Method::Rdp { .. } => ("rdp", None),
+        };
         Self {
             upper: e.upper,
             estimate: e.estimate,
             lower: e.lower,
             upper_remove: e.upper_remove,
             upper_add: e.upper_add,
+            method: method.to_string(),
+            eps_error,
         }
     }
 }
@@ -298,14 +310,24 @@ impl From<EpsilonBounds> for PyEpsilonBounds {
 #[pymethods]
 impl PyEpsilonBounds {
     #[new]
-    #[pyo3(signature = (upper, estimate, lower, upper_remove, upper_add))]
-    fn new(upper: f64, estimate: f64, lower: f64, upper_remove: f64, upper_add: f64) -> Self {
+    #[pyo3(signature = (upper, estimate, lower, upper_remove, upper_add, method = "prv".to_string(), eps_error = None))]
+    fn new(
+        upper: f64,
+        estimate: f64,
+        lower: f64,
+        upper_remove: f64,
+        upper_add: f64,
+        method: String,
+        eps_error: Option<f64>,
+    ) -> Self {
         Self {
             upper,
             estimate,
             lower,
             upper_remove,
             upper_add,
+            method,
+            eps_error,
         }
     }
 
@@ -315,8 +337,15 @@ impl PyEpsilonBounds {
 
     fn __repr__(&self) -> String {
         format!(
-            "EpsilonBounds(upper={}, estimate={}, lower={}, upper_remove={}, upper_add={})",
-            self.upper, self.estimate, self.lower, self.upper_remove, self.upper_add
+            "EpsilonBounds(upper={}, estimate={}, lower={}, upper_remove={}, upper_add={}, method={:?}, eps_error={})",
+            self.upper,
+            self.estimate,
+            self.lower,
+            self.upper_remove,
+            self.upper_add,
+            self.method,
+            self.eps_error
+                .map_or_else(|| "None".to_string(), |v| v.to_string())
         )
     }
 }

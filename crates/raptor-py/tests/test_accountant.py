@@ -193,10 +193,17 @@ def test_bad_inputs_raise_value_error_with_a_clear_message(call, needle):
     assert needle in str(info.value)
 
 
-def test_a_regime_beyond_the_grid_raises_accuracy_error_with_the_remedy():
-    acc = ra.PRVAccountant(1e-6, max_points=1000)
-    with pytest.raises(ra.AccuracyError, match="coarser accuracy"):
-        acc.get_epsilon(ra.SubsampledGaussian(0.01, 1.0), 1e-5)
+def test_a_regime_beyond_the_grid_answers_from_a_coarser_grid_and_says_so():
+    mech = ra.SubsampledGaussian(0.01, 1.0)
+    fine = ra.PRVAccountant(1e-6, max_points=1000).get_epsilon(mech, 1e-5)
+    assert fine.method == "prv" and fine.eps_error > 1e-6 * fine.upper
+    reference = ra.PRVAccountant().get_epsilon(mech, 1e-5)
+    assert fine.upper >= reference.lower
+    assert fine.eps_error is not None and "method='prv'" in repr(fine).replace('"', "'")
+    # No PRV grid fits 16 points: the RDP bound answers, and says so.
+    rdp = ra.PRVAccountant(max_points=16).get_epsilon(mech, 1e-5)
+    assert rdp.method == "rdp" and rdp.eps_error is None and rdp.lower == 0.0
+    assert rdp.upper == ra.RDPAccountant().get_epsilon(mech, 1e-5)[0]
 
 
 def test_wrong_types_raise_type_error():

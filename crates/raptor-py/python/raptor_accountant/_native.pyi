@@ -50,13 +50,17 @@ class ParallelGroup:
 Accountable = Union[Composition, ParallelGroup, SubsampledGaussian]
 
 class EpsilonBounds:
-    """epsilon(delta): certified upper bound (report it), estimate, lower bound."""
+    """epsilon(delta): certified upper bound (report it), estimate, lower bound, and which
+    computation certified it: method "prv" (eps_error: the absolute tolerance of the grid that
+    answered) or "rdp" (eps_error None)."""
 
     upper: float
     estimate: float
     lower: float
     upper_remove: float
     upper_add: float
+    method: str
+    eps_error: Optional[float]
     def __init__(
         self,
         upper: float,
@@ -64,6 +68,8 @@ class EpsilonBounds:
         lower: float,
         upper_remove: float,
         upper_add: float,
+        method: str = "prv",
+        eps_error: Optional[float] = None,
     ) -> None: ...
     def __float__(self) -> float: ...
 
