@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 
 use clap::Args;
 use raptor_accountant::{
-    Accuracy, Composition, DEFAULT_RELATIVE_EPS_ERROR, PlanRequest, PrvAccountant, RdpAccountant,
-    Stream, StreamSampling, SubsampledGaussian, calibrate_sigma, plan_budget,
+    Accuracy, Composition, DEFAULT_RELATIVE_EPS_ERROR, Method, PlanRequest, PrvAccountant,
+    RELATIVE_FLOOR, RdpAccountant, Stream, StreamSampling, SubsampledGaussian, calibrate_sigma,
+    plan_budget,
 };
 use serde::Serialize;
 
@@ -143,6 +144,27 @@ pub fn run_account(args: AccountArgs) -> Result<()> {
         eps.upper, eps.estimate, eps.lower, eps.upper_remove, eps.upper_add
     );
     let _ = writeln!(s, "epsilon (RDP): {:.6} (order {})", rdp.epsilon, rdp.order);
+    match eps.method {
+        // The grid that answered was coarser than --eps-error asked (the grid limit).
+        Method::Prv { eps_error }
+            if eps_error > args.eps_error * eps.upper.max(RELATIVE_FLOOR) * 1.01 =>
+        {
+            let _ = writeln!(
+                s,
+                "note: the grid for --eps-error {} would exceed the grid limit; the certified upper bound comes from the finest grid that fits (expected within {:.1e} of the truth, relative {:.1e})",
+                args.eps_error,
+                eps_error,
+                eps_error / eps.upper.max(RELATIVE_FLOOR)
+            );
+        }
+        Method::Rdp { order } => {
+            let _ = writeln!(
+                s,
+                "note: no PRV grid fits the grid limit here; the certified upper bound is the RDP bound (order {order})"
+            );
+        }
+        Method::Prv { .. } => {}
+    }
     print_text(&s)
 }
 
