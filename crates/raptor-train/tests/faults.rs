@@ -32,8 +32,7 @@ fn train(
     cfg: &RunConfig,
     dir: &Path,
 ) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
-    let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
-    train_in(cfg, dir, &mut quiet, None)
+    common::train_quietly(cfg, dir)
 }
 
 #[test]

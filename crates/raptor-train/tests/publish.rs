@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use raptor_train::config::RunConfig;
-use raptor_train::run::{PRIVATE_NOTICE, train_in};
+use raptor_train::run::PRIVATE_NOTICE;
 
 mod common;
 
@@ -23,8 +23,7 @@ fn train(
     cfg: &RunConfig,
     dir: &Path,
 ) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
-    let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
-    train_in(cfg, dir, &mut quiet, None)
+    common::train_quietly(cfg, dir)
 }
 
 fn json(path: &Path) -> serde_json::Value {

@@ -852,20 +852,38 @@ fn assert_matches_golden(case: &str, eps: f64) {
     );
 }
 
+/// The golden cases' setting: 40 toy records, B = 8 (q = 0.2), 5 updates of `method` (RAPTOR
+/// without alternation unless `alternate`), on the tiny Switch; returns the data, the model
+/// with its scope set, the config and the plan.
+fn golden_setting(
+    method: Method,
+    alternate: bool,
+) -> (
+    Vec<Example>,
+    SwitchEncoder,
+    RunConfig,
+    Plan,
+    raptor_train::methods::PrivacyPlan,
+) {
+    let vocab = SwitchConfig::tiny().vocab_size;
+    let data = examples(40, vocab, 5);
+    let mut m = model();
+    let mut c = cfg(method, data.len());
+    c.method.alternate = alternate;
+    c.method.scope = "lora".into();
+    c.train.batch_size = 8.0;
+    c.train.steps = Some(5);
+    let (plan, privacy) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    (data, m, c, plan, privacy)
+}
+
 /// RAPTOR without alternation releases the shared stream and every expert of its layer from
 /// one sample per update: the ledger holds one charge per update, and its ε is that of ONE
 /// subsampled Gaussian with 1/σ_eff² = 1/σ_s² + 1/σ_e² (dp_accounting golden). Charging the
 /// shared release and the expert group as separate samples gave 2.16 here instead of 2.81.
 #[test]
 fn a_simultaneous_raptor_run_is_charged_one_mechanism_per_sample() {
-    let vocab = SwitchConfig::tiny().vocab_size;
-    let data = examples(40, vocab, 5);
-    let mut m = model();
-    let mut c = cfg(Method::Raptor, data.len());
-    c.method.alternate = false;
-    c.train.batch_size = 8.0;
-    c.train.steps = Some(5);
-    let (mut plan, privacy) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (data, mut m, c, mut plan, privacy) = golden_setting(Method::Raptor, false);
     // The plan itself is calibrated on the one-sample mechanism and meets the target.
     assert!(privacy.planned_epsilon <= c.privacy.epsilon);
     assert_eq!(plan.phases.len(), 1);
@@ -882,14 +900,7 @@ fn a_simultaneous_raptor_run_is_charged_one_mechanism_per_sample() {
 /// The planned ε of a simultaneous RAPTOR plan is what its ledger spends (and ≤ the target).
 #[test]
 fn a_simultaneous_raptor_ledger_equals_its_plan() {
-    let vocab = SwitchConfig::tiny().vocab_size;
-    let data = examples(40, vocab, 5);
-    let mut m = model();
-    let mut c = cfg(Method::Raptor, data.len());
-    c.method.alternate = false;
-    c.train.batch_size = 8.0;
-    c.train.steps = Some(5);
-    let (plan, privacy) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (data, mut m, c, plan, privacy) = golden_setting(Method::Raptor, false);
     let acc = PrvAccountant::new(Accuracy::relative(c.privacy.accuracy)).unwrap();
     let owners = owner_maps(&m, &data);
     let optim = sgd(&plan, 0.01);
@@ -914,14 +925,7 @@ fn a_simultaneous_raptor_ledger_equals_its_plan() {
 #[test]
 fn two_parallel_groups_of_one_sample_are_one_charge() {
     use raptor_train::streams::{Charge, ClipGroup, ReleaseSpec};
-    let vocab = SwitchConfig::tiny().vocab_size;
-    let data = examples(40, vocab, 5);
-    let mut m = model();
-    let mut c = cfg(Method::Raptor, data.len());
-    c.method.alternate = false;
-    c.train.batch_size = 8.0;
-    c.train.steps = Some(5);
-    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (data, mut m, c, mut plan, _) = golden_setting(Method::Raptor, false);
     // A second sparse layer's experts get adapters and a parallel group of their own.
     let sparse = m.sparse_layers();
     let other = *sparse.iter().find(|&&l| l != SPARSE).unwrap();
@@ -995,14 +999,7 @@ fn two_parallel_groups_of_one_sample_are_one_charge() {
 /// one release of sensitivity sqrt(Σ C_W²): one charge of σ per update (golden).
 #[test]
 fn dp_muons_per_matrix_release_is_one_charge_per_sample() {
-    let vocab = SwitchConfig::tiny().vocab_size;
-    let data = examples(40, vocab, 5);
-    let mut m = model();
-    let mut c = cfg(Method::DpMuon, data.len());
-    c.method.scope = "lora".into();
-    c.train.batch_size = 8.0;
-    c.train.steps = Some(5);
-    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (data, mut m, _, mut plan, _) = golden_setting(Method::DpMuon, true);
     assert_eq!(plan.phases.len(), 1);
     assert_eq!(plan.phases[0].releases.len(), 1);
     assert!(plan.phases[0].groups.len() > 1, "per-matrix clip groups");

@@ -42,3 +42,12 @@ epsilon = 8.0
         toy.join("public.csv").display()
     )
 }
+
+/// Trains `cfg` into the run folder `dir` in this process, printing nothing.
+pub fn train_quietly(
+    cfg: &raptor_train::config::RunConfig,
+    dir: &Path,
+) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
+    let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
+    raptor_train::run::train_in(cfg, dir, &mut quiet, None)
+}
