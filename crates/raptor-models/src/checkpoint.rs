@@ -604,6 +604,9 @@ pub struct LoadReport {
     pub transposed: Vec<String>,
     /// Variables whose checkpoint dtype differed from their kind: `(variable, dtype)`.
     pub converted: Vec<(String, String)>,
+    /// What the `config.json` said that was read as transformers reads it rather than as
+    /// written (e.g. [`crate::hf_config::HfSwitchConfig::warnings`]): show these to the user.
+    pub config_warnings: Vec<String>,
 }
 
 /// Where a checkpoint's tensors are: one file, or shards with their name → file map.
@@ -1049,7 +1052,10 @@ fn load_into<M: crate::Model>(
     config: crate::hf_config::HfConfig,
     opts: &LoadOptions,
 ) -> Result<Pretrained<M>> {
-    let report = load_var_store(model.var_store(), dir, &config.layout(), opts)?;
+    let mut report = load_var_store(model.var_store(), dir, &config.layout(), opts)?;
+    if let crate::hf_config::HfConfig::Switch(c) = &config {
+        report.config_warnings.extend(c.warnings.iter().cloned());
+    }
     Ok(Pretrained {
         model,
         config,

@@ -308,8 +308,11 @@ pub struct HfSwitchConfig {
     pub num_experts: i64,
     /// Sparse encoder blocks.
     pub num_sparse_encoder_layers: i64,
-    /// Block i is sparse when `i % step == 1 || step == 1` (`num_layers / num_sparse_encoder_layers`;
-    /// `num_layers` when there are no sparse blocks, as in transformers).
+    /// Block i is sparse when `step > 0 && (i % step == 1 || step == 1)` (transformers' rule).
+    /// The saved `encoder_sparse_step` when the file has one — transformers sets saved
+    /// attributes after computing its own, so the saved step wins even when it disagrees with
+    /// `num_sparse_encoder_layers` (see [`HfSwitchConfig::warnings`]); otherwise
+    /// `num_layers / num_sparse_encoder_layers`, or `num_layers` when that is ≤ 0.
     pub encoder_sparse_step: i64,
     /// Relative attention buckets.
     pub relative_attention_num_buckets: i64,
@@ -337,6 +340,12 @@ pub struct HfSwitchConfig {
     pub tie_word_embeddings: bool,
     /// Padding token id.
     pub pad_token_id: Option<i64>,
+    /// What was read differently from what the file's fields say together, each naming the
+    /// fields and the value used: a saved `encoder_sparse_step` that disagrees with
+    /// `num_layers / num_sparse_encoder_layers` (files whose `num_layers` was edited), or a
+    /// `num_sparse_encoder_layers` outside `[0, num_layers]`. transformers loads such files
+    /// silently; callers should show these to the user.
+    pub warnings: Vec<String>,
 }
 
 config_io!(HfSwitchConfig);
@@ -346,25 +355,35 @@ impl HfSwitchConfig {
         f.check_type("switch_transformers")?;
         let num_layers = f.size("num_layers")?;
         let num_sparse = f.int_opt("num_sparse_encoder_layers")?.unwrap_or(3);
-        if num_sparse < 0 || num_sparse > num_layers {
-            return Err(f.err(
-                "num_sparse_encoder_layers",
-                format!("must be in [0, num_layers = {num_layers}], found {num_sparse}"),
-            ));
-        }
+        let mut warnings = Vec::new();
+        // transformers (SwitchTransformersConfig.__post_init__): `num_layers //
+        // num_sparse_encoder_layers` when that count is > 0, else `num_layers`; then every saved
+        // attribute is set on the config, so a saved `encoder_sparse_step` replaces the computed
+        // one. Neither an out-of-range count nor a disagreeing step is an error there.
         let step_computed = if num_sparse > 0 {
             num_layers / num_sparse
         } else {
             num_layers
         };
+        if num_sparse < 0 || num_sparse > num_layers {
+            warnings.push(format!(
+                "num_sparse_encoder_layers = {num_sparse} is outside [0, num_layers = {num_layers}]; \
+                 transformers reads it as a sparse step of {step_computed}"
+            ));
+        }
         let encoder_sparse_step = match f.int_opt("encoder_sparse_step")? {
-            Some(s) if s != step_computed => {
-                return Err(f.err(
-                    "encoder_sparse_step",
-                    format!("{s} disagrees with num_layers / num_sparse_encoder_layers = {step_computed}"),
-                ));
+            Some(s) => {
+                if s != step_computed {
+                    warnings.push(format!(
+                        "encoder_sparse_step = {s} disagrees with num_layers / \
+                         num_sparse_encoder_layers = {num_layers} / {num_sparse} = {step_computed}; \
+                         using the saved step {s}, as transformers does (sparse blocks: {})",
+                        sparse_blocks(num_layers, s)
+                    ));
+                }
+                s
             }
-            _ => step_computed,
+            None => step_computed,
         };
         let expert_capacity = f.size_or("expert_capacity", 64)?;
         let dense_act_fn = f.string_or("dense_act_fn", "relu")?;
@@ -411,6 +430,7 @@ impl HfSwitchConfig {
             dropout_rate,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", true)?,
             pad_token_id: f.int_opt("pad_token_id")?,
+            warnings,
         })
     }
 
@@ -451,6 +471,20 @@ impl HfSwitchConfig {
     pub fn is_sparse(&self, i: i64) -> bool {
         self.encoder_sparse_step > 0
             && (i % self.encoder_sparse_step == 1 || self.encoder_sparse_step == 1)
+    }
+}
+
+/// The sparse blocks of `num_layers` encoder blocks under transformers' rule with `step`, as a
+/// list for messages (`1, 3` or `none`).
+fn sparse_blocks(num_layers: i64, step: i64) -> String {
+    let blocks: Vec<String> = (0..num_layers.clamp(0, 4096))
+        .filter(|&i| step > 0 && (i % step == 1 || step == 1))
+        .map(|i| i.to_string())
+        .collect();
+    if blocks.is_empty() {
+        "none".into()
+    } else {
+        blocks.join(", ")
     }
 }
 

@@ -396,14 +396,9 @@ impl Model for SwitchEncoder {
     fn hf_config_json(&self) -> Option<serde_json::Value> {
         let c = &self.cfg;
         let sparse = (0..c.num_layers).filter(|&i| c.is_sparse(i)).count() as i64;
-        // transformers recomputes the step as num_layers / num_sparse_encoder_layers: only
-        // layouts that survive that round trip can be exported.
-        let step = if sparse > 0 {
-            c.num_layers / sparse
-        } else {
-            c.num_layers
-        };
-        if step != c.encoder_sparse_step || c.expert_capacity.is_some() {
+        // transformers keeps a saved `encoder_sparse_step` (it sets saved attributes after
+        // computing its own from `num_sparse_encoder_layers`), so any step round-trips.
+        if c.expert_capacity.is_some() {
             return None;
         }
         Some(serde_json::json!({

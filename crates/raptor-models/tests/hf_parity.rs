@@ -250,9 +250,10 @@ fn bad_configs_are_typed_errors_naming_the_field() {
     ));
     assert_eq!(f, "rope_scaling");
 
+    // What transformers refuses stays refused: a step that is not an integer.
     let (f, _) = config_err(HfSwitchConfig::from_json_str(
         r#"{"vocab_size": 100, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 4, "num_heads": 4,
-            "num_experts": 4, "num_sparse_encoder_layers": 2, "encoder_sparse_step": 3}"#,
+            "num_experts": 4, "num_sparse_encoder_layers": 2, "encoder_sparse_step": "3"}"#,
         "t",
     ));
     assert_eq!(f, "encoder_sparse_step");
@@ -845,4 +846,51 @@ fn bert_matches_transformers_with_token_types() {
         );
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A saved `encoder_sparse_step` that disagrees with `num_layers / num_sparse_encoder_layers`
+/// (a file whose `num_layers` was edited) is loaded as transformers loads it: the saved step
+/// wins (`SwitchTransformersConfig` sets saved attributes after computing its own), with a
+/// warning naming both values and the sparse blocks used. An out-of-range sparse count is read
+/// as transformers reads it too.
+#[test]
+fn switch_step_disagreement_loads_as_transformers_with_a_warning() {
+    let cfg = |extra: &str| {
+        format!(
+            r#"{{"vocab_size": 100, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 4,
+                "num_heads": 4, "num_experts": 4{extra}}}"#
+        )
+    };
+    let s = HfSwitchConfig::from_json_str(
+        &cfg(r#", "num_sparse_encoder_layers": 2, "encoder_sparse_step": 3"#),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(s.encoder_sparse_step, 3);
+    assert_eq!((0..4).filter(|&i| s.is_sparse(i)).collect::<Vec<_>>(), [1]);
+    assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+    let w = &s.warnings[0];
+    for part in ["encoder_sparse_step = 3", "4 / 2 = 2", "saved step 3", "sparse blocks: 1"] {
+        assert!(w.contains(part), "{part:?} missing from {w}");
+    }
+    // Agreeing and absent steps: no warning.
+    for extra in [
+        r#", "num_sparse_encoder_layers": 2, "encoder_sparse_step": 2"#,
+        r#", "num_sparse_encoder_layers": 2"#,
+    ] {
+        let s = HfSwitchConfig::from_json_str(&cfg(extra), "t").unwrap();
+        assert_eq!((s.encoder_sparse_step, s.warnings.len()), (2, 0), "{extra}");
+    }
+    // A step of 0 (or below) makes no block sparse in transformers; so here.
+    let s = HfSwitchConfig::from_json_str(
+        &cfg(r#", "num_sparse_encoder_layers": 2, "encoder_sparse_step": 0"#),
+        "t",
+    )
+    .unwrap();
+    assert_eq!((0..4).filter(|&i| s.is_sparse(i)).count(), 0);
+    assert!(s.warnings[0].contains("sparse blocks: none"), "{:?}", s.warnings);
+    // More sparse layers than layers: transformers computes 4 // 5 = 0 (no sparse block).
+    let s = HfSwitchConfig::from_json_str(&cfg(r#", "num_sparse_encoder_layers": 5"#), "t").unwrap();
+    assert_eq!(s.encoder_sparse_step, 0);
+    assert!(s.warnings[0].contains("outside [0, num_layers = 4]"), "{:?}", s.warnings);
 }

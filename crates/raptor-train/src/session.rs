@@ -399,7 +399,11 @@ pub fn build_model(
     let opts = LoadOptions::strict();
     Ok(match (m.kind, &m.path) {
         (ModelKind::Switch, Some(p)) => {
-            Box::new(load_switch_encoder(p, num_labels, device, &opts)?.model)
+            let loaded = load_switch_encoder(p, num_labels, device, &opts)?;
+            for w in &loaded.report.config_warnings {
+                eprintln!("warning: {}: {w}", p.join("config.json").display());
+            }
+            Box::new(loaded.model)
         }
         (ModelKind::Olmoe, Some(p)) => Box::new(
             load_olmoe(p, DecoderHead::Classification { num_labels }, device, &opts)?.model,
