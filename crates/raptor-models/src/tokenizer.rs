@@ -62,6 +62,11 @@ pub trait TextTokenizer {
     fn special_ids(&self) -> (Vec<u32>, Vec<u32>) {
         (Vec::new(), Vec::new())
     }
+    /// The id that stands for text the vocabulary does not cover (WordPiece's `[UNK]`); none
+    /// for tokenizers that cover every input (bytes, byte-level BPE).
+    fn unk_id(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// GPT-2 byte-level BPE (tiktoken-rs `r50k_base`; ranks embedded in the binary).
@@ -435,6 +440,13 @@ impl TextTokenizer for CorpusTokenizer {
 
     fn special_ids(&self) -> (Vec<u32>, Vec<u32>) {
         self.specials.clone()
+    }
+
+    /// `[UNK]` or `<unk>`, whichever the vocabulary has.
+    fn unk_id(&self) -> Option<u32> {
+        ["[UNK]", "<unk>"]
+            .iter()
+            .find_map(|t| self.tok.token_to_id(t))
     }
 }
 

@@ -870,7 +870,12 @@ fn switch_step_disagreement_loads_as_transformers_with_a_warning() {
     assert_eq!((0..4).filter(|&i| s.is_sparse(i)).collect::<Vec<_>>(), [1]);
     assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
     let w = &s.warnings[0];
-    for part in ["encoder_sparse_step = 3", "4 / 2 = 2", "saved step 3", "sparse blocks: 1"] {
+    for part in [
+        "encoder_sparse_step = 3",
+        "4 / 2 = 2",
+        "saved step 3",
+        "sparse blocks: 1",
+    ] {
         assert!(w.contains(part), "{part:?} missing from {w}");
     }
     // Agreeing and absent steps: no warning.
@@ -888,9 +893,18 @@ fn switch_step_disagreement_loads_as_transformers_with_a_warning() {
     )
     .unwrap();
     assert_eq!((0..4).filter(|&i| s.is_sparse(i)).count(), 0);
-    assert!(s.warnings[0].contains("sparse blocks: none"), "{:?}", s.warnings);
+    assert!(
+        s.warnings[0].contains("sparse blocks: none"),
+        "{:?}",
+        s.warnings
+    );
     // More sparse layers than layers: transformers computes 4 // 5 = 0 (no sparse block).
-    let s = HfSwitchConfig::from_json_str(&cfg(r#", "num_sparse_encoder_layers": 5"#), "t").unwrap();
+    let s =
+        HfSwitchConfig::from_json_str(&cfg(r#", "num_sparse_encoder_layers": 5"#), "t").unwrap();
     assert_eq!(s.encoder_sparse_step, 0);
-    assert!(s.warnings[0].contains("outside [0, num_layers = 4]"), "{:?}", s.warnings);
+    assert!(
+        s.warnings[0].contains("outside [0, num_layers = 4]"),
+        "{:?}",
+        s.warnings
+    );
 }

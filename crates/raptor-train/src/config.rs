@@ -578,6 +578,13 @@ impl RunConfig {
         Ok(out)
     }
 
+    /// Resolves the paths of a config made in code as [`RunConfig::from_file`] resolves those of
+    /// a file in `base`: relative data paths against `base`, `cache:` paths and bare model names
+    /// against the per-user cache.
+    pub fn resolve_paths_against(&mut self, base: &Path) {
+        self.resolve_paths(base);
+    }
+
     fn resolve_paths(&mut self, base: &Path) {
         let cache = raptor_data::cache::default_cache_dir();
         let fix = |p: &mut PathBuf| {

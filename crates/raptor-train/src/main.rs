@@ -47,8 +47,11 @@ enum Command {
     /// "moe-bert"`): every layer's MLP copied into E experts, a new random router, seeded and
     /// frozen in training. Tokenizer files beside the checkpoint are copied.
     Upcycle(cli::upcycle::UpcycleArgs),
-    /// Train privately from a config file (RAPTOR, its baselines, DP-SGD/Adam/Muon/MuonBC).
+    /// Train privately from a config file or from a data file alone (`--data train.csv`:
+    /// columns detected, pretrained backbone, documented defaults).
     Train(cli::train::TrainArgs),
+    /// Write the config `raptor train --data <file>` would run, commented, to stdout.
+    Init(cli::init::InitArgs),
     /// Evaluate a run folder on a data file.
     Eval(cli::train::EvalArgs),
     /// Audit a run config empirically: one training run with secret canaries, an ε lower bound
@@ -70,6 +73,7 @@ fn main() {
             .map_err(anyhow::Error::from),
         Command::Upcycle(args) => cli::upcycle::run_upcycle(args),
         Command::Train(args) => cli::train::run_train(args),
+        Command::Init(args) => cli::init::run_init(args),
         Command::Eval(args) => cli::train::run_eval(args),
         Command::Audit(args) => cli::audit::run_audit(args),
         Command::Acct(command) => command.run().map_err(anyhow::Error::from),
@@ -205,7 +209,8 @@ mod tests {
         Cli::command().debug_assert();
         let v = raptor_cli::argv_vocabulary(&Cli::command());
         for w in [
-            "train", "eval", "audit", "upcycle", "account", "--config", "--resume",
+            "train", "eval", "audit", "upcycle", "account", "init", "--config", "--resume",
+            "--data", "--quiet",
         ] {
             assert!(v.iter().any(|x| x == w), "{w} missing from {v:?}");
         }

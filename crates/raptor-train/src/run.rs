@@ -557,7 +557,7 @@ pub fn train_with(
 }
 
 /// Broadcast a string from rank 0 (as bytes packed in `u64`s).
-fn broadcast_string(comm: &dyn crate::dist::Collective, s: &mut String) -> Result<()> {
+pub(crate) fn broadcast_string(comm: &dyn crate::dist::Collective, s: &mut String) -> Result<()> {
     if comm.size() < 2 {
         return Ok(());
     }

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use raptor_train::audit::{AuditOptions, CanaryKind, audit};
-use raptor_train::config::RunConfig;
 
 /// Audit a run config empirically: train once with secret canaries and bound ε from below.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,7 +34,7 @@ pub struct AuditArgs {
 
 /// Runs `raptor audit`.
 pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
-    let cfg = RunConfig::from_file(&args.config)?;
+    let cfg = super::train::load_config(&args.config, args.json)?;
     let opts = AuditOptions {
         canaries: args.canaries,
         kind: args.kind,

@@ -6,17 +6,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 
-use raptor_train::config::{DEFAULT_CONFIG, RunConfig};
+use raptor_train::config::{DEFAULT_CONFIG, Method, RunConfig};
+use raptor_train::quickstart::{QuickStart, Resolved};
 
-/// Train a model privately (or non-privately for the reference methods) from a config file.
+use super::progress::{Mode, Reporter};
+
+/// Train a model privately (or non-privately for the reference methods) from a config file,
+/// or from a data file alone (`--data`: columns detected, documented defaults).
 #[derive(Debug, Clone, clap::Args)]
 pub struct TrainArgs {
-    /// The run configuration (TOML; `--print-default-config` shows every field).
-    #[arg(long, required_unless_present_any = ["print_default_config", "resume"])]
+    /// The run configuration (TOML; `--print-default-config` shows every field, `raptor init
+    /// --data train.csv` writes one from the data). Without a [model] table the pretrained
+    /// all-MiniLM-L6-v2 is used (fetched into the cache on first use).
+    #[arg(
+        long,
+        required_unless_present_any = ["print_default_config", "resume", "data"],
+        conflicts_with = "data"
+    )]
     pub config: Option<PathBuf>,
     /// Continue an interrupted run from its folder (its own config.toml is used; a `--config`
     /// given too must be the same config, or the command fails naming the fields that differ).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "data")]
     pub resume: Option<PathBuf>,
     /// Folder under which the run folder `<method>-<time>-<pid>` is created.
     #[arg(long, default_value = "runs")]
@@ -24,9 +34,73 @@ pub struct TrainArgs {
     /// Print the commented default configuration and exit.
     #[arg(long)]
     pub print_default_config: bool,
-    /// Print the run record as one JSON object instead of a summary (no progress bar).
+    /// Print the run record as one JSON object instead of a summary.
     #[arg(long)]
     pub json: bool,
+    /// Show nothing while training (no start summary, no progress); the result is still printed.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Also show the mean loss of each private batch. It is computed from private records
+    /// without noise, so it is NOT private: a diagnostic for the data owner.
+    #[arg(long)]
+    pub show_private_loss: bool,
+    /// Train from this data file alone (CSV, TSV or JSONL), with no config file.
+    #[command(flatten)]
+    pub quick: QuickArgs,
+}
+
+/// A run from a data file alone: `raptor train --data` and `raptor init --data`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct QuickArgs {
+    /// The training file (CSV, TSV or JSONL): the text and label columns are detected (and
+    /// printed, with what was assumed), the rest comes from documented defaults.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// A validation file with the same columns (default: 10 % of the training file held out).
+    #[arg(long, requires = "data")]
+    pub validation: Option<PathBuf>,
+    /// The method (default: dp-adam over LoRA on the pretrained backbone; raptor and its
+    /// baselines use the backbone upcycled to a MoE).
+    #[arg(long, requires = "data", value_parser = parse_method)]
+    pub method: Option<Method>,
+    /// Target epsilon.
+    #[arg(long, requires = "data", default_value_t = 8.0)]
+    pub epsilon: f64,
+    /// The text column (default: detected).
+    #[arg(long, requires = "data")]
+    pub text_column: Option<String>,
+    /// The label column (default: detected).
+    #[arg(long, requires = "data")]
+    pub label_column: Option<String>,
+    /// A randomly initialized model instead of the pretrained backbone (rarely learns).
+    #[arg(long, requires = "data")]
+    pub random_init: bool,
+}
+
+/// A method name as in configs (`raptor`, `dp-adam`, …).
+pub fn parse_method(s: &str) -> Result<Method, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
+        "one of raptor, dp-adam-lora, dp-adam-full, matched-scope, shared-only, expert-only, \
+         lora, full, dp-sgd, dp-adam, dp-muon, dp-muonbc, muon, adam"
+            .to_string()
+    })
+}
+
+impl QuickArgs {
+    /// The config these arguments resolve to, with what was detected and assumed; the backbone
+    /// is fetched (or built) into the cache first.
+    pub fn resolve(&self, data: &std::path::Path) -> anyhow::Result<Resolved> {
+        let q = QuickStart {
+            train: data.to_path_buf(),
+            validation: self.validation.clone(),
+            method: self.method,
+            epsilon: self.epsilon,
+            text_column: self.text_column.clone(),
+            label_column: self.label_column.clone(),
+            random_init: self.random_init,
+        };
+        Ok(raptor_train::quickstart::resolve(&q)?)
+    }
 }
 
 /// Evaluate a run on a data file.
@@ -49,11 +123,30 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         print!("{DEFAULT_CONFIG}");
         return Ok(());
     }
-    let cfg = match (&args.config, &args.resume) {
-        (Some(p), Some(run)) => {
+    let mode = Mode::detect(args.quiet);
+    let reporter = Reporter::new(mode, args.show_private_loss);
+    let cfg = match (&args.config, &args.resume, &args.quick.data) {
+        (_, _, Some(data)) => {
+            let r = args.quick.resolve(data)?;
+            reporter.note(&format!("{}: {} records", data.display(), r.records));
+            for n in &r.notes {
+                reporter.note(&format!("  {n}"));
+            }
+            let mut cfg = r.config;
+            let cwd = std::env::current_dir().context("cannot read the current folder")?;
+            raptor_train::provision::provide(&mut cfg, args.quiet)?;
+            if let Some(cap) = raptor_train::provision::cap_max_length(&mut cfg) {
+                reporter.note(&format!(
+                    "  data.max_length: {cap} tokens, the model's position embeddings"
+                ));
+            }
+            cfg.resolve_paths_against(&cwd);
+            cfg
+        }
+        (Some(p), Some(run), None) => {
             // A run resumes with the config it started with (its privacy plan, schedule and
             // data are fixed); a --config beside --resume must be that config.
-            let given = RunConfig::from_file(p)?;
+            let given = load_config(p, args.quiet)?;
             let stored = run.join("config.toml");
             let text = std::fs::read_to_string(&stored)
                 .with_context(|| format!("cannot read {}", stored.display()))?;
@@ -68,9 +161,11 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
             }
             given
         }
-        (None, Some(_)) => RunConfig::default(),
-        (Some(p), None) => RunConfig::from_file(p)?,
-        (None, None) => anyhow::bail!("give --config <run.toml> or --resume <run folder>"),
+        (None, Some(_), None) => RunConfig::default(),
+        (Some(p), None, None) => load_config(p, args.quiet)?,
+        (None, None, None) => {
+            anyhow::bail!("give --data <train.csv>, --config <run.toml> or --resume <run folder>")
+        }
     };
     // Under mpirun/srun: one rank per process, rank 0 writes and prints (see raptor_train::dist).
     #[cfg(feature = "mpi")]
@@ -106,26 +201,29 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         // First signal: finish the current update, checkpoint, exit; the handler stays.
         let _ = ctrlc_like(move || s.store(true, Ordering::SeqCst));
     }
-    let bar = super::update_bar(args.json || quiet);
-    let mut eps_shown = String::from("eps -");
-    let mut progress =
-        |done: u64, total: u64, m: &raptor_train::trainer::UpdateMetrics, eps: Option<f64>| {
-            bar.set_length(total);
-            bar.set_position(done);
-            if let Some(e) = eps {
-                eps_shown = format!("eps {e:.3}");
-            }
-            bar.set_message(format!("{eps_shown}  loss {:.4}  [{}]", m.loss, m.phase));
-        };
-    let result = raptor_train::run::train_with(
-        &cfg,
-        &args.runs_dir,
-        args.resume.as_deref(),
-        &mut progress,
-        Some(stop),
-        comm,
-    );
-    bar.finish_and_clear();
+    let mut reporter = if quiet {
+        Reporter::new(Mode::Quiet, false)
+    } else {
+        reporter
+    };
+    let result = {
+        let cell = std::cell::RefCell::new(&mut reporter);
+        let mut on_start = |info: &raptor_train::launch::StartInfo| cell.borrow_mut().start(info);
+        let mut progress =
+            |done: u64, total: u64, m: &raptor_train::trainer::UpdateMetrics, eps: Option<f64>| {
+                cell.borrow_mut().update(done, total, m, eps);
+            };
+        raptor_train::launch::train_reporting(
+            &cfg,
+            &args.runs_dir,
+            args.resume.as_deref(),
+            &mut on_start,
+            &mut progress,
+            Some(stop),
+            comm,
+        )
+    };
+    reporter.finish();
     let (dir, record) = match result {
         Ok(r) => r,
         Err(e) if comm.size() > 1 => {
@@ -176,7 +274,60 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     for n in &record.notes {
         println!("note: {n}");
     }
+    for l in end_lines(&dir, &cfg) {
+        println!("{l}");
+    }
     Ok(())
+}
+
+/// What was saved where, and the commands that use it.
+fn end_lines(dir: &std::path::Path, cfg: &RunConfig) -> Vec<String> {
+    let d = dir.display();
+    let mut out = vec![
+        format!(
+            "saved in {d}: config.toml (the resolved config), record.json (privacy plan, certified epsilon, metrics), metrics.jsonl, checkpoint/ (trained parameters, optimizer state, ledger)"
+        ),
+        format!("evaluate: raptor eval --run {d} --data <file with the same columns>"),
+        format!("repeat:   raptor train --config {d}/config.toml"),
+    ];
+    let adapters = cfg.method.scope == "lora"
+        || cfg.method.name.needs_experts()
+        || matches!(cfg.method.name, Method::DpAdamLora | Method::Lora);
+    if adapters {
+        out.push(
+            "export:   a LoRA run is not exported as a Hugging Face folder yet (raptor export takes full fine-tuning runs); its checkpoint holds the adapters and the head".into(),
+        );
+    } else {
+        out.push(format!("export:   raptor export --run {d} --out <folder>"));
+    }
+    out
+}
+
+/// Reads a config file; a config without a [model] table gets the pretrained backbone
+/// (fetched or built into the cache on first use), and a cached backbone it names is provided.
+pub(crate) fn load_config(path: &std::path::Path, quiet: bool) -> anyhow::Result<RunConfig> {
+    let mut cfg = RunConfig::from_file(path)?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let has_model = toml::from_str::<toml::Table>(&text)
+        .map(|t| t.contains_key("model"))
+        .unwrap_or(true);
+    if !has_model {
+        raptor_train::provision::apply_default_model(&mut cfg);
+        if !quiet {
+            eprintln!(
+                "{}: no [model] table: using the pretrained {} (add a [model] table for another model or a random init)",
+                path.display(),
+                cfg.model
+                    .path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
+        }
+    }
+    raptor_train::provision::provide(&mut cfg, quiet)?;
+    Ok(cfg)
 }
 
 /// Runs `raptor eval`.

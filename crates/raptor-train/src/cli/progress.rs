@@ -1,0 +1,250 @@
+//! What `raptor train` shows while it works, on stderr (stdout keeps the summary or the JSON):
+//!
+//! - at start: the records, the label set, the model, q, σ per stream, the planned ε and δ, the
+//!   number of updates, a time estimate from a short probe, and why the run may not learn;
+//! - during: on a terminal, a progress bar (update k of T, ε spent so far, updates per second,
+//!   time left; the private loss only with `--show-private-loss`, marked as not private); not on
+//!   a terminal, one plain line every 5 % of the updates (and at the first and last);
+//! - nothing of either with `--quiet`.
+
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+use raptor_train::launch::StartInfo;
+use raptor_train::trainer::UpdateMetrics;
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Nothing.
+    Quiet,
+    /// A live bar (stderr is a terminal).
+    Bar,
+    /// Plain lines (stderr is a file or a pipe).
+    Lines,
+}
+
+impl Mode {
+    /// `Quiet` when asked, else a bar on a terminal and lines elsewhere.
+    pub fn detect(quiet: bool) -> Self {
+        if quiet {
+            Mode::Quiet
+        } else if std::io::stderr().is_terminal() {
+            Mode::Bar
+        } else {
+            Mode::Lines
+        }
+    }
+}
+
+/// Seconds as `1h02m`, `3m05s` or `42s`.
+pub fn duration(s: f64) -> String {
+    if !s.is_finite() || s < 0.0 {
+        return "?".into();
+    }
+    let s = s.round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The start summary, one fact per line (what [`Reporter::start`] prints).
+pub fn start_lines(info: &StartInfo) -> Vec<String> {
+    let p = &info.privacy;
+    let mut out = Vec::new();
+    out.push(format!(
+        "{} run {} ({})",
+        if info.resuming {
+            "resuming"
+        } else {
+            "starting"
+        },
+        info.dir.display(),
+        info.method
+    ));
+    out.push(format!("  model: {}", info.model));
+    out.push(format!(
+        "  records: {} training, {} validation; {} trainable parameters",
+        info.train_records, info.validation_records, info.trainable_parameters
+    ));
+    if let Some(l) = &info.labels {
+        out.push(format!(
+            "  labels ({}): {} (read from the training file: the run reveals the label set)",
+            l.len(),
+            l.join(", ")
+        ));
+    }
+    if p.private {
+        let sigmas: Vec<String> = p
+            .sigmas
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.4}"))
+            .collect();
+        out.push(format!(
+            "  privacy: epsilon {} (planned {:.4}), delta {:e}; q = {:.4} (expected batch {:.0} of {}); sigma per stream: {}",
+            p.epsilon,
+            p.planned_epsilon,
+            p.delta,
+            p.q,
+            p.expected_batch,
+            p.records,
+            sigmas.join(", ")
+        ));
+    } else {
+        out.push(format!(
+            "  privacy: none (a non-private reference method); expected batch {:.0}",
+            p.expected_batch
+        ));
+    }
+    let phases: Vec<String> = p
+        .phase_updates
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    out.push(format!(
+        "  updates: {}{}",
+        p.updates,
+        if phases.len() > 1 {
+            format!(" ({})", phases.join(", "))
+        } else {
+            String::new()
+        }
+    ));
+    if let Some(e) = &info.estimate {
+        out.push(format!(
+            "  time: about {} ({} per update; probe: a forward pass over one synthetic record took {:.1} ms)",
+            duration(e.total_seconds),
+            duration(e.seconds_per_update),
+            1e3 * e.forward_seconds_per_record
+        ));
+    }
+    for w in &info.warnings {
+        out.push(format!("  warning: {w}"));
+    }
+    out
+}
+
+/// Shows a run's start and progress.
+pub struct Reporter {
+    mode: Mode,
+    show_loss: bool,
+    bar: indicatif::ProgressBar,
+    started: Instant,
+    last_line_pct: Option<u64>,
+    eps: Option<f64>,
+}
+
+impl Reporter {
+    /// A reporter in `mode`; `show_loss` adds the private batch loss, marked as not private.
+    pub fn new(mode: Mode, show_loss: bool) -> Self {
+        let bar = if mode == Mode::Bar {
+            let b = indicatif::ProgressBar::new(0);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "[{elapsed_precise}] {bar:30} update {pos}/{len}  {msg}  eta {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        Self {
+            mode,
+            show_loss,
+            bar,
+            started: Instant::now(),
+            last_line_pct: None,
+            eps: None,
+        }
+    }
+
+    /// A message before the run starts (fetching, detection), unless quiet.
+    pub fn note(&self, line: &str) {
+        if self.mode != Mode::Quiet {
+            eprintln!("{line}");
+        }
+    }
+
+    /// Prints the start summary and starts the clock.
+    pub fn start(&mut self, info: &StartInfo) {
+        if self.mode != Mode::Quiet {
+            let mut err = std::io::stderr().lock();
+            for l in start_lines(info) {
+                let _ = writeln!(err, "{l}");
+            }
+        }
+        self.started = Instant::now();
+    }
+
+    /// One update done (`eps`: the certified ε spent so far when it was computed).
+    pub fn update(&mut self, done: u64, total: u64, m: &UpdateMetrics, eps: Option<f64>) {
+        if eps.is_some() {
+            self.eps = eps;
+        }
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let rate = if elapsed > 0.0 {
+            done as f64 / elapsed
+        } else {
+            0.0
+        };
+        let eps_text = match self.eps {
+            Some(e) => format!("eps spent {e:.3}"),
+            None => "eps spent -".into(),
+        };
+        let loss_text = if self.show_loss {
+            format!("  private batch loss {:.4} (not private)", m.loss)
+        } else {
+            String::new()
+        };
+        match self.mode {
+            Mode::Quiet => {}
+            Mode::Bar => {
+                self.bar.set_length(total);
+                self.bar.set_position(done);
+                self.bar
+                    .set_message(format!("{eps_text}  {rate:.2} updates/s{loss_text}"));
+            }
+            Mode::Lines => {
+                let pct = if total == 0 { 100 } else { done * 100 / total };
+                let due = match self.last_line_pct {
+                    None => true,
+                    Some(last) => pct >= last + 5 || done == total,
+                };
+                if due {
+                    self.last_line_pct = Some(pct);
+                    let left = if rate > 0.0 {
+                        (total.saturating_sub(done)) as f64 / rate
+                    } else {
+                        f64::NAN
+                    };
+                    eprintln!(
+                        "update {done}/{total} ({pct}%)  {eps_text}  {rate:.2} updates/s  elapsed {}  left {}{loss_text}",
+                        duration(elapsed),
+                        duration(left)
+                    );
+                }
+            }
+        }
+    }
+
+    /// Clears the bar.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(duration(42.4), "42s");
+        assert_eq!(duration(185.0), "3m05s");
+        assert_eq!(duration(3720.0), "1h02m");
+        assert_eq!(duration(f64::NAN), "?");
+    }
+}

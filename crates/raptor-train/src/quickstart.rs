@@ -1,0 +1,326 @@
+//! A run config from the data alone: `raptor train --data train.csv` and `raptor init --data
+//! train.csv`.
+//!
+//! [`resolve`] detects the text and label columns (`raptor_data::detect`), counts the records
+//! and fills in the rest from documented defaults:
+//!
+//! | what | default | why |
+//! |---|---|---|
+//! | backbone | `all-minilm-l6-v2` (BERT, 6 layers, hidden 384; fetched into the cache on first use), mean pooling, a new linear head | a pretrained encoder learns from a few thousand records; a random one does not |
+//! | method | `dp-adam` over LoRA (r 8, α 16) on the attention projections + the head | the private method that learned best on the measured sets |
+//! | RAPTOR and its baselines (`--method raptor`, …) | the backbone upcycled to a MoE-BERT ([`MOE_BACKBONE`]: E = 8 experts, top-1, in every layer), routers trained on public text (the Rotten Tomatoes public split) with the load-balancing loss, then frozen; layer chosen by public routing entropy | the method needs routed experts |
+//! | `data.max_length` | 128 tokens (`[CLS]`/`[SEP]` included) | |
+//! | expected batch B | `clamp(round(N / 8), 32, 256)`, at most N | DP noise per update is σ·C/B: a larger batch drowns it; past 256 the cost grows faster than the gain |
+//! | updates T | `clamp(ceil(5 · N / B), 20, 100)` (about 5 epochs) | q = B/N ≈ 1/8 and 5 epochs keep σ near 0.6 at ε = 8 |
+//! | learning rate | 0.01, constant (AdamW, weight decay 0.01) | LoRA at this batch size |
+//! | clipping bound | 1.0 | |
+//! | validation | the `--validation` file, else 10 % of the training file held out | |
+//! | ε | 8 (`--epsilon`) | |
+//! | δ | left unset: the privacy work's default for N records | |
+//!
+//! N, the number of training records, is treated as public, as everywhere in raptor (q = B/N);
+//! the label set is read from the training file and so is revealed by the run.
+
+use std::path::{Path, PathBuf};
+
+use raptor_data::detect::{Detection, detect_columns};
+
+use crate::config::{Method, ModelKind, RunConfig};
+use crate::error::{Result, TrainError};
+
+/// The pretrained backbone of a run with no model given (a model of
+/// `raptor_data::pretrained::MODELS`).
+pub const BACKBONE: &str = "all-minilm-l6-v2";
+
+/// The cache folder of [`BACKBONE`] upcycled for RAPTOR and its baselines
+/// ([`crate::provision::ensure_moe_backbone`]).
+pub const MOE_BACKBONE: &str = "all-minilm-l6-v2-moe8";
+
+/// Tokens per record of a one-command run.
+pub const MAX_LENGTH: usize = 128;
+
+/// What the user gave.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuickStart {
+    /// The training file (CSV, TSV or JSONL).
+    pub train: PathBuf,
+    /// A validation file (same columns); else 10 % of the training file is held out.
+    pub validation: Option<PathBuf>,
+    /// The method; None: DP-Adam over LoRA on the dense backbone.
+    pub method: Option<Method>,
+    /// Target ε.
+    pub epsilon: f64,
+    /// The text column; None: detected.
+    pub text_column: Option<String>,
+    /// The label column; None: detected.
+    pub label_column: Option<String>,
+    /// A randomly initialized Switch encoder (bytes tokenizer) instead of the pretrained
+    /// backbone.
+    pub random_init: bool,
+}
+
+/// What [`resolve`] decided.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The config (data paths as given; the model as a name of the cache).
+    pub config: RunConfig,
+    /// The columns and label set found in the training file.
+    pub detection: Detection,
+    /// Records in the training file (before any validation hold-out).
+    pub records: usize,
+    /// What was assumed or chosen and why, one sentence each (columns, backbone, B, T, lr).
+    pub notes: Vec<String>,
+}
+
+/// The expected batch of the default rule for `n` training records:
+/// `clamp(round(n / 8), 32, 256)`, at most `n`.
+///
+/// ```
+/// use raptor_train::quickstart::default_batch;
+/// assert_eq!(default_batch(2000), 250.0);
+/// assert_eq!(default_batch(100), 32.0);
+/// assert_eq!(default_batch(10), 10.0);
+/// assert_eq!(default_batch(1_000_000), 256.0);
+/// ```
+pub fn default_batch(n: usize) -> f64 {
+    let b = ((n as f64) / 8.0).round().clamp(32.0, 256.0);
+    b.min(n.max(1) as f64)
+}
+
+/// The updates of the default rule: `clamp(ceil(5 · n / b), 20, 100)`.
+///
+/// ```
+/// use raptor_train::quickstart::default_updates;
+/// assert_eq!(default_updates(2000, 250.0), 40);
+/// assert_eq!(default_updates(100, 32.0), 20);
+/// assert_eq!(default_updates(1_000_000, 256.0), 100);
+/// ```
+pub fn default_updates(n: usize, b: f64) -> u64 {
+    ((5.0 * n as f64 / b.max(1.0)).ceil() as u64).clamp(20, 100)
+}
+
+/// Learning rate of the default rule (LoRA r 8 + head, AdamW).
+pub const DEFAULT_LR: f64 = 0.01;
+
+/// Fraction of the training file held out for validation without a `--validation` file.
+pub const VALIDATION_FRACTION: f64 = 0.1;
+
+/// The config of a one-command run: columns detected, the rest from the default rule of the
+/// module docs.
+///
+/// # Errors
+/// An unreadable training file, columns that cannot be detected, a validation file without
+/// the detected columns, or a non-finite / non-positive ε.
+pub fn resolve(q: &QuickStart) -> Result<Resolved> {
+    if !(q.epsilon.is_finite() && q.epsilon > 0.0) {
+        return Err(TrainError::Config(format!(
+            "--epsilon {} must be finite and > 0",
+            q.epsilon
+        )));
+    }
+    let data_err = |e: raptor_data::DataError| TrainError::Data(e.to_string());
+    let detection = detect_columns(
+        &q.train,
+        q.text_column.as_deref(),
+        q.label_column.as_deref(),
+    )
+    .map_err(data_err)?;
+    if let Some(v) = &q.validation {
+        // The validation file must hold the same columns.
+        let spec = raptor_data::TableSpec::new(&detection.text, Some(&detection.label));
+        raptor_data::read_table(v, &spec).map_err(data_err)?;
+    }
+    let n = detection.rows;
+    let n_train = if q.validation.is_some() {
+        n
+    } else {
+        n - raptor_data::held_out_size(n, VALIDATION_FRACTION)
+    };
+    let mut notes: Vec<String> = detection.assumptions.clone();
+    notes.push(format!(
+        "{} labels, read from the training file (the run reveals the label set): {}",
+        detection.labels.len(),
+        detection.labels.join(", ")
+    ));
+    let mut cfg = RunConfig::default();
+    cfg.data.train = q.train.clone();
+    cfg.data.validation = q.validation.clone();
+    cfg.data.validation_fraction = VALIDATION_FRACTION;
+    cfg.data.text_column = detection.text.clone();
+    cfg.data.label_column = detection.label.clone();
+    cfg.data.max_length = MAX_LENGTH;
+    let method = q.method.unwrap_or(Method::DpAdam);
+    cfg.method.name = method;
+    let moe = method.needs_experts()
+        || matches!(
+            method,
+            Method::DpAdamLora | Method::DpAdamFull | Method::Lora | Method::Full
+        );
+    if q.random_init {
+        cfg.model.kind = if moe {
+            ModelKind::Switch
+        } else {
+            ModelKind::Bert
+        };
+        cfg.model.path = None;
+        cfg.model.tokenizer = "bytes".into();
+        cfg.data.max_length = 64;
+        notes.push(
+            "model: initialized at random (--random-init), bytes tokenizer, 64 bytes per record"
+                .into(),
+        );
+    } else if moe {
+        cfg.model.kind = ModelKind::MoeBert;
+        cfg.model.path = Some(PathBuf::from(MOE_BACKBONE));
+        cfg.model.tokenizer = "model".into();
+        cfg.data.public = Some(PathBuf::from(format!(
+            "cache:data/{}/public.tsv",
+            raptor_data::cache::ROTTEN_TOMATOES.name
+        )));
+        notes.push(format!(
+            "model: {BACKBONE} upcycled to a MoE-BERT ({MOE_BACKBONE}: 8 experts, top-1, routers trained on public text and frozen), because {} needs routed experts; public text for the layer choice: the Rotten Tomatoes public split",
+            method.name()
+        ));
+    } else {
+        cfg.model.kind = ModelKind::Bert;
+        cfg.model.path = Some(PathBuf::from(BACKBONE));
+        cfg.model.tokenizer = "model".into();
+        notes.push(format!(
+            "model: {BACKBONE} (pretrained BERT, mean pooling, new linear head)"
+        ));
+    }
+    if !moe {
+        cfg.method.scope = "lora".into();
+    }
+    cfg.privacy.epsilon = q.epsilon;
+    let b = default_batch(n_train);
+    let t = default_updates(n_train, b);
+    cfg.train.batch_size = b;
+    cfg.train.steps = Some(t);
+    cfg.train.lr = DEFAULT_LR;
+    cfg.train.clip = 1.0;
+    cfg.train.clip_expert = 1.0;
+    cfg.train.micro_batch = 64;
+    cfg.train.checkpoint_every = (t / 4).max(10);
+    notes.push(format!(
+        "schedule: {n_train} training records -> expected batch {b:.0} (N/8 within [32, 256]), {t} updates (5 epochs within [20, 100]), lr {DEFAULT_LR}, clip 1.0"
+    ));
+    Ok(Resolved {
+        config: cfg,
+        detection,
+        records: n,
+        notes,
+    })
+}
+
+/// The config as commented TOML for editing (`raptor init`): a header that says where it came
+/// from and what was assumed, then every field.
+///
+/// # Errors
+/// A config that does not serialize (never for a config [`resolve`] made).
+pub fn commented_toml(r: &Resolved) -> Result<String> {
+    let mut out = String::new();
+    out.push_str("# raptor run configuration, written by `raptor init` from the training data.\n");
+    out.push_str("# Train with: raptor train --config <this file>\n");
+    out.push_str("# Relative paths are resolved against the folder of this file; a bare model\n");
+    out.push_str("# name is a model of the per-user cache (fetched on first use).\n#\n");
+    out.push_str("# What was detected or assumed:\n");
+    for n in &r.notes {
+        out.push_str(&format!("#   - {n}\n"));
+    }
+    out.push_str("#\n# Every field of `raptor train --print-default-config` may be added.\n\n");
+    out.push_str(&r.config.to_toml()?);
+    Ok(out)
+}
+
+/// The data paths of `cfg` made absolute against `base` (what `RunConfig::from_file` does for
+/// a file in `base`), with bare model names resolved against the cache.
+pub fn resolve_against(cfg: &mut RunConfig, base: &Path) {
+    cfg.resolve_paths_against(base);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn table(rows: usize, classes: usize) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "raptor-quickstart-{}-{rows}-{classes}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("train.csv");
+        let mut s = String::from("stars,review text\n");
+        for i in 0..rows {
+            s.push_str(&format!(
+                "{},\"a review, number {i}, of some length\"\n",
+                i % classes
+            ));
+        }
+        std::fs::write(&p, s).unwrap();
+        p
+    }
+
+    fn q(train: PathBuf) -> QuickStart {
+        QuickStart {
+            train,
+            validation: None,
+            method: None,
+            epsilon: 8.0,
+            text_column: None,
+            label_column: None,
+            random_init: false,
+        }
+    }
+
+    #[test]
+    fn the_default_rule_is_applied_to_the_detected_data() {
+        let r = resolve(&q(table(2000, 5))).unwrap();
+        let c = &r.config;
+        assert_eq!(
+            (c.data.text_column.as_str(), c.data.label_column.as_str()),
+            ("review text", "stars")
+        );
+        assert_eq!(r.records, 2000);
+        // 10 % held out: 1800 training records -> B 225, T 40.
+        assert_eq!(c.train.batch_size, 225.0);
+        assert_eq!(c.train.steps, Some(40));
+        assert_eq!(
+            (c.model.kind, c.method.name),
+            (ModelKind::Bert, Method::DpAdam)
+        );
+        assert_eq!(c.method.scope, "lora");
+        assert_eq!(c.model.path.as_deref(), Some(Path::new(BACKBONE)));
+        assert_eq!(c.privacy.delta, None, "δ is left to the privacy default");
+        c.validate().unwrap();
+        assert!(r.notes.iter().any(|n| n.contains("5 labels")));
+        let text = commented_toml(&r).unwrap();
+        let back = RunConfig::from_toml(&text).unwrap();
+        assert_eq!(&back, c, "the commented config parses to the same config");
+    }
+
+    #[test]
+    fn expert_methods_get_the_upcycled_backbone_and_bad_input_is_an_error() {
+        let mut x = q(table(300, 2));
+        x.method = Some(Method::Raptor);
+        let r = resolve(&x).unwrap();
+        assert_eq!(r.config.model.kind, ModelKind::MoeBert);
+        assert_eq!(
+            r.config.model.path.as_deref(),
+            Some(Path::new(MOE_BACKBONE))
+        );
+        assert!(r.config.data.public.is_some());
+        r.config.validate().unwrap();
+        x.epsilon = f64::NAN;
+        assert!(resolve(&x).unwrap_err().to_string().contains("--epsilon"));
+        let mut y = q(table(50, 2));
+        y.label_column = Some("absent".into());
+        assert!(resolve(&y).unwrap_err().to_string().contains("absent"));
+        y.label_column = None;
+        y.random_init = true;
+        let r = resolve(&y).unwrap();
+        assert_eq!(r.config.model.path, None);
+        assert_eq!(r.config.train.batch_size, 32.0);
+    }
+}
