@@ -35,20 +35,25 @@ pub const MAX_UNKNOWN_FRACTION: f64 = 0.05;
 /// How long the run is expected to take, from a short probe.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TimeEstimate {
-    /// Seconds for one forward pass over one synthetic record of `data.max_length` tokens
-    /// (the probe: one batch of up to 16 such records, after one warm-up batch).
+    /// Seconds for one forward pass (no gradient) over one synthetic record of
+    /// `data.max_length` tokens (the probe's batch: up to 16 such records).
     pub forward_seconds_per_record: f64,
-    /// Expected seconds of one update: expected batch × the forward time × [`UPDATE_FACTOR`].
+    /// Seconds for a forward and backward pass (gradients of the trainable parameters) over
+    /// one such record.
+    pub step_seconds_per_record: f64,
+    /// Expected seconds of one update: expected batch × the time of a forward and backward
+    /// pass per synthetic record (the faster of two, after a warm-up) × [`PRIVATE_FACTOR`] for
+    /// private methods.
     pub seconds_per_update: f64,
     /// Expected seconds of the whole run: the updates, plus the final evaluation and
     /// membership-inference passes (forward only).
     pub total_seconds: f64,
 }
 
-/// Cost of a private update relative to a forward pass over the same records: backward ≈ 2
-/// forwards, per-record norms and clipped sums ≈ 1 more (measured on MiniLM LoRA and the Switch
-/// toy on 2 cores: 3.5–4.5). An estimate, refined by the progress display as updates run.
-pub const UPDATE_FACTOR: f64 = 4.0;
+/// Cost of a private update relative to a non-private forward and backward pass over the same
+/// records: the per-record norms, clipped sums and noise. `raptor-train`'s README ("Cost of an
+/// update") measured DP-Adam LoRA at 1.14–1.46× non-private LoRA on 2 cores.
+pub const PRIVATE_FACTOR: f64 = 1.3;
 
 /// What a run is about to do, handed to the caller before its first update.
 #[derive(Debug, Clone, Serialize)]
@@ -71,6 +76,8 @@ pub struct StartInfo {
     pub privacy: PrivacyPlan,
     /// Trainable parameters (all phases).
     pub trainable_parameters: i64,
+    /// Tokens per record at most (`data.max_length`).
+    pub max_length: usize,
     /// The time estimate (None when the probe could not run).
     pub estimate: Option<TimeEstimate>,
     /// Fraction of the training tokens the tokenizer maps to its unknown token. Computed on the
@@ -167,6 +174,7 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         labels: session.labels.as_ref().map(|l| l.labels().to_vec()),
         privacy: session.privacy.clone(),
         trainable_parameters,
+        max_length: cfg.data.max_length,
         estimate,
         unknown_token_fraction,
         warnings,
@@ -272,22 +280,48 @@ fn probe(session: &Session) -> Result<TimeEstimate> {
         classify.then_some(labels.as_slice()),
         session.device,
     )?;
-    let run = || -> Result<f64> {
+    // Gradients are asked of autograd for the trainable tensors directly (nothing accumulates
+    // into their `.grad`), on a public, synthetic batch.
+    let trainable: Vec<tch::Tensor> = session
+        .model
+        .var_store()
+        .variables()
+        .into_values()
+        .filter(tch::Tensor::requires_grad)
+        .collect();
+    let run = |backward: bool| -> Result<f64> {
         let t0 = Instant::now();
-        let _logits = tch::no_grad(|| {
-            session
+        if backward && !trainable.is_empty() {
+            let logits = session
                 .model
-                .forward(&batch, &mut raptor_models::ForwardCtx::new(false))
-        })?;
+                .forward(&batch, &mut raptor_models::ForwardCtx::new(false))?;
+            let loss = logits.f_sum(tch::Kind::Float)?;
+            let _grads = tch::Tensor::f_run_backward(&[&loss], &trainable, false, false)?;
+        } else {
+            let _logits = tch::no_grad(|| {
+                session
+                    .model
+                    .forward(&batch, &mut raptor_models::ForwardCtx::new(false))
+            })?;
+        }
         Ok(t0.elapsed().as_secs_f64())
     };
-    run()?;
-    let per_record = run()? / n as f64;
-    let per_update = per_record * session.privacy.expected_batch * UPDATE_FACTOR;
+    // One warm-up, then the faster of two timed passes (other work on the machine only slows).
+    run(true)?;
+    let per_record_step = run(true)?.min(run(true)?) / n as f64;
+    let per_record = run(false)? / n as f64;
+    let per_update = per_record_step
+        * session.privacy.expected_batch
+        * if session.privacy.private {
+            PRIVATE_FACTOR
+        } else {
+            1.0
+        };
     let eval_records = session.validation.len() as f64
         + 2.0 * session.train.len().min(session.validation.len()).min(1000) as f64;
     Ok(TimeEstimate {
         forward_seconds_per_record: per_record,
+        step_seconds_per_record: per_record_step,
         seconds_per_update: per_update,
         total_seconds: per_update * session.privacy.updates as f64 + per_record * eval_records,
     })

@@ -161,19 +161,14 @@ pub fn provide(cfg: &mut crate::config::RunConfig, quiet: bool) -> Result<()> {
     Ok(())
 }
 
-/// Caps `data.max_length` at the position embeddings of a BERT checkpoint `model.path` names
-/// (a one-command run asks for [`crate::quickstart::MAX_LENGTH`] tokens; smaller checkpoints
-/// hold fewer). Returns the cap when it applied.
-pub fn cap_max_length(cfg: &mut crate::config::RunConfig) -> Option<usize> {
-    let p = cfg.model.path.as_ref()?;
-    let raptor_models::hf_config::HfConfig::Bert(c) =
-        raptor_models::hf_config::HfConfig::from_file(p).ok()?
-    else {
-        return None;
-    };
-    let cap = usize::try_from(c.max_position_embeddings).ok()?;
-    (cfg.data.max_length > cap).then(|| {
-        cfg.data.max_length = cap;
-        cap
-    })
+/// What the default rule needs of a BERT checkpoint folder (layers, position embeddings);
+/// empty for anything else.
+pub fn backbone_facts(dir: &Path) -> crate::quickstart::Backbone {
+    match raptor_models::hf_config::HfConfig::from_file(dir) {
+        Ok(raptor_models::hf_config::HfConfig::Bert(c)) => crate::quickstart::Backbone {
+            layers: usize::try_from(c.num_hidden_layers).ok(),
+            max_positions: usize::try_from(c.max_position_embeddings).ok(),
+        },
+        _ => crate::quickstart::Backbone::default(),
+    }
 }

@@ -21,7 +21,7 @@ pub fn run_init(a: InitArgs) -> anyhow::Result<()> {
     let Some(data) = a.quick.data.clone() else {
         anyhow::bail!("give --data <train.csv> (raptor init writes the config of that data)");
     };
-    let mut r = a.quick.resolve(&data)?;
+    let mut r = a.quick.resolve(&data, false)?;
     // Absolute data paths: the file may be written anywhere.
     let abs = |p: &std::path::Path| {
         std::fs::canonicalize(p).with_context(|| format!("cannot resolve {}", p.display()))

@@ -114,10 +114,11 @@ pub fn start_lines(info: &StartInfo) -> Vec<String> {
     ));
     if let Some(e) = &info.estimate {
         out.push(format!(
-            "  time: about {} ({} per update; probe: a forward pass over one synthetic record took {:.1} ms)",
+            "  time: about {} ({} per update; probe: forward and backward over a synthetic record of {} tokens took {:.1} ms)",
             duration(e.total_seconds),
             duration(e.seconds_per_update),
-            1e3 * e.forward_seconds_per_record
+            info.max_length,
+            1e3 * e.step_seconds_per_record
         ));
     }
     for w in &info.warnings {
@@ -134,6 +135,7 @@ pub struct Reporter {
     started: Instant,
     last_line_pct: Option<u64>,
     eps: Option<f64>,
+    private: bool,
 }
 
 impl Reporter {
@@ -158,6 +160,7 @@ impl Reporter {
             started: Instant::now(),
             last_line_pct: None,
             eps: None,
+            private: true,
         }
     }
 
@@ -170,6 +173,7 @@ impl Reporter {
 
     /// Prints the start summary and starts the clock.
     pub fn start(&mut self, info: &StartInfo) {
+        self.private = info.privacy.private;
         if self.mode != Mode::Quiet {
             let mut err = std::io::stderr().lock();
             for l in start_lines(info) {
@@ -190,9 +194,10 @@ impl Reporter {
         } else {
             0.0
         };
-        let eps_text = match self.eps {
-            Some(e) => format!("eps spent {e:.3}"),
-            None => "eps spent -".into(),
+        let eps_text = match (self.private, self.eps) {
+            (false, _) => "not private".into(),
+            (true, Some(e)) => format!("eps spent {e:.3}"),
+            (true, None) => "eps spent -".into(),
         };
         let loss_text = if self.show_loss {
             format!("  private batch loss {:.4} (not private)", m.loss)
@@ -208,7 +213,7 @@ impl Reporter {
                     .set_message(format!("{eps_text}  {rate:.2} updates/s{loss_text}"));
             }
             Mode::Lines => {
-                let pct = if total == 0 { 100 } else { done * 100 / total };
+                let pct = (done * 100).checked_div(total).unwrap_or(100);
                 let due = match self.last_line_pct {
                     None => true,
                     Some(last) => pct >= last + 5 || done == total,

@@ -88,8 +88,9 @@ pub fn parse_method(s: &str) -> Result<Method, String> {
 
 impl QuickArgs {
     /// The config these arguments resolve to, with what was detected and assumed; the backbone
-    /// is fetched (or built) into the cache first.
-    pub fn resolve(&self, data: &std::path::Path) -> anyhow::Result<Resolved> {
+    /// is fetched (or built) into the cache first, since the rule reads its layers and
+    /// positions.
+    pub fn resolve(&self, data: &std::path::Path, quiet: bool) -> anyhow::Result<Resolved> {
         let q = QuickStart {
             train: data.to_path_buf(),
             validation: self.validation.clone(),
@@ -99,7 +100,20 @@ impl QuickArgs {
             label_column: self.label_column.clone(),
             random_init: self.random_init,
         };
-        Ok(raptor_train::quickstart::resolve(&q)?)
+        // The columns first: a file that cannot be read fails before anything is fetched.
+        let first = raptor_train::quickstart::resolve(&q, Default::default())?;
+        if self.random_init {
+            return Ok(first);
+        }
+        let mut probe = first.config.clone();
+        raptor_train::provision::provide(&mut probe, quiet)?;
+        let facts = probe
+            .model
+            .path
+            .as_deref()
+            .map(raptor_train::provision::backbone_facts)
+            .unwrap_or_default();
+        Ok(raptor_train::quickstart::resolve(&q, facts)?)
     }
 }
 
@@ -127,7 +141,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     let reporter = Reporter::new(mode, args.show_private_loss);
     let cfg = match (&args.config, &args.resume, &args.quick.data) {
         (_, _, Some(data)) => {
-            let r = args.quick.resolve(data)?;
+            let r = args.quick.resolve(data, args.quiet)?;
             reporter.note(&format!("{}: {} records", data.display(), r.records));
             for n in &r.notes {
                 reporter.note(&format!("  {n}"));
@@ -135,11 +149,6 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
             let mut cfg = r.config;
             let cwd = std::env::current_dir().context("cannot read the current folder")?;
             raptor_train::provision::provide(&mut cfg, args.quiet)?;
-            if let Some(cap) = raptor_train::provision::cap_max_length(&mut cfg) {
-                reporter.note(&format!(
-                    "  data.max_length: {cap} tokens, the model's position embeddings"
-                ));
-            }
             cfg.resolve_paths_against(&cwd);
             cfg
         }
