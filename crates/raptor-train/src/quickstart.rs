@@ -166,7 +166,7 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
     };
     let mut notes: Vec<String> = detection.assumptions.clone();
     notes.push(format!(
-        "{} labels, read from the training file (the run reveals the label set): {}",
+        "{} labels in the training file: {}",
         detection.labels.len(),
         detection.labels.join(", ")
     ));

@@ -137,7 +137,7 @@ fn one_command_trains_from_the_cached_backbone_with_progress_lines() {
     // The start summary: 135 training records (10 % held out) -> B 32, 20 updates.
     for want in [
         "records: 135 training, 15 validation",
-        "labels (3): t0, t1, t2 (read from the training file",
+        "labels (3): t0, t1, t2\n",
         "privacy: epsilon 8",
         "q = 0.2370",
         "sigma per stream: all ",
@@ -146,6 +146,13 @@ fn one_command_trains_from_the_cached_backbone_with_progress_lines() {
     ] {
         assert!(se.contains(want), "{want:?} missing from stderr:\n{se}");
     }
+    // The label set comes from the private file: said once.
+    assert_eq!(
+        se.matches("the label set was read from the private training file")
+            .count(),
+        1,
+        "{se}"
+    );
     // Not a terminal: plain lines, the first and the last among them, never the private loss.
     let lines: Vec<&str> = se.lines().filter(|l| l.starts_with("update ")).collect();
     assert!(lines.len() >= 5, "{lines:?}");

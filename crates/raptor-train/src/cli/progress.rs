@@ -70,11 +70,7 @@ pub fn start_lines(info: &StartInfo) -> Vec<String> {
         info.train_records, info.validation_records, info.trainable_parameters
     ));
     if let Some(l) = &info.labels {
-        out.push(format!(
-            "  labels ({}): {} (read from the training file: the run reveals the label set)",
-            l.len(),
-            l.join(", ")
-        ));
+        out.push(format!("  labels ({}): {}", l.len(), l.join(", ")));
     }
     if p.private {
         let sigmas: Vec<String> = p
