@@ -143,6 +143,20 @@ pub enum AccountantError {
     /// The RDP accountant needs at least one order above 1.
     #[error("invalid RDP order {0}: orders must be finite and > 1")]
     InvalidOrder(f64),
+    /// The RDP accountant was given no orders.
+    #[error("the RDP accountant needs at least one order (finite and > 1); the list is empty")]
+    NoOrders,
+    /// The privacy loss of one step is too large to represent at this noise multiplier: no
+    /// finite ε can be certified.
+    #[error(
+        "noise multiplier sigma = {sigma:e} is too small: one step's privacy loss (about \
+         1/(2 sigma^2) per unit of Renyi order) overflows, so no finite epsilon can be \
+         certified; use a larger noise multiplier"
+    )]
+    NoiseTooSmall {
+        /// The noise multiplier.
+        sigma: f64,
+    },
 }
 
 /// Result alias for this crate.

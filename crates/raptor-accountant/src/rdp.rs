@@ -52,7 +52,7 @@ impl RdpAccountant {
     /// An accountant over the given orders (each finite and > 1).
     pub fn with_orders(orders: Vec<f64>) -> Result<Self> {
         if orders.is_empty() {
-            return Err(AccountantError::InvalidOrder(f64::NAN));
+            return Err(AccountantError::NoOrders);
         }
         if let Some(&bad) = orders.iter().find(|a| !(a.is_finite() && **a > 1.0)) {
             return Err(AccountantError::InvalidOrder(bad));
@@ -118,7 +118,12 @@ pub fn rdp_subsampled_gaussian(m: &SubsampledGaussian, alpha: f64) -> Result<f64
     }
     let (q, sigma) = (m.q(), m.sigma());
     if q == 1.0 {
-        return Ok(alpha / (2.0 * sigma * sigma));
+        let r = alpha / (2.0 * sigma * sigma);
+        return if r.is_finite() {
+            Ok(r)
+        } else {
+            Err(AccountantError::NoiseTooSmall { sigma })
+        };
     }
     let log_a = if alpha.fract() == 0.0 && alpha <= 1e6 {
         log_a_int(q, sigma, alpha as u64)
@@ -128,6 +133,9 @@ pub fn rdp_subsampled_gaussian(m: &SubsampledGaussian, alpha: f64) -> Result<f64
     let r = log_a / (alpha - 1.0);
     if r.is_finite() {
         Ok(r.max(0.0))
+    } else if !(1.0 / (sigma * sigma)).is_finite() || log_a == f64::INFINITY {
+        // The loss itself overflows (σ far below any usable noise level).
+        Err(AccountantError::NoiseTooSmall { sigma })
     } else {
         Err(AccountantError::NumericalFailure("RDP order"))
     }

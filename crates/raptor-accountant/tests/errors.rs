@@ -113,6 +113,29 @@ fn invalid_accuracy_and_orders() {
         RdpAccountant::with_orders(vec![2.0, 1.0]),
         Err(E::InvalidOrder(1.0))
     );
+    // An empty list is named as such (it once read "order NaN").
+    let empty = RdpAccountant::with_orders(vec![]);
+    assert_eq!(empty, Err(E::NoOrders));
+    assert!(empty.unwrap_err().to_string().contains("empty"));
+}
+
+/// A noise multiplier so small that one step's privacy loss overflows is named as such, by
+/// both accountants (it once read "numerical failure in RDP order").
+#[test]
+fn a_vanishing_noise_multiplier_is_named() {
+    for q in [0.01, 1.0] {
+        let c = Composition::single(SubsampledGaussian::new(q, 1e-300).unwrap(), 10).unwrap();
+        let want = E::NoiseTooSmall { sigma: 1e-300 };
+        assert_eq!(
+            RdpAccountant::default().epsilon(&c, 1e-5),
+            Err(want.clone())
+        );
+        assert_eq!(
+            PrvAccountant::default().epsilon(&c, 1e-5),
+            Err(want.clone())
+        );
+        assert!(want.to_string().contains("noise multiplier sigma = 1e-300"));
+    }
 }
 
 /// A query whose requested accuracy needs more grid points than allowed is answered from the

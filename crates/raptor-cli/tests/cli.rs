@@ -26,6 +26,33 @@ fn assert_success(out: &std::process::Output) {
     );
 }
 
+/// The output shown in raptor-cli's README for its first example is what the program prints
+/// (the documented digits are checked, not copied by hand).
+#[test]
+fn readme_example_output_is_current() {
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../raptor-cli/README.md"
+    ))
+    .unwrap();
+    let out = acct(&[
+        "account", "--q", "0.01", "--sigma", "1.0", "--steps", "10000", "--delta", "1e-5",
+    ]);
+    assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for prefix in ["epsilon (PRV):", "epsilon (RDP):"] {
+        let shown = readme
+            .lines()
+            .find_map(|l| l.strip_prefix("#   ").filter(|l| l.starts_with(prefix)))
+            .unwrap_or_else(|| panic!("README shows no {prefix} line"));
+        let printed = text
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in {text}"));
+        assert_eq!(shown.trim_end(), printed.trim_end());
+    }
+}
+
 #[test]
 fn account_json_matches_the_library() {
     let out = acct(&[

@@ -5,11 +5,12 @@
     python crates/raptor-py/bench/bench.py            # prints a Markdown table
 
 Each cell is the fastest of REPEATS warm calls (wall clock, one thread of Python; the libraries
-may use more). Accuracy settings: raptor at its default (relative eps_error 0.01: the certified
-upper bound is about 1 % above the estimate); dp_accounting's PLDAccountant at its default
+may use more). Accuracy settings: raptor at its default (relative eps_error
+ra.DEFAULT_EPS_ERROR, printed with the table: the certified upper bound is expected within that
+fraction of the truth); dp_accounting's PLDAccountant at its default
 value_discretization_interval 1e-4 (add-or-remove, pessimistic: an upper bound up to
 discretization); prv_accountant with eps_error 0.01 and delta_error 1e-3 * delta (removal only;
-its "upper" is not certified, see SPEC §3). Calibration: raptor's calibrate_sigma (bisection on
+its "upper" is not certified). Calibration: raptor's calibrate_sigma (bisection on
 the certified upper bound, to a relative bracket of 1e-3) against dp_accounting's
 calibrate_dp_mechanism (Brent's method on the PLD epsilon, tolerance 1e-3 in sigma) and, when
 Opacus is installed, Opacus's get_noise_multiplier with its PRV accountant.
@@ -135,7 +136,8 @@ def main():
     print(f"python {platform.python_version()}, raptor_accountant {ra.__version__}, "
           f"dp-accounting {getattr(dp_accounting, '__version__', '0.6.0')}, "
           f"prv-accountant {getattr(prv_accountant, '__version__', '0.2.0')}; "
-          f"fastest of {REPEATS} warm calls ({platform.machine()}, {sys.platform})\n")
+          f"fastest of {REPEATS} warm calls ({platform.machine()}, {sys.platform}); "
+          f"raptor at relative eps_error {ra.DEFAULT_EPS_ERROR:g}\n")
     print("| task | raptor_accountant | dp_accounting PLD | prv_accountant (calibration: Opacus PRV) | speed-up vs dp_accounting |")
     print("|---|---|---|---|---|")
     for name, ours, dp, third in rows:

@@ -48,7 +48,7 @@ pyo3::create_exception!(
 /// Map a [`CoreError`] to its Python exception (all derive from `ValueError`), keeping
 /// the Rust error's message.
 pub fn to_py_err(e: CoreError) -> PyErr {
-    let msg = e.to_string();
+    let msg = python_message(&e);
     match e {
         CoreError::GridTooLarge { .. }
         | CoreError::DeltaBelowAccuracy { .. }
@@ -56,6 +56,42 @@ pub fn to_py_err(e: CoreError) -> PyErr {
         CoreError::CalibrationFailed { .. } => CalibrationError::new_err(msg),
         CoreError::Rng(_) => AccountantError::new_err(msg),
         _ => InvalidParameterError::new_err(msg),
+    }
+}
+
+/// The error's message in the Python API's words: the accuracy settings are named as the
+/// arguments of `PRVAccountant(...)`, not as the Rust API's methods.
+fn python_message(e: &CoreError) -> String {
+    match e {
+        CoreError::InvalidAccuracy {
+            name,
+            value,
+            reason,
+        } => {
+            let arg = match *name {
+                "eps_error (relative)" | "eps_error (absolute)" | "eps_error" => "eps_error",
+                "delta_error_rel" | "delta_error" => "delta_error",
+                other => other,
+            };
+            format!("PRVAccountant({arg}={value}): {reason}")
+        }
+        CoreError::DeltaBelowAccuracy { delta, delta_error } => format!(
+            "delta = {delta:.3e} is not larger than the delta error budget {delta_error:.3e} \
+             (truncation, wrap-around and the FFT's round-off allowance); ask for a smaller \
+             delta error (PRVAccountant(delta_error=...), relative to delta) or a larger delta"
+        ),
+        CoreError::GridTooLarge {
+            needed,
+            limit,
+            eps_error,
+            suggested_eps_error,
+        } => format!(
+            "the requested accuracy (an absolute epsilon error of {eps_error:.3e}) needs a grid \
+             of {needed} points, above the limit of {limit}; ask for a coarser accuracy \
+             (PRVAccountant(eps_error={suggested_eps_error:.3e}, absolute=True) or larger), \
+             raise PRVAccountant(max_points=...), or use RDPAccountant for this regime"
+        ),
+        other => other.to_string(),
     }
 }
 
@@ -392,9 +428,17 @@ fn prv(
     eps_error: f64,
     absolute: bool,
     delta_error: Option<f64>,
-    max_points: Option<usize>,
+    max_points: Option<i128>,
 ) -> PyResult<PrvAccountant> {
     let default = Accuracy::default();
+    let max_points = match max_points {
+        None => default.max_points,
+        Some(v) => usize::try_from(v).map_err(|_| {
+            InvalidParameterError::new_err(format!(
+                "PRVAccountant(max_points={v}): must be an integer of at least 16"
+            ))
+        })?,
+    };
     let acc = if absolute {
         Accuracy::absolute(eps_error)
     } else {
@@ -402,7 +446,7 @@ fn prv(
     };
     let acc = acc
         .with_delta_error_rel(delta_error.unwrap_or(default.delta_error_rel))
-        .with_max_points(max_points.unwrap_or(default.max_points));
+        .with_max_points(max_points);
     PrvAccountant::new(acc).map_err(to_py_err)
 }
 
@@ -421,7 +465,7 @@ impl PyPrvAccountant {
         eps_error: f64,
         absolute: bool,
         delta_error: Option<f64>,
-        max_points: Option<usize>,
+        max_points: Option<i128>,
     ) -> PyResult<Self> {
         Ok(Self {
             inner: prv(eps_error, absolute, delta_error, max_points)?,

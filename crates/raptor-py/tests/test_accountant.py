@@ -182,7 +182,15 @@ def test_plan_budget_returns_both_plans():
         (lambda: ra.calibrate_sigma(0.0, 1e-5, 0.01, 10), "> 0 as the target"),
         (lambda: ra.calibrate_sigma(-1.0, 1e-5, 0.01, 10), "epsilon = -1"),
         (lambda: ra.plan_budget(1.0, 1e-5, (0.1, 10), (0.1, 10), rho=1.5), "rho = 1.5"),
-        (lambda: ra.PRVAccountant(-0.1), "eps_error"),
+        (lambda: ra.PRVAccountant(-0.1), "PRVAccountant(eps_error=-0.1)"),
+        (lambda: ra.PRVAccountant(delta_error=2.0), "PRVAccountant(delta_error=2)"),
+        (lambda: ra.PRVAccountant(max_points=-1), "PRVAccountant(max_points=-1)"),
+        (lambda: ra.PRVAccountant(max_points=3), "PRVAccountant(max_points=3)"),
+        (lambda: ra.RDPAccountant(orders=[]), "the list is empty"),
+        (
+            lambda: ra.PRVAccountant().get_epsilon(ra.SubsampledGaussian(0.01, 1e-300), 1e-5),
+            "noise multiplier sigma = 1e-300 is too small",
+        ),
     ],
 )
 def test_bad_inputs_raise_value_error_with_a_clear_message(call, needle):
@@ -194,11 +202,12 @@ def test_bad_inputs_raise_value_error_with_a_clear_message(call, needle):
 
 
 def test_a_regime_beyond_the_grid_answers_from_a_coarser_grid_and_says_so():
+    comp = ra.Composition([(ra.SubsampledGaussian(0.25, 0.6), 10_000)])
+    fine = ra.PRVAccountant(1e-7, absolute=True, max_points=1 << 16).get_epsilon(comp, 1e-5)
+    assert fine.method == "prv" and fine.eps_error > 1e-7
+    reference = ra.PRVAccountant().get_epsilon(comp, 1e-5)
+    assert reference.lower <= fine.upper <= 1.01 * reference.upper
     mech = ra.SubsampledGaussian(0.01, 1.0)
-    fine = ra.PRVAccountant(1e-6, max_points=1000).get_epsilon(mech, 1e-5)
-    assert fine.method == "prv" and fine.eps_error > 1e-6 * fine.upper
-    reference = ra.PRVAccountant().get_epsilon(mech, 1e-5)
-    assert fine.upper >= reference.lower
     assert fine.eps_error is not None and "method='prv'" in repr(fine).replace('"', "'")
     # No PRV grid fits 16 points: the RDP bound answers, and says so.
     rdp = ra.PRVAccountant(max_points=16).get_epsilon(mech, 1e-5)
@@ -237,3 +246,17 @@ def test_the_module_docstring_examples_run():
 
     result = doctest.testmod(ra)
     assert result.attempted >= 5 and result.failed == 0
+
+
+def test_readme_example_digits_are_current():
+    """The digits shown in the package README's first example are what the package prints."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    line = next(
+        l for l in readme.splitlines() if l.startswith("print(eps.upper, eps.estimate, eps.lower)")
+    )
+    shown = [float(x) for x in re.findall(r"\d+\.\d+", line.split("#", 1)[1])]
+    eps = ra.get_epsilon(noise_multiplier=1.0, sample_rate=0.01, steps=10_000, delta=1e-5)
+    assert shown == [round(eps.upper, 4), round(eps.estimate, 4), round(eps.lower, 4)]
