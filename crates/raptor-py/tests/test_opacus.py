@@ -18,7 +18,8 @@ def test_interface_without_torch():
         acc.step(noise_multiplier=1.0, sample_rate=0.01)
     for _ in range(50):
         acc.step(noise_multiplier=2.0, sample_rate=0.05)
-    assert len(acc) == 250
+    # len() is the history's length, as for Opacus's accountants; steps() counts the steps.
+    assert len(acc) == 2 and acc.steps() == 250
     assert acc.history == [(1.0, 0.01, 200), (2.0, 0.05, 50)]
     expected = ra.PRVAccountant().get_epsilon(
         ra.Composition(
@@ -31,9 +32,24 @@ def test_interface_without_torch():
 
     restored = RaptorPRVAccountant()
     restored.load_state_dict(acc.state_dict())
-    assert restored.history == acc.history and len(restored) == 250
+    assert restored.history == acc.history and restored.steps() == 250
     with pytest.raises(ValueError, match="mechanism"):
         restored.load_state_dict({"history": [], "mechanism": "rdp"})
+    # load_state_dict validates every entry (and leaves the history as it was).
+    for bad, needle in [
+        ([(1.0, 1.5, 3)], "sample_rate"),
+        ([(-1.0, 0.1, 3)], "noise_multiplier"),
+        ([(1.0, 0.1, 0)], "at least 1"),
+        ([(1.0, 0.1, 2.5)], "integer"),
+        ([(1.0, 0.1)], "not \\(noise_multiplier"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            restored.load_state_dict({"history": bad, "mechanism": "raptor_prv"})
+    assert restored.history == acc.history
+    # Unknown keyword arguments raise instead of being ignored; eps_error is honoured.
+    with pytest.raises(TypeError):
+        acc.get_epsilon(1e-5, alphas=[2, 4])
+    assert acc.get_epsilon(1e-5, eps_error=1e-3) >= expected.lower
 
 
 def test_hook_records_steps_like_opacus():
@@ -103,7 +119,7 @@ def test_in_an_opacus_training_loop():
             loss.backward()
             optimizer.step()
             steps += 1
-    assert steps > 0 and len(ours) == steps
+    assert steps > 0 and ours.steps() == steps and len(ours) == 1
     assert ours.history == [(1.0, batch / n, steps)]
     eps = engine.get_epsilon(delta=1e-5)
     assert eps == ours.get_epsilon(1e-5)
@@ -116,3 +132,20 @@ def test_in_an_opacus_training_loop():
     rdp_eps = theirs_rdp.get_epsilon(delta=1e-5)
     assert eps >= prv_eps * 0.98, (eps, prv_eps)
     assert eps <= rdp_eps, (eps, rdp_eps)
+
+
+def test_registered_with_opacus_by_name():
+    opacus = require("opacus")
+    from opacus.accountants.registry import create_accountant
+    from opacus.accountants.utils import get_noise_multiplier
+
+    assert isinstance(create_accountant("raptor_prv"), RaptorPRVAccountant)
+    engine = opacus.PrivacyEngine(accountant="raptor_prv")
+    assert isinstance(engine.accountant, RaptorPRVAccountant)
+    # make_private_with_epsilon's calibration path: sigma by name, checked by our own bound.
+    sigma = get_noise_multiplier(
+        target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, steps=1000, accountant="raptor_prv"
+    )
+    acc = RaptorPRVAccountant()
+    acc.history = [(sigma, 0.01, 1000)]
+    assert acc.get_epsilon(1e-5) <= 2.0

@@ -18,6 +18,10 @@ when Opacus is installed): ``step(noise_multiplier=, sample_rate=)``, ``get_epsi
     ...  # train
     print(engine.get_epsilon(delta=1e-5))  # the certified upper bound
 
+Importing this module also registers the class with Opacus under the name ``"raptor_prv"``, so
+``PrivacyEngine(accountant="raptor_prv")`` and ``make_private_with_epsilon`` (which calibrates
+the noise by creating accountants by name) use it.
+
 This module imports Opacus (and so torch) only if it is installed; without it the class works
 the same, as a plain object.
 """
@@ -54,6 +58,7 @@ class RaptorPRVAccountant(_Base):  # type: ignore[misc]
 
     def __init__(self, eps_error: float = DEFAULT_EPS_ERROR) -> None:
         self.history: List[Tuple[float, float, int]] = []
+        self._eps_error = eps_error
         self._accountant = PRVAccountant(eps_error)
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
@@ -62,14 +67,7 @@ class RaptorPRVAccountant(_Base):  # type: ignore[misc]
         Raises ``ValueError`` at once for a sample rate outside (0, 1] or a negative or
         non-finite noise multiplier (so a bad step fails where it is taken).
         """
-        noise_multiplier = float(noise_multiplier)
-        sample_rate = float(sample_rate)
-        if not (math.isfinite(sample_rate) and 0.0 < sample_rate <= 1.0):
-            raise ValueError(f"sample_rate = {sample_rate} is outside (0, 1]")
-        if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0.0):
-            raise ValueError(
-                f"noise_multiplier = {noise_multiplier} must be finite and >= 0"
-            )
+        noise_multiplier, sample_rate = _checked(noise_multiplier, sample_rate)
         if self.history:
             last_sigma, last_q, n = self.history[-1]
             if last_sigma == noise_multiplier and last_q == sample_rate:
@@ -91,13 +89,27 @@ class RaptorPRVAccountant(_Base):  # type: ignore[misc]
             return EpsilonBounds(inf, inf, inf, inf, inf)
         return self._accountant.get_epsilon(self.composition(), delta)
 
-    def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
-        """The certified upper bound on the epsilon spent so far at ``delta`` (0 before any step)."""
+    def get_epsilon(self, delta: float, *, eps_error: Optional[float] = None) -> float:
+        """The certified upper bound on the epsilon spent so far at ``delta`` (0 before any step).
+
+        ``eps_error`` (relative accuracy) overrides the accountant's for this call; any other
+        keyword is a ``TypeError`` (it would otherwise be ignored silently).
+        """
         if not self.history:
             return 0.0
+        if eps_error is not None and eps_error != self._eps_error:
+            if any(sigma == 0.0 for sigma, _, _ in self.history):
+                return float("inf")
+            return PRVAccountant(eps_error).get_epsilon(self.composition(), delta).upper
         return self.get_epsilon_bounds(delta).upper
 
     def __len__(self) -> int:
+        """The number of history entries, as for Opacus's accountants (runs of identical steps
+        are merged into one entry; the total step count is :meth:`steps`)."""
+        return len(self.history)
+
+    def steps(self) -> int:
+        """The number of steps recorded."""
         return sum(n for _, _, n in self.history)
 
     @classmethod
@@ -139,6 +151,38 @@ class RaptorPRVAccountant(_Base):  # type: ignore[misc]
             )
         history = []
         for entry in state_dict["history"]:
-            sigma, q, n = entry
-            history.append((float(sigma), float(q), int(n)))
+            try:
+                sigma, q, n = entry
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"history entry {entry!r} is not (noise_multiplier, sample_rate, num_steps)"
+                ) from None
+            sigma, q = _checked(sigma, q)
+            if isinstance(n, bool) or not isinstance(n, int) and not (
+                isinstance(n, float) and n.is_integer()
+            ):
+                raise ValueError(f"history entry {entry!r}: num_steps must be an integer")
+            if int(n) < 1:
+                raise ValueError(f"history entry {entry!r}: num_steps must be at least 1")
+            history.append((sigma, q, int(n)))
         self.history = history
+
+
+def _checked(noise_multiplier: Any, sample_rate: Any) -> Tuple[float, float]:
+    """``(noise_multiplier, sample_rate)`` as floats, or ``ValueError`` if out of range."""
+    noise_multiplier = float(noise_multiplier)
+    sample_rate = float(sample_rate)
+    if not (math.isfinite(sample_rate) and 0.0 < sample_rate <= 1.0):
+        raise ValueError(f"sample_rate = {sample_rate} is outside (0, 1]")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0.0):
+        raise ValueError(f"noise_multiplier = {noise_multiplier} must be finite and >= 0")
+    return noise_multiplier, sample_rate
+
+
+if OPACUS_AVAILABLE:  # pragma: no cover - depends on the environment
+    try:
+        from opacus.accountants.registry import register_accountant as _register
+
+        _register(RaptorPRVAccountant.mechanism(), RaptorPRVAccountant, force=True)
+    except ImportError:  # an Opacus without the registry: set engine.accountant instead
+        pass
