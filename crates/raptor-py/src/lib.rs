@@ -567,6 +567,10 @@ impl PyCalibration {
     }
 }
 
+/// The smallest noise multiplier `calibrate_sigma` searches (raptor-accountant's calibration
+/// range is [0.01, 1e5]; `test_calibration_at_the_floor_warns` checks that it still is).
+const CALIBRATION_SIGMA_FLOOR: f64 = 1e-2;
+
 /// The smallest σ (to the bisection's tolerance) whose certified ε upper bound meets
 /// `target_epsilon` at `delta` for `steps` steps at `sample_rate`.
 #[pyfunction]
@@ -586,6 +590,21 @@ fn calibrate_sigma(
             raptor_accountant::calibrate_sigma(target_epsilon, delta, sample_rate, steps, &acc)
         })
         .map_err(to_py_err)?;
+    if c.sigma <= CALIBRATION_SIGMA_FLOOR * (1.0 + 1e-12) && c.relative_bracket == 0.0 {
+        let msg = std::ffi::CString::new(format!(
+            "calibrate_sigma(target_epsilon={target_epsilon}): every noise multiplier down to \
+             {CALIBRATION_SIGMA_FLOOR}, the floor of the range searched [{CALIBRATION_SIGMA_FLOOR}, \
+             1e5], meets the target at sample_rate={sample_rate}, steps={steps}; the floor is \
+             returned, not the smallest such noise multiplier"
+        ))
+        .map_err(|e| AccountantError::new_err(e.to_string()))?;
+        PyErr::warn(
+            py,
+            &py.get_type::<pyo3::exceptions::PyUserWarning>(),
+            &msg,
+            1,
+        )?;
+    }
     Ok(PyCalibration {
         noise_multiplier: c.sigma,
         epsilon: c.epsilon.into(),

@@ -260,3 +260,15 @@ def test_readme_example_digits_are_current():
     shown = [float(x) for x in re.findall(r"\d+\.\d+", line.split("#", 1)[1])]
     eps = ra.get_epsilon(noise_multiplier=1.0, sample_rate=0.01, steps=10_000, delta=1e-5)
     assert shown == [round(eps.upper, 4), round(eps.estimate, 4), round(eps.lower, 4)]
+
+
+def test_calibration_at_the_floor_warns():
+    """A target every noise multiplier in the searched range meets returns the floor, and says so."""
+    with pytest.warns(UserWarning, match="floor of the range searched"):
+        c = ra.calibrate_sigma(1e6, 1e-5, 1e-4, 10)
+    assert c.noise_multiplier == 0.01
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ra.calibrate_sigma(1.0, 1e-5, 0.01, 1000).noise_multiplier > 0.01
