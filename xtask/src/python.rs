@@ -13,8 +13,9 @@ use anyhow::{Context, bail};
 
 use crate::{run_step, setup};
 
-/// What `cargo xtask wheel` needs.
-const WHEEL_PACKAGES: [&str; 1] = ["maturin==1.16.0"];
+/// What `cargo xtask wheel` needs: maturin, and zig (from PyPI) to link the Linux wheel against
+/// glibc 2.17 (manylinux2014) whatever the build machine's glibc.
+const WHEEL_PACKAGES: [&str; 2] = ["maturin==1.16.0", "ziglang==0.17.0"];
 
 /// What the pytest step needs (pinned). Opacus's `torch` requirement is met by the libtorch
 /// venv's torch when there is one (its CUDA libraries still come with it: PyPI's Linux torch
@@ -97,16 +98,28 @@ fn build_wheel(root: &Path, python: &Path, release: bool, out: &Path) -> anyhow:
         }
     }
     let mut cmd = Command::new(python);
-    cmd.args(["-m", "maturin", "build", "--quiet", "--manifest-path"])
+    cmd.args(["-m", "maturin", "build", "--manifest-path"])
         .arg(root.join(CRATE).join("Cargo.toml"))
         .arg("--out")
         .arg(out)
         .args(["--interpreter"])
         .arg(python);
     if release {
+        // The release wheel shows cargo's progress (a cold build takes minutes) and, on Linux,
+        // is linked by zig against glibc 2.17: a manylinux2014 wheel for the distributions
+        // clusters run. maturin finds zig as `python -m ziglang` on the PATH's python.
         cmd.arg("--release");
+        if cfg!(target_os = "linux") {
+            cmd.args(["--zig", "--compatibility", "manylinux2014"]);
+            if let Some(bin) = python.parent() {
+                let path = std::env::var_os("PATH").unwrap_or_default();
+                let mut dirs = vec![bin.to_path_buf()];
+                dirs.extend(std::env::split_paths(&path));
+                cmd.env("PATH", std::env::join_paths(dirs)?);
+            }
+        }
     } else {
-        cmd.args(["--profile", "dev"]);
+        cmd.args(["--quiet", "--profile", "dev"]);
     }
     run_step(
         &format!(
@@ -123,11 +136,32 @@ fn build_wheel(root: &Path, python: &Path, release: bool, out: &Path) -> anyhow:
     Ok(wheel)
 }
 
-/// `cargo xtask wheel`: the release wheel under `target/wheels/`.
+/// `cargo xtask wheel`: the release wheel (manylinux2014 on Linux) and the source
+/// distribution under `target/wheels/`.
 pub fn wheel(root: &Path) -> anyhow::Result<()> {
     let python = venv(&WHEEL_PACKAGES)?;
-    let wheel = build_wheel(root, &python, true, &root.join("target").join("wheels"))?;
+    let out = root.join("target").join("wheels");
+    let wheel = build_wheel(root, &python, true, &out)?;
+    for e in std::fs::read_dir(&out)?.flatten() {
+        if e.path().to_string_lossy().ends_with(".tar.gz") {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    run_step(
+        "maturin sdist",
+        Command::new(&python)
+            .args(["-m", "maturin", "sdist", "--manifest-path"])
+            .arg(root.join(CRATE).join("Cargo.toml"))
+            .arg("--out")
+            .arg(&out),
+    )?;
+    let sdist = std::fs::read_dir(&out)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".tar.gz"))
+        .with_context(|| format!("maturin wrote no sdist into {}", out.display()))?;
     println!("{}", wheel.display());
+    println!("{}", sdist.display());
     println!("install it with: pip install {}", wheel.display());
     Ok(())
 }
