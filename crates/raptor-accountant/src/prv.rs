@@ -1430,8 +1430,12 @@ impl ComposedDirection {
     /// (A_i, C_i, D_i): binary search over the checkpoints, then a scan down the block.
     fn first_below(&self, target: f64) -> (usize, (f64, f64, f64)) {
         let n = self.n();
-        if self.ck[0].1 <= target {
-            return (0, self.ck[0]);
+        let Some(&c0) = self.ck.first() else {
+            // An empty window (every value dropped below `lowest`) holds no mass.
+            return (0, (0.0, 0.0, 0.0));
+        };
+        if c0.1 <= target {
+            return (0, c0);
         }
         // First checkpoint j ≥ 1 with C ≤ target (ck.len() if none): ck[lo].C > target.
         let (mut lo, mut hi) = (0usize, self.ck.len());
