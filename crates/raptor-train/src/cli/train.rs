@@ -16,7 +16,7 @@ use super::progress::{Mode, Reporter};
 #[derive(Debug, Clone, clap::Args)]
 pub struct TrainArgs {
     /// The run configuration (TOML; `--print-default-config` shows every field, `raptor init
-    /// --data train.csv` writes one from the data). Without a [model] table the pretrained
+    /// --data train.csv` writes one from the data). Without a `[model]` table the pretrained
     /// all-MiniLM-L6-v2 is used (fetched into the cache on first use).
     #[arg(
         long,
@@ -312,7 +312,7 @@ fn end_lines(dir: &std::path::Path, cfg: &RunConfig) -> Vec<String> {
     out
 }
 
-/// Reads a config file; a config without a [model] table gets the pretrained backbone
+/// Reads a config file; a config without a `[model]` table gets the pretrained backbone
 /// (fetched or built into the cache on first use), and a cached backbone it names is provided.
 pub(crate) fn load_config(path: &std::path::Path, quiet: bool) -> anyhow::Result<RunConfig> {
     let mut cfg = RunConfig::from_file(path)?;
