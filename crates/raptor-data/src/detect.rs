@@ -20,7 +20,7 @@
 //! use raptor_data::detect::detect_columns_from;
 //! use raptor_data::Format;
 //! let csv = "id,review,stars\n1,\"a slow, heavy film\",2\n2,a delight from start to end,5\n\
-//!            3,fine,4\n4,not for me at all,2\n";
+//!            3,fine,4\n4,not for me at all,2\n5,a gem,5\n6,\"long, and dull\",2\n";
 //! let d = detect_columns_from(csv.as_bytes(), "r.csv".as_ref(), Format::Csv, None, None)?;
 //! assert_eq!((d.text.as_str(), d.label.as_str()), ("review", "stars"));
 //! assert_eq!(d.labels, ["2", "4", "5"]);
