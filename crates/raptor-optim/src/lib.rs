@@ -145,6 +145,59 @@ pub struct Optimizers {
     probe_rng: rand_chacha::ChaCha20Rng,
     /// Heavy-ball momentum of [`Optim::Sgd`] (0: plain SGD).
     sgd_momentum: f64,
+    tap: Option<BufferTap>,
+}
+
+/// Which Muon inputs to keep for a later look (see [`Optimizers::with_tap`]): what Newton–Schulz
+/// orthogonalizes at every `every`-th step of a matrix, for at most `max_matrices` matrices (the
+/// first in name order), together with its per-entry noise std. These inputs are released
+/// momentum buffers (post-processing of noised gradients); keeping them costs no privacy.
+#[derive(Debug)]
+pub struct BufferTap {
+    /// Keep the input of steps `every, 2·every, …` of each matrix (≥ 1).
+    pub every: u64,
+    /// Keep at most this many matrices per step (in name order).
+    pub max_matrices: usize,
+    kept: Vec<BufferSample>,
+}
+
+impl BufferTap {
+    /// A tap keeping the inputs of every `every`-th step (0 is taken as 1) of the first
+    /// `max_matrices` Muon matrices.
+    pub fn new(every: u64, max_matrices: usize) -> Self {
+        Self {
+            every: every.max(1),
+            max_matrices,
+            kept: Vec::new(),
+        }
+    }
+
+    fn wants(&self, t: u64, name: &str, states: &BTreeMap<String, State>) -> bool {
+        if t == 0 || t % self.every.max(1) != 0 {
+            return false;
+        }
+        states
+            .iter()
+            .filter(|(_, st)| matches!(st.kind, Optim::Muon | Optim::MuonBc))
+            .take(self.max_matrices)
+            .any(|(n, _)| n == name)
+    }
+}
+
+/// One kept Muon input (see [`BufferTap`]).
+#[derive(Debug)]
+pub struct BufferSample {
+    /// The parameter.
+    pub name: String,
+    /// Its optimizer step (1-based).
+    pub step: u64,
+    /// What Newton–Schulz orthogonalized at that step (the released momentum buffer, or its
+    /// Nesterov look-ahead), f32 on the CPU, the parameter's shape.
+    pub input: Tensor,
+    /// Per-entry noise std of `input` (the running variance DP-MuonBC uses; 0 without noise).
+    pub noise_std: f64,
+    /// Whether the step applied DP-MuonBC's correction (else plain Newton–Schulz).
+    pub corrected: bool,
 }
 
 /// Per-entry noise of one release as DP-MuonBC needs it: std σΔ/D per coordinate.
@@ -189,6 +242,7 @@ impl Optimizers {
             states,
             probe_rng,
             sgd_momentum: 0.0,
+            tap: None,
         }
     }
 
@@ -222,6 +276,21 @@ impl Optimizers {
         }
         self.sgd_momentum = beta;
         Ok(self)
+    }
+
+    /// Keeps some Muon inputs for a later look ([`BufferTap`]; taken with
+    /// [`Self::take_samples`]). Changes no update.
+    pub fn with_tap(mut self, tap: BufferTap) -> Self {
+        self.tap = Some(tap);
+        self
+    }
+
+    /// The Muon inputs kept since the last call (empty without a tap).
+    pub fn take_samples(&mut self) -> Vec<BufferSample> {
+        self.tap
+            .as_mut()
+            .map(|t| std::mem::take(&mut t.kept))
+            .unwrap_or_default()
     }
 
     /// One step of `param` along its released gradient `grad`; `lr_scale` multiplies every
@@ -295,6 +364,11 @@ impl Optimizers {
         noise: ReleaseNoise,
     ) -> Result<Option<PendingMuon>> {
         let s = self.settings.clone();
+        let tapped = match (&self.tap, self.states.get(name)) {
+            (Some(tap), Some(st)) => tap.wants(st.t + 1, name, &self.states),
+            _ => false,
+        };
+        let mut kept = None;
         let st = self
             .states
             .get_mut(name)
@@ -303,7 +377,7 @@ impl Optimizers {
         let g = grad.f_to_kind(param.kind())?;
         let lr = st.lr.unwrap_or(s.lr) * lr_scale;
         let sgd_beta = self.sgd_momentum;
-        tch::no_grad(|| -> Result<Option<PendingMuon>> {
+        let out = tch::no_grad(|| -> Result<Option<PendingMuon>> {
             match st.kind {
                 Optim::Sgd if sgd_beta == 0.0 => {
                     let _ = param.f_sub_(&g.f_mul_scalar(lr)?)?;
@@ -387,6 +461,19 @@ impl Optimizers {
                         weight_decay: s.weight_decay,
                         scale: (rows as f64 / cols as f64).max(1.0).sqrt(),
                     };
+                    if tapped {
+                        kept = Some(BufferSample {
+                            name: name.to_string(),
+                            step: st.t,
+                            input: u
+                                .f_detach_copy()?
+                                .f_to_kind(Kind::Float)?
+                                .f_to(tch::Device::Cpu)?
+                                .f_contiguous()?,
+                            noise_std: st.noise_var.max(0.0).sqrt(),
+                            corrected: st.kind == Optim::MuonBc && st.noise_var > 0.0,
+                        });
+                    }
                     if st.kind == Optim::MuonBc && st.noise_var > 0.0 {
                         let v: Vec<f32> = Vec::try_from(
                             u.f_to_kind(Kind::Float)?
@@ -432,7 +519,11 @@ impl Optimizers {
                 }
             }
             Ok(None)
-        })
+        });
+        if let (Some(sample), Some(tap)) = (kept, self.tap.as_mut()) {
+            tap.kept.push(sample);
+        }
+        out
     }
 
     /// Named state tensors for a checkpoint (`{param}::m`, `{param}::v`) and the scalars.
@@ -589,6 +680,45 @@ mod tests {
             ns: NsConfig::keller(),
             bc_probe_pairs: 1,
         }
+    }
+
+    /// A tap keeps what Newton–Schulz saw at the tapped steps, with the noise std DP-MuonBC
+    /// uses, for the first matrices only, and changes no update.
+    #[test]
+    fn a_buffer_tap_keeps_the_muon_inputs_and_changes_nothing() {
+        let params: Vec<(String, Optim)> = vec![
+            ("a".into(), Optim::MuonBc),
+            ("b".into(), Optim::Muon),
+            ("c".into(), Optim::AdamW),
+        ];
+        let mut plain = Optimizers::new(settings(), &params, Some(3));
+        let mut tapped =
+            Optimizers::new(settings(), &params, Some(3)).with_tap(BufferTap::new(2, 1));
+        let g = Tensor::from_slice(&[0.3f32, -0.1, 0.2, 0.05, 0.4, -0.2]).reshape([2, 3]);
+        let mut p1 = Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu));
+        let mut p2 = p1.copy();
+        let noise = ReleaseNoise { std: 0.01 };
+        for step in 1..=4u64 {
+            for (n, _) in &params {
+                plain.step(n, &mut p1, &g, 1.0, noise).unwrap();
+                tapped.step(n, &mut p2, &g, 1.0, noise).unwrap();
+            }
+            let kept = tapped.take_samples();
+            if step % 2 == 0 {
+                assert_eq!(kept.len(), 1, "step {step}");
+                let k = &kept[0];
+                assert_eq!((k.name.as_str(), k.step), ("a", step));
+                assert!(k.corrected);
+                assert_eq!(k.input.size(), [2, 3]);
+                let (_, sc) = tapped.export().unwrap();
+                assert!((k.noise_std - sc.params["a"].1.sqrt()).abs() < 1e-15);
+            } else {
+                assert!(kept.is_empty(), "step {step}");
+            }
+        }
+        assert!(plain.take_samples().is_empty());
+        let d: f64 = (&p1 - &p2).abs().max().double_value(&[]);
+        assert_eq!(d, 0.0);
     }
 
     #[test]

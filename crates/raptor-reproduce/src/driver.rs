@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::{accountant, backbones, kernels, muon, paper, routing};
+use crate::{accountant, backbones, dpmuon, kernels, muon, paper, routing};
 
 /// Everything a part needs to know about the run.
 #[derive(Debug, Clone)]
@@ -55,7 +55,7 @@ fn parts() -> Vec<(&'static str, Part)> {
         ("kernels", kernels::tables),
         ("muon", muon::tables),
         ("paper", |c| paper::tables(c, &["paper"])),
-        ("dpmuon", |c| paper::tables(c, &["dpmuon"])),
+        ("dpmuon", dpmuon::tables),
         ("backbones", backbones::tables),
     ]
 }

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod accountant;
 mod backbones;
+mod dpmuon;
 mod driver;
 mod kernels;
 mod muon;

@@ -5,6 +5,13 @@
 //! their SHA-256 and the update counter, `ledger.json`), a lock file; training with checkpoints
 //! and resume; evaluation of a finished run.
 //!
+//! A run folder that holds a `buffer-tap.json` ([`BUFFER_TAP_FILE`]: `{"every": k,
+//! "max_matrices": n}`) when training starts also keeps what Newton–Schulz orthogonalized at
+//! every k-th update for the first n Muon matrices, with its per-entry noise std, under
+//! `diagnostics/buffers-<update>.{safetensors,json}` (released momentum buffers: post-processing
+//! of the noised gradients; [`raptor_optim::BufferTap`]). Experiments use it to measure
+//! Newton–Schulz's noise bias on the buffers a real run releases.
+//!
 //! Durability: every file is written to a temporary name, fsynced and renamed; `state.json` is
 //! the commit point of a checkpoint, and it and the ledger carry the SHA-256 of their content. The ledger is
 //! written after each update's releases are charged and before they are applied, so after a
@@ -396,6 +403,68 @@ fn optim_settings(cfg: &RunConfig) -> Result<OptimSettings> {
         ns,
         bc_probe_pairs: m.bc_probe_pairs,
     })
+}
+
+/// The file of a run folder that asks training to keep Muon inputs (see the module docs).
+pub const BUFFER_TAP_FILE: &str = "buffer-tap.json";
+
+#[derive(Deserialize)]
+struct TapRequest {
+    every: u64,
+    max_matrices: usize,
+}
+
+/// The buffer tap a run folder asks for, if any.
+fn buffer_tap(dir: &Path) -> Result<Option<raptor_optim::BufferTap>> {
+    let path = dir.join(BUFFER_TAP_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let bytes = std::fs::read(&path).map_err(io(&path))?;
+    let r: TapRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| TrainError::Run(format!("{}: {e}", path.display())))?;
+    Ok(Some(raptor_optim::BufferTap::new(r.every, r.max_matrices)))
+}
+
+/// One kept Muon input as listed in `diagnostics/buffers-<update>.json` (its tensor, under the
+/// same name, is in the `.safetensors` file beside it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BufferSampleInfo {
+    /// The parameter.
+    pub name: String,
+    /// The matrix's optimizer step (1-based).
+    pub step: u64,
+    /// Per-entry noise std of the kept input.
+    pub noise_std: f64,
+    /// Whether that step applied DP-MuonBC's correction.
+    pub corrected: bool,
+}
+
+fn save_buffer_samples(dir: &Path, update: u64, kept: &[raptor_optim::BufferSample]) -> Result<()> {
+    let d = dir.join("diagnostics");
+    std::fs::create_dir_all(&d).map_err(io(&d))?;
+    let tensors: Vec<(String, tch::Tensor)> = kept
+        .iter()
+        .map(|k| (k.name.clone(), k.input.shallow_clone()))
+        .collect();
+    let info: Vec<BufferSampleInfo> = kept
+        .iter()
+        .map(|k| BufferSampleInfo {
+            name: k.name.clone(),
+            step: k.step,
+            noise_std: k.noise_std,
+            corrected: k.corrected,
+        })
+        .collect();
+    write_safetensors(
+        d.join(format!("buffers-{update:06}.safetensors")),
+        &tensors,
+        None,
+    )?;
+    write_atomic(
+        &d.join(format!("buffers-{update:06}.json")),
+        &serde_json::to_vec_pretty(&info)?,
+    )
 }
 
 /// A fresh run id: `<method>-<unix seconds>-<pid>`.
@@ -919,6 +988,9 @@ pub(crate) fn train_session(
     }
     let mut optim =
         crate::methods::optimizers(&cfg, &plan, optim_settings(&cfg)?, probe_seed(&cfg, comm)?)?;
+    if let Some(tap) = buffer_tap(&dir)? {
+        optim = optim.with_tap(tap);
+    }
     if let Some((ts, sc)) = optimizer {
         optim.import(ts, &sc, device)?;
     }
@@ -986,6 +1058,10 @@ pub(crate) fn train_session(
             Ok(())
         };
         let m = trainer.step(&mut write_ledger)?;
+        let kept = trainer.optimizers_mut().take_samples();
+        if writer && !kept.is_empty() {
+            save_buffer_samples(&dir, trainer.update(), &kept)?;
+        }
         if let Some(f) = metrics_file.as_mut() {
             writeln!(f, "{}", serde_json::to_string(&m)?).map_err(io(&metrics_path))?;
         }

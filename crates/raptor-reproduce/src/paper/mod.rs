@@ -16,7 +16,7 @@
 //! the tables reproduce: the mechanism and its ε are those of a private run, but seeded runs are
 //! not private releases.
 
-mod pretrain;
+pub(crate) mod pretrain;
 mod report;
 pub(super) mod runs;
 

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use crate::Cli;
 
 mod backbones;
+mod dpmuon;
 mod paper;
 
 /// The `raptor-reproduce` program cargo built beside this test binary (the unit tests run from
