@@ -98,9 +98,11 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
     let d = tmp.path().join("d2t");
     std::fs::create_dir_all(&d).unwrap();
     e2e_file(&d.join("e2e-dev.csv"), 30, 0);
-    e2e_file(&d.join("e2e-test.csv"), 6, 100);
+    // Each test file is public for the other task: large enough for a proxy as big as the
+    // private set.
+    e2e_file(&d.join("e2e-test.csv"), 60, 100);
     dart_json(&d.join("dart-dev.json"), 30, 0);
-    dart_xml(&d.join("dart-test.xml"), 6, 200);
+    dart_xml(&d.join("dart-test.xml"), 60, 200);
     let inputs = Inputs {
         cls: vec![],
         cls_missing: None,
