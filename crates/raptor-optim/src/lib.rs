@@ -173,7 +173,7 @@ impl BufferTap {
     }
 
     fn wants(&self, t: u64, name: &str, states: &BTreeMap<String, State>) -> bool {
-        if t == 0 || t % self.every.max(1) != 0 {
+        if t == 0 || !t.is_multiple_of(self.every.max(1)) {
             return false;
         }
         states

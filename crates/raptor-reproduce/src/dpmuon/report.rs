@@ -9,8 +9,17 @@ use raptor_train::config::Method;
 use super::{METHODS, Results, TaskResults, bias::BiasRow, eps_of};
 use crate::paper::label;
 
-/// The DP-Muon paper's numbers (GPT-2, ε ≈ 8): (task, method, NLL, BLEU, ROUGE-L).
-pub const PAPER: [(&str, &str, Option<f64>, Option<f64>, Option<f64>); 4] = [
+/// One row of the paper's numbers: (task, method, NLL, BLEU, ROUGE-L).
+pub type PaperRow = (
+    &'static str,
+    &'static str,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+);
+
+/// The DP-Muon paper's numbers (GPT-2, ε ≈ 8).
+pub const PAPER: [PaperRow; 4] = [
     ("e2e", "dp-adam", Some(0.4961), Some(18.49), None),
     ("e2e", "dp-muon", Some(0.4553), Some(32.91), None),
     ("e2e", "dp-muonbc", Some(0.4490), Some(34.92), None),
