@@ -54,7 +54,7 @@ fn parts() -> Vec<(&'static str, Part)> {
         ("routing", routing::tables),
         ("kernels", kernels::tables),
         ("muon", muon::tables),
-        ("paper", |c| paper::tables(c, &["paper"])),
+        ("paper", paper::tables),
         ("dpmuon", dpmuon::tables),
         ("backbones", backbones::tables),
     ]

@@ -55,20 +55,6 @@ pub struct Scale {
     pub max_validation: usize,
     /// Private training records per classification task (an evenly strided subset; 0: all).
     pub max_train: usize,
-    /// Vocabulary of the data-to-text tokenizer.
-    pub d2t_vocab: usize,
-    /// Tokens per data-to-text record.
-    pub d2t_max_len: usize,
-    /// Decoder width, blocks, heads, FFN size.
-    pub dec: (i64, i64, i64, i64),
-    /// Pretraining updates, batch, learning rate (data-to-text).
-    pub d2t_pretrain: (u64, f64, f64),
-    /// Fine-tuning updates, expected batch, AdamW learning rate, Muon learning rate.
-    pub d2t_finetune: (u64, f64, f64, f64),
-    /// Test sources scored per data-to-text task (NLL over all their references; generation).
-    pub d2t_sources: usize,
-    /// Longest generation.
-    pub d2t_new_tokens: usize,
     /// Learning rates tried on the public proxy (classification; the shared stream's for
     /// RAPTOR).
     pub proxy_lrs: Vec<f64>,
@@ -90,13 +76,6 @@ impl Scale {
             finetune: (4, 32.0, 1e-2),
             max_validation: 0,
             max_train: 0,
-            d2t_vocab: 200,
-            d2t_max_len: 40,
-            dec: (16, 1, 2, 32),
-            d2t_pretrain: (4, 16.0, 5e-3),
-            d2t_finetune: (3, 16.0, 2e-3, 2e-2),
-            d2t_sources: 4,
-            d2t_new_tokens: 8,
             proxy_lrs: vec![1e-2],
             expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
         }
@@ -114,13 +93,6 @@ impl Scale {
             finetune: (50, 128.0, 1e-2),
             max_validation: 1500,
             max_train: 8000,
-            d2t_vocab: 1500,
-            d2t_max_len: 80,
-            dec: (64, 2, 4, 256),
-            d2t_pretrain: (400, 32.0, 3e-3),
-            d2t_finetune: (30, 64.0, 2e-3, 2e-2),
-            d2t_sources: 20,
-            d2t_new_tokens: 32,
             proxy_lrs: vec![3e-3, 1e-2, 3e-2],
             expert_grid: vec![
                 (StreamOptimizer::Adamw, 1.0),
@@ -143,13 +115,6 @@ impl Scale {
             finetune: (600, 512.0, 5e-3),
             max_validation: 0,
             max_train: 0,
-            d2t_vocab: 8000,
-            d2t_max_len: 128,
-            dec: (256, 6, 4, 1024),
-            d2t_pretrain: (3000, 64.0, 1e-3),
-            d2t_finetune: (400, 512.0, 1e-3, 2e-2),
-            d2t_sources: 0,
-            d2t_new_tokens: 64,
             proxy_lrs: vec![1e-3, 3e-3, 1e-2, 3e-2],
             expert_grid: vec![
                 (StreamOptimizer::Adamw, 1.0),
@@ -293,8 +258,6 @@ pub struct Results {
     pub scale: Scale,
     /// Classification task names.
     pub cls: Vec<String>,
-    /// Data-to-text task names.
-    pub d2t: Vec<String>,
     /// Notes computed while preparing the tasks (pretrained-only accuracy, data splits).
     pub notes: Vec<String>,
     /// Training runs that ran at once (worker processes, one libtorch thread each; 0: in
@@ -838,188 +801,10 @@ pub(super) fn read_d2t(format: &str, path: &Path) -> anyhow::Result<raptor_data:
     raptor_data::read_d2t(format, path).with_context(|| format!("reading {}", path.display()))
 }
 
-/// The derived files of a data-to-text task: public and private parts of dev (by source) and
-/// the scored test sources, as E2E-style CSVs in the cache.
-fn d2t_splits(
-    task: &D2tTask,
-    s: &Scale,
-    cache: &Path,
-) -> anyhow::Result<(PathBuf, PathBuf, PathBuf, Vec<String>, String, usize)> {
-    let dev = read_d2t(&task.format, &task.dev)?;
-    let test = read_d2t(&task.format, &task.test)?;
-    let h = format!(
-        "{}|{}|{}",
-        runs::file_hash(&task.dev)?,
-        runs::file_hash(&task.test)?,
-        s.d2t_sources
-    );
-    let key: String = {
-        use sha2::Digest;
-        sha2::Sha256::digest(h.as_bytes())
-            .iter()
-            .take(8)
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
-    let dir = cache
-        .join("reproduce")
-        .join("data")
-        .join(format!("{}-{key}", task.name));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let groups = dev.group_by_source();
-    let ids: Vec<usize> = (0..groups.len()).collect();
-    let split = raptor_data::public_private_split(&ids, 0.2, 0)?;
-    let pairs = |which: &[usize]| -> Vec<(String, String)> {
-        let mut v = Vec::new();
-        for &g in which {
-            if let Some(gr) = groups.get(g) {
-                for r in &gr.references {
-                    v.push((gr.source.clone(), r.clone()));
-                }
-            }
-        }
-        v
-    };
-    let mut public_ids = split.held_out.clone();
-    public_ids.sort_unstable();
-    let mut private_ids = split.kept.clone();
-    private_ids.sort_unstable();
-    let public = pairs(&public_ids);
-    let private = pairs(&private_ids);
-    let tgroups = test.group_by_source();
-    let take = if s.d2t_sources == 0 {
-        tgroups.len()
-    } else {
-        s.d2t_sources.min(tgroups.len())
-    };
-    let mut scored = Vec::new();
-    for g in tgroups.iter().take(take) {
-        for r in &g.references {
-            scored.push((g.source.clone(), r.clone()));
-        }
-    }
-    let (pp, tp, sp) = (
-        dir.join("public.csv"),
-        dir.join("train.csv"),
-        dir.join("test.csv"),
-    );
-    if !(pp.exists() && tp.exists() && sp.exists()) {
-        write_e2e_csv(&pp, &public)?;
-        write_e2e_csv(&tp, &private)?;
-        write_e2e_csv(&sp, &scored)?;
-    }
-    let lines: Vec<String> = public.iter().map(|(a, b)| format!("{a} {b}")).collect();
-    let note = format!(
-        "{}: dev split by source into {} public sources ({} pairs: tokenizer and pretraining) and {} private sources ({} pairs: fine-tuning); scored on {} test sources ({} references).",
-        task.name,
-        public_ids.len(),
-        public.len(),
-        private_ids.len(),
-        private.len(),
-        take,
-        scored.len()
-    );
-    Ok((pp, tp, sp, lines, note, private.len()))
-}
-
-/// A data-to-text task ready for fine-tuning.
-struct D2tPrepared {
-    task: D2tTask,
-    tok: PathBuf,
-    pre: pretrain::Pretraining,
-    train: PathBuf,
-    test: PathBuf,
-    private_records: usize,
-    note: String,
-}
-
-fn prepare_d2t(inputs: &Inputs, task: &D2tTask, s: &Scale) -> anyhow::Result<D2tPrepared> {
-    let (public, train, test, lines, note, n_private) = d2t_splits(task, s, &inputs.cache)?;
-    let ph = runs::file_hash(&public)?;
-    let tok = pretrain::tokenizer(
-        &inputs.cache,
-        &task.name,
-        &lines,
-        &ph,
-        CorpusModel::ByteLevelBpe,
-        s.d2t_vocab,
-    )?;
-    let mut p = RunConfig::default();
-    p.data.format = "e2e".into();
-    p.data.train = public.clone();
-    p.data.validation = Some(test.clone());
-    p.data.max_length = s.d2t_max_len;
-    p.model.kind = ModelKind::Gpt2;
-    p.model.tokenizer = tok.display().to_string();
-    (p.model.d_model, p.model.layers, p.model.heads, p.model.d_ff) = s.dec;
-    p.method.name = Method::Adam;
-    p.train.steps = Some(s.d2t_pretrain.0);
-    p.train.batch_size = fit_batch(s.d2t_pretrain.1, lines.len());
-    p.train.lr = s.d2t_pretrain.2;
-    p.train.micro_batch = 64;
-    p.train.checkpoint_every = 0;
-    p.train.insecure_seed = Some(7);
-    p.train.device = inputs.device.clone();
-    p.eval.max_sources = 1;
-    p.eval.max_new_tokens = 4;
-    let pre = pretrain::Pretraining::plan(&inputs.cache, &format!("{}-gpt2", task.name), &p, &ph)?;
-    Ok(D2tPrepared {
-        task: task.clone(),
-        tok,
-        pre,
-        train,
-        test,
-        private_records: n_private,
-        note,
-    })
-}
-
-/// The DP-Muon grid of one data-to-text task.
-fn d2t_jobs(c: &D2tPrepared, s: &Scale, device: &str) -> Vec<Job> {
-    let mut base = RunConfig::default();
-    base.data.format = "e2e".into();
-    base.data.train = c.train.clone();
-    base.data.validation = Some(c.test.clone());
-    base.data.max_length = s.d2t_max_len;
-    base.model.kind = ModelKind::Gpt2;
-    base.model.path = Some(c.pre.hf.clone());
-    base.model.tokenizer = c.tok.display().to_string();
-    base.method.scope = "full".into();
-    base.method.muon_lr = s.d2t_finetune.3;
-    base.train.steps = Some(s.d2t_finetune.0);
-    base.train.batch_size = fit_batch(s.d2t_finetune.1, c.private_records);
-    base.train.lr = s.d2t_finetune.2;
-    base.train.micro_batch = 64;
-    base.train.checkpoint_every = 0;
-    base.train.device = device.into();
-    base.train.eval_every = (s.d2t_finetune.0 / 4).max(1);
-    base.train.clip = 1.0;
-    base.privacy.epsilon = 8.0;
-    base.privacy.accuracy = 1e-3;
-    base.eval.max_sources = 0;
-    base.eval.max_new_tokens = s.d2t_new_tokens;
-    let mut jobs = Vec::new();
-    for &seed in &s.seeds {
-        for m in report::D2T_METHODS {
-            let mut cfg = base.clone();
-            cfg.method.name = m;
-            if Some(&seed) != s.seeds.first() {
-                cfg.train.eval_every = 0; // the NLL curves plot the first seed
-            }
-            let eps = m.is_private().then_some(8.0);
-            jobs.push(Job {
-                label: label(&c.task.name, m.name(), "", eps, seed),
-                cfg: seeded(cfg, seed),
-            });
-        }
-    }
-    jobs
-}
-
-/// Runs the paper grids the context asks for and returns their tables (plots are written
-/// beside them). Two phases: public pretraining of every task (cached), then the private
-/// fine-tuning grid.
-pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
+/// Runs the classification grid (RAPTOR and its baselines) and returns its tables (plots are
+/// written beside them). Three phases: public pretraining of every task (cached), learning
+/// rates chosen on each task's public proxy, then the private fine-tuning grid.
+pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let scale = if ctx.quick {
         Scale::quick()
     } else if ctx.full {
@@ -1038,34 +823,19 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
             Inputs::real(&cache, &ctx.d2t_data, &ctx.device)
         }
     };
-    let want_cls = which.contains(&"paper");
-    let want_d2t = which.contains(&"dpmuon");
     let mut runner = Runner::new(&ctx.out.join("runs"), ctx.exe.clone(), ctx.workers)?;
-    let cls: Vec<ClsPrepared> = if want_cls {
-        // Each task's encoder is pretrained on the next task's public split (another task:
-        // room to learn); with one task, on its own.
-        let n = inputs.cls.len();
-        inputs
-            .cls
-            .iter()
-            .enumerate()
-            .map(|(i, t)| prepare_cls(&inputs, t, &inputs.cls[(i + 1) % n], &scale))
-            .collect::<anyhow::Result<_>>()?
-    } else {
-        Vec::new()
-    };
-    let d2t: Vec<D2tPrepared> = if want_d2t {
-        inputs
-            .d2t
-            .iter()
-            .map(|t| prepare_d2t(&inputs, t, &scale))
-            .collect::<anyhow::Result<_>>()?
-    } else {
-        Vec::new()
-    };
+    // Each task's encoder is pretrained on the next task's public split (another task: room
+    // to learn); with one task, on its own.
+    let n = inputs.cls.len();
+    let cls: Vec<ClsPrepared> = inputs
+        .cls
+        .iter()
+        .enumerate()
+        .map(|(i, t)| prepare_cls(&inputs, t, &inputs.cls[(i + 1) % n], &scale))
+        .collect::<anyhow::Result<_>>()?;
     // Phase 1: public pretraining (cached across results folders).
     let mut pre: Vec<Placed> = Vec::new();
-    for p in cls.iter().map(|c| &c.pre).chain(d2t.iter().map(|d| &d.pre)) {
+    for p in cls.iter().map(|c| &c.pre) {
         if p.cached() {
             runner.skip(&p.job.label, "cached");
         } else {
@@ -1073,7 +843,7 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
         }
     }
     runner.run_all(&pre)?;
-    for p in cls.iter().map(|c| &c.pre).chain(d2t.iter().map(|d| &d.pre)) {
+    for p in cls.iter().map(|c| &c.pre) {
         p.export()?;
     }
     // Phase 2: hyperparameters on each task's public proxy (non-RAPTOR cells, then RAPTOR's
@@ -1095,9 +865,6 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
     let mut jobs = Vec::new();
     for (i, (c, ch)) in cls.iter().zip(&chosen).enumerate() {
         jobs.extend(cls_jobs(c, i == 0, &scale, &inputs.device, ch));
-    }
-    for d in &d2t {
-        jobs.extend(d2t_jobs(d, &scale, &inputs.device));
     }
     let placed = runner.place(jobs)?;
     let out = runner.run_all(&placed)?;
@@ -1129,27 +896,14 @@ pub fn tables(ctx: &Context, which: &[&str]) -> anyhow::Result<Vec<Table>> {
             parts.join("; ")
         ));
     }
-    notes.extend(d2t.iter().map(|d| d.note.clone()));
     let results = Results {
         runs: out,
         scale,
         cls: cls.iter().map(|c| c.task.name.clone()).collect(),
-        d2t: d2t.iter().map(|d| d.task.name.clone()).collect(),
         notes,
         workers: if ctx.exe.is_some() { ctx.workers } else { 0 },
     };
-    let mut tables = Vec::new();
-    if want_cls {
-        tables.extend(report::classification_tables(
-            &results,
-            &ctx.out,
-            inputs.cls_missing.as_deref(),
-        )?);
-    }
-    if want_d2t {
-        tables.extend(report::d2t_tables(&results, &ctx.out, &inputs.d2t_missing)?);
-    }
-    Ok(tables)
+    report::classification_tables(&results, &ctx.out, inputs.cls_missing.as_deref())
 }
 
 #[cfg(test)]
@@ -1252,21 +1006,6 @@ mod tests {
             );
             jobs.extend(main);
             jobs.extend(cls_jobs(&cls("b"), false, &s, "cpu", &chosen));
-            let d = D2tPrepared {
-                task: D2tTask {
-                    name: "e2e".into(),
-                    format: "e2e".into(),
-                    dev: PathBuf::from("/dev.csv"),
-                    test: PathBuf::from("/test.csv"),
-                },
-                tok: PathBuf::from("/tok.json"),
-                pre: fake_pre("gpt2"),
-                train: PathBuf::from("/train.csv"),
-                test: PathBuf::from("/test.csv"),
-                private_records: 3000,
-                note: String::new(),
-            };
-            jobs.extend(d2t_jobs(&d, &s, "cpu"));
             let mut labels = std::collections::BTreeSet::new();
             let mut keys = std::collections::BTreeSet::new();
             for j in &jobs {
