@@ -76,7 +76,12 @@ fn line_citations(line: &str) -> Vec<String> {
             .find(|c: char| !(c.is_alphanumeric() || c == '-' || c == '_'))
             .unwrap_or(rest.len());
         if name_len > 0 && rest[name_len..].starts_with(".md") {
-            out.push(line_slice(line, &lower, start, "research-".len() + name_len + 3));
+            out.push(line_slice(
+                line,
+                &lower,
+                start,
+                "research-".len() + name_len + 3,
+            ));
         }
         from = start + "research-".len();
     }
@@ -124,7 +129,13 @@ fn line_slice(line: &str, lower: &str, start: usize, len: usize) -> String {
 /// that are not ignored), or, without git, every file outside the build and result folders.
 fn repository_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let git = Command::new("git")
-        .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
         .current_dir(root)
         .output();
     if let Ok(out) = git
@@ -161,7 +172,9 @@ fn repository_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 /// Fails, naming every place, when a text file of the repository cites material outside it.
 pub fn stand_alone(root: &Path) -> anyhow::Result<()> {
-    eprintln!("\n==> stand-alone: no citations of issues, SPEC sections or notes outside the repository");
+    eprintln!(
+        "\n==> stand-alone: no citations of issues, SPEC sections or notes outside the repository"
+    );
     let mut problems = Vec::new();
     let mut checked = 0usize;
     for rel in repository_files(root)? {
@@ -372,6 +385,14 @@ mod tests {
         assert_eq!(texts("ΣΣ research-raptor.md"), ["research-raptor.md"]);
     }
 
+    /// The checks pass on this repository as it is (what `cargo xtask test` runs first).
+    #[test]
+    fn this_repository_stands_alone_and_has_the_documented_layout() {
+        let root = crate::workspace_root().unwrap();
+        stand_alone(&root).unwrap();
+        layout(&root).unwrap();
+    }
+
     fn member(name: &str, dir: &str) -> Member {
         Member {
             name: name.into(),
@@ -417,10 +438,7 @@ mod tests {
             ]
         );
         // The benches' package keeps its own name; another name there is an error.
-        let members = [
-            member("xtask", "xtask"),
-            member("benches", "benches"),
-        ];
+        let members = [member("xtask", "xtask"), member("benches", "benches")];
         assert_eq!(
             layout_problems(&members, &[]),
             ["benches holds the package benches, expected raptor-benches"]
