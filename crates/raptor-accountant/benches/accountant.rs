@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-//! Accountant benchmarks (issue 19): ε(δ = 1e-5) of one stream (q 0.01, σ 1, T 10⁴), of two
+//! Accountant benchmarks: ε(δ = 1e-5) of one stream (q 0.01, σ 1, T 10⁴), of two
 //! streams (+ q 0.05, σ 2, T 10⁴), of one stream at T = 10⁶, and a σ calibration (ε = 1,
 //! δ = 1e-5, q 0.01, T 10⁴), for each accuracy preset (`fast`, `default`, `tight`).
 //!

@@ -2,7 +2,7 @@
 //! per-phase timings): `cargo run --release -p raptor-accountant --example timing [REPS] [ONLY]`.
 //!
 //! Prints, for each accuracy preset (fast, default, tight), the best-of-REPS wall time and the
-//! certified bounds of the issue-19 cases: one stream (q = 0.01, σ = 1, T = 10⁴), two streams
+//! certified bounds of the benchmark cases: one stream (q = 0.01, σ = 1, T = 10⁴), two streams
 //! (+ q = 0.05, σ = 2, T = 10⁴), one stream with T = 10⁶, all at δ = 1e-5, and the calibration
 //! of σ for ε = 1 (q = 0.01, T = 10⁴). Repetitions of the cases are interleaved so that a
 //! change in machine load affects them alike. ONLY restricts to one preset name.

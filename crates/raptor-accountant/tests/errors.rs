@@ -294,9 +294,9 @@ fn ledger_rejects_bad_records() {
     assert!(serde_json::from_str::<Ledger>(zero).is_err());
 }
 
-/// The grid limit budgets the total over member combinations (issue 14): a heterogeneous
-/// parallel group whose members fit one at a time but not together is a typed error; the
-/// same group fits a larger budget.
+/// The grid limit budgets the total over member combinations (bounded memory on every input): a
+/// heterogeneous parallel group whose members fit one at a time but not together is a typed error;
+/// the same group fits a larger budget.
 #[test]
 fn grid_limit_budgets_all_member_combinations_together() {
     let members: Vec<Composition> = (0..6)

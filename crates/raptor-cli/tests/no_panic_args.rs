@@ -1,6 +1,6 @@
-//! Arbitrary command lines never make the argument parser panic (a stable proptest fuzz harness,
-//! issue 14): words drawn from every subcommand and flag of the program (clap's own
-//! description of it), numbers at and past their limits, and random strings, in any order.
+//! Arbitrary command lines never make the argument parser panic (a stable proptest fuzz harness;
+//! the long runs are in `docs/fuzzing.md`): words drawn from every subcommand and flag of the
+//! program (clap's own description of it), numbers at and past their limits, and random strings, in any order.
 //! 2,000 cases by default; `RAPTOR_FUZZ_CASES=N` for a long run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

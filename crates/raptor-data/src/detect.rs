@@ -530,7 +530,7 @@ mod tests {
 
     #[test]
     fn shape_decides_for_unknown_names() {
-        // The shape: a quoted long text and a 5-way label with other names.
+        // A review-site shape: a quoted long text and a 5-way label, neither with a known name.
         let mut s = String::from("id,stars,body_of_work,source\n");
         for i in 0..40 {
             s.push_str(&format!(

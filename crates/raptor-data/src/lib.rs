@@ -1,6 +1,7 @@
 //! # raptor-data
 //!
-//! Records for private fine-tuning, without libtorch (SPEC §1, §10):
+//! Records for private fine-tuning, without libtorch (a core crate: see `ARCHITECTURE.md`; the
+//! real corpora come from pinned PyPI wheels into the user cache, never into the repository):
 //!
 //! - [`read_table`]: classification tables in CSV, TSV or JSON lines, with a [`TableSpec`]
 //!   naming the text, optional second text and optional label columns; stable record ids.

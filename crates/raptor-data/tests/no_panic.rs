@@ -1,4 +1,5 @@
-//! Arbitrary bytes never make a reader panic (a short stable fuzz harness; issue 14).
+//! Arbitrary bytes never make a reader panic (a short stable fuzz harness; the long runs are in
+//! `docs/fuzzing.md`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Arbitrary bytes never make the model-side parsers panic, hang or allocate without bound: HF
 //! `config.json`, safetensors headers and `tokenizer.json` files (a stable proptest fuzz
-//! harness, as in `raptor-data`; issue 14). Brief by default; `RAPTOR_FUZZ_CASES=N` for a long
-//! run.
+//! harness, as in `raptor-data`; long runs in `docs/fuzzing.md`). Brief by default;
+//! `RAPTOR_FUZZ_CASES=N` for a long run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;

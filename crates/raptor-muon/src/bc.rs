@@ -1,5 +1,7 @@
 //! DP-MuonBC: the exact noise variance of the momentum buffer and the antithetic-probe bias
-//! correction of the Newton–Schulz direction (SPEC §5, research-dpmuon.md §2.3; our design).
+//! correction of the Newton–Schulz direction. The DP-Muon paper's exact correction was not
+//! available to us; this is our design, built from the description of an antithetic bias
+//! correction (heat smoothing, second-order Richardson extrapolation; the derivation below).
 //!
 //! With the released buffer `M̃ = M + Ξ`, `Ξ` Gaussian with i.i.d. entries of variance `s²`,
 //! `E f(M̃) = f(M) + (s²/2) Δf(M) + O(s⁴)`. With `K` antithetic probe pairs `ξ_k ~ N(0, I)`,

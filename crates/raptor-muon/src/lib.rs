@@ -1,5 +1,7 @@
 //! raptor-muon: Newton–Schulz orthogonalization, Muon momentum and the DP-MuonBC bias
-//! correction (SPEC §5). See the crate README for usage, benchmarks and limits.
+//! correction (DP-Muon: per-matrix clipping, one noise multiplier on the joint sensitivity,
+//! momentum and Newton–Schulz as post-processing). See the crate README for usage, benchmarks
+//! and limits.
 //!
 //! - [`ns`]: Newton–Schulz (Keller's quintic and the Taylor family `p_κ`), pure Rust on faer,
 //!   with symmetric (one-triangle) Gram products.

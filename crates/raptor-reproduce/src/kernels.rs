@@ -57,7 +57,8 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let sizes: &[(usize, usize)] = if ctx.quick {
         &[(64, 10_000), (64, 100_000)]
     } else {
-        // the memory-bound sizes (≥ 100 MB) of the grid; cache-resident sizes are left
+        // the memory-bound sizes (≥ 100 MB) of the benchmark grid (B ∈ {64, 256, 1024} × P ∈
+        // {10⁴, 10⁵, 10⁶}, `benches/benches/clip.rs`); cache-resident sizes are left
         // to the criterion bench, whose back-to-back iterations keep them in L3
         &[
             (256, 100_000),

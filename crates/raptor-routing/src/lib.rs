@@ -1,7 +1,8 @@
 //! # raptor-routing
 //!
 //! Routing diagnostics for RAPTOR-style private training of Mixture-of-Experts models
-//! (SPEC §4): **owner maps** (one owning expert per record, from the frozen router's top-k
+//! (the RAPTOR paper, "RAPTOR: Role-Aware Private Training for Mixture-of-Experts", arXiv
+//! 2609.05770, §4.3 and §5.1–§5.2): **owner maps** (one owning expert per record, from the frozen router's top-k
 //! choices), **statistics** of the owner distribution (entropy, χ² to uniform, load CV, …),
 //! **public-corpus layer selection** (the sparse layer of highest owner entropy) and
 //! **ownership stability** between two owner maps.

@@ -1,4 +1,12 @@
-//! Owner maps: one owning expert per record (RAPTOR's pre-pass, research notes §1.1 and §2).
+//! Owner maps: one owning expert per record (RAPTOR's pre-pass).
+//!
+//! Computed once, before training, from the frozen router at initialization; fixed for the
+//! whole run. Each record's owner depends on that record alone (given the public pretrained
+//! model), so the owner groups partition the records independently of one another, which is
+//! what lets the expert streams of a layer compose in parallel. The default rule is the RAPTOR
+//! paper's gate-weighted plurality over the router's top-k choices (ties to the lowest index, a
+//! record without valid tokens to expert 0); the public Python implementation of RAPTOR counts
+//! top-1 tokens instead for Switch models, which [`OwnerRule::TokenCount`] reproduces.
 
 use half::f16;
 use rayon::prelude::*;
@@ -13,7 +21,7 @@ use crate::layer::{ExpertIds, GateWeights, LayerRouting};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OwnerRule {
-    /// Gate-weighted plurality (the default; the seed paper's rule, and the public code's OLMoE
+    /// Gate-weighted plurality (the default; the RAPTOR paper's rule, §5.2, and the public code's OLMoE
     /// path): `score[e] = Σ_{valid t} Σ_{slot k} w[t,k] · 1[sel[t,k] = e]`.
     #[default]
     GateWeighted,

@@ -1,5 +1,5 @@
-//! Public-corpus layer selection (research notes §3): choose the sparse layer whose owner
-//! distribution on a **public** corpus has the highest entropy. Costs no privacy budget because
+//! Public-corpus layer selection (the RAPTOR paper, §4.3 and §5.1): choose the sparse layer
+//! whose owner distribution on a **public** corpus has the highest entropy. Costs no privacy budget because
 //! it never touches private records.
 
 use std::fmt;
@@ -92,9 +92,9 @@ pub struct SelectionConfig {
     pub min_margin_nats: f64,
     /// Warn when the corpus has fewer records than this (1000).
     pub min_records: usize,
-    /// Variant from the research notes' inferred rule (step 4): when the argmax does not beat
+    /// A variant we inferred (the paper does not state it): when the argmax does not beat
     /// the **last** candidate layer by more than `min_margin_nats`, choose the last layer.
-    /// Off by default (the spec picks the plain argmax and only warns).
+    /// Off by default (the plain argmax is chosen, with a warning when the margin is small).
     pub prefer_last_within_margin: bool,
 }
 
@@ -185,7 +185,7 @@ pub struct LayerSelection {
 
 /// Pick the candidate layer of highest owner entropy `H` (nats) on the public corpus.
 ///
-/// Entropies are compared in nats as the spec says (layers of one model share `E`; compare
+/// Entropies are compared in nats, not normalized (layers of one model share `E`; compare
 /// [`RoutingStats::normalized_entropy`] yourself if yours do not). Exact ties go to the later
 /// layer, i.e. towards the no-corpus default. Warnings: margin below
 /// [`SelectionConfig::min_margin_nats`], corpus smaller than [`SelectionConfig::min_records`],

@@ -1,6 +1,6 @@
 //! Arbitrary bytes never make the routing JSONL reader panic, hang or allocate without bound (a
-//! stable proptest fuzz harness, as in `raptor-data`; issue 14). Brief by default (a few
-//! seconds); `RAPTOR_FUZZ_CASES=N` for a long run.
+//! stable proptest fuzz harness, as in `raptor-data`; long runs in `docs/fuzzing.md`). Brief
+//! by default (a few seconds); `RAPTOR_FUZZ_CASES=N` for a long run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;

@@ -1,5 +1,6 @@
-//! RAPTOR's diagnostics (research notes §7), computed after training on a few held-out records
-//! (never on training records): role mismatch M_role, per-expert SNR and its CV, clip
+//! RAPTOR's diagnostics (defined as the public Python implementation of RAPTOR, GitHub
+//! `leduckhai/RAPTOR`, computes them), computed after training on a few held-out records (never
+//! on training records): role mismatch M_role, per-expert SNR and its CV, clip
 //! suppression and dilution.
 //!
 //! - **M_role** = ½ Σ_r |norm_share_r − param_share_r| over the roles {attention, head,

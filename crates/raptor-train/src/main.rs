@@ -161,9 +161,9 @@ fn info(json: bool) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    //! The argument parser of `raptor` never panics on arbitrary command lines (issue 14's
-    //! fuzzing of the CLI's arguments; the parsers of the files they name have their own
-    //! harnesses). 2,000 cases by default; `RAPTOR_FUZZ_CASES=N` for a long run.
+    //! The argument parser of `raptor` never panics on arbitrary command lines (fuzzing of the
+    //! CLI's arguments, long runs in `docs/fuzzing.md`; the parsers of the files they name have
+    //! their own harnesses). 2,000 cases by default; `RAPTOR_FUZZ_CASES=N` for a long run.
     use super::Cli;
     use clap::{CommandFactory, Parser};
     use proptest::prelude::*;

@@ -1,7 +1,7 @@
-//! Arbitrary bytes never make the run-config parser panic or hang (a stable proptest fuzz
-//! harness, as in `raptor-data`; issue 14): random bytes, and the example configs with bytes
-//! spliced in, through `RunConfig::from_toml` and the config's own validation. Brief by default;
-//! `RAPTOR_FUZZ_CASES=N` for a long run.
+//! Arbitrary bytes never make the run-config parser panic or hang (a stable proptest fuzz harness,
+//! as in `raptor-data`; long runs in `docs/fuzzing.md`): random bytes, and the example configs with
+//! bytes spliced in, through `RunConfig::from_toml` and the config's own validation. Brief by
+//! default; `RAPTOR_FUZZ_CASES=N` for a long run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;

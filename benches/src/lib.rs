@@ -1,4 +1,4 @@
-//! Shared helpers for the criterion benchmarks in `crates/raptor-benches/benches/`: reading criterion's
+//! Shared helpers for the criterion benchmarks in `benches/benches/`: reading criterion's
 //! medians back after a run (for the per-size summary tables the benches print: our time,
 //! libtorch's, their ratio and the schedule the planner chose) and describing the machine.
 

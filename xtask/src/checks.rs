@@ -1,0 +1,460 @@
+//! Repository checks of `cargo xtask test` that need no build: the repository stands alone (code
+//! and docs cite nothing outside it), and the workspace layout is the documented one.
+//!
+//! - [`stand_alone`]: no tracked text file cites an issue (`issue 14`, `issue #14`, `issue-19`),
+//!   a section of the planning spec (`SPEC §4`, `SPEC.md`), research notes (`research-*.md`,
+//!   "research notes") or design notes (`TRAINER-DESIGN`, `PIPELINE-DESIGN`, `shared/spec`)
+//!   that are not in the repository. Cite a paper (authors or title, year, section) or a file of
+//!   the repository instead, or write down what the citation stood for.
+//! - [`layout`]: the workspace members are exactly the folders under `crates/` that hold a
+//!   `Cargo.toml`, plus `xtask` and `benches`; each `crates/<name>` holds the package `<name>`.
+//!   `benches/` is the one exception to "folder name = package name": the owner's top-level
+//!   layout (`Cargo.toml, crates, xtask, benches, fixtures, README.md`) names it `benches`, and
+//!   its package is `raptor-benches`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// This file: it spells out the patterns it looks for, in its docs and its tests.
+const SELF_PATH: &str = "xtask/src/checks.rs";
+
+/// Files larger than this are data, not prose (golden files, checkpoints): not read.
+const MAX_TEXT_BYTES: u64 = 4 << 20;
+
+/// The top-level folders that are workspace members besides `crates/*`, with their package
+/// names. `benches` is the explicit exception to "folder name = package name".
+const TOP_LEVEL_MEMBERS: [(&str, &str); 2] = [("xtask", "xtask"), ("benches", "raptor-benches")];
+
+/// One citation of something outside the repository: where, and the text that matched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Citation {
+    /// 1-based line number.
+    pub line: usize,
+    /// The matched text (for the message).
+    pub text: String,
+}
+
+/// The citations of outside material in `text`, line by line.
+pub fn outside_citations(text: &str) -> Vec<Citation> {
+    let mut found = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        for text in line_citations(line) {
+            found.push(Citation { line: i + 1, text });
+        }
+    }
+    found
+}
+
+/// The citations in one line (see the module docs for what counts).
+fn line_citations(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    // Case-sensitive names of the outside documents.
+    for name in [
+        "SPEC §",
+        "SPEC.md",
+        "TRAINER-DESIGN",
+        "PIPELINE-DESIGN",
+        "shared/spec",
+    ] {
+        if line.contains(name) {
+            out.push(name.to_string());
+        }
+    }
+    let lower = line.to_lowercase();
+    if lower.contains("research notes") {
+        out.push("research notes".to_string());
+    }
+    // `research-<name>.md`
+    let mut from = 0;
+    while let Some(pos) = lower[from..].find("research-") {
+        let start = from + pos;
+        let rest = &lower[start + "research-".len()..];
+        let name_len = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(rest.len());
+        if name_len > 0 && rest[name_len..].starts_with(".md") {
+            out.push(line_slice(
+                line,
+                &lower,
+                start,
+                "research-".len() + name_len + 3,
+            ));
+        }
+        from = start + "research-".len();
+    }
+    // `issue 14`, `issues 14`, `issue #14`, `issue-19`, `issue # 14` (any case)
+    let mut from = 0;
+    while let Some(pos) = lower[from..].find("issue") {
+        let start = from + pos;
+        from = start + "issue".len();
+        // A word of its own: not the tail of another word ("tissue").
+        let before = lower[..start].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric()) {
+            continue;
+        }
+        let mut rest = &lower[from..];
+        if let Some(r) = rest.strip_prefix('s') {
+            rest = r;
+        }
+        let Some(r) = rest.strip_prefix([' ', '-']) else {
+            continue;
+        };
+        let r = r.strip_prefix('#').unwrap_or(r).trim_start_matches(' ');
+        let digits = r.chars().take_while(char::is_ascii_digit).count();
+        if digits > 0 {
+            let len = lower.len() - start - (r.len() - digits);
+            out.push(line_slice(line, &lower, start, len));
+        }
+    }
+    out
+}
+
+/// `len` bytes of the line from `start`, as found in its lower-cased copy (lower-casing can
+/// change byte lengths outside ASCII: then the lower-cased text is reported).
+fn line_slice(line: &str, lower: &str, start: usize, len: usize) -> String {
+    let original = if line.len() == lower.len() {
+        line.get(start..start + len)
+    } else {
+        None
+    };
+    original
+        .unwrap_or_else(|| &lower[start..start + len])
+        .to_string()
+}
+
+/// The text files of the repository to check: those git tracks or would track (untracked files
+/// that are not ignored), or, without git, every file outside the build and result folders.
+fn repository_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let git = Command::new("git")
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .current_dir(root)
+        .output();
+    if let Ok(out) = git
+        && out.status.success()
+    {
+        return Ok(out
+            .stdout
+            .split(|&b| b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| PathBuf::from(String::from_utf8_lossy(p).into_owned()))
+            .collect());
+    }
+    let mut files = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for entry in std::fs::read_dir(root.join(&rel))
+            .with_context(|| format!("reading {}", root.join(&rel).display()))?
+        {
+            let entry = entry?;
+            let name = entry.file_name();
+            let path = rel.join(&name);
+            if entry.file_type()?.is_dir() {
+                let skip = [".git", "target", "results", "runs", "__pycache__", ".venv"];
+                if !skip.iter().any(|s| name == *s) {
+                    stack.push(path);
+                }
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Fails, naming every place, when a text file of the repository cites material outside it.
+pub fn stand_alone(root: &Path) -> anyhow::Result<()> {
+    eprintln!(
+        "\n==> stand-alone: no citations of issues, SPEC sections or notes outside the repository"
+    );
+    let mut problems = Vec::new();
+    let mut checked = 0usize;
+    for rel in repository_files(root)? {
+        let rel_str = rel.to_string_lossy().replace('\\', "/");
+        if rel_str == SELF_PATH || rel_str == "Cargo.lock" {
+            continue;
+        }
+        let path = root.join(&rel);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue; // listed by git but deleted in the work tree
+        };
+        if !meta.is_file() || meta.len() > MAX_TEXT_BYTES {
+            continue;
+        }
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let Ok(text) = String::from_utf8(bytes) else {
+            continue; // binary
+        };
+        checked += 1;
+        for c in outside_citations(&text) {
+            problems.push(format!("{rel_str}:{}: {}", c.line, c.text));
+        }
+    }
+    if !problems.is_empty() {
+        bail!(
+            "{} citation(s) of material outside the repository (issues, SPEC sections, research or \
+             design notes); write down what they stand for, or cite a paper or a file of the \
+             repository instead:\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        );
+    }
+    eprintln!("    {checked} text files: none");
+    Ok(())
+}
+
+/// One workspace member as `cargo metadata` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Package name.
+    pub name: String,
+    /// Its folder relative to the workspace root, with `/` separators.
+    pub dir: String,
+}
+
+/// What is wrong with the layout: the workspace `members` against the folders under `crates/`
+/// that hold a `Cargo.toml` (`crate_dirs`, names only). Empty when it is right.
+pub fn layout_problems(members: &[Member], crate_dirs: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut expected: BTreeSet<String> = crate_dirs.iter().map(|d| format!("crates/{d}")).collect();
+    for (dir, _) in TOP_LEVEL_MEMBERS {
+        expected.insert(dir.to_string());
+    }
+    let actual: BTreeSet<String> = members.iter().map(|m| m.dir.clone()).collect();
+    for dir in expected.difference(&actual) {
+        problems.push(format!("{dir} is not a workspace member"));
+    }
+    for dir in actual.difference(&expected) {
+        problems.push(format!(
+            "workspace member {dir} is neither a folder under crates/ nor one of the top-level \
+             members (xtask, benches)"
+        ));
+    }
+    for m in members {
+        let want = match m.dir.strip_prefix("crates/") {
+            Some(folder) => Some(folder),
+            None => TOP_LEVEL_MEMBERS
+                .iter()
+                .find(|(dir, _)| *dir == m.dir)
+                .map(|(_, package)| *package),
+        };
+        if let Some(want) = want
+            && m.name != want
+        {
+            problems.push(format!(
+                "{} holds the package {}, expected {want}",
+                m.dir, m.name
+            ));
+        }
+    }
+    problems
+}
+
+/// The workspace members from `cargo metadata` (names and folders relative to `root`).
+fn workspace_members(root: &Path) -> anyhow::Result<Vec<Member>> {
+    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(root)
+        .output()
+        .context("cargo metadata")?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("parsing cargo metadata")?;
+    let root_dir = PathBuf::from(
+        meta["workspace_root"]
+            .as_str()
+            .context("cargo metadata has no workspace_root")?,
+    );
+    let packages = meta["packages"]
+        .as_array()
+        .context("cargo metadata has no packages")?;
+    let mut members = Vec::new();
+    for p in packages {
+        let name = p["name"].as_str().context("a package without a name")?;
+        let manifest = PathBuf::from(
+            p["manifest_path"]
+                .as_str()
+                .context("a package without a manifest path")?,
+        );
+        let dir = manifest
+            .parent()
+            .and_then(|d| d.strip_prefix(&root_dir).ok())
+            .with_context(|| format!("{} is outside the workspace", manifest.display()))?;
+        members.push(Member {
+            name: name.to_string(),
+            dir: dir.to_string_lossy().replace('\\', "/"),
+        });
+    }
+    Ok(members)
+}
+
+/// Fails when the workspace members are not the crate folders plus `xtask` and `benches`, or a
+/// folder does not hold the package it should (see the module docs).
+pub fn layout(root: &Path) -> anyhow::Result<()> {
+    eprintln!("\n==> layout: workspace members = crates/* + xtask + benches, folder = package");
+    let mut crate_dirs = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).context("reading crates/")? {
+        let entry = entry?;
+        if entry.path().join("Cargo.toml").is_file() {
+            crate_dirs.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    crate_dirs.sort();
+    let members = workspace_members(root)?;
+    let problems = layout_problems(&members, &crate_dirs);
+    if !problems.is_empty() {
+        bail!("workspace layout:\n  {}", problems.join("\n  "));
+    }
+    eprintln!(
+        "    {} members: {} crates, xtask, benches (package raptor-benches)",
+        members.len(),
+        crate_dirs.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(s: &str) -> Vec<String> {
+        outside_citations(s).into_iter().map(|c| c.text).collect()
+    }
+
+    #[test]
+    fn every_kind_of_outside_citation_is_found_with_its_line() {
+        let doc = "fine line\n\
+                   see SPEC §4 for the rule\n\
+                   as in issue 14, and Issue #17; issues 3 too\n\
+                   the issue-19 cases\n\
+                   research-dpmuon.md §2.3 and the research notes §7\n\
+                   TRAINER-DESIGN and PIPELINE-DESIGN, ../shared/spec/SPEC.md\n";
+        let found = outside_citations(doc);
+        let lines: Vec<usize> = found.iter().map(|c| c.line).collect();
+        assert_eq!(lines, [2, 3, 3, 3, 4, 5, 5, 6, 6, 6, 6]);
+        assert_eq!(
+            texts(doc),
+            [
+                "SPEC §",
+                "issue 14",
+                "Issue #17",
+                "issues 3",
+                "issue-19",
+                "research notes",
+                "research-dpmuon.md",
+                "SPEC.md",
+                "TRAINER-DESIGN",
+                "PIPELINE-DESIGN",
+                "shared/spec",
+            ]
+        );
+    }
+
+    #[test]
+    fn ordinary_words_are_not_citations() {
+        for ok in [
+            "pub const SPECIAL_TOKENS: [&str; 4]",
+            "let spec = TableSpec::new(\"text\", None);",
+            "toml_datetime 0.7.5+spec-1.1.0",
+            "Higham 2002, §24.1; the RAPTOR paper, §5.2",
+            "an issue with the tissue 3 times; no issue here",
+            "issue a warning at 3 points",
+            "research-grade code, research-notes.txt",
+            "TRAINER DESIGN in words",
+        ] {
+            assert_eq!(texts(ok), Vec::<String>::new(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn non_ascii_lines_are_searched_too() {
+        assert_eq!(texts("Ω ÉTAPE: voir issue 12 ×2"), ["issue 12"]);
+        assert_eq!(texts("ΣΣ research-raptor.md"), ["research-raptor.md"]);
+    }
+
+    /// The checks pass on this repository as it is (what `cargo xtask test` runs first).
+    #[test]
+    fn this_repository_stands_alone_and_has_the_documented_layout() {
+        let root = crate::workspace_root().unwrap();
+        stand_alone(&root).unwrap();
+        layout(&root).unwrap();
+    }
+
+    fn member(name: &str, dir: &str) -> Member {
+        Member {
+            name: name.into(),
+            dir: dir.into(),
+        }
+    }
+
+    #[test]
+    fn the_documented_layout_passes() {
+        let members = [
+            member("raptor-clip", "crates/raptor-clip"),
+            member("raptor-muon", "crates/raptor-muon"),
+            member("xtask", "xtask"),
+            member("raptor-benches", "benches"),
+        ];
+        let dirs = ["raptor-clip".to_string(), "raptor-muon".to_string()];
+        assert_eq!(layout_problems(&members, &dirs), Vec::<String>::new());
+    }
+
+    #[test]
+    fn layout_problems_name_each_difference() {
+        // benches missing, an extra top-level member, a crate folder left out, a wrong name.
+        let members = [
+            member("raptor-clip", "crates/raptor-clip"),
+            member("raptor-muonx", "crates/raptor-muon"),
+            member("xtask", "xtask"),
+            member("tools", "tools"),
+        ];
+        let dirs = [
+            "raptor-clip".to_string(),
+            "raptor-muon".to_string(),
+            "raptor-plan".to_string(),
+        ];
+        let problems = layout_problems(&members, &dirs);
+        assert_eq!(
+            problems,
+            [
+                "benches is not a workspace member",
+                "crates/raptor-plan is not a workspace member",
+                "workspace member tools is neither a folder under crates/ nor one of the \
+                 top-level members (xtask, benches)",
+                "crates/raptor-muon holds the package raptor-muonx, expected raptor-muon",
+            ]
+        );
+        // The benches' package keeps its own name; another name there is an error.
+        let members = [member("xtask", "xtask"), member("benches", "benches")];
+        assert_eq!(
+            layout_problems(&members, &[]),
+            ["benches holds the package benches, expected raptor-benches"]
+        );
+        // The benches moved back under crates/ without a folder there is caught too.
+        let members = [
+            member("xtask", "xtask"),
+            member("raptor-benches", "crates/raptor-benches"),
+        ];
+        assert_eq!(
+            layout_problems(&members, &[]),
+            [
+                "benches is not a workspace member",
+                "workspace member crates/raptor-benches is neither a folder under crates/ nor \
+                 one of the top-level members (xtask, benches)",
+            ]
+        );
+    }
+}
