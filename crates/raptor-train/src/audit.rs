@@ -181,7 +181,8 @@ pub struct AuditReport {
     pub confidence: f64,
     /// The certified upper bound of the run's ledger (None for non-private methods: ∞).
     pub epsilon_upper: Option<f64>,
-    /// The run's target ε (∞ for non-private methods).
+    /// The run's target ε (∞ for non-private methods, which JSON writes as null).
+    #[serde(deserialize_with = "null_is_infinite")]
     pub epsilon_target: f64,
     /// The run's δ.
     pub delta: f64,
@@ -196,6 +197,11 @@ pub struct AuditReport {
     pub expert: Option<ExpertAudit>,
     /// Notes.
     pub notes: Vec<String>,
+}
+
+/// Reads an ε that JSON wrote as null because it was infinite.
+fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 /// The white-box canaries of an audit (`audit.json`).
@@ -553,11 +559,7 @@ fn audit_impl(
 }
 
 /// Writes `audit.json` and notes the audit in the run's `record.json`.
-fn finish(
-    report: AuditReport,
-    dir: &Path,
-    record: &mut crate::run::Record,
-) -> Result<AuditReport> {
+fn finish(report: AuditReport, dir: &Path, record: &mut crate::run::Record) -> Result<AuditReport> {
     write_atomic(
         &dir.join("audit.json"),
         &serde_json::to_vec_pretty(&report)?,
@@ -1133,10 +1135,11 @@ mod tests {
 
     // ---- White-box (Dirac) canaries ----
 
-    /// A tiny Switch classifier on the toy sentiment data (600 records), LoRA r = 32 on the
-    /// attention and on the experts of the sparse block, q = 0.01 of N = 600 + ⌈m/2⌉, δ = 10⁻⁶,
-    /// seeded: the white-box audit's test runs. Few real records per update (about 6): the
-    /// canaries need no forward pass, so m is cheap.
+    /// A tiny Switch classifier on the toy sentiment data (600 records; d 64, 2 blocks, the
+    /// second sparse with 4 experts of d_ff 640), LoRA r = 32 on the attention and on the
+    /// experts (45,056 coordinates per expert), q = 0.01 of N = 600 + ⌈m/2⌉, δ = 10⁻⁶, RAPTOR's
+    /// ρ = 0.5, seeded: the white-box audit's test runs. Few real records per update (about
+    /// 6): the canaries need no forward pass, so m is cheap.
     pub(super) fn dirac_cfg(method: Method, epsilon: f64, m: usize, steps: u64) -> RunConfig {
         let mut c = RunConfig::default();
         c.data.train = toy().join("train.csv");
@@ -1150,7 +1153,7 @@ mod tests {
         c.model.d_model = 64;
         c.model.layers = 2;
         c.model.heads = 2;
-        c.model.d_ff = 256;
+        c.model.d_ff = 640;
         c.model.experts = 4;
         c.lora.r = 32;
         c.lora.alpha = 32.0;
@@ -1159,6 +1162,7 @@ mod tests {
         c.privacy.epsilon = epsilon;
         c.privacy.accuracy = 0.01;
         c.privacy.delta = Some(1e-6);
+        c.privacy.rho = 0.5;
         c.train.batch_size = 0.01 * (600 + m.div_ceil(2)) as f64;
         c.train.micro_batch = 64;
         c.train.steps = Some(steps);
@@ -1283,8 +1287,7 @@ mod tests {
                 ..AuditOptions::default()
             };
             let dir = tempfile::tempdir().unwrap();
-            let mut quiet =
-                |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+            let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
             let mut go = |coins: Vec<bool>| {
                 audit_dirac(&cfg, &opts, dir.path(), &mut quiet, Tamper::None, coins).unwrap()
             };
@@ -1294,7 +1297,9 @@ mod tests {
             assert_eq!(inn.epsilon_upper, out.epsilon_upper);
             let (a, b) = (inn.dirac.unwrap(), out.dirac.unwrap());
             assert_eq!((&a.param, &a.index), (&b.param, &b.index));
-            let phases = crate::session::prepare_counting(&cfg, None, m / 2).unwrap().plan;
+            let phases = crate::session::prepare_counting(&cfg, None, m / 2)
+                .unwrap()
+                .plan;
             let sigma = |param: &str| {
                 phases
                     .phases
@@ -1333,10 +1338,10 @@ mod tests {
     }
 
     /// The audit catches each planted noise bug: ε_lower clearly above the ε the ledger
-    /// certifies (the whole run's, and for the expert bug the expert stream's alone).
+    /// certifies (the whole run's, and for the expert bug the expert stream's alone too).
     #[test]
     fn white_box_audit_catches_planted_noise_bugs() {
-        let m = 10_000;
+        let m = 40_000;
         let opts = |expert| AuditOptions {
             canaries: Some(m),
             kind: Some(CanaryKind::Dirac),
@@ -1351,38 +1356,60 @@ mod tests {
         );
         let upper = r.epsilon_upper.unwrap();
         assert!(upper <= 1.0 + 1e-9);
-        assert!(r.epsilon_lower > 3.0 * upper, "{} vs {upper}", r.epsilon_lower);
-        // Half the planned σ, charged at ε = 2.
+        assert!(
+            r.epsilon_lower > 3.0 * upper,
+            "{} vs {upper}",
+            r.epsilon_lower
+        );
+        // Half the planned σ, charged at ε = 1.
         let r = dirac_run(
-            &dirac_cfg(Method::DpAdamLora, 2.0, m, 100),
+            &dirac_cfg(Method::DpAdamLora, 1.0, m, 100),
             &opts(None),
             Tamper::Noise(NoiseFault::Half),
         );
         let upper = r.epsilon_upper.unwrap();
-        assert!(r.epsilon_lower > 1.2 * upper, "{} vs {upper}", r.epsilon_lower);
-        // RAPTOR's expert stream at half its σ, canaries in expert 0.
+        assert!(
+            r.epsilon_lower > 1.3 * upper,
+            "{} vs {upper}",
+            r.epsilon_lower
+        );
+        // RAPTOR's expert stream at half its σ, canaries in expert 0, charged at ε = 1.
         let r = dirac_run(
-            &dirac_cfg(Method::Raptor, 4.0, m, 200),
+            &dirac_cfg(Method::Raptor, 1.0, m, 200),
             &opts(Some(0)),
             Tamper::Noise(NoiseFault::HalfExperts),
         );
+        let upper = r.epsilon_upper.unwrap();
         let stream = r.expert.as_ref().unwrap().epsilon_stream.unwrap();
-        assert!(stream <= r.epsilon_upper.unwrap());
-        assert!(r.epsilon_lower > 1.2 * stream, "{} vs {stream}", r.epsilon_lower);
+        assert!(stream < upper);
+        assert!(
+            r.epsilon_lower > 1.5 * stream,
+            "{} vs {stream}",
+            r.epsilon_lower
+        );
+        assert!(
+            r.epsilon_lower > 1.2 * upper,
+            "{} vs {upper}",
+            r.epsilon_lower
+        );
     }
 
     /// On correct runs the white-box bound stays at or below the certified one: the whole run
     /// at ε = 1 and 8, and RAPTOR's expert stream against its own ε.
     #[test]
     fn white_box_audit_stays_below_the_certified_bound_on_correct_runs() {
-        let m = 10_000;
+        let m = 40_000;
         for eps in [1.0, 8.0] {
             let opts = AuditOptions {
                 canaries: Some(m),
                 kind: Some(CanaryKind::Dirac),
                 ..AuditOptions::default()
             };
-            let r = dirac_run(&dirac_cfg(Method::DpAdamLora, eps, m, 100), &opts, Tamper::None);
+            let r = dirac_run(
+                &dirac_cfg(Method::DpAdamLora, eps, m, 100),
+                &opts,
+                Tamper::None,
+            );
             let upper = r.epsilon_upper.unwrap();
             assert!(upper <= eps * (1.0 + 1e-9));
             assert!(r.epsilon_lower <= upper, "{} > {upper}", r.epsilon_lower);
@@ -1398,9 +1425,148 @@ mod tests {
             expert: Some(0),
             ..AuditOptions::default()
         };
-        let r = dirac_run(&dirac_cfg(Method::Raptor, 4.0, m, 200), &opts, Tamper::None);
+        let r = dirac_run(&dirac_cfg(Method::Raptor, 1.0, m, 200), &opts, Tamper::None);
         let stream = r.expert.as_ref().unwrap().epsilon_stream.unwrap();
         assert!(r.epsilon_lower <= stream, "{} > {stream}", r.epsilon_lower);
         assert!(stream < r.epsilon_upper.unwrap());
+        let d = r.dirac.unwrap();
+        assert!(d.params.iter().all(|p| p.contains("expert_0.")));
+        assert!(d.releases.iter().all(|&n| n == 100)); // the expert half of 200 updates
+    }
+
+    /// The README's audit table (`scripts/audit-table.sh`): every row is one white-box audit
+    /// (m = 40,000 canaries, q = 0.01, δ = 10⁻⁶, 95 %) of the tiny Switch of [`dirac_cfg`] on the
+    /// toy data, run with three insecure seeds. Prints Markdown rows; measured, not asserted (the assertions
+    /// are the tests above).
+    #[test]
+    #[ignore = "generates the README's audit table (about two minutes)"]
+    fn audit_table() {
+        let m = 40_000;
+        let seeds = [11u64, 12, 13];
+        struct Row {
+            what: &'static str,
+            method: Method,
+            epsilon: f64,
+            steps: u64,
+            expert: Option<usize>,
+            tamper: Tamper,
+        }
+        let row = |what, method, epsilon, steps, expert, tamper| Row {
+            what,
+            method,
+            epsilon,
+            steps,
+            expert,
+            tamper,
+        };
+        let rows = [
+            row(
+                "non-private LoRA",
+                Method::Lora,
+                1.0,
+                100,
+                None,
+                Tamper::None,
+            ),
+            row("correct", Method::DpAdamLora, 1.0, 100, None, Tamper::None),
+            row("correct", Method::DpAdamLora, 4.0, 100, None, Tamper::None),
+            row("correct", Method::DpAdamLora, 8.0, 100, None, Tamper::None),
+            row(
+                "**planted: no noise**",
+                Method::DpAdamLora,
+                1.0,
+                100,
+                None,
+                Tamper::Noise(NoiseFault::Off),
+            ),
+            row(
+                "**planted: noise at σ/2**",
+                Method::DpAdamLora,
+                1.0,
+                100,
+                None,
+                Tamper::Noise(NoiseFault::Half),
+            ),
+            row(
+                "**planted: noise at σ/2**",
+                Method::DpAdamLora,
+                2.0,
+                100,
+                None,
+                Tamper::Noise(NoiseFault::Half),
+            ),
+            row(
+                "correct, per-expert",
+                Method::Raptor,
+                1.0,
+                200,
+                Some(0),
+                Tamper::None,
+            ),
+            row(
+                "correct, per-expert",
+                Method::Raptor,
+                8.0,
+                200,
+                Some(0),
+                Tamper::None,
+            ),
+            row(
+                "**planted: expert stream at σ_e/2**, per-expert",
+                Method::Raptor,
+                1.0,
+                200,
+                Some(0),
+                Tamper::Noise(NoiseFault::HalfExperts),
+            ),
+        ];
+        let mut out = vec![
+            "| run | method | target ε | certified ε_upper (run) | ε of the audited expert stream | ε_lower, seeds 11 / 12 / 13 | seed 11: statistic, correct / guesses |".to_string(),
+            "|---|---|---|---|---|---|---|".to_string(),
+        ];
+        for r in &rows {
+            let mut lows = Vec::new();
+            let mut first = None;
+            for &seed in &seeds {
+                let mut cfg = dirac_cfg(r.method, r.epsilon, m, r.steps);
+                cfg.train.insecure_seed = Some(seed);
+                let opts = AuditOptions {
+                    canaries: Some(m),
+                    kind: Some(CanaryKind::Dirac),
+                    expert: r.expert,
+                    ..AuditOptions::default()
+                };
+                let rep = dirac_run(&cfg, &opts, r.tamper);
+                lows.push(format!("{:.2}", rep.epsilon_lower));
+                first.get_or_insert(rep);
+            }
+            let rep = first.unwrap();
+            let upper = rep
+                .epsilon_upper
+                .map_or("∞ (not private)".to_string(), |u| format!("{u:.3}"));
+            let stream = rep
+                .expert
+                .as_ref()
+                .and_then(|x| x.epsilon_stream)
+                .map_or("—".to_string(), |e| format!("{e:.3}"));
+            let target = if r.method.is_private() {
+                format!("{}", r.epsilon)
+            } else {
+                "—".to_string()
+            };
+            out.push(format!(
+                "| {} | {} | {target} | {upper} | {stream} | {} | {}, {} / {} |",
+                r.what,
+                rep.method,
+                lows.join(" / "),
+                rep.dirac.as_ref().map_or("", |d| d.statistic.as_str()),
+                rep.search.correct,
+                rep.search.guesses,
+            ));
+        }
+        println!("AUDIT TABLE (m = {m}, q = 0.01, δ = 1e-6, 95 % confidence)");
+        for l in out {
+            println!("{l}");
+        }
     }
 }

@@ -523,7 +523,11 @@ impl<'a> Trainer<'a> {
         let Some(c) = &self.canaries else {
             return Ok(());
         };
-        let noise_std = if phase.private { release.sigma * sensitivity } else { 0.0 };
+        let noise_std = if phase.private {
+            release.sigma * sensitivity
+        } else {
+            0.0
+        };
         let mut traces = c
             .traces
             .lock()
