@@ -112,8 +112,8 @@ pub fn p_value(m: u64, r: u64, v: u64, epsilon: f64, delta: f64) -> Result<f64, 
 }
 
 /// α = max_{1 ≤ i ≤ v} (1/i)·Σ_{j=1..i} P[Bin(r, q) = v − j]. The terms come from the
-/// recurrence P[k − 1] = P[k]·k/(r − k + 1)·(1 − q)/q (directly from `pmf` where a term
-/// underflows to 0), not from one `pmf` call each: audits of many white-box canaries make r
+/// recurrence P[k − 1] = P[k]·k/(r − k + 1)·(1 − q)/q (directly from `pmf` while a term is
+/// below 10⁻³⁰⁰), not from one `pmf` call each: audits of many white-box canaries make r
 /// tens of thousands. Past the mode the terms only decrease, so once a term there is below the
 /// best prefix mean no later prefix can beat it, and the loop stops.
 fn alpha_term(bin: &Binomial, q: f64, r: u64, v: u64) -> f64 {
@@ -124,7 +124,9 @@ fn alpha_term(bin: &Binomial, q: f64, r: u64, v: u64) -> f64 {
     let mut alpha: f64 = 0.0;
     for i in 1..=v {
         let k = v - i; // term = P[Bin = k]
-        term = if i == 1 || term == 0.0 || !term.is_finite() {
+        // Direct values until a term is a normal number (a subnormal start would carry its
+        // large relative error into every term after it).
+        term = if i == 1 || term < 1e-300 || !term.is_finite() {
             bin.pmf(k)
         } else {
             term * (k + 1) as f64 / (r - k) as f64 * ratio
