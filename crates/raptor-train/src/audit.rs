@@ -38,15 +38,20 @@
 //!   ln(m/2) − 2, and a noisy model rarely reaches it.
 //!
 //! In both, the coins come from the OS CSPRNG, or are derived from `train.insecure_seed` when
-//! it is set (reproducible, NOT private), and are written only to `audit.json`. One training run
-//! with the run's config (same method, same privacy target) goes into a run folder
+//! it is set (reproducible, NOT private), and are written only to the audit file. One training
+//! run with the run's config (same method, same privacy target) goes into a run folder
 //! `<runs-dir>/audit-<method>-<time>-<pid>`; the (k₊, k₋) grid is
-//! [`raptor_eval::audit::default_grid`], fixed by m before any score is seen. `audit.json`
-//! beside `record.json` holds everything: m, kind, coins, scores, the chosen (k₊, k₋), guesses,
-//! correct guesses, ε_lower, the confidence, the certified ε_upper of the ledger (None for
-//! non-private methods: ε = ∞), δ, and the canaries' coordinates (Dirac) or losses (loss
-//! canaries). The scores are also reported as a membership-inference attack on the canaries
-//! (AUC, TPR at 1 % and 0.1 % FPR).
+//! [`raptor_eval::audit::default_grid`], fixed by m before any score is seen. The audit file
+//! [`AUDIT_FILE`] (`private/audit.json`, beside the run's `private/record.json`) holds
+//! everything: m, kind, coins, scores, the chosen (k₊, k₋), guesses, correct guesses, ε_lower,
+//! the confidence, the certified ε_upper of the ledger (None for non-private methods: ε = ∞),
+//! δ, and the canaries' coordinates (Dirac) or losses and source records (loss canaries). The
+//! scores are also reported as a membership-inference attack on the canaries (AUC, TPR at 1 %
+//! and 0.1 % FPR). The coins, the scores and that report are not differentially private (loss
+//! canaries are made from, and scored beside, private records), so the file lives under
+//! `private/` with [`crate::run::PRIVATE_NOTICE`], like everything else a run computes from
+//! private records without noise; the run's publishable `record.json` only notes that the run
+//! was an audit, with m and the kind.
 //!
 //! The canaries exist only inside the audit's own run folder: nothing else can add them to a
 //! run. An audit run folder must not be resumed with `raptor train --resume` (the canaries are
@@ -91,7 +96,7 @@ pub enum CanaryKind {
 }
 
 impl CanaryKind {
-    /// The name used on the command line and in `audit.json`.
+    /// The name used on the command line and in the audit file.
     pub fn name(self) -> &'static str {
         match self {
             CanaryKind::Mislabel => "mislabel",
@@ -133,9 +138,17 @@ impl Default for AuditOptions {
     }
 }
 
-/// Everything an audit reports (`audit.json`).
+/// Where an audit writes its report, relative to its run folder: under `private/` (the coins
+/// and the scores are not differentially private; see the module docs).
+pub const AUDIT_FILE: &str = "private/audit.json";
+
+/// Everything an audit reports (the audit file, [`AUDIT_FILE`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AuditReport {
+    /// [`crate::run::PRIVATE_NOTICE`]: the coins, the scores and the membership-inference report
+    /// are not differentially private.
+    #[serde(default)]
+    pub notice: String,
     /// The run folder (its `record.json` is the training run's record).
     pub run: PathBuf,
     /// Method name.
@@ -204,7 +217,7 @@ fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Resu
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
-/// The white-box canaries of an audit (`audit.json`).
+/// The white-box canaries of an audit (in the audit file).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DiracReport {
     /// N the plan was made for: real records + ⌈m/2⌉, fixed before the coins (q = B/N).
@@ -243,8 +256,9 @@ pub struct ExpertAudit {
     pub epsilon_stream: Option<f64>,
 }
 
-/// A test-only switch (the enum has no other value outside tests: neither the CLI nor the
-/// config can reach it).
+/// A switch that breaks the mechanism, for the audit's own tests (the enum has no other value
+/// outside tests and the `planted-faults` feature, and neither the CLI nor the config can reach
+/// it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tamper {
     /// The mechanism as planned.
@@ -253,8 +267,8 @@ enum Tamper {
     #[cfg(test)]
     BreakMechanism,
     /// A planted noise bug in the trainer (Dirac audits): the releases' noise differs from the
-    /// plan while the ledger charges the planned σ.
-    #[cfg(test)]
+    /// plan while the ledger charges the planned σ (tests and the `planted-faults` feature).
+    #[cfg(any(test, feature = "planted-faults"))]
     Noise(crate::trainer::NoiseFault),
 }
 
@@ -264,7 +278,7 @@ fn apply_tamper(plan: &mut crate::streams::Plan, tamper: Tamper) {
         Tamper::None => {}
         #[cfg(test)]
         Tamper::BreakMechanism => tests::break_mechanism(plan),
-        #[cfg(test)]
+        #[cfg(any(test, feature = "planted-faults"))]
         Tamper::Noise(_) => {}
     }
 }
@@ -432,7 +446,8 @@ pub fn per_record_losses(
 }
 
 /// Runs the audit: prepares the run with canaries, trains once into a new run folder under
-/// `runs_dir`, scores the canaries and writes `audit.json` there.
+/// `runs_dir`, scores the canaries and writes the audit file there ([`AUDIT_FILE`], under the
+/// run's `private/` folder).
 pub fn audit(
     cfg: &RunConfig,
     opts: &AuditOptions,
@@ -477,7 +492,7 @@ fn audit_impl(
             "--expert audits with white-box canaries: use --kind dirac".into(),
         ));
     }
-    #[cfg(test)]
+    #[cfg(any(test, feature = "planted-faults"))]
     if matches!(tamper, Tamper::Noise(_)) {
         return Err(TrainError::Config(
             "planted noise bugs are for Dirac audits".into(),
@@ -526,6 +541,7 @@ fn audit_impl(
         notes.push("the ledger certifies no ε for this run (a release without noise)".into());
     }
     let report = AuditReport {
+        notice: crate::run::PRIVATE_NOTICE.into(),
         run: dir.clone(),
         method: record.method.clone(),
         kind,
@@ -558,18 +574,19 @@ fn audit_impl(
     finish(report, &dir, &mut record)
 }
 
-/// Writes `audit.json` and notes the audit in the run's `record.json`.
+/// Writes the audit file under the run's `private/` folder and notes the audit in the run's
+/// `record.json` (m and the kind only: the coins stay in the private file).
 fn finish(report: AuditReport, dir: &Path, record: &mut crate::run::Record) -> Result<AuditReport> {
-    write_atomic(
-        &dir.join("audit.json"),
-        &serde_json::to_vec_pretty(&report)?,
-    )?;
+    let path = dir.join(AUDIT_FILE);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    write_atomic(&path, &serde_json::to_vec_pretty(&report)?)?;
     record.notes.push(format!(
-        "audit run: trained on {} real records and {} of {} {} canaries (audit.json); do not resume it with raptor train --resume",
-        report.real_records,
-        report.included,
+        "audit run: {} {} canaries beside the {} real records ({AUDIT_FILE}: secret coins and scores, not differentially private); do not resume it with raptor train --resume",
         report.canaries,
-        report.kind.name()
+        report.kind.name(),
+        report.real_records,
     ));
     write_atomic(
         &dir.join("record.json"),
@@ -763,9 +780,9 @@ fn audit_dirac(
     let real_records = session.train.len();
     let plan_records = real_records + m.div_ceil(2);
     let plan = session.plan.clone();
-    #[cfg_attr(not(test), allow(unused_mut))]
+    #[cfg_attr(not(any(test, feature = "planted-faults")), allow(unused_mut))]
     let (mut canaries, traces) = DiracCanaries::new(placed, &coins)?;
-    #[cfg(test)]
+    #[cfg(any(test, feature = "planted-faults"))]
     if let Tamper::Noise(f) = tamper {
         canaries.fault = Some(f);
     }
@@ -816,6 +833,7 @@ fn audit_dirac(
     }
     let included = coins.iter().filter(|c| **c).count();
     let report = AuditReport {
+        notice: crate::run::PRIVATE_NOTICE.into(),
         run: dir.clone(),
         method: record.method.clone(),
         kind: CanaryKind::Dirac,
@@ -858,10 +876,95 @@ fn audit_dirac(
     finish(report, &dir, &mut record)
 }
 
-/// Reads the `audit.json` of a run folder.
+/// Reads the audit file ([`AUDIT_FILE`]) of a run folder.
 pub fn read_report(run: &Path) -> Result<AuditReport> {
-    let p = run.join("audit.json");
+    let p = run.join(AUDIT_FILE);
     Ok(serde_json::from_slice(&std::fs::read(&p).map_err(io(&p))?)?)
+}
+
+/// Planted bugs of the mechanism, to show that the white-box audit can fail: the audit's own
+/// tests and its measured table (`examples/audit_table.rs`, `scripts/audit-table.sh`) use them.
+///
+/// Compiled only in tests and under the cargo feature `planted-faults`, which is for tests and
+/// audits of the auditor only: it is off by default, no crate of the workspace turns it on, and
+/// the `raptor` program refuses to build with it. A run made through [`audit_with_fault`] is
+/// **not private** (its noise is not what its ledger charges).
+#[cfg(any(test, feature = "planted-faults"))]
+pub mod planted {
+    use std::path::{Path, PathBuf};
+
+    use super::{AuditOptions, AuditReport, CanaryKind, Tamper, audit_impl};
+    use crate::config::{Method, ModelKind, RunConfig};
+    use crate::error::{Result, TrainError};
+    use crate::run::Progress;
+    pub use crate::trainer::NoiseFault;
+
+    /// A white-box audit as [`super::audit`] runs it, with `fault` planted in the trainer: the
+    /// releases' noise differs from the plan while the ledger charges the planned σ. Dirac
+    /// canaries only (`opts.kind` None or `Some(Dirac)`).
+    pub fn audit_with_fault(
+        cfg: &RunConfig,
+        opts: &AuditOptions,
+        runs_dir: &Path,
+        progress: Progress<'_>,
+        fault: NoiseFault,
+    ) -> Result<AuditReport> {
+        if opts.kind.is_some_and(|k| k != CanaryKind::Dirac) {
+            return Err(TrainError::Config(
+                "planted noise bugs are for white-box (dirac) audits".into(),
+            ));
+        }
+        let opts = AuditOptions {
+            kind: Some(CanaryKind::Dirac),
+            ..opts.clone()
+        };
+        audit_impl(cfg, &opts, runs_dir, progress, Tamper::Noise(fault))
+    }
+
+    /// The toy data of the repository (`examples/toy`).
+    pub fn toy_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/toy")
+    }
+
+    /// The setting of the white-box audit's tests and table: a tiny Switch classifier on the
+    /// toy sentiment data (600 records; d 64, 2 blocks, the second sparse with 4 experts of
+    /// d_ff 640), LoRA r = 32 on the attention and on the experts (45,056 coordinates per
+    /// expert), `steps` updates at q = 0.01 of N = 600 + ⌈m/2⌉ (`m` canaries), δ = 10⁻⁶, target
+    /// `epsilon`, RAPTOR's ρ = 0.5 on its last layer, seeded by `train.insecure_seed` = 11 (NOT
+    /// private). Few real records per update (about 6): the canaries need no forward pass, so m
+    /// is cheap.
+    pub fn toy_switch(method: Method, epsilon: f64, m: usize, steps: u64) -> RunConfig {
+        let mut c = RunConfig::default();
+        c.data.train = toy_dir().join("train.csv");
+        c.data.validation = None;
+        c.data.validation_fraction = 0.0;
+        c.data.text_column = "text".into();
+        c.data.label_column = "label".into();
+        c.data.max_length = 16;
+        c.model.kind = ModelKind::Switch;
+        c.model.tokenizer = "bytes".into();
+        c.model.d_model = 64;
+        c.model.layers = 2;
+        c.model.heads = 2;
+        c.model.d_ff = 640;
+        c.model.experts = 4;
+        c.lora.r = 32;
+        c.lora.alpha = 32.0;
+        c.method.name = method;
+        c.method.layer = "last".into();
+        c.privacy.epsilon = epsilon;
+        c.privacy.accuracy = 0.01;
+        c.privacy.delta = Some(1e-6);
+        c.privacy.rho = 0.5;
+        c.train.batch_size = 0.01 * (600 + m.div_ceil(2)) as f64;
+        c.train.micro_batch = 64;
+        c.train.steps = Some(steps);
+        c.train.lr = 0.01;
+        c.train.checkpoint_every = 0;
+        c.train.eval_every = 0;
+        c.train.insecure_seed = Some(11);
+        c
+    }
 }
 
 #[cfg(test)]
@@ -870,7 +973,7 @@ mod tests {
     use super::*;
     use crate::config::{Method, ModelKind};
     use crate::streams::Plan;
-    use crate::trainer::NoiseFault;
+    use super::planted::{NoiseFault, toy_dir, toy_switch};
     use proptest::prelude::*;
 
     /// The broken mechanism: no noise, no clipping (test-only; see [`Tamper`]).
@@ -886,9 +989,6 @@ mod tests {
         }
     }
 
-    fn toy() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/toy")
-    }
 
     /// A tiny GPT-2 language model on the toy text (16 byte tokens), DP-Adam over every
     /// parameter, 200 updates of B = 64 at a high learning rate: random-token canaries are
@@ -896,7 +996,7 @@ mod tests {
     fn small_cfg(epsilon: f64) -> RunConfig {
         let (steps, lr) = (300, 0.02);
         let mut c = RunConfig::default();
-        c.data.train = toy().join("train.csv");
+        c.data.train = toy_dir().join("train.csv");
         c.data.validation = None;
         c.data.validation_fraction = 0.0;
         c.data.text_column = "text".into();
@@ -1135,44 +1235,6 @@ mod tests {
 
     // ---- White-box (Dirac) canaries ----
 
-    /// A tiny Switch classifier on the toy sentiment data (600 records; d 64, 2 blocks, the
-    /// second sparse with 4 experts of d_ff 640), LoRA r = 32 on the attention and on the
-    /// experts (45,056 coordinates per expert), q = 0.01 of N = 600 + ⌈m/2⌉, δ = 10⁻⁶, RAPTOR's
-    /// ρ = 0.5, seeded: the white-box audit's test runs. Few real records per update (about
-    /// 6): the canaries need no forward pass, so m is cheap.
-    pub(super) fn dirac_cfg(method: Method, epsilon: f64, m: usize, steps: u64) -> RunConfig {
-        let mut c = RunConfig::default();
-        c.data.train = toy().join("train.csv");
-        c.data.validation = None;
-        c.data.validation_fraction = 0.0;
-        c.data.text_column = "text".into();
-        c.data.label_column = "label".into();
-        c.data.max_length = 16;
-        c.model.kind = ModelKind::Switch;
-        c.model.tokenizer = "bytes".into();
-        c.model.d_model = 64;
-        c.model.layers = 2;
-        c.model.heads = 2;
-        c.model.d_ff = 640;
-        c.model.experts = 4;
-        c.lora.r = 32;
-        c.lora.alpha = 32.0;
-        c.method.name = method;
-        c.method.layer = "last".into();
-        c.privacy.epsilon = epsilon;
-        c.privacy.accuracy = 0.01;
-        c.privacy.delta = Some(1e-6);
-        c.privacy.rho = 0.5;
-        c.train.batch_size = 0.01 * (600 + m.div_ceil(2)) as f64;
-        c.train.micro_batch = 64;
-        c.train.steps = Some(steps);
-        c.train.lr = 0.01;
-        c.train.checkpoint_every = 0;
-        c.train.eval_every = 0;
-        c.train.insecure_seed = Some(11);
-        c
-    }
-
     fn dirac_run(cfg: &RunConfig, opts: &AuditOptions, tamper: Tamper) -> AuditReport {
         tch::set_num_threads(1);
         let dir = tempfile::tempdir().unwrap();
@@ -1240,7 +1302,7 @@ mod tests {
     /// cannot give.
     #[test]
     fn dirac_parameters_follow_the_plan() {
-        let cfg = dirac_cfg(Method::Raptor, 4.0, 100, 4);
+        let cfg = toy_switch(Method::Raptor, 4.0, 100, 4);
         let mut s = prepare_counting(&cfg, None, 50).unwrap();
         assert_eq!(s.plan.q, cfg.train.batch_size / 650.0);
         let layer = s.layer.as_ref().map(|l| l.layer);
@@ -1258,7 +1320,7 @@ mod tests {
         g.bound = 0.125;
         let p0 = g.params[0].clone();
         assert_eq!(dirac_params(&s.plan, layer, None).unwrap()[&p0], 0.125);
-        let mono = crate::session::prepare(&dirac_cfg(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
+        let mono = crate::session::prepare(&toy_switch(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
         assert!(dirac_params(&mono.plan, None, Some(0)).is_err());
     }
 
@@ -1271,7 +1333,7 @@ mod tests {
     fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
         for (method, expert) in [(Method::DpAdamLora, None), (Method::Raptor, Some(1))] {
             let m = 40;
-            let mut cfg = dirac_cfg(method, 4.0, m, 3);
+            let mut cfg = toy_switch(method, 4.0, m, 3);
             // 60 real records (q = 1 makes every update see all of them).
             let data = tempfile::tempdir().unwrap();
             let text = std::fs::read_to_string(&cfg.data.train).unwrap();
@@ -1337,6 +1399,69 @@ mod tests {
         }
     }
 
+    /// The quick check, through the public path of the planted bugs: at m = 10,000 canaries and
+    /// 30 updates, a run without noise charged at ε = 1 is caught (ε_lower above the certified
+    /// ε), and the same run without the bug is not (ε_lower ≤ ε_upper). Its audit file sits
+    /// under `private/`, marked, and nothing of it at the top of the run folder.
+    #[test]
+    fn a_planted_bug_is_caught_and_the_correct_run_is_not() {
+        tch::set_num_threads(1);
+        let m = 10_000;
+        let cfg = toy_switch(Method::DpAdamLora, 1.0, m, 30);
+        let opts = AuditOptions {
+            canaries: Some(m),
+            ..AuditOptions::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+        let bad =
+            planted::audit_with_fault(&cfg, &opts, dir.path(), &mut quiet, NoiseFault::Off)
+                .unwrap();
+        let good = audit(&cfg, &opts, dir.path(), &mut quiet).unwrap();
+        for r in [&bad, &good] {
+            assert_eq!(r.kind, CanaryKind::Dirac);
+            assert_eq!(r.notice, crate::run::PRIVATE_NOTICE);
+            assert_eq!(&read_report(&r.run).unwrap(), r);
+            assert!(r.run.join("private").join("audit.json").is_file());
+            assert!(!r.run.join("audit.json").exists());
+            let record: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(r.run.join("record.json")).unwrap())
+                    .unwrap();
+            for key in ["coins", "scores", "mia", "dirac", "epsilon_lower"] {
+                assert!(record.get(key).is_none(), "record.json has {key}");
+            }
+            let notes = record["notes"].as_array().unwrap();
+            assert!(notes.iter().any(|n| n.as_str().unwrap().starts_with("audit run")));
+        }
+        let (upper_bad, upper_good) = (bad.epsilon_upper.unwrap(), good.epsilon_upper.unwrap());
+        eprintln!(
+            "no noise: ε_lower {:.3}; correct: ε_lower {:.3}; certified {:?}",
+            bad.epsilon_lower, good.epsilon_lower, good.epsilon_upper
+        );
+        // The ledger charges the plan either way: the bug is invisible to it.
+        assert_eq!(upper_bad, upper_good);
+        assert!(upper_good <= 1.0 + 1e-9);
+        assert!(
+            bad.epsilon_lower > upper_bad,
+            "planted bug not caught: ε_lower {} ≤ certified {upper_bad}",
+            bad.epsilon_lower
+        );
+        assert!(
+            good.epsilon_lower <= upper_good,
+            "correct run: ε_lower {} > certified {upper_good}",
+            good.epsilon_lower
+        );
+        // A planted bug needs white-box canaries.
+        let loss = AuditOptions {
+            kind: Some(CanaryKind::Random),
+            ..opts.clone()
+        };
+        assert!(
+            planted::audit_with_fault(&cfg, &loss, dir.path(), &mut quiet, NoiseFault::Half)
+                .is_err()
+        );
+    }
+
     /// The audit catches each planted noise bug: ε_lower clearly above the ε the ledger
     /// certifies (the whole run's, and for the expert bug the expert stream's alone too).
     #[test]
@@ -1350,7 +1475,7 @@ mod tests {
         };
         // No noise at all, charged at ε = 1.
         let r = dirac_run(
-            &dirac_cfg(Method::DpAdamLora, 1.0, m, 100),
+            &toy_switch(Method::DpAdamLora, 1.0, m, 100),
             &opts(None),
             Tamper::Noise(NoiseFault::Off),
         );
@@ -1363,7 +1488,7 @@ mod tests {
         );
         // Half the planned σ, charged at ε = 1.
         let r = dirac_run(
-            &dirac_cfg(Method::DpAdamLora, 1.0, m, 100),
+            &toy_switch(Method::DpAdamLora, 1.0, m, 100),
             &opts(None),
             Tamper::Noise(NoiseFault::Half),
         );
@@ -1375,7 +1500,7 @@ mod tests {
         );
         // RAPTOR's expert stream at half its σ, canaries in expert 0, charged at ε = 1.
         let r = dirac_run(
-            &dirac_cfg(Method::Raptor, 1.0, m, 200),
+            &toy_switch(Method::Raptor, 1.0, m, 200),
             &opts(Some(0)),
             Tamper::Noise(NoiseFault::HalfExperts),
         );
@@ -1406,7 +1531,7 @@ mod tests {
                 ..AuditOptions::default()
             };
             let r = dirac_run(
-                &dirac_cfg(Method::DpAdamLora, eps, m, 100),
+                &toy_switch(Method::DpAdamLora, eps, m, 100),
                 &opts,
                 Tamper::None,
             );
@@ -1425,148 +1550,12 @@ mod tests {
             expert: Some(0),
             ..AuditOptions::default()
         };
-        let r = dirac_run(&dirac_cfg(Method::Raptor, 1.0, m, 200), &opts, Tamper::None);
+        let r = dirac_run(&toy_switch(Method::Raptor, 1.0, m, 200), &opts, Tamper::None);
         let stream = r.expert.as_ref().unwrap().epsilon_stream.unwrap();
         assert!(r.epsilon_lower <= stream, "{} > {stream}", r.epsilon_lower);
         assert!(stream < r.epsilon_upper.unwrap());
         let d = r.dirac.unwrap();
         assert!(d.params.iter().all(|p| p.contains("expert_0.")));
         assert!(d.releases.iter().all(|&n| n == 100)); // the expert half of 200 updates
-    }
-
-    /// The README's audit table (`scripts/audit-table.sh`): every row is one white-box audit
-    /// (m = 40,000 canaries, q = 0.01, δ = 10⁻⁶, 95 %) of the tiny Switch of [`dirac_cfg`] on the
-    /// toy data, run with three insecure seeds. Prints Markdown rows; measured, not asserted (the assertions
-    /// are the tests above).
-    #[test]
-    #[ignore = "generates the README's audit table (about two minutes)"]
-    fn audit_table() {
-        let m = 40_000;
-        let seeds = [11u64, 12, 13];
-        struct Row {
-            what: &'static str,
-            method: Method,
-            epsilon: f64,
-            steps: u64,
-            expert: Option<usize>,
-            tamper: Tamper,
-        }
-        let row = |what, method, epsilon, steps, expert, tamper| Row {
-            what,
-            method,
-            epsilon,
-            steps,
-            expert,
-            tamper,
-        };
-        let rows = [
-            row(
-                "non-private LoRA",
-                Method::Lora,
-                1.0,
-                100,
-                None,
-                Tamper::None,
-            ),
-            row("correct", Method::DpAdamLora, 1.0, 100, None, Tamper::None),
-            row("correct", Method::DpAdamLora, 4.0, 100, None, Tamper::None),
-            row("correct", Method::DpAdamLora, 8.0, 100, None, Tamper::None),
-            row(
-                "**planted: no noise**",
-                Method::DpAdamLora,
-                1.0,
-                100,
-                None,
-                Tamper::Noise(NoiseFault::Off),
-            ),
-            row(
-                "**planted: noise at σ/2**",
-                Method::DpAdamLora,
-                1.0,
-                100,
-                None,
-                Tamper::Noise(NoiseFault::Half),
-            ),
-            row(
-                "**planted: noise at σ/2**",
-                Method::DpAdamLora,
-                2.0,
-                100,
-                None,
-                Tamper::Noise(NoiseFault::Half),
-            ),
-            row(
-                "correct, per-expert",
-                Method::Raptor,
-                1.0,
-                200,
-                Some(0),
-                Tamper::None,
-            ),
-            row(
-                "correct, per-expert",
-                Method::Raptor,
-                8.0,
-                200,
-                Some(0),
-                Tamper::None,
-            ),
-            row(
-                "**planted: expert stream at σ_e/2**, per-expert",
-                Method::Raptor,
-                1.0,
-                200,
-                Some(0),
-                Tamper::Noise(NoiseFault::HalfExperts),
-            ),
-        ];
-        let mut out = vec![
-            "| run | method | target ε | certified ε_upper (run) | ε of the audited expert stream | ε_lower, seeds 11 / 12 / 13 | seed 11: statistic, correct / guesses |".to_string(),
-            "|---|---|---|---|---|---|---|".to_string(),
-        ];
-        for r in &rows {
-            let mut lows = Vec::new();
-            let mut first = None;
-            for &seed in &seeds {
-                let mut cfg = dirac_cfg(r.method, r.epsilon, m, r.steps);
-                cfg.train.insecure_seed = Some(seed);
-                let opts = AuditOptions {
-                    canaries: Some(m),
-                    kind: Some(CanaryKind::Dirac),
-                    expert: r.expert,
-                    ..AuditOptions::default()
-                };
-                let rep = dirac_run(&cfg, &opts, r.tamper);
-                lows.push(format!("{:.2}", rep.epsilon_lower));
-                first.get_or_insert(rep);
-            }
-            let rep = first.unwrap();
-            let upper = rep
-                .epsilon_upper
-                .map_or("∞ (not private)".to_string(), |u| format!("{u:.3}"));
-            let stream = rep
-                .expert
-                .as_ref()
-                .and_then(|x| x.epsilon_stream)
-                .map_or("—".to_string(), |e| format!("{e:.3}"));
-            let target = if r.method.is_private() {
-                format!("{}", r.epsilon)
-            } else {
-                "—".to_string()
-            };
-            out.push(format!(
-                "| {} | {} | {target} | {upper} | {stream} | {} | {}, {} / {} |",
-                r.what,
-                rep.method,
-                lows.join(" / "),
-                rep.dirac.as_ref().map_or("", |d| d.statistic.as_str()),
-                rep.search.correct,
-                rep.search.guesses,
-            ));
-        }
-        println!("AUDIT TABLE (m = {m}, q = 0.01, δ = 1e-6, 95 % confidence)");
-        for l in out {
-            println!("{l}");
-        }
     }
 }

@@ -167,8 +167,8 @@ pub(crate) struct DiracCanaries {
     traces: Arc<Mutex<Vec<DiracTrace>>>,
     /// Per watched parameter: flat indices and canary numbers (filled by the trainer).
     watch: BTreeMap<String, (Tensor, Vec<usize>)>,
-    /// A planted bug (tests only).
-    #[cfg(test)]
+    /// A planted bug (tests and the `planted-faults` feature only).
+    #[cfg(any(test, feature = "planted-faults"))]
     pub fault: Option<NoiseFault>,
 }
 
@@ -194,7 +194,7 @@ impl DiracCanaries {
                 included,
                 traces: Arc::clone(&traces),
                 watch: BTreeMap::new(),
-                #[cfg(test)]
+                #[cfg(any(test, feature = "planted-faults"))]
                 fault: None,
             },
             traces,
@@ -202,11 +202,14 @@ impl DiracCanaries {
     }
 }
 
-/// A planted bug of the mechanism for the audit's tests: the releases' noise is not what the
-/// plan says, while the ledger still charges the planned σ. Only `#[cfg(test)]` code can name it.
-#[cfg(test)]
+/// A planted bug of the mechanism, for the audit's tests and its measured table: the releases'
+/// noise is not what the plan says, while the ledger still charges the planned σ. It exists
+/// only in tests and under the cargo feature `planted-faults` (test/audit-only, off by default;
+/// the `raptor` program refuses to build with it), and only a white-box audit can plant it
+/// ([`crate::audit::planted`]).
+#[cfg(any(test, feature = "planted-faults"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NoiseFault {
+pub enum NoiseFault {
     /// No noise at all.
     Off,
     /// Every release's noise at half its planned σ.
@@ -215,7 +218,7 @@ pub(crate) enum NoiseFault {
     HalfExperts,
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "planted-faults"))]
 fn fault_scale(fault: NoiseFault, release: &ReleaseSpec) -> f64 {
     match fault {
         NoiseFault::Off => 0.0,
@@ -452,7 +455,7 @@ impl<'a> Trainer<'a> {
             Some(s) => PoissonSampler::seeded_insecure(rate, population, s)?,
             None => PoissonSampler::new(rate, population)?,
         };
-        #[cfg(test)]
+        #[cfg(any(test, feature = "planted-faults"))]
         if let Some(f) = canaries.fault {
             self.privatizers =
                 make_privatizers(&self.plan, self.opts.insecure_seed, &|r| fault_scale(f, r))?;

@@ -1,4 +1,4 @@
-//! `raptor audit` end to end on the toy text: the JSON report and `audit.json` (white-box
+//! `raptor audit` end to end on the toy text: the JSON report and `private/audit.json` (white-box
 //! canaries by default for a private method, loss canaries on request), and bad input (exit
 //! code 2, a message naming the problem, no panic).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -52,6 +52,23 @@ insecure_seed = 3
     p
 }
 
+/// The audit file of a run folder: under `private/` (the coins and the scores are not
+/// differentially private), marked with the private notice; none at the top of the folder, and
+/// the publishable record.json holds neither coins nor scores.
+fn private_audit_file(run: &Path) -> serde_json::Value {
+    assert!(!run.join("audit.json").exists(), "audit.json at the top of the run folder");
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("private").join("audit.json")).unwrap())
+            .unwrap();
+    assert_eq!(file["notice"], raptor_train::run::PRIVATE_NOTICE);
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("record.json")).unwrap()).unwrap();
+    for key in ["coins", "scores", "mia", "epsilon_lower"] {
+        assert!(record.get(key).is_none(), "record.json has {key}");
+    }
+    file
+}
+
 #[test]
 fn white_box_audit_is_the_default_for_a_private_method() {
     let dir = tempfile::tempdir().unwrap();
@@ -92,8 +109,7 @@ fn white_box_audit_is_the_default_for_a_private_method() {
     let upper = r["epsilon_upper"].as_f64().unwrap();
     assert!((0.0..=upper).contains(&lower), "{lower} vs {upper}");
     let run = PathBuf::from(r["run"].as_str().unwrap());
-    let file: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("audit.json")).unwrap()).unwrap();
+    let file = private_audit_file(&run);
     assert_eq!(file["dirac"], r["dirac"]);
     assert_eq!(file["coins"], r["coins"]);
     // The human-readable report names the statistic.
@@ -159,8 +175,7 @@ fn audit_json_report_matches_audit_json_file() {
     assert!((0.0..=upper).contains(&lower), "{lower} vs {upper}");
     assert!(upper <= 4.0 + 1e-9);
     let run = PathBuf::from(r["run"].as_str().unwrap());
-    let file: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("audit.json")).unwrap()).unwrap();
+    let file = private_audit_file(&run);
     assert_eq!(file["coins"], r["coins"]);
     assert_eq!(file["search"], r["search"]);
     let record: serde_json::Value =

@@ -62,8 +62,9 @@ pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
         return super::print_json(&r);
     }
     println!(
-        "run folder: {}  (audit.json beside record.json)",
-        r.run.display()
+        "run folder: {}  ({}: the secret coins and the scores, not differentially private)",
+        r.run.display(),
+        raptor_train::audit::AUDIT_FILE
     );
     println!(
         "canaries: {} ({}), {} included by secret coins; trained on N = {} records ({} real), q = {:.4}",
