@@ -887,8 +887,9 @@ pub fn read_report(run: &Path) -> Result<AuditReport> {
 ///
 /// Compiled only in tests and under the cargo feature `planted-faults`, which is for tests and
 /// audits of the auditor only: it is off by default, no crate of the workspace turns it on, and
-/// the `raptor` program refuses to build with it. A run made through [`audit_with_fault`] is
-/// **not private** (its noise is not what its ledger charges).
+/// the `raptor` program refuses to build with it. A run made through
+/// [`audit_with_fault`](crate::audit::planted::audit_with_fault) is **not private** (its noise
+/// is not what its ledger charges).
 #[cfg(any(test, feature = "planted-faults"))]
 pub mod planted {
     use std::path::{Path, PathBuf};
@@ -970,10 +971,10 @@ pub mod planted {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
+    use super::planted::{NoiseFault, toy_dir, toy_switch};
     use super::*;
     use crate::config::{Method, ModelKind};
     use crate::streams::Plan;
-    use super::planted::{NoiseFault, toy_dir, toy_switch};
     use proptest::prelude::*;
 
     /// The broken mechanism: no noise, no clipping (test-only; see [`Tamper`]).
@@ -988,7 +989,6 @@ mod tests {
             }
         }
     }
-
 
     /// A tiny GPT-2 language model on the toy text (16 byte tokens), DP-Adam over every
     /// parameter, 200 updates of B = 64 at a high learning rate: random-token canaries are
@@ -1414,9 +1414,8 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
-        let bad =
-            planted::audit_with_fault(&cfg, &opts, dir.path(), &mut quiet, NoiseFault::Off)
-                .unwrap();
+        let bad = planted::audit_with_fault(&cfg, &opts, dir.path(), &mut quiet, NoiseFault::Off)
+            .unwrap();
         let good = audit(&cfg, &opts, dir.path(), &mut quiet).unwrap();
         for r in [&bad, &good] {
             assert_eq!(r.kind, CanaryKind::Dirac);
@@ -1425,13 +1424,16 @@ mod tests {
             assert!(r.run.join("private").join("audit.json").is_file());
             assert!(!r.run.join("audit.json").exists());
             let record: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(r.run.join("record.json")).unwrap())
-                    .unwrap();
+                serde_json::from_slice(&std::fs::read(r.run.join("record.json")).unwrap()).unwrap();
             for key in ["coins", "scores", "mia", "dirac", "epsilon_lower"] {
                 assert!(record.get(key).is_none(), "record.json has {key}");
             }
             let notes = record["notes"].as_array().unwrap();
-            assert!(notes.iter().any(|n| n.as_str().unwrap().starts_with("audit run")));
+            assert!(
+                notes
+                    .iter()
+                    .any(|n| n.as_str().unwrap().starts_with("audit run"))
+            );
         }
         let (upper_bad, upper_good) = (bad.epsilon_upper.unwrap(), good.epsilon_upper.unwrap());
         eprintln!(
@@ -1550,7 +1552,11 @@ mod tests {
             expert: Some(0),
             ..AuditOptions::default()
         };
-        let r = dirac_run(&toy_switch(Method::Raptor, 1.0, m, 200), &opts, Tamper::None);
+        let r = dirac_run(
+            &toy_switch(Method::Raptor, 1.0, m, 200),
+            &opts,
+            Tamper::None,
+        );
         let stream = r.expert.as_ref().unwrap().epsilon_stream.unwrap();
         assert!(r.epsilon_lower <= stream, "{} > {stream}", r.epsilon_lower);
         assert!(stream < r.epsilon_upper.unwrap());

@@ -15,7 +15,7 @@
 //! the number of updates come from the plan; an expert whose owner group is empty still takes a
 //! noise-only step.
 //!
-//! **The audit hook** ([`DiracCanaries`], crate-only: `raptor audit --kind dirac` is the one
+//! **The audit hook** (`DiracCanaries`, crate-only: `raptor audit --kind dirac` is the one
 //! caller). A white-box audit run adds *Dirac canaries*: records whose clipped gradient is a
 //! fixed coordinate direction `v·e_k` of one trainable parameter (v at most the bound of every
 //! clip group that holds the parameter: a record the sensitivity analysis admits). The included

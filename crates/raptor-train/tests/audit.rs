@@ -56,7 +56,10 @@ insecure_seed = 3
 /// differentially private), marked with the private notice; none at the top of the folder, and
 /// the publishable record.json holds neither coins nor scores.
 fn private_audit_file(run: &Path) -> serde_json::Value {
-    assert!(!run.join("audit.json").exists(), "audit.json at the top of the run folder");
+    assert!(
+        !run.join("audit.json").exists(),
+        "audit.json at the top of the run folder"
+    );
     let file: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("private").join("audit.json")).unwrap())
             .unwrap();
