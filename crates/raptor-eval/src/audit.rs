@@ -29,6 +29,18 @@
 //! `1 − confidence`); it reports the largest of the K lower bounds and the pair that gave it.
 //! With K = 1 this is exactly [`epsilon_lower_bound`].
 //!
+//! **Several statistics.** [`audit_search_many`] scores the same canaries with several
+//! statistics (say the sum and the largest of a canary's observations) and tests every
+//! (statistic, pair) at `(1 − confidence) / (S·K)`: the same correction over S·K tests, so the
+//! reported bound keeps its confidence whichever statistic gave it.
+//!
+//! **White-box (Dirac) canaries.** A canary that is a direction `v·e_k` in parameter space is
+//! observed in every released update that carries its coordinate. [`DiracTrace`] keeps, per
+//! canary, the two statistics of those observations that [`audit_search_many`] uses: the sum
+//! (over √n: the optimal test when the noise dominates) and the largest single observation
+//! (which finds a canary sampled a few times under small noise, where the sum drowns it in the
+//! noise of the updates that did not sample it).
+//!
 //! **Ties** in scores are broken by canary index (the lower index ranks higher among equal
 //! scores), so the guesses are a deterministic function of the scores.
 
@@ -96,13 +108,36 @@ pub fn p_value(m: u64, r: u64, v: u64, epsilon: f64, delta: f64) -> Result<f64, 
         expected: "a finite ε",
     })?;
     let beta = bin.sf(v - 1);
-    let mut alpha: f64 = 0.0;
+    Ok((beta + alpha_term(&bin, q, r, v) * delta * 2.0 * m as f64).min(1.0))
+}
+
+/// α = max_{1 ≤ i ≤ v} (1/i)·Σ_{j=1..i} P[Bin(r, q) = v − j]. The terms come from the
+/// recurrence P[k − 1] = P[k]·k/(r − k + 1)·(1 − q)/q (directly from `pmf` while a term is
+/// below 10⁻³⁰⁰), not from one `pmf` call each: audits of many white-box canaries make r
+/// tens of thousands. Past the mode the terms only decrease, so once a term there is below the
+/// best prefix mean no later prefix can beat it, and the loop stops.
+fn alpha_term(bin: &Binomial, q: f64, r: u64, v: u64) -> f64 {
+    let ratio = (1.0 - q) / q;
+    let mode = ((r as f64 + 1.0) * q).floor();
+    let mut term = 0.0f64;
     let mut sum = 0.0;
+    let mut alpha: f64 = 0.0;
     for i in 1..=v {
-        sum += bin.pmf(v - i);
+        let k = v - i; // term = P[Bin = k]
+        // Direct values until a term is a normal number (a subnormal start would carry its
+        // large relative error into every term after it).
+        term = if i == 1 || term < 1e-300 || !term.is_finite() {
+            bin.pmf(k)
+        } else {
+            term * (k + 1) as f64 / (r - k) as f64 * ratio
+        };
+        sum += term;
         alpha = alpha.max(sum / i as f64);
+        if (k as f64) < mode && (term < alpha || term == 0.0) {
+            break;
+        }
     }
-    Ok((beta + alpha * delta * 2.0 * m as f64).min(1.0))
+    alpha
 }
 
 /// The ε lower bound at `confidence` (e.g. 0.95) for `m` canaries, `r` guesses, `v` correct and
@@ -290,9 +325,44 @@ pub fn audit_search(
     confidence: f64,
     grid: &[(usize, usize)],
 ) -> Result<AuditResult, EvalError> {
+    audit_search_many(&[scores], included, delta, confidence, grid).map(|(_, a)| a)
+}
+
+/// The audit over several statistics of the same canaries (`statistics[s][i]`: canary i's
+/// score under statistic s), every (statistic, pair) tested at `(1 − confidence) / (S·K)`
+/// (module docs). Returns the index of the statistic that gave the largest bound (the first
+/// on ties) and its result, whose `pairs_tried` is S·K. With one statistic this is
+/// [`audit_search`].
+///
+/// ```
+/// use raptor_eval::audit::{audit_search, audit_search_many};
+/// let m = 400;
+/// let included: Vec<bool> = (0..m).map(|i| i % 3 == 0).collect();
+/// // A useless statistic and one that separates members from non-members.
+/// let flat: Vec<f64> = (0..m).map(|i| (i % 7) as f64).collect();
+/// let good: Vec<f64> = (0..m).map(|i| if i % 3 == 0 { 10.0 } else { 0.0 } + (i % 5) as f64).collect();
+/// let grid = [(20, 20), (50, 0)];
+/// let (s, a) = audit_search_many(&[&flat, &good], &included, 1e-6, 0.95, &grid)?;
+/// assert_eq!((s, a.pairs_tried), (1, 4));
+/// // The price of the second statistic: a bound at level 0.05/4 instead of 0.05/2.
+/// assert!(a.epsilon_lower <= audit_search(&good, &included, 1e-6, 0.95, &grid)?.epsilon_lower);
+/// # Ok::<(), raptor_eval::EvalError>(())
+/// ```
+pub fn audit_search_many(
+    statistics: &[&[f64]],
+    included: &[bool],
+    delta: f64,
+    confidence: f64,
+    grid: &[(usize, usize)],
+) -> Result<(usize, AuditResult), EvalError> {
     if grid.is_empty() {
         return Err(EvalError::Empty {
             what: "(k₊, k₋) grid",
+        });
+    }
+    if statistics.is_empty() {
+        return Err(EvalError::Empty {
+            what: "score statistics",
         });
     }
     if !(confidence.is_finite() && confidence > 0.0 && confidence < 1.0) {
@@ -302,29 +372,92 @@ pub fn audit_search(
             expected: "0 < confidence < 1",
         });
     }
-    let order = ranking(scores, included)?;
-    let m = scores.len() as u64;
-    let level = (1.0 - confidence) / grid.len() as f64;
-    let mut best: Option<AuditResult> = None;
-    for &(kp, km) in grid {
-        let (r, v) = guesses_ranked(&order, included, kp, km)?;
-        let eps = eps_at_level(m, r, v, delta, level)?;
-        if best.as_ref().is_none_or(|b| eps > b.epsilon_lower) {
-            best = Some(AuditResult {
-                epsilon_lower: eps,
-                k_plus: kp,
-                k_minus: km,
-                guesses: r,
-                correct: v,
-                canaries: m,
-                pairs_tried: grid.len(),
-                confidence,
-                per_pair_level: level,
-                delta,
-            });
+    check_delta(delta)?;
+    let tests = statistics.len() * grid.len();
+    let level = (1.0 - confidence) / tests as f64;
+    let mut best: Option<(usize, AuditResult)> = None;
+    for (s, scores) in statistics.iter().enumerate() {
+        let order = ranking(scores, included)?;
+        let m = scores.len() as u64;
+        for &(kp, km) in grid {
+            let (r, v) = guesses_ranked(&order, included, kp, km)?;
+            let eps = eps_at_level(m, r, v, delta, level)?;
+            if best.as_ref().is_none_or(|(_, b)| eps > b.epsilon_lower) {
+                best = Some((
+                    s,
+                    AuditResult {
+                        epsilon_lower: eps,
+                        k_plus: kp,
+                        k_minus: km,
+                        guesses: r,
+                        correct: v,
+                        canaries: m,
+                        pairs_tried: tests,
+                        confidence,
+                        per_pair_level: level,
+                        delta,
+                    },
+                ));
+            }
         }
     }
     best.ok_or(EvalError::Empty {
         what: "(k₊, k₋) grid",
     })
+}
+
+/// What a white-box (Dirac) canary's coordinate showed over a run: the running sum, the
+/// largest value and the number of observations, one observation per released update that
+/// carries the coordinate (module docs). An observation is the released component in units of
+/// that release's planned noise standard deviation (or of the canary's own value where the
+/// release has no noise), so a sampled canary adds about `1/σ` to it.
+///
+/// ```
+/// use raptor_eval::audit::DiracTrace;
+/// let mut t = DiracTrace::default();
+/// for x in [0.5, -1.0, 2.5, 0.0] {
+///     t.observe(x);
+/// }
+/// assert_eq!(t.releases(), 4);
+/// assert_eq!(t.max_score(), 2.5);
+/// assert_eq!(t.sum_score(), 2.0 / 2.0); // (0.5 − 1 + 2.5 + 0) / √4
+/// // A coordinate no update released scores 0 under both statistics.
+/// assert_eq!((DiracTrace::default().sum_score(), DiracTrace::default().max_score()), (0.0, 0.0));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct DiracTrace {
+    sum: f64,
+    max: Option<f64>,
+    releases: u64,
+}
+
+impl DiracTrace {
+    /// Adds one observation (a non-finite one counts as 0: a score must stay finite).
+    pub fn observe(&mut self, x: f64) {
+        let x = if x.is_finite() { x } else { 0.0 };
+        self.sum += x;
+        self.max = Some(self.max.map_or(x, |m| m.max(x)));
+        self.releases += 1;
+    }
+
+    /// Number of observations.
+    pub fn releases(&self) -> u64 {
+        self.releases
+    }
+
+    /// The sum statistic: Σ x / √n (0 without observations). Under the null hypothesis with unit
+    /// noise it is a standard normal whatever n, so canaries observed a different number of
+    /// times stay comparable.
+    pub fn sum_score(&self) -> f64 {
+        if self.releases == 0 {
+            0.0
+        } else {
+            self.sum / (self.releases as f64).sqrt()
+        }
+    }
+
+    /// The max statistic: the largest observation (0 without observations).
+    pub fn max_score(&self) -> f64 {
+        self.max.unwrap_or(0.0)
+    }
 }

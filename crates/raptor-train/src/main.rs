@@ -6,6 +6,14 @@ use clap::{Parser, Subcommand};
 
 mod cli;
 
+// The planted noise bugs are for the audit's tests and its measured table only: no build of
+// the program may contain them.
+#[cfg(feature = "planted-faults")]
+compile_error!(
+    "the raptor program is never built with the `planted-faults` feature (test/audit-only); \
+     run the audit table with `cargo run -p raptor-train --example audit_table --features planted-faults`"
+);
+
 /// Differentially private fine-tuning of Mixture-of-Experts and dense transformers.
 #[derive(Debug, Parser)]
 #[command(name = "raptor", version, about, long_about = None)]
@@ -55,7 +63,7 @@ enum Command {
     /// Evaluate a run folder on a data file.
     Eval(cli::train::EvalArgs),
     /// Audit a run config empirically: one training run with secret canaries, an ε lower bound
-    /// beside the certified upper bound (`<run>/audit.json`).
+    /// beside the certified upper bound (`<run>/private/audit.json`).
     Audit(cli::audit::AuditArgs),
     /// `account`, `calibrate`, `plan` and `routing`: the libtorch-free subcommands of
     /// `raptor_cli` (also the `raptor-acct` program).

@@ -942,6 +942,7 @@ pub(crate) fn train_session(
         pad_id,
         tokenizer,
         validation_sources,
+        canaries,
     } = session;
     let trainable_parameters = trainable_parameters(&plan, model.as_ref());
     let mut notes = Vec::new();
@@ -1008,6 +1009,10 @@ pub(crate) fn train_session(
     let acc = PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?;
     let mut trainer = Trainer::new(model.as_mut(), plan, &train_set, owners, optim, opts)?
         .with_collective(comm)?;
+    if let Some(c) = canaries {
+        // `raptor audit --kind dirac` only (see `trainer`'s module docs).
+        trainer = trainer.with_dirac_canaries(c)?;
+    }
     trainer.resume(ledger, start_update)?;
     let private_dir = dir.join("private");
     let metrics_path = private_dir.join("metrics.jsonl");

@@ -51,6 +51,8 @@ pub struct Session {
     pub pad_id: i64,
     /// Data-to-text validation sources (prompt tokens, references) for generation metrics.
     pub validation_sources: Vec<SourceRefs>,
+    /// A white-box audit run's Dirac canaries (`raptor audit` only; None for every other run).
+    pub(crate) canaries: Option<crate::trainer::DiracCanaries>,
 }
 
 /// A data-to-text source and its references (for BLEU / ROUGE-L).
@@ -623,6 +625,16 @@ pub fn prepare(cfg: &RunConfig) -> Result<Session> {
 /// [`prepare`], with a hook that may change the training records before the plan (N, q, σ) and
 /// the owner maps are computed from them.
 pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Session> {
+    prepare_counting(cfg, hook, 0)
+}
+
+/// [`prepare_with`], the plan made for `extra_records` records beside the training records
+/// (a white-box audit's canaries: records without tokens).
+pub(crate) fn prepare_counting(
+    cfg: &RunConfig,
+    hook: Option<TrainHook<'_>>,
+    extra_records: usize,
+) -> Result<Session> {
     cfg.validate()?;
     let device = open_device(&cfg.train.device)?;
     if !cfg.data.train.exists() {
@@ -642,7 +654,7 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
     let vocab = tokenizer.vocab_size() as i64;
     let pad_id = i64::from(tokenizer.pad_id());
     if cfg.data.format != "table" {
-        return prepare_d2t(cfg, device, tokenizer, vocab, pad_id, hook);
+        return prepare_d2t(cfg, device, tokenizer, vocab, pad_id, hook, extra_records);
     }
     let train_ds = read_records(cfg, &cfg.data.train, classify)?;
     let labels = if classify {
@@ -750,7 +762,7 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
             build_plan(
                 cfg,
                 model.as_mut(),
-                train.len(),
+                train.len() + extra_records,
                 layer.as_ref().map(|l| l.layer),
             )
         })?;
@@ -840,6 +852,7 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
         device,
         pad_id,
         validation_sources: Vec::new(),
+        canaries: None,
     })
 }
 
@@ -850,6 +863,7 @@ fn prepare_d2t(
     vocab: i64,
     pad_id: i64,
     hook: Option<TrainHook<'_>>,
+    extra_records: usize,
 ) -> Result<Session> {
     let train_ds = read_d2t(cfg, &cfg.data.train)?;
     let (train_recs, valid_recs) = match &cfg.data.validation {
@@ -916,7 +930,7 @@ fn prepare_d2t(
     }
     let (plan, privacy) =
         raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-            build_plan(cfg, model.as_mut(), train.len(), None)
+            build_plan(cfg, model.as_mut(), train.len() + extra_records, None)
         })?;
     Ok(Session {
         cfg: cfg.clone(),
@@ -932,5 +946,6 @@ fn prepare_d2t(
         device,
         pad_id,
         validation_sources,
+        canaries: None,
     })
 }

@@ -11,12 +11,18 @@ pub struct AuditArgs {
     /// The run configuration (TOML), as for `raptor train`.
     #[arg(long)]
     pub config: PathBuf,
-    /// Number of canaries (default: 200, at most N/4 of the N training records).
+    /// Number of canaries (default: 1,000 white-box canaries; 200 loss canaries, at most N/4
+    /// of the N training records).
     #[arg(long)]
     pub canaries: Option<usize>,
-    /// Canary kind (default: mislabel for classifiers, random for language models).
+    /// Canary kind (default: dirac for private methods; else mislabel for classifiers, random
+    /// for language models).
     #[arg(long, value_enum)]
     pub kind: Option<CanaryKind>,
+    /// Per-expert audit (dirac): every canary in routed expert E of RAPTOR's layer; reports
+    /// the ε of that expert stream alone beside the run's.
+    #[arg(long, value_name = "E")]
+    pub expert: Option<usize>,
     /// Confidence of the lower bound.
     #[arg(long, default_value_t = raptor_eval::audit::DEFAULT_CONFIDENCE)]
     pub confidence: f64,
@@ -38,6 +44,7 @@ pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
     let opts = AuditOptions {
         canaries: args.canaries,
         kind: args.kind,
+        expert: args.expert,
         confidence: args.confidence,
         design_seed: args.seed,
     };
@@ -55,8 +62,9 @@ pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
         return super::print_json(&r);
     }
     println!(
-        "run folder: {}  (audit.json beside record.json)",
-        r.run.display()
+        "run folder: {}  ({}: the secret coins and the scores, not differentially private)",
+        r.run.display(),
+        raptor_train::audit::AUDIT_FILE
     );
     println!(
         "canaries: {} ({}), {} included by secret coins; trained on N = {} records ({} real), q = {:.4}",
@@ -87,9 +95,34 @@ pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
             r.epsilon_target, r.delta
         ),
     }
-    if let Some(m) = &r.mia {
+    if let Some(d) = &r.dirac {
         println!(
-            "canary MIA (loss difference): AUC {:.4}  TPR@1%FPR {:.4}  TPR@0.1%FPR {:.4}  ({} members, {} non-members)",
+            "white-box canaries in {} parameters; plan made for N = {} (q = B/N, before the coins); bound from the {} statistic",
+            d.params.len(),
+            d.plan_records,
+            d.statistic
+        );
+    }
+    if let Some(x) = &r.expert {
+        match x.epsilon_stream {
+            Some(e) => println!(
+                "expert {} of layer {}: epsilon of its stream alone = {e:.4} ({} updates, sigma {:.4}); the canaries test this claim",
+                x.expert, x.layer, x.stream_updates, x.sigma
+            ),
+            None => println!(
+                "expert {} of layer {}: its stream has no noise to account ({} updates)",
+                x.expert, x.layer, x.stream_updates
+            ),
+        }
+    }
+    if let Some(m) = &r.mia {
+        let how = if r.dirac.is_some() {
+            "released coordinates"
+        } else {
+            "loss difference"
+        };
+        println!(
+            "canary MIA ({how}): AUC {:.4}  TPR@1%FPR {:.4}  TPR@0.1%FPR {:.4}  ({} members, {} non-members)",
             m.auc, m.tpr_at_1pct_fpr, m.tpr_at_0_1pct_fpr, m.members, m.non_members
         );
     }
