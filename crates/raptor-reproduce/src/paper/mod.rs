@@ -703,7 +703,7 @@ fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str, chosen: &Chos
         }
     }
     if first {
-        for &seed in s.seeds.iter().take(3) {
+        for &seed in s.seeds.iter().take(report::ABLATION_SEEDS) {
             for (variant, f) in report::ABLATIONS {
                 let mut cfg = tuned(Method::Raptor, "", Some(max_eps));
                 f(&mut cfg);
@@ -996,7 +996,7 @@ mod tests {
             jobs.extend(second);
             let main = cls_jobs(&cls("a"), true, &s, "cpu", &chosen);
             let per_task = s.seeds.len() * (3 + s.epsilons.len() * CLASSIFICATION_METHODS.len());
-            let extra = s.seeds.len().min(3) * (report::ABLATIONS.len() + 2);
+            let extra = s.seeds.len().min(report::ABLATION_SEEDS) * (report::ABLATIONS.len() + 2);
             assert_eq!(main.len(), per_task + extra, "{name}");
             // The chosen learning rate reached the main grid.
             assert!(
