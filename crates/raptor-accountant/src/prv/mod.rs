@@ -399,6 +399,27 @@ pub struct EpsilonBounds {
     pub method: Method,
 }
 
+impl EpsilonBounds {
+    /// The tighter of two certified answers to the same query: the smaller upper bound of each
+    /// direction (and overall), the larger certified lower bound, and this answer's estimate
+    /// capped at the upper bound.
+    fn tightest(&self, other: &EpsilonBounds) -> EpsilonBounds {
+        let upper = self.upper.min(other.upper);
+        EpsilonBounds {
+            upper,
+            estimate: self.estimate.min(upper),
+            lower: self.lower.max(other.lower).min(upper),
+            upper_remove: self.upper_remove.min(other.upper_remove),
+            upper_add: self.upper_add.min(other.upper_add),
+            method: if other.upper < self.upper {
+                other.method
+            } else {
+                self.method
+            },
+        }
+    }
+}
+
 /// How a certified ε was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum Method {
@@ -1893,6 +1914,14 @@ pub struct PrvAccountant {
     accuracy: Accuracy,
 }
 
+/// Below this δ, ε(δ) queries at a relative tolerance are answered on a fixed ladder of
+/// tolerances ([`PrvAccountant::epsilon`]), so that a finer tolerance never loosens the bound.
+pub const LADDER_BELOW_DELTA: f64 = 1e-7;
+
+/// The coarsest rung of that ladder (`DEFAULT_RELATIVE_EPS_ERROR·2^7`); relative tolerances
+/// above it are answered as given.
+pub const LADDER_TOP: f64 = DEFAULT_RELATIVE_EPS_ERROR * 128.0;
+
 /// A relative ε tolerance is relative to max(ε, `RELATIVE_FLOOR`): below ε = 0.01 it is an
 /// absolute one (1e-6 at the default 1e-4), so that a tiny ε does not ask for a tiny grid.
 pub const RELATIVE_FLOOR: f64 = 0.01;
@@ -1919,9 +1948,52 @@ impl PrvAccountant {
     /// ([`EpsilonBounds::method`] gives the tolerance it was built for), and where no PRV grid
     /// fits (or the δ error budget is not small against δ), from the RDP bound
     /// ([`Method::Rdp`]; certified, looser).
+    ///
+    /// Below δ = [`LADDER_BELOW_DELTA`], a relative tolerance of at most [`LADDER_TOP`] is
+    /// answered on a fixed ladder: the tolerance is first rounded down (finer) to the nearest
+    /// `DEFAULT_RELATIVE_EPS_ERROR·2^k`, and the answer is the smallest certified bound over
+    /// that rung and every coarser rung up to [`LADDER_TOP`]. Each rung's bound is certified,
+    /// so their minimum is; and since a finer tolerance evaluates a superset of rungs, asking
+    /// for more accuracy can never loosen the bound. (At small δ, the δ allowance of a finer
+    /// grid — truncation, wrap-around and round-off terms — can otherwise outgrow what the
+    /// finer grid gains.) The estimate is the finest rung's, capped at the upper bound.
     pub fn epsilon(&self, comp: &Composition, delta: f64) -> Result<EpsilonBounds> {
         let delta = Delta::new(delta)?.get();
         self.accuracy.validate()?;
+        match self.accuracy.eps {
+            EpsTolerance::Relative(rel) if delta < LADDER_BELOW_DELTA && rel <= LADDER_TOP => {
+                let rung = |k: i32| DEFAULT_RELATIVE_EPS_ERROR * 2f64.powi(k);
+                let mut k = (rel / DEFAULT_RELATIVE_EPS_ERROR).log2().floor() as i32;
+                while rung(k) > rel {
+                    k -= 1;
+                }
+                while rung(k + 1) <= rel {
+                    k += 1;
+                }
+                let at = |r: f64| {
+                    PrvAccountant {
+                        accuracy: Accuracy {
+                            eps: EpsTolerance::Relative(r),
+                            ..self.accuracy
+                        },
+                    }
+                    .epsilon_once(comp, delta)
+                };
+                let mut best = at(rung(k))?;
+                let top = (LADDER_TOP / DEFAULT_RELATIVE_EPS_ERROR).log2().round() as i32;
+                for j in k + 1..=top {
+                    if let Ok(b) = at(rung(j)) {
+                        best = best.tightest(&b);
+                    }
+                }
+                Ok(best)
+            }
+            _ => self.epsilon_once(comp, delta),
+        }
+    }
+
+    /// [`Self::epsilon`] at the accuracy as given (PRV, else the RDP bound).
+    fn epsilon_once(&self, comp: &Composition, delta: f64) -> Result<EpsilonBounds> {
         match self.epsilon_prv(comp, delta) {
             Err(
                 err @ (AccountantError::GridTooLarge { .. }
