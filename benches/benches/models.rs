@@ -9,7 +9,7 @@
 
 use criterion::{Criterion, SamplingMode, criterion_group};
 use raptor_models::{
-    Batch, ClipPolicy, ForwardCtx, Model, ParamGroups, PrivateStep, SwitchConfig, SwitchEncoder,
+    Batch, ClipPolicy, ClippedStep, ForwardCtx, Model, ParamGroups, SwitchConfig, SwitchEncoder,
     trainable_params,
 };
 use std::collections::BTreeMap;
@@ -90,7 +90,7 @@ fn non_private(m: &SwitchEncoder, b: &Batch) -> Vec<Tensor> {
 }
 
 fn private(m: &SwitchEncoder, b: &Batch, g: &ParamGroups, p: &ClipPolicy) -> usize {
-    let step = PrivateStep::new(m).unwrap();
+    let step = ClippedStep::new(m).unwrap();
     let out = step
         .run(b, &BTreeMap::new(), g, p, &BTreeMap::new(), true)
         .unwrap();
@@ -146,11 +146,11 @@ fn ratio_report() {
 }
 
 /// Where the private step's time goes: forward alone (no grad), forward + backward (recording,
-/// `PrivateStep::per_sample`), then norms + clip + sums (`PerSampleGrads::into_clip`).
+/// `ClippedStep::per_sample`), then norms + clip + sums (`PerSampleGrads::into_clip`).
 fn breakdown() {
     tch::set_num_threads(num_threads());
     let (m, b, g, p) = setup();
-    let step = PrivateStep::new(&m).unwrap();
+    let step = ClippedStep::new(&m).unwrap();
     let (mut fwd, mut fb, mut clip) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..4 {
         let t0 = std::time::Instant::now();

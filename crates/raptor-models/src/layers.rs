@@ -85,7 +85,7 @@ impl ForwardCtx {
             // were sampled before it: its sensitivity would no longer be its own.
             return Err(ModelError::InvalidConfig(format!(
                 "LoRA dropout at {site} in private training needs the records' dataset ids \
-                 (PrivateStep::with_record_ids / ForwardCtx::record_ids), so that each record's \
+                 (ClippedStep::with_record_ids / ForwardCtx::record_ids), so that each record's \
                  mask is its own; set dropout to 0 or pass the ids"
             )));
         }

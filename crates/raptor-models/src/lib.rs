@@ -42,7 +42,7 @@ pub use gpt2::{Gpt2, Gpt2Config};
 pub use grad::{ClipOutput, ClipPolicy, EngineLimits, ParamGroups, PerSampleGrads, clip_factors};
 pub use layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, Lora, RmsNorm, name_matches};
 pub use model::{
-    LoraConfig, Model, PrivateStep, PrivateStepOutput, attach_lora, freeze_all, set_trainable,
+    ClippedStep, ClippedStepOutput, LoraConfig, Model, attach_lora, freeze_all, set_trainable,
     trainable_params,
 };
 pub use moe::{RouterOutput, collect_routing, owner_tensors, owners_per_record};

@@ -151,25 +151,28 @@ pub fn trainable_params<M: Model + ?Sized>(model: &M) -> Vec<String> {
     v
 }
 
-/// A private training step over a model: rejects configurations that break per-record
-/// sensitivity (capacity-based token dropping) at construction.
+/// The per-sample half of a private training step over a model: forward in a recording
+/// context, one backward, per-record norms, clip factors and clipped sums. It clips and adds no
+/// noise: the trainer adds the Gaussian noise and divides by the public denominator when it
+/// releases the sums (`raptor-train`, with `raptor-clip`'s privatizer). Rejects configurations
+/// that break per-record sensitivity (capacity-based token dropping) at construction.
 #[derive(Debug)]
-pub struct PrivateStep<'m, M: Model + ?Sized> {
+pub struct ClippedStep<'m, M: Model + ?Sized> {
     model: &'m M,
     dropout_seed: Option<u64>,
     record_ids: Option<Vec<u64>>,
 }
 
-/// What one private step computed.
+/// What one [`ClippedStep`] computed (clipped, not yet noised).
 #[derive(Debug)]
-pub struct PrivateStepOutput {
+pub struct ClippedStepOutput {
     /// Per-record losses `[B]` (detached).
     pub losses: Tensor,
     /// Norms, clip factors and clipped sums.
     pub clip: ClipOutput,
 }
 
-impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
+impl<'m, M: Model + ?Sized> ClippedStep<'m, M> {
     /// Errors with [`ModelError::CapacityInPrivateTraining`] when the model drops tokens by capacity.
     pub fn new(model: &'m M) -> Result<Self> {
         if let Some(capacity) = model.expert_capacity() {
@@ -229,10 +232,10 @@ impl<'m, M: Model + ?Sized> PrivateStep<'m, M> {
         policy: &ClipPolicy,
         weights: &BTreeMap<String, Tensor>,
         train: bool,
-    ) -> Result<PrivateStepOutput> {
+    ) -> Result<ClippedStepOutput> {
         let (losses, grads) = self.per_sample(batch, owners, train)?;
         let clip = grads.into_clip(groups, policy, weights)?;
-        Ok(PrivateStepOutput { losses, clip })
+        Ok(ClippedStepOutput { losses, clip })
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use raptor_models::{
-    Batch, ClipPolicy, ForwardCtx, LoraConfig, Model, ModelError, ParamGroups, PrivateStep,
+    Batch, ClipPolicy, ClippedStep, ForwardCtx, LoraConfig, Model, ModelError, ParamGroups,
     SwitchConfig, SwitchEncoder, attach_lora, freeze_all, set_trainable, trainable_params,
 };
 use std::collections::BTreeMap;
@@ -262,7 +262,7 @@ fn capacity_is_rejected_for_private_training() {
     let mut cfg = SwitchConfig::tiny();
     cfg.expert_capacity = Some(2);
     let m = SwitchEncoder::new(cfg, Device::Cpu).unwrap();
-    let err = PrivateStep::new(&m).unwrap_err();
+    let err = ClippedStep::new(&m).unwrap_err();
     assert!(matches!(
         err,
         ModelError::CapacityInPrivateTraining { capacity: 2 }
@@ -483,7 +483,7 @@ fn private_lora_dropout_without_record_ids_is_refused() {
     let m = lora_dropout_model();
     let b = batch(m.vocab_size());
     // Keyed by batch position, a record's mask would depend on who else was sampled.
-    let err = PrivateStep::new(&m)
+    let err = ClippedStep::new(&m)
         .unwrap()
         .with_dropout_seed(3)
         .per_sample(&b, &BTreeMap::new(), true)
@@ -492,7 +492,7 @@ fn private_lora_dropout_without_record_ids_is_refused() {
     // With ids it runs; in eval mode (no dropout) ids are not needed.
     let ids: Vec<u64> = (0..b.batch_size() as u64).map(|i| 1000 + i).collect();
     assert!(
-        PrivateStep::new(&m)
+        ClippedStep::new(&m)
             .unwrap()
             .with_dropout_seed(3)
             .with_record_ids(ids)
@@ -500,7 +500,7 @@ fn private_lora_dropout_without_record_ids_is_refused() {
             .is_ok()
     );
     assert!(
-        PrivateStep::new(&m)
+        ClippedStep::new(&m)
             .unwrap()
             .per_sample(&b, &BTreeMap::new(), false)
             .is_ok()

@@ -116,6 +116,51 @@ pub fn buffer_noise_variance(
     })
 }
 
+/// Per-entry noise variances carried through the momentum recursion one step at a time: of the
+/// buffer and of what is orthogonalized. Unlike [`buffer_noise_variance`] (one noise level for
+/// every step), the gradient noise's variance may change from step to step (a release whose
+/// σ or denominator changes); with a constant one the two agree (the closed form is
+/// `Σ_k w_k² v_k` with the weights of [`update_weights`](crate::update_weights)).
+///
+/// The recursion follows [`MomentumForm::coefficients`]: with `m ← a·m + b·g̃`, the buffer's
+/// variance becomes `a²·buffer + b²·v`; what is orthogonalized is the new buffer, or for
+/// Nesterov `c·g̃ + d·m_old`, of variance `c²·v + d²·buffer_old`.
+///
+/// ```
+/// use raptor_muon::{MomentumForm, NoiseSpec, RunningNoiseVariance, buffer_noise_variance};
+/// let noise = NoiseSpec { sigma: 1.0, sensitivity: 2.0, denominator: 4.0 }; // v = 0.25
+/// let mut s = RunningNoiseVariance::default();
+/// for t in 1..=5 {
+///     s = s.step(MomentumForm::Nesterov, 0.9, 0.25);
+///     let want = buffer_noise_variance(MomentumForm::Nesterov, &noise, 0.9, t).unwrap();
+///     assert!((s.update - want).abs() < 1e-15);
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RunningNoiseVariance {
+    /// Per-entry noise variance of the momentum buffer.
+    pub buffer: f64,
+    /// Per-entry noise variance of what Newton–Schulz orthogonalizes (the buffer itself but
+    /// for Nesterov's look-ahead).
+    pub update: f64,
+}
+
+impl RunningNoiseVariance {
+    /// The variances after one more step whose gradient carries independent noise of
+    /// per-entry variance `gradient_variance`.
+    pub fn step(self, form: MomentumForm, beta: f64, gradient_variance: f64) -> Self {
+        let c = form.coefficients(beta);
+        let v = gradient_variance;
+        let buffer =
+            c.buffer_decay * c.buffer_decay * self.buffer + c.buffer_gain * c.buffer_gain * v;
+        let update = match c.look_ahead {
+            None => buffer,
+            Some(la) => la.gradient * la.gradient * v + la.buffer * la.buffer * self.buffer,
+        };
+        RunningNoiseVariance { buffer, update }
+    }
+}
+
 /// Bias-correction settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BcConfig {

@@ -5,8 +5,11 @@
 //!
 //! - [`ns`]: Newton–Schulz (Keller's quintic and the Taylor family `p_κ`), pure Rust on faer,
 //!   with symmetric (one-triangle) Gram products.
-//! - [`momentum`]: heavy-ball, EMA and Nesterov momentum, lr adjustment, weight decay, [`Muon`].
-//! - [`bc`]: DP-MuonBC — exact buffer noise variance and the antithetic bias correction.
+//! - [`momentum`]: heavy-ball, EMA and Nesterov momentum (their coefficients, the closed form
+//!   [`update_weights`]), lr adjustment, weight decay, [`Muon`]. The one definition of the
+//!   momentum forms: `raptor-optim`'s tensor optimizers take their coefficients from here.
+//! - [`bc`]: DP-MuonBC — exact buffer noise variance (closed form and step by step,
+//!   [`RunningNoiseVariance`]) and the antithetic bias correction.
 //! - [`diagnostics`]: Monte Carlo bias of plain vs corrected directions.
 //! - [`mod@reference`]: slow SVD-based references (polar factor, NS applied to singular values).
 //! - `tch_backend` (feature `tch`): the same Newton–Schulz on libtorch tensors (CPU/CUDA, f32/bf16).
@@ -19,11 +22,14 @@ pub mod ns;
 pub mod reference;
 
 pub use bc::{
-    BcConfig, BcOutput, Fallback, NoiseSpec, bias_corrected_direction, buffer_noise_variance,
-    probe_rng_os, probe_rng_seeded,
+    BcConfig, BcOutput, Fallback, NoiseSpec, RunningNoiseVariance, bias_corrected_direction,
+    buffer_noise_variance, probe_rng_os, probe_rng_seeded,
 };
 pub use error::MuonError;
-pub use momentum::{LrAdjust, MomentumForm, Muon, MuonConfig, momentum_update};
+pub use momentum::{
+    LookAhead, LrAdjust, MomentumCoefficients, MomentumForm, Muon, MuonConfig, momentum_update,
+    update_weights,
+};
 pub use ns::{
     Normalization, NsConfig, NsPolynomial, NsProducts, NsSchedule, NsWorkspace, newton_schulz,
     newton_schulz_batch, newton_schulz_slice, newton_schulz_with, planned_ns_schedule,

@@ -254,3 +254,155 @@ fn bad_hyper_parameters_are_typed_errors() {
         .is_err()
     );
 }
+
+mod closed_form {
+    //! The three descriptions of a momentum form agree: the coefficients of one step
+    //! (`MomentumForm::coefficients`, what `raptor-optim` computes with), the slice update in
+    //! torch's `lerp` form (`momentum_update`) and the closed form over all steps
+    //! (`update_weights`); and the noise variance step by step (`RunningNoiseVariance`) is the
+    //! closed form `Σ w_k² v_k`, which `buffer_noise_variance` is for a constant `v`.
+
+    use super::FORMS;
+    use proptest::prelude::*;
+    use raptor_muon::{
+        MomentumForm, NoiseSpec, RunningNoiseVariance, buffer_noise_variance, momentum_update,
+        update_weights,
+    };
+
+    fn form() -> impl Strategy<Value = MomentumForm> {
+        (0usize..3).prop_map(|i| FORMS[i])
+    }
+
+    /// Gradients (`t` steps of `n` entries) in [−4, 4].
+    fn grads() -> impl Strategy<Value = Vec<Vec<f32>>> {
+        (1usize..6, 1usize..20).prop_flat_map(|(n, t)| {
+            prop::collection::vec(prop::collection::vec(-4.0f32..4.0, n), t)
+        })
+    }
+
+    /// One step with the coefficients, in f64 (the new buffer, what is orthogonalized).
+    fn coefficient_step(
+        form: MomentumForm,
+        beta: f64,
+        m: &[f64],
+        g: &[f64],
+    ) -> (Vec<f64>, Vec<f64>) {
+        let c = form.coefficients(beta);
+        let m_new: Vec<f64> = m
+            .iter()
+            .zip(g)
+            .map(|(m, g)| c.buffer_decay * m + c.buffer_gain * g)
+            .collect();
+        let u = match c.look_ahead {
+            None => m_new.clone(),
+            Some(la) => m
+                .iter()
+                .zip(g)
+                .map(|(m, g)| la.gradient * g + la.buffer * m)
+                .collect(),
+        };
+        (m_new, u)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// At every step, what is orthogonalized is `Σ_k w_k g_k`: computed with the
+        /// coefficients in f64 (to 1e-12 of `Σ |w_k g_k|`) and with the f32 slice update (to
+        /// f32 round-off over the steps).
+        #[test]
+        fn coefficients_and_slices_follow_the_closed_form(
+            form in form(),
+            beta in 0.0f64..0.995,
+            gs in grads(),
+        ) {
+            let n = gs[0].len();
+            let (mut m64, mut buf, mut out) = (vec![0.0f64; n], vec![0.0f32; n], vec![0.0f32; n]);
+            for t in 1..=gs.len() {
+                let g64: Vec<f64> = gs[t - 1].iter().map(|&v| v as f64).collect();
+                let (m_new, u) = coefficient_step(form, beta, &m64, &g64);
+                m64 = m_new;
+                momentum_update(form, beta, &mut buf, &gs[t - 1], &mut out).unwrap();
+                let w = update_weights(form, beta, t as u64).unwrap();
+                prop_assert_eq!(w.len(), t);
+                for i in 0..n {
+                    let want: f64 = w.iter().zip(&gs).map(|(w, g)| w * g[i] as f64).sum();
+                    let scale: f64 = w.iter().zip(&gs).map(|(w, g)| (w * g[i] as f64).abs()).sum();
+                    prop_assert!(
+                        (u[i] - want).abs() <= 1e-12 * scale + 1e-300,
+                        "{:?} β {} t {}: coefficients {} vs closed form {}", form, beta, t, u[i], want
+                    );
+                    // f32: a few roundings per step, each relative to the terms' size.
+                    let tol = 4.0 * (t as f64 + 2.0) * f32::EPSILON as f64 * (scale + 4.0);
+                    prop_assert!(
+                        (out[i] as f64 - want).abs() <= tol,
+                        "{:?} β {} t {}: slices {} vs closed form {}", form, beta, t, out[i], want
+                    );
+                }
+            }
+        }
+
+        /// The running variance is `Σ_k w_k² v_k` for any per-step variances, and
+        /// `buffer_noise_variance` when they are constant (both to 1e-12 relative).
+        #[test]
+        fn running_variance_is_the_closed_form(
+            form in form(),
+            beta in 0.0f64..0.995,
+            vs in prop::collection::vec(prop_oneof![Just(0.0f64), 1e-8f64..10.0], 1..40),
+            constant in 1e-8f64..10.0,
+        ) {
+            let (mut s, mut c) = (RunningNoiseVariance::default(), RunningNoiseVariance::default());
+            let noise = NoiseSpec { sigma: constant.sqrt(), sensitivity: 1.0, denominator: 1.0 };
+            for t in 1..=vs.len() {
+                s = s.step(form, beta, vs[t - 1]);
+                c = c.step(form, beta, noise.gradient_std().powi(2));
+                let w = update_weights(form, beta, t as u64).unwrap();
+                let want: f64 = w.iter().zip(&vs).map(|(w, v)| w * w * v).sum();
+                prop_assert!((s.update - want).abs() <= 1e-12 * want, "{:?} β {} t {}", form, beta, t);
+                let closed = buffer_noise_variance(form, &noise, beta, t as u64).unwrap();
+                prop_assert!(
+                    (c.update - closed).abs() <= 1e-12 * closed,
+                    "{:?} β {} t {}: running {} vs closed form {}", form, beta, t, c.update, closed
+                );
+                // The buffer's own variance: the update's for the forms without a look-ahead.
+                if form.coefficients(beta).look_ahead.is_none() {
+                    prop_assert_eq!(s.buffer, s.update);
+                }
+            }
+        }
+
+        /// The recursion is the written-out formulas of each form, bit for bit (the ones the
+        /// tensor optimizers used before they took them from here: a checkpoint's running
+        /// variances stay valid).
+        #[test]
+        fn running_variance_is_bitwise_the_written_out_recursion(
+            beta in 0.0f64..0.999,
+            buffer in 0.0f64..10.0,
+            v in 0.0f64..10.0,
+        ) {
+            let prev = RunningNoiseVariance { buffer, update: buffer };
+            let hb = prev.step(MomentumForm::HeavyBall, beta, v);
+            prop_assert_eq!(hb.update.to_bits(), (beta * beta * buffer + v).to_bits());
+            let ema = prev.step(MomentumForm::Ema, beta, v);
+            let want = beta * beta * buffer + (1.0 - beta) * (1.0 - beta) * v;
+            prop_assert_eq!(ema.update.to_bits(), want.to_bits());
+            let nes = prev.step(MomentumForm::Nesterov, beta, v);
+            let want_u = (1.0 - beta * beta).powi(2) * v + beta.powi(4) * buffer;
+            let want_b = beta * beta * buffer + (1.0 - beta).powi(2) * v;
+            prop_assert_eq!(nes.update.to_bits(), want_u.to_bits());
+            prop_assert_eq!(nes.buffer.to_bits(), want_b.to_bits());
+        }
+    }
+
+    #[test]
+    fn update_weights_rejects_what_the_closed_form_does_not_cover() {
+        for form in FORMS {
+            assert!(update_weights(form, 0.9, 0).is_err());
+            assert!(update_weights(form, 1.0, 3).is_err());
+            assert!(update_weights(form, -0.1, 3).is_err());
+            assert!(update_weights(form, f64::NAN, 3).is_err());
+            // β = 0: the gradient alone.
+            assert_eq!(update_weights(form, 0.0, 3).unwrap(), vec![0.0, 0.0, 1.0]);
+        }
+    }
+}

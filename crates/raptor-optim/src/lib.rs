@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 struct ReadmeDoctests;
 
 use raptor_muon::{
-    BcConfig, MomentumForm, NsConfig, TchPrecision, bias_corrected_direction, newton_schulz_tch,
-    newton_schulz_tch_batch,
+    BcConfig, MomentumForm, NsConfig, RunningNoiseVariance, TchPrecision, bias_corrected_direction,
+    newton_schulz_tch, newton_schulz_tch_batch,
 };
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -121,10 +121,9 @@ struct State {
     m: Option<Tensor>,
     v: Option<Tensor>,
     t: u64,
-    /// DP-MuonBC: running per-entry noise variance of what NS sees (public).
-    noise_var: f64,
-    /// DP-MuonBC (Nesterov): running noise variance of the EMA buffer.
-    buf_var: f64,
+    /// DP-MuonBC: running per-entry noise variances (public) of the momentum buffer and of what
+    /// NS sees (raptor-muon's recursion).
+    noise: RunningNoiseVariance,
     /// This parameter's AdamW / SGD learning rate, when it is not the settings' `lr` (e.g.
     /// RAPTOR's expert stream).
     lr: Option<f64>,
@@ -133,7 +132,8 @@ struct State {
 /// Serializable scalar part of the optimizer state (tensors go to safetensors).
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct OptimScalars {
-    /// Per parameter: (steps, noise variance, buffer variance).
+    /// Per parameter: (steps, noise variance of what Newton–Schulz sees, noise variance of
+    /// Nesterov's EMA buffer — 0 for the other forms, whose buffer is what Newton–Schulz sees).
     pub params: BTreeMap<String, (u64, f64, f64)>,
 }
 
@@ -226,8 +226,7 @@ impl Optimizers {
                         m: None,
                         v: None,
                         t: 0,
-                        noise_var: 0.0,
-                        buf_var: 0.0,
+                        noise: RunningNoiseVariance::default(),
                         lr: None,
                     },
                 )
@@ -414,35 +413,30 @@ impl Optimizers {
                     st.v = Some(v);
                 }
                 Optim::Muon | Optim::MuonBc => {
-                    let beta = s.muon_beta;
+                    // The momentum's coefficients and the noise variance's recursion are
+                    // raptor-muon's (the one definition of the forms); the tensor arithmetic
+                    // is here.
+                    let c = s.muon_form.coefficients(s.muon_beta);
                     let m = match st.m.take() {
                         Some(m) => m,
                         None => g.f_zeros_like()?,
                     };
-                    let var = noise.std * noise.std;
-                    let (m, u) = match s.muon_form {
-                        MomentumForm::HeavyBall => {
-                            let m = m.f_mul_scalar(beta)?.f_add(&g)?;
-                            st.noise_var = beta * beta * st.noise_var + var;
-                            (m.shallow_clone(), m)
-                        }
-                        MomentumForm::Ema => {
-                            let m = m.f_mul_scalar(beta)?.f_add(&g.f_mul_scalar(1.0 - beta)?)?;
-                            st.noise_var =
-                                beta * beta * st.noise_var + (1.0 - beta) * (1.0 - beta) * var;
-                            (m.shallow_clone(), m)
-                        }
-                        MomentumForm::Nesterov => {
-                            // u = (1−β)g + βm_new with m_new = βm + (1−β)g
-                            //   = (1−β²) g + β² m_old.
+                    st.noise = st
+                        .noise
+                        .step(s.muon_form, s.muon_beta, noise.std * noise.std);
+                    let decayed = m.f_mul_scalar(c.buffer_decay)?;
+                    let m_new = if c.buffer_gain == 1.0 {
+                        decayed.f_add(&g)?
+                    } else {
+                        decayed.f_add(&g.f_mul_scalar(c.buffer_gain)?)?
+                    };
+                    let (m, u) = match c.look_ahead {
+                        None => (m_new.shallow_clone(), m_new),
+                        Some(la) => {
                             let u = g
-                                .f_mul_scalar(1.0 - beta * beta)?
-                                .f_add(&m.f_mul_scalar(beta * beta)?)?;
-                            st.noise_var =
-                                (1.0 - beta * beta).powi(2) * var + beta.powi(4) * st.buf_var;
-                            st.buf_var = beta * beta * st.buf_var + (1.0 - beta).powi(2) * var;
-                            let m = m.f_mul_scalar(beta)?.f_add(&g.f_mul_scalar(1.0 - beta)?)?;
-                            (m, u)
+                                .f_mul_scalar(la.gradient)?
+                                .f_add(&m.f_mul_scalar(la.buffer)?)?;
+                            (m_new, u)
                         }
                     };
                     let size = param.size();
@@ -470,11 +464,11 @@ impl Optimizers {
                                 .f_to_kind(Kind::Float)?
                                 .f_to(tch::Device::Cpu)?
                                 .f_contiguous()?,
-                            noise_std: st.noise_var.max(0.0).sqrt(),
-                            corrected: st.kind == Optim::MuonBc && st.noise_var > 0.0,
+                            noise_std: st.noise.update.max(0.0).sqrt(),
+                            corrected: st.kind == Optim::MuonBc && st.noise.update > 0.0,
                         });
                     }
-                    if st.kind == Optim::MuonBc && st.noise_var > 0.0 {
+                    if st.kind == Optim::MuonBc && st.noise.update > 0.0 {
                         let v: Vec<f32> = Vec::try_from(
                             u.f_to_kind(Kind::Float)?
                                 .f_to(tch::Device::Cpu)?
@@ -493,7 +487,7 @@ impl Optimizers {
                         };
                         let out = bias_corrected_direction(
                             view,
-                            st.noise_var.sqrt(),
+                            st.noise.update.sqrt(),
                             &s.ns,
                             &bc,
                             &mut self.probe_rng,
@@ -526,6 +520,26 @@ impl Optimizers {
         out
     }
 
+    /// Whether the Muon form orthogonalizes a look-ahead (Nesterov) rather than its buffer: then
+    /// the buffer's noise variance is a scalar of its own in a checkpoint.
+    fn has_look_ahead(&self) -> bool {
+        self.settings
+            .muon_form
+            .coefficients(self.settings.muon_beta)
+            .look_ahead
+            .is_some()
+    }
+
+    /// The checkpoint's third scalar: the buffer's noise variance where it differs from what
+    /// Newton–Schulz sees (Nesterov), else 0.
+    fn buffer_scalar(&self, noise: RunningNoiseVariance) -> f64 {
+        if self.has_look_ahead() {
+            noise.buffer
+        } else {
+            0.0
+        }
+    }
+
     /// Named state tensors for a checkpoint (`{param}::m`, `{param}::v`) and the scalars.
     pub fn export(&self) -> Result<(Vec<(String, Tensor)>, OptimScalars)> {
         let mut ts = Vec::new();
@@ -537,8 +551,10 @@ impl Optimizers {
             if let Some(v) = &st.v {
                 ts.push((format!("{n}::v"), v.f_detach()?.f_contiguous()?));
             }
-            sc.params
-                .insert(n.clone(), (st.t, st.noise_var, st.buf_var));
+            sc.params.insert(
+                n.clone(),
+                (st.t, st.noise.update, self.buffer_scalar(st.noise)),
+            );
         }
         Ok((ts, sc))
     }
@@ -566,14 +582,17 @@ impl Optimizers {
                 }
             }
         }
+        let has_look_ahead = self.has_look_ahead();
         for (n, (t, nv, bv)) in &sc.params {
             let st = self
                 .states
                 .get_mut(n)
                 .ok_or_else(|| OptimError::State(format!("scalars for unknown parameter {n}")))?;
             st.t = *t;
-            st.noise_var = *nv;
-            st.buf_var = *bv;
+            st.noise = RunningNoiseVariance {
+                update: *nv,
+                buffer: if has_look_ahead { *bv } else { *nv },
+            };
         }
         Ok(())
     }

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use raptor_models::{ClipPolicy, Model, ParamGroups, PrivateStep};
+use raptor_models::{ClipPolicy, ClippedStep, Model, ParamGroups};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -117,7 +117,7 @@ pub fn diagnostics(
         };
         let mut owners = BTreeMap::new();
         owners.insert(layer, Tensor::f_from_slice(&owners_v)?.f_to(device)?);
-        let (_, grads) = PrivateStep::new(model)?
+        let (_, grads) = ClippedStep::new(model)?
             .with_record_ids(data.iter().map(|e| e.id).collect())
             .per_sample(&b, &owners, false)?;
         let bounds: BTreeMap<String, f64> = params_per_group

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use raptor_models::{Model, PrivateStep};
+use raptor_models::{ClippedStep, Model};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -91,7 +91,7 @@ pub fn calibrate(
                 let part: Vec<i64> = o[first..first + chunk.len()].to_vec();
                 own.insert(l, Tensor::f_from_slice(&part)?.f_to(device)?);
             }
-            let (_, grads) = PrivateStep::new(model)?.per_sample(&batch, &own, false)?;
+            let (_, grads) = ClippedStep::new(model)?.per_sample(&batch, &own, false)?;
             let reached = grads.params();
             for g in &phase.groups {
                 let mut total = Tensor::f_zeros([chunk.len() as i64], (Kind::Double, device))?;

@@ -34,7 +34,7 @@ use rand::{RngCore, SeedableRng};
 use raptor_accountant::{Ledger, PoissonSampler, SamplingRate};
 use raptor_clip::{Privatizer, PublicDenominator};
 use raptor_eval::audit::DiracTrace;
-use raptor_models::{Batch, ClipPolicy, ForwardCtx, Model, ParamGroups, PrivateStep, Task};
+use raptor_models::{Batch, ClipPolicy, ClippedStep, ForwardCtx, Model, ParamGroups, Task};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -905,7 +905,7 @@ impl<'a> Trainer<'a> {
                     .collect(),
             ),
         };
-        let (losses, grads) = PrivateStep::new(&*self.model)?
+        let (losses, grads) = ClippedStep::new(&*self.model)?
             .with_dropout_seed(step_seed)
             .with_record_ids(ids)
             .per_sample(batch, &owners, true)?;

@@ -1199,7 +1199,7 @@ fn public_clip_bounds_are_quantiles_of_single_record_norms() {
                     .iter()
                     .map(|&l| (l, Tensor::from_slice(&[owners[&l][i]])))
                     .collect();
-                let (_, grads) = raptor_models::PrivateStep::new(&m)
+                let (_, grads) = raptor_models::ClippedStep::new(&m)
                     .unwrap()
                     .per_sample(&b, &own, false)
                     .unwrap();

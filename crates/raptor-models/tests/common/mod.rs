@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use raptor_models::{
-    Batch, ClipPolicy, EngineLimits, ForwardCtx, Model, ParamGroups, PerSampleGrads, PrivateStep,
+    Batch, ClipPolicy, ClippedStep, EngineLimits, ForwardCtx, Model, ParamGroups, PerSampleGrads,
     trainable_params,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -130,7 +130,7 @@ fn engine_full<M: Model>(
     dropout_seed: Option<u64>,
     limits: EngineLimits,
 ) -> PerSampleGrads {
-    let mut step = PrivateStep::new(model)
+    let mut step = ClippedStep::new(model)
         .unwrap()
         .with_record_ids((0..batch.batch_size()).map(record_id).collect());
     if let Some(s) = dropout_seed {
@@ -255,7 +255,7 @@ fn check_exact_full<M: Model>(
         nonzero > 0,
         "all reference gradients are zero: the test would prove nothing"
     );
-    // The consuming clip (PrivateStep::run's path, which frees each op after its sums) over all
+    // The consuming clip (ClippedStep::run's path, which frees each op after its sums) over all
     // parameters with one global bound: its sums are the loop's gradients clipped and summed.
     let groups = ParamGroups::from_fn(eng_params.iter().cloned(), |_| Some("all".into()));
     let tot: Vec<f64> = (0..bsz as usize)
@@ -332,7 +332,7 @@ pub fn check_clip_limits<M: Model>(
 ) -> (BTreeSet<String>, BTreeSet<String>) {
     let reference = reference_grads(model, batch, owners);
     let eng = engine_limits(model, batch, owners, limits);
-    // The borrowing form and the consuming one (PrivateStep::run's) must agree with the loop.
+    // The borrowing form and the consuming one (ClippedStep::run's) must agree with the loop.
     let kept = eng.clip(groups, policy, weights).unwrap();
     let consumed = eng.into_clip(groups, policy, weights).unwrap();
     let served = (kept.from_cache.clone(), consumed.from_cache.clone());
