@@ -11,7 +11,10 @@ use raptor_accountant::{
 use raptor_models::{LoraConfig, Model, attach_lora, freeze_all, set_trainable};
 use serde::Serialize;
 
-use crate::config::{Budget, Method, ModelKind, RunConfig, StreamOptimizer};
+use crate::config::{
+    Budget, BudgetSplit, ExpertClip, ExpertDenominator, LayerSpec, Method, ModelKind,
+    ResidualWeight, RunConfig, Scope, StreamOptimizer,
+};
 use crate::error::{Result, TrainError};
 use crate::streams::{Charge, ClipGroup, Optim, Phase, Plan, ReleaseSpec, Residual};
 
@@ -195,17 +198,16 @@ pub fn choose_layer(
     let last = *sparse
         .last()
         .ok_or_else(|| TrainError::Config("the model has no sparse (MoE) layer".into()))?;
-    let spec = cfg.method.layer.as_str();
     let simple = |layer: usize, how: &str| LayerChoice {
         layer,
         how: how.into(),
         public_stats: Vec::new(),
         warnings: Vec::new(),
     };
-    match spec {
-        "first" => Ok(simple(sparse[0], "first sparse layer")),
-        "last" => Ok(simple(last, "last sparse layer")),
-        "entropy" => match public {
+    match cfg.method.layer {
+        LayerSpec::First => Ok(simple(sparse[0], "first sparse layer")),
+        LayerSpec::Last => Ok(simple(last, "last sparse layer")),
+        LayerSpec::Entropy => match public {
             None => {
                 let mut c = simple(last, "no public corpus: last sparse layer");
                 c.warnings.push(
@@ -218,7 +220,7 @@ pub fn choose_layer(
                 let sel = raptor_routing::select_layer(
                     corpus,
                     &raptor_routing::SelectionConfig {
-                        rule: owner_rule(cfg),
+                        rule: cfg.method.owner_rule.into(),
                         ..Default::default()
                     },
                 )?;
@@ -242,12 +244,7 @@ pub fn choose_layer(
                 })
             }
         },
-        other => {
-            let l: usize = other.parse().map_err(|_| {
-                TrainError::Config(format!(
-                    "method.layer: {other:?} is not entropy, first, last or a block index"
-                ))
-            })?;
+        LayerSpec::Block(l) => {
             if !sparse.contains(&l) {
                 return Err(TrainError::Config(format!(
                     "method.layer: block {l} is not a sparse layer (sparse layers: {sparse:?})"
@@ -260,11 +257,7 @@ pub fn choose_layer(
 
 /// The owner rule of the config.
 pub fn owner_rule(cfg: &RunConfig) -> raptor_routing::OwnerRule {
-    if cfg.method.owner_rule == "token-count" {
-        raptor_routing::OwnerRule::TokenCount
-    } else {
-        raptor_routing::OwnerRule::GateWeighted
-    }
+    cfg.method.owner_rule.into()
 }
 
 /// Number of updates: `train.steps`, else ceil(epochs · N / B); with `train.budget =
@@ -350,7 +343,15 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
         | Method::DpAdamLora
         | Method::Lora => true,
         Method::DpAdamFull | Method::Full => false,
-        _ => cfg.method.scope == "lora",
+        Method::DpSgd
+        | Method::DpAdam
+        | Method::DpMuon
+        | Method::DpMuonbc
+        | Method::Muon
+        | Method::Adam => match cfg.method.scope {
+            Scope::Lora => true,
+            Scope::Full => false,
+        },
     };
     let mut expert_layers: Vec<usize> = Vec::new();
     if method.needs_experts() {
@@ -458,17 +459,19 @@ pub fn build_plan(
         Method::Raptor | Method::SharedOnly | Method::ExpertOnly => {
             let l =
                 layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
-            let residual = match cfg.method.residual.as_str() {
-                "prob" => Residual::Prob,
-                "margin" => Residual::Margin,
-                _ => Residual::None,
+            let residual = match cfg.method.residual {
+                ResidualWeight::Prob => Residual::Prob,
+                ResidualWeight::Margin => Residual::Margin,
+                ResidualWeight::None => Residual::None,
             };
-            let d_e = if cfg.method.expert_denominator == "batch" {
-                b
-            } else {
-                b / e as f64
+            let d_e = match cfg.method.expert_denominator {
+                ExpertDenominator::Batch => b,
+                ExpertDenominator::ExpectedOwner => b / e as f64,
             };
-            let global = cfg.method.expert_clip == "global";
+            let global = match cfg.method.expert_clip {
+                ExpertClip::Global => true,
+                ExpertClip::Role => false,
+            };
             let shared_group = ClipGroup {
                 name: "shared".into(),
                 params: shared_names.clone(),
@@ -611,15 +614,14 @@ pub fn build_plan(
                             &acc,
                         )?;
                         split = if alternate {
-                            cfg.privacy.split.clone()
+                            cfg.privacy.split.name().to_string()
                         } else {
                             // One mechanism per update: no additive split exists.
                             "joint (one sample per update)".to_string()
                         };
-                        let p = if cfg.privacy.split == "joint" {
-                            plans.joint
-                        } else {
-                            plans.additive
+                        let p = match cfg.privacy.split {
+                            BudgetSplit::Joint => plans.joint,
+                            BudgetSplit::Additive => plans.additive,
                         };
                         planned_epsilon = p.epsilon_composed.upper;
                         (p.shared.sigma, p.expert.sigma)
