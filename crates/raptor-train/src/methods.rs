@@ -1043,10 +1043,15 @@ mod tests {
                 ("rest", cw)
             ]
         );
-        let optim: Vec<Optim> = plan.optim.iter().map(|(_, o)| *o).collect();
+        let optim: Vec<(&str, Optim)> = plan.optim.iter().map(|(n, o)| (n.as_str(), *o)).collect();
         assert_eq!(
             optim,
-            [Optim::Muon, Optim::Muon, Optim::AdamW, Optim::AdamW]
+            [
+                ("h.0.attn.c_attn.weight", Optim::Muon),
+                ("h.0.ln_1.weight", Optim::AdamW),
+                ("h.0.mlp.c_fc.weight", Optim::Muon),
+                ("wte.weight", Optim::AdamW)
+            ]
         );
         assert_eq!(privacy.split, "single");
         assert!(privacy.planned_epsilon <= c.privacy.epsilon);

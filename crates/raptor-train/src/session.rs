@@ -212,9 +212,8 @@ pub fn open_run_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
         }
     };
     let json_file = match tokenizer {
-        TokenizerSpec::Bytes | TokenizerSpec::Gpt2 => false,
         TokenizerSpec::Model | TokenizerSpec::File(_) => true,
-        TokenizerSpec::Gguf => false,
+        TokenizerSpec::Bytes | TokenizerSpec::Gpt2 | TokenizerSpec::Gguf => false,
     };
     if cfg.model.kind.is_bert() && json_file {
         if !Path::new(&spec).exists() {

@@ -1,5 +1,5 @@
 //! The settings of a run config that take one of a fixed set of values, as enums: each value's
-//! name in the TOML is written once (in [`choice!`]), and parsing, printing and the list of
+//! name in the TOML is written once (in the `choice!` declaration), and parsing, printing and the list of
 //! accepted names all come from it. A name that is not accepted is an error that gives the bad
 //! value and every accepted name ([`RunConfig::from_toml`](super::RunConfig::from_toml) adds the
 //! setting). Settings that also take a free form (a block index, a file path, a CUDA device
