@@ -1,6 +1,9 @@
 //! The run configuration (`run.toml`): every knob is a documented field with a default; unknown
-//! fields are an error that names them. The same struct backs the file, the builder in code and
-//! the resolved copy written into the run folder.
+//! fields are an error that names them. Every setting that takes one of a fixed set of values is
+//! an enum ([`choices`]), so a value the TOML does not accept fails to parse (naming the setting,
+//! the value and the accepted ones) and no code matches on strings; [`RunConfig::validate`] is
+//! the one validator of the rest, listing every problem at once. The same struct backs the file,
+//! the builder in code and the resolved copy written into the run folder.
 
 use std::path::{Path, PathBuf};
 
