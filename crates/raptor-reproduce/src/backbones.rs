@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_report::{BarPlot, Estimate, Series, Table, bar_plot, estimate, ordering};
-use raptor_train::config::{Method, ModelKind, RunConfig};
+use raptor_train::config::{
+    DataFormat, DeviceSpec, LayerSpec, Method, ModelKind, Pooling, RunConfig, Scope, TokenizerSpec,
+};
 use sha2::{Digest, Sha256};
 
 use crate::driver::Context;
@@ -37,7 +39,7 @@ pub struct ModelInput {
     /// Hugging Face folder (BERT) or GGUF file / Hugging Face folder (Llama).
     pub path: PathBuf,
     /// `model.tokenizer` of the runs (`model`, `gguf`, `bytes`, or a `tokenizer.json` path).
-    pub tokenizer: String,
+    pub tokenizer: TokenizerSpec,
 }
 
 /// Where the part's inputs come from. Each is `Ok` or `Err(why it is missing)`.
@@ -55,13 +57,13 @@ pub struct Inputs {
     /// `<cache>/reproduce/`).
     pub cache: PathBuf,
     /// Device of every run.
-    pub device: String,
+    pub device: DeviceSpec,
 }
 
 impl Inputs {
     /// The real inputs: the models and corpora of `cargo xtask setup --models --data` in
     /// `cache`, the E2E files under `d2t_root/e2e/`.
-    pub fn real(cache: &Path, d2t_root: &Path, device: &str) -> Self {
+    pub fn real(cache: &Path, d2t_root: &Path, device: DeviceSpec) -> Self {
         let models = cache.join("models");
         let minilm = models.join("all-minilm-l6-v2");
         let bert = if minilm.join("config.json").is_file()
@@ -70,7 +72,7 @@ impl Inputs {
         {
             Ok(ModelInput {
                 path: minilm,
-                tokenizer: "model".into(),
+                tokenizer: TokenizerSpec::Model,
             })
         } else {
             Err(format!(
@@ -102,7 +104,7 @@ impl Inputs {
         let llama = match raptor_train::session::gguf_model_file(&smol) {
             Some(file) if smol.is_dir() => Ok(ModelInput {
                 path: file,
-                tokenizer: "gguf".into(),
+                tokenizer: TokenizerSpec::Gguf,
             }),
             _ => Err(format!(
                 "SmolLM2-135M-Instruct (one .gguf file) not found in {} (run `cargo xtask setup --models`)",
@@ -132,7 +134,7 @@ impl Inputs {
             llama,
             d2t,
             cache: cache.to_path_buf(),
-            device: device.to_string(),
+            device,
         }
     }
 }
@@ -319,7 +321,7 @@ fn upcycled(cache: &Path, bert: &ModelInput, experts: (i64, i64)) -> anyhow::Res
 struct ClsPrepared {
     task: ClsTask,
     model: PathBuf,
-    tokenizer: String,
+    tokenizer: TokenizerSpec,
     train_records: usize,
     note: String,
 }
@@ -380,10 +382,10 @@ fn prepare_cls(
     })
 }
 
-fn cls_jobs(c: &ClsPrepared, s: &Scale, device: &str) -> Vec<Job> {
+fn cls_jobs(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> Vec<Job> {
     let mut base = RunConfig::default();
-    base.train.device = device.into();
-    base.data.format = "table".into();
+    base.train.device = device;
+    base.data.format = DataFormat::Table;
     base.data.train = c.task.train.clone();
     base.data.validation = Some(c.task.validation.clone());
     base.data.public = Some(c.task.public.clone());
@@ -393,8 +395,8 @@ fn cls_jobs(c: &ClsPrepared, s: &Scale, device: &str) -> Vec<Job> {
     base.model.kind = ModelKind::MoeBert;
     base.model.path = Some(c.model.clone());
     base.model.tokenizer = c.tokenizer.clone();
-    base.model.pooling = "mean".into();
-    base.method.layer = "entropy".into();
+    base.model.pooling = Pooling::Mean;
+    base.method.layer = LayerSpec::Entropy;
     base.lora.r = s.lora_r;
     base.lora.alpha = 2.0 * s.lora_r as f64;
     base.train.steps = Some(s.cls_finetune.0);
@@ -494,17 +496,17 @@ fn prepare_d2t(
     })
 }
 
-fn d2t_jobs(d: &D2tPrepared, s: &Scale, seeds: &[u64], device: &str) -> Vec<Job> {
+fn d2t_jobs(d: &D2tPrepared, s: &Scale, seeds: &[u64], device: DeviceSpec) -> Vec<Job> {
     let mut base = RunConfig::default();
-    base.train.device = device.into();
-    base.data.format = "e2e".into();
+    base.train.device = device;
+    base.data.format = DataFormat::E2e;
     base.data.train = d.train.clone();
     base.data.validation = Some(d.test.clone());
     base.data.max_length = s.d2t_max_len;
     base.model.kind = ModelKind::Llama;
     base.model.path = Some(d.model.path.clone());
     base.model.tokenizer = d.model.tokenizer.clone();
-    base.method.scope = "lora".into();
+    base.method.scope = Scope::Lora;
     base.method.muon_lr = s.d2t_finetune.3;
     base.lora.r = s.lora_r;
     base.lora.alpha = 2.0 * s.lora_r as f64;
@@ -865,7 +867,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
                 None => raptor_data::cache::default_cache_dir()
                     .context("no cache folder: set RAPTOR_CACHE_DIR (or HOME) or pass --cache")?,
             };
-            Inputs::real(&cache, &ctx.d2t_data, &ctx.device)
+            Inputs::real(&cache, &ctx.d2t_data, ctx.device)
         }
     };
     let cls = match (&inputs.bert, &inputs.cls) {
@@ -881,10 +883,10 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let d2t_seeds = scale.d2t_seeds(standard);
     let mut jobs = Vec::new();
     if let Ok(c) = &cls {
-        jobs.extend(cls_jobs(c, &scale, &inputs.device));
+        jobs.extend(cls_jobs(c, &scale, inputs.device));
     }
     if let Ok(d) = &d2t {
-        jobs.extend(d2t_jobs(d, &scale, &d2t_seeds, &inputs.device));
+        jobs.extend(d2t_jobs(d, &scale, &d2t_seeds, inputs.device));
     }
     let mut runner = Runner::new(&ctx.out.join("runs"), ctx.exe.clone(), ctx.workers)?;
     let placed = runner.place(jobs)?;
@@ -922,7 +924,7 @@ mod tests {
                     validation: PathBuf::from("/v.tsv"),
                 },
                 model: PathBuf::from("/moe"),
-                tokenizer: "model".into(),
+                tokenizer: TokenizerSpec::Model,
                 train_records: 7000,
                 note: String::new(),
             };
@@ -935,7 +937,7 @@ mod tests {
                 },
                 model: ModelInput {
                     path: PathBuf::from("/smol.gguf"),
-                    tokenizer: "gguf".into(),
+                    tokenizer: TokenizerSpec::Gguf,
                 },
                 train: PathBuf::from("/train.csv"),
                 test: PathBuf::from("/test.csv"),
@@ -943,9 +945,9 @@ mod tests {
                 note: String::new(),
             };
             let seeds = s.d2t_seeds(standard);
-            let mut jobs = cls_jobs(&c, &s, "cpu");
+            let mut jobs = cls_jobs(&c, &s, DeviceSpec::Cpu);
             assert_eq!(jobs.len(), s.seeds.len() * s.epsilons.len() * 2, "{name}");
-            jobs.extend(d2t_jobs(&d, &s, &seeds, "cpu"));
+            jobs.extend(d2t_jobs(&d, &s, &seeds, DeviceSpec::Cpu));
             assert_eq!(
                 jobs.len(),
                 (2 * s.seeds.len() + 3 * seeds.len()) * s.epsilons.len(),
@@ -974,7 +976,7 @@ mod tests {
     fn missing_inputs_say_what_to_run() {
         let tmp =
             std::env::temp_dir().join(format!("raptor-backbones-none-{}", std::process::id()));
-        let i = Inputs::real(&tmp.join("cache"), &tmp, "cpu");
+        let i = Inputs::real(&tmp.join("cache"), &tmp, DeviceSpec::Cpu);
         let bert = i.bert.err().unwrap_or_default();
         assert!(bert.contains("cargo xtask setup --models"), "{bert}");
         let cls = i.cls.err().unwrap_or_default();

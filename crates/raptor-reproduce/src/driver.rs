@@ -5,6 +5,7 @@
 //! parts in order, prints each table as Markdown and writes `results/<slug>.md` and
 //! `results/<slug>.json`.
 
+use raptor_train::config::DeviceSpec;
 use std::path::PathBuf;
 
 use crate::{accountant, backbones, dpmuon, kernels, muon, paper, routing};
@@ -31,7 +32,7 @@ pub struct Context {
     /// checkpoints and corpora of `cargo xtask setup --models --data`.
     pub backbones: Option<backbones::Inputs>,
     /// Device of the training runs (`cpu`, `cuda`, `cuda:N`).
-    pub device: String,
+    pub device: DeviceSpec,
     /// The `raptor-reproduce` program, to run the training grid in parallel worker processes
     /// (its hidden subcommand [`paper::runs::WORKER_COMMAND`]); None: one run after another in
     /// this process.

@@ -8,6 +8,7 @@
 //! in worker processes, each this program started again with its hidden subcommand
 //! [`paper::runs::WORKER_COMMAND`].
 
+use raptor_train::config::DeviceSpec;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
@@ -70,7 +71,7 @@ struct ReproduceArgs {
     d2t_data: Option<PathBuf>,
     /// Device of the training runs: `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: DeviceSpec,
     /// Training runs at once, each a worker process with one libtorch thread (default: the CPU
     /// threads; 1 on a GPU).
     #[arg(long)]
@@ -114,7 +115,7 @@ fn reproduce(a: ReproduceArgs) -> anyhow::Result<()> {
         .d2t_data
         .unwrap_or_else(|| a.root.join("..").join("shared").join("data"));
     let workers = a.jobs.unwrap_or_else(|| {
-        if a.device == "cpu" {
+        if a.device == DeviceSpec::Cpu {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
             1

@@ -1003,7 +1003,7 @@ mod tests {
         c.data.label_column = "label".into();
         c.data.max_length = 16;
         c.model.kind = ModelKind::Gpt2;
-        c.model.tokenizer = "bytes".into();
+        c.model.tokenizer = crate::config::TokenizerSpec::Bytes;
         c.model.d_model = 32;
         c.model.layers = 2;
         c.model.heads = 2;

@@ -1,31 +1,34 @@
-//! Device strings (`cpu`, `cuda`, `cuda:N`).
+//! Devices (`train.device`: `cpu`, `cuda`, `cuda:N`) on libtorch.
 
+use crate::config::DeviceSpec;
 use crate::error::{Result, TrainError};
 use tch::Device;
 
-/// Parses `cpu`, `cuda` or `cuda:N` (errors name the value); does not check availability.
-pub fn parse_device(s: &str) -> Result<Device> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse::<usize>().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| {
-                TrainError::Config(format!("train.device: {s:?} is not cpu, cuda or cuda:N"))
-            }),
+/// The libtorch device of a configured one (`cuda` is CUDA device 0); does not check
+/// availability.
+pub fn to_device(spec: DeviceSpec) -> Device {
+    match spec {
+        DeviceSpec::Cpu => Device::Cpu,
+        DeviceSpec::Cuda(i) => Device::Cuda(i.unwrap_or(0)),
     }
 }
 
-/// Parses and checks that the device exists on this machine.
-pub fn open_device(s: &str) -> Result<Device> {
-    let d = parse_device(s)?;
+/// Parses `cpu`, `cuda` or `cuda:N` (errors name the value); does not check availability.
+pub fn parse_device(s: &str) -> Result<Device> {
+    s.parse::<DeviceSpec>().map(to_device).map_err(|e| match e {
+        TrainError::Config(m) => TrainError::Config(format!("train.device: {m}")),
+        other => other,
+    })
+}
+
+/// The libtorch device of `spec`, checked to exist on this machine.
+pub fn open_device(spec: DeviceSpec) -> Result<Device> {
+    let d = to_device(spec);
     if let Device::Cuda(i) = d
         && (!tch::Cuda::is_available() || i >= tch::Cuda::device_count() as usize)
     {
         return Err(TrainError::Config(format!(
-            "train.device: {s} requested but {} CUDA device(s) are available (raptor info tells)",
+            "train.device: {spec} requested but {} CUDA device(s) are available (raptor info tells)",
             if tch::Cuda::is_available() {
                 tch::Cuda::device_count()
             } else {

@@ -8,6 +8,9 @@ pub enum TrainError {
     /// A bad config value or combination (the message names the field).
     #[error("config: {0}")]
     Config(String),
+    /// A config that does not validate: every problem found, each naming its setting.
+    #[error("config: {0}")]
+    Invalid(crate::config::ConfigIssues),
     /// Bad data (the message names the file and record).
     #[error("data: {0}")]
     Data(String),

@@ -11,7 +11,10 @@ use raptor_accountant::{
 use raptor_models::{LoraConfig, Model, attach_lora, freeze_all, set_trainable};
 use serde::Serialize;
 
-use crate::config::{Budget, Method, ModelKind, RunConfig, StreamOptimizer};
+use crate::config::{
+    Budget, BudgetSplit, ExpertClip, ExpertDenominator, LayerSpec, Method, MethodFamily, ModelKind,
+    ResidualWeight, RunConfig, Scope, StreamOptimizer,
+};
 use crate::error::{Result, TrainError};
 use crate::streams::{Charge, ClipGroup, Optim, Phase, Plan, ReleaseSpec, Residual};
 
@@ -55,7 +58,12 @@ impl Family {
             ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.expert_{e}."),
             ModelKind::Mixtral => format!("model.layers.{l}.block_sparse_moe.experts.{e}."),
             ModelKind::MoeBert => format!("bert.encoder.layer.{l}.moe.experts.{e}."),
-            _ => format!("model.layers.{l}.mlp.experts.{e}."),
+            // OLMoE and Qwen2-MoE; the dense models have no expert to name.
+            ModelKind::Olmoe
+            | ModelKind::Qwen2Moe
+            | ModelKind::Gpt2
+            | ModelKind::Llama
+            | ModelKind::Bert => format!("model.layers.{l}.mlp.experts.{e}."),
         }
     }
 
@@ -74,7 +82,11 @@ impl Family {
                 .iter()
                 .map(|p| format!("bert.encoder.layer.{l}.moe.experts.*.{p}"))
                 .collect(),
-            _ => ["gate_proj", "up_proj", "down_proj"]
+            ModelKind::Olmoe
+            | ModelKind::Qwen2Moe
+            | ModelKind::Gpt2
+            | ModelKind::Llama
+            | ModelKind::Bert => ["gate_proj", "up_proj", "down_proj"]
                 .iter()
                 .map(|p| format!("model.layers.{l}.mlp.experts.*.{p}"))
                 .collect(),
@@ -87,7 +99,11 @@ impl Family {
             ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.*"),
             ModelKind::Mixtral => format!("model.layers.{l}.block_sparse_moe.experts.*"),
             ModelKind::MoeBert => format!("bert.encoder.layer.{l}.moe.experts.*"),
-            _ => format!("model.layers.{l}.mlp.experts.*"),
+            ModelKind::Olmoe
+            | ModelKind::Qwen2Moe
+            | ModelKind::Gpt2
+            | ModelKind::Llama
+            | ModelKind::Bert => format!("model.layers.{l}.mlp.experts.*"),
         }
     }
 
@@ -95,7 +111,11 @@ impl Family {
     pub fn head_patterns(&self) -> Vec<&'static str> {
         match self.kind {
             ModelKind::Switch | ModelKind::Bert | ModelKind::MoeBert => vec!["classifier"],
-            _ => vec!["score"],
+            ModelKind::Olmoe
+            | ModelKind::Mixtral
+            | ModelKind::Qwen2Moe
+            | ModelKind::Gpt2
+            | ModelKind::Llama => vec!["score"],
         }
     }
 
@@ -195,17 +215,16 @@ pub fn choose_layer(
     let last = *sparse
         .last()
         .ok_or_else(|| TrainError::Config("the model has no sparse (MoE) layer".into()))?;
-    let spec = cfg.method.layer.as_str();
     let simple = |layer: usize, how: &str| LayerChoice {
         layer,
         how: how.into(),
         public_stats: Vec::new(),
         warnings: Vec::new(),
     };
-    match spec {
-        "first" => Ok(simple(sparse[0], "first sparse layer")),
-        "last" => Ok(simple(last, "last sparse layer")),
-        "entropy" => match public {
+    match cfg.method.layer {
+        LayerSpec::First => Ok(simple(sparse[0], "first sparse layer")),
+        LayerSpec::Last => Ok(simple(last, "last sparse layer")),
+        LayerSpec::Entropy => match public {
             None => {
                 let mut c = simple(last, "no public corpus: last sparse layer");
                 c.warnings.push(
@@ -218,7 +237,7 @@ pub fn choose_layer(
                 let sel = raptor_routing::select_layer(
                     corpus,
                     &raptor_routing::SelectionConfig {
-                        rule: owner_rule(cfg),
+                        rule: cfg.method.owner_rule.into(),
                         ..Default::default()
                     },
                 )?;
@@ -242,12 +261,7 @@ pub fn choose_layer(
                 })
             }
         },
-        other => {
-            let l: usize = other.parse().map_err(|_| {
-                TrainError::Config(format!(
-                    "method.layer: {other:?} is not entropy, first, last or a block index"
-                ))
-            })?;
+        LayerSpec::Block(l) => {
             if !sparse.contains(&l) {
                 return Err(TrainError::Config(format!(
                     "method.layer: block {l} is not a sparse layer (sparse layers: {sparse:?})"
@@ -260,11 +274,7 @@ pub fn choose_layer(
 
 /// The owner rule of the config.
 pub fn owner_rule(cfg: &RunConfig) -> raptor_routing::OwnerRule {
-    if cfg.method.owner_rule == "token-count" {
-        raptor_routing::OwnerRule::TokenCount
-    } else {
-        raptor_routing::OwnerRule::GateWeighted
-    }
+    cfg.method.owner_rule.into()
 }
 
 /// Number of updates: `train.steps`, else ceil(epochs · N / B); with `train.budget =
@@ -350,7 +360,15 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
         | Method::DpAdamLora
         | Method::Lora => true,
         Method::DpAdamFull | Method::Full => false,
-        _ => cfg.method.scope == "lora",
+        Method::DpSgd
+        | Method::DpAdam
+        | Method::DpMuon
+        | Method::DpMuonbc
+        | Method::Muon
+        | Method::Adam => match cfg.method.scope {
+            Scope::Lora => true,
+            Scope::Full => false,
+        },
     };
     let mut expert_layers: Vec<usize> = Vec::new();
     if method.needs_experts() {
@@ -376,356 +394,166 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
     Ok(())
 }
 
-/// Sets up the trainable scope on `model` (LoRA attachment, freezing) and builds the plan.
-/// `n` is the number of private training records; `layer` RAPTOR's layer (MoE methods).
+/// Sets up the trainable scope on `model` (LoRA attachment, freezing: [`setup_scope`]) and
+/// builds the plan from what is then trainable ([`plan_for`]). `n` is the number of private
+/// training records; `layer` RAPTOR's layer (MoE methods).
 pub fn build_plan(
     cfg: &RunConfig,
     model: &mut dyn Model,
     n: usize,
     layer: Option<usize>,
 ) -> Result<(Plan, PrivacyPlan)> {
-    let method = cfg.method.name;
-    let fam = Family {
-        kind: cfg.model.kind,
+    check_batch(cfg, n)?;
+    let experts = model.num_experts();
+    let sparse_layers = model.sparse_layers();
+    setup_scope(cfg, model, layer)?;
+    let scope = TrainableScope {
+        shapes: model
+            .var_store()
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .map(|(n, t)| (n, t.size()))
+            .collect(),
+        sparse_layers,
+        experts,
     };
+    plan_for(cfg, &scope, n, layer)
+}
+
+/// What a method trains once its scope is set on the model: the public facts the plan is
+/// built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainableScope {
+    /// Every trainable parameter and its shape.
+    pub shapes: BTreeMap<String, Vec<i64>>,
+    /// The model's sparse (MoE) layers.
+    pub sparse_layers: Vec<usize>,
+    /// Routed experts per sparse layer (0 for a dense model).
+    pub experts: i64,
+}
+
+/// B ≤ N: q = B/N is a probability.
+fn check_batch(cfg: &RunConfig, n: usize) -> Result<()> {
     let b = cfg.train.batch_size;
     if b > n as f64 {
         return Err(TrainError::Config(format!(
             "train.batch_size: B = {b} is larger than the {n} training records (q = B/N must be <= 1)"
         )));
     }
-    let q = b / n as f64;
-    let delta = cfg
-        .privacy
-        .delta
-        .unwrap_or_else(|| crate::config::default_delta(n));
-    let updates = total_updates(cfg, n);
-    let e = model.num_experts();
-    let sparse = model.sparse_layers();
-    setup_scope(cfg, model, layer)?;
-    // Trainable names (and shapes) after the scope is set.
-    let shapes: BTreeMap<String, Vec<i64>> = model
-        .var_store()
-        .variables()
-        .into_iter()
-        .filter(|(_, t)| t.requires_grad())
-        .map(|(n, t)| (n, t.size()))
-        .collect();
-    let names: Vec<String> = shapes.keys().cloned().collect();
-    if names.is_empty() {
-        return Err(TrainError::Config(
-            "the method leaves no trainable parameter".into(),
-        ));
-    }
-    // Owner-masked expert parameters must have an owner map: a role-wise policy over routed
-    // experts of a layer without one would let a record touch several expert streams.
-    let expert_of = |name: &str| -> Option<(usize, i64)> {
-        for &l in &sparse {
-            for x in 0..e {
-                if name.starts_with(&fam.expert_prefix(l, x)) {
+    Ok(())
+}
+
+/// What every family's plan builder needs: the public quantities of the run, the trainable
+/// parameters and the accountant.
+struct PlanInputs<'a> {
+    cfg: &'a RunConfig,
+    fam: Family,
+    /// Trainable parameter names (sorted).
+    names: Vec<String>,
+    shapes: &'a BTreeMap<String, Vec<i64>>,
+    sparse_layers: &'a [usize],
+    experts: i64,
+    /// Expected batch B.
+    b: f64,
+    q: f64,
+    delta: f64,
+    updates: u64,
+    private: bool,
+    acc: PrvAccountant,
+}
+
+impl PlanInputs<'_> {
+    /// The (sparse layer, expert) of a routed-expert parameter name, if it is one.
+    fn expert_of(&self, name: &str) -> Option<(usize, i64)> {
+        for &l in self.sparse_layers {
+            for x in 0..self.experts {
+                if name.starts_with(&self.fam.expert_prefix(l, x)) {
                     return Some((l, x));
                 }
             }
         }
         None
-    };
-    let expert_names = |l: usize, x: i64| -> Vec<String> {
-        let p = fam.expert_prefix(l, x);
-        names
+    }
+
+    /// The trainable parameters of expert `x` of layer `l`.
+    fn expert_names(&self, l: usize, x: i64) -> Vec<String> {
+        let p = self.fam.expert_prefix(l, x);
+        self.names
             .iter()
             .filter(|n| n.starts_with(&p))
             .cloned()
             .collect()
-    };
-    let shared_names: Vec<String> = names
-        .iter()
-        .filter(|n| expert_of(n).is_none())
-        .cloned()
-        .collect();
-    let private = method.is_private();
-    let acc = PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?;
-    let eps = cfg.privacy.epsilon;
-    let clip = cfg.train.clip;
-    let mut sigmas = BTreeMap::new();
-    let mut split = "single".to_string();
-    let mut planned_epsilon = f64::INFINITY;
-    let single_sigma = |t: u64| -> Result<(f64, f64)> {
-        let c = calibrate_sigma(eps, delta, q, t, &acc)?;
+    }
+
+    /// σ of one release per update over `t` updates, and the certified ε it gives.
+    fn single_sigma(&self, t: u64) -> Result<(f64, f64)> {
+        let c = calibrate_sigma(self.cfg.privacy.epsilon, self.delta, self.q, t, &self.acc)?;
         Ok((c.sigma, c.epsilon.upper))
+    }
+}
+
+/// A family's phases and schedule, with the σ's and the certified ε they were calibrated to.
+struct FamilyPlan {
+    phases: Vec<Phase>,
+    pattern: Vec<usize>,
+    /// σ per release kind (`shared`, `experts`, `all`).
+    sigmas: BTreeMap<String, f64>,
+    planned_epsilon: f64,
+    /// The budget split (RAPTOR) or `single`.
+    split: String,
+}
+
+/// The plan of `cfg` over a trainable scope (no model involved: the same inputs give the same
+/// plan). `n` is the number of private training records; `layer` RAPTOR's layer (MoE methods).
+pub fn plan_for(
+    cfg: &RunConfig,
+    scope: &TrainableScope,
+    n: usize,
+    layer: Option<usize>,
+) -> Result<(Plan, PrivacyPlan)> {
+    check_batch(cfg, n)?;
+    let b = cfg.train.batch_size;
+    let names: Vec<String> = scope.shapes.keys().cloned().collect();
+    if names.is_empty() {
+        return Err(TrainError::Config(
+            "the method leaves no trainable parameter".into(),
+        ));
+    }
+    let method = cfg.method.name;
+    let inputs = PlanInputs {
+        cfg,
+        fam: Family {
+            kind: cfg.model.kind,
+        },
+        names,
+        shapes: &scope.shapes,
+        sparse_layers: &scope.sparse_layers,
+        experts: scope.experts,
+        b,
+        q: b / n as f64,
+        delta: cfg
+            .privacy
+            .delta
+            .unwrap_or_else(|| crate::config::default_delta(n)),
+        updates: total_updates(cfg, n),
+        private: method.is_private(),
+        acc: PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?,
     };
-    let mut optim: Vec<(String, Optim)> = Vec::new();
-    let (phases, pattern): (Vec<Phase>, Vec<usize>) = match method {
-        Method::Raptor | Method::SharedOnly | Method::ExpertOnly => {
-            let l =
-                layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
-            let residual = match cfg.method.residual.as_str() {
-                "prob" => Residual::Prob,
-                "margin" => Residual::Margin,
-                _ => Residual::None,
-            };
-            let d_e = if cfg.method.expert_denominator == "batch" {
-                b
-            } else {
-                b / e as f64
-            };
-            let global = cfg.method.expert_clip == "global";
-            let shared_group = ClipGroup {
-                name: "shared".into(),
-                params: shared_names.clone(),
-                bound: clip,
-                weighted: false,
-                release: true,
-            };
-            let expert_groups: Vec<ClipGroup> = (0..e)
-                .map(|x| ClipGroup {
-                    name: format!("expert[{l},{x}]"),
-                    params: expert_names(l, x),
-                    bound: if global { clip } else { cfg.train.clip_expert },
-                    weighted: residual != Residual::None,
-                    release: true,
-                })
-                .collect();
-            if expert_groups.iter().any(|g| g.params.is_empty()) {
-                return Err(TrainError::Config(format!(
-                    "layer {l}: some routed experts have no trainable parameter"
-                )));
-            }
-            let shared_release = |sigma: f64| ReleaseSpec {
-                name: "shared".into(),
-                groups: vec!["shared".into()],
-                sigma,
-                denominator: b,
-                charge: Charge::Sequential,
-            };
-            let expert_releases = |sigma: f64| -> Vec<ReleaseSpec> {
-                (0..e)
-                    .map(|x| ReleaseSpec {
-                        name: format!("expert[{l},{x}]"),
-                        groups: vec![format!("expert[{l},{x}]")],
-                        sigma,
-                        denominator: d_e,
-                        charge: Charge::Parallel {
-                            layer: l,
-                            expert: x as usize,
-                        },
-                    })
-                    .collect()
-            };
-            let expert_phase = |sigma: f64, with_shared: bool| -> Phase {
-                let mut groups = expert_groups.clone();
-                let mut releases = expert_releases(sigma);
-                if with_shared {
-                    groups.push(shared_group.clone());
-                } else if global {
-                    // Global clipping: the factor is taken over shared + expert gradients,
-                    // but only the expert sums are released in this phase.
-                    let mut sg = shared_group.clone();
-                    sg.release = false;
-                    groups.push(sg);
-                }
-                if with_shared {
-                    releases.insert(0, shared_release(f64::NAN));
-                }
-                Phase {
-                    name: if with_shared {
-                        "all".into()
-                    } else {
-                        "experts".into()
-                    },
-                    groups,
-                    global_clip: if global { Some(clip) } else { None },
-                    releases,
-                    owner_layers: vec![l],
-                    residual,
-                    residual_disable: vec![fam.expert_modules(l)],
-                    private,
-                }
-            };
-            match method {
-                Method::SharedOnly => {
-                    let (s, pe) = single_sigma(updates)?;
-                    sigmas.insert("shared".into(), s);
-                    planned_epsilon = pe;
-                    let ph = Phase {
-                        name: "shared".into(),
-                        groups: vec![shared_group.clone()],
-                        global_clip: None,
-                        releases: vec![shared_release(s)],
-                        owner_layers: vec![],
-                        residual: Residual::None,
-                        residual_disable: vec![],
-                        private,
-                    };
-                    (vec![ph], vec![0])
-                }
-                Method::ExpertOnly => {
-                    let (s, pe) = single_sigma(updates)?;
-                    sigmas.insert("experts".into(), s);
-                    planned_epsilon = pe;
-                    (vec![expert_phase(s, false)], vec![0])
-                }
-                _ => {
-                    let alternate = cfg.method.alternate;
-                    let pattern: Vec<usize> = if alternate {
-                        alternating_pattern(
-                            cfg.method.shared_steps,
-                            cfg.method.expert_steps,
-                            updates,
-                        )
-                    } else {
-                        vec![0]
-                    };
-                    // Alternating: each phase draws its own samples; otherwise one sample per
-                    // update feeds both streams (and both run every update).
-                    let counts = if alternate {
-                        let mut c = vec![0u64; 2];
-                        let per = pattern.len() as u64;
-                        for (i, &p) in pattern.iter().enumerate() {
-                            c[p] += updates / per + u64::from((i as u64) < updates % per);
-                        }
-                        c
-                    } else {
-                        vec![updates, updates]
-                    };
-                    let (ts, te) = (counts[0], counts[1]);
-                    if ts == 0 || te == 0 {
-                        return Err(TrainError::Config(format!(
-                            "train.steps = {updates} leaves a stream without updates (shared {ts}, expert {te})"
-                        )));
-                    }
-                    let (ss, se) = if private {
-                        let plans = plan_budget(
-                            &PlanRequest {
-                                epsilon: eps,
-                                delta,
-                                rho: cfg.privacy.rho,
-                                shared: PlanStream { q, steps: ts },
-                                expert: PlanStream { q, steps: te },
-                                layers: 1,
-                                sampling: if alternate {
-                                    StreamSampling::Alternating
-                                } else {
-                                    StreamSampling::Simultaneous
-                                },
-                            },
-                            &acc,
-                        )?;
-                        split = if alternate {
-                            cfg.privacy.split.clone()
-                        } else {
-                            // One mechanism per update: no additive split exists.
-                            "joint (one sample per update)".to_string()
-                        };
-                        let p = if cfg.privacy.split == "joint" {
-                            plans.joint
-                        } else {
-                            plans.additive
-                        };
-                        planned_epsilon = p.epsilon_composed.upper;
-                        (p.shared.sigma, p.expert.sigma)
-                    } else {
-                        (0.0, 0.0)
-                    };
-                    sigmas.insert("shared".into(), ss);
-                    sigmas.insert("experts".into(), se);
-                    if alternate {
-                        let shared_phase = Phase {
-                            name: "shared".into(),
-                            groups: vec![shared_group.clone()],
-                            global_clip: None,
-                            releases: vec![shared_release(ss)],
-                            owner_layers: vec![],
-                            residual: Residual::None,
-                            residual_disable: vec![],
-                            private,
-                        };
-                        (vec![shared_phase, expert_phase(se, false)], pattern)
-                    } else {
-                        let mut ph = expert_phase(se, true);
-                        ph.releases[0].sigma = ss;
-                        (vec![ph], pattern)
-                    }
-                }
-            }
-        }
-        _ => {
-            // One stream over the whole scope.
-            let (sigma, pe) = if private {
-                single_sigma(updates)?
-            } else {
-                (0.0, f64::INFINITY)
-            };
-            planned_epsilon = pe;
-            sigmas.insert("all".into(), sigma);
-            let per_matrix = matches!(method, Method::DpMuon | Method::DpMuonbc);
-            let mut groups = Vec::new();
-            if per_matrix {
-                let hidden: Vec<String> = names
-                    .iter()
-                    .filter(|n| fam.is_hidden_matrix(n, shapes[*n].len()))
-                    .cloned()
-                    .collect();
-                let rest: Vec<String> = names
-                    .iter()
-                    .filter(|n| !hidden.contains(n))
-                    .cloned()
-                    .collect();
-                let k = hidden.len() + usize::from(!rest.is_empty());
-                // Equal split: C_W = C/√K, so Δ = sqrt(Σ C_W²) = C.
-                let cw = clip / (k as f64).sqrt();
-                for h in &hidden {
-                    groups.push(ClipGroup {
-                        name: h.clone(),
-                        params: vec![h.clone()],
-                        bound: cw,
-                        weighted: false,
-                        release: true,
-                    });
-                }
-                if !rest.is_empty() {
-                    groups.push(ClipGroup {
-                        name: "rest".into(),
-                        params: rest,
-                        bound: cw,
-                        weighted: false,
-                        release: true,
-                    });
-                }
-            } else {
-                groups.push(ClipGroup {
-                    name: "all".into(),
-                    params: names.clone(),
-                    bound: clip,
-                    weighted: false,
-                    release: true,
-                });
-            }
-            let release = ReleaseSpec {
-                name: "all".into(),
-                groups: groups.iter().map(|g| g.name.clone()).collect(),
-                sigma,
-                denominator: b,
-                charge: if private {
-                    Charge::Sequential
-                } else {
-                    Charge::None
-                },
-            };
-            let ph = Phase {
-                name: "all".into(),
-                groups,
-                global_clip: None,
-                releases: vec![release],
-                owner_layers: vec![],
-                residual: Residual::None,
-                residual_disable: vec![],
-                private,
-            };
-            (vec![ph], vec![0])
+    let FamilyPlan {
+        mut phases,
+        pattern,
+        sigmas,
+        planned_epsilon,
+        split,
+    } = match method.family() {
+        MethodFamily::Streams => streams_plan(&inputs, layer)?,
+        MethodFamily::MatchedScope | MethodFamily::Monolithic | MethodFamily::Scoped => {
+            one_release_plan(&inputs)?
         }
     };
+    let private = inputs.private;
     // Non-private phases charge nothing.
-    let mut phases = phases;
     if !private {
         for ph in &mut phases {
             for r in &mut ph.releases {
@@ -734,59 +562,45 @@ pub fn build_plan(
             }
         }
     }
-    let raptor_family = matches!(
-        method,
-        Method::Raptor | Method::SharedOnly | Method::ExpertOnly
-    );
-    let stream_optim = |o: StreamOptimizer| match o {
-        StreamOptimizer::Adamw => Optim::AdamW,
-        StreamOptimizer::Sgd => Optim::Sgd,
-    };
-    for n in &names {
-        let o = match method {
-            _ if raptor_family && expert_of(n).is_some() => {
-                stream_optim(cfg.train.expert_optimizer)
-            }
-            _ if raptor_family => stream_optim(cfg.train.shared_optimizer),
-            Method::DpSgd => Optim::Sgd,
-            Method::DpMuon | Method::Muon if fam.is_hidden_matrix(n, shapes[n].len()) => {
-                Optim::Muon
-            }
-            Method::DpMuonbc if fam.is_hidden_matrix(n, shapes[n].len()) => Optim::MuonBc,
-            _ => Optim::AdamW,
-        };
-        optim.push((n.clone(), o));
-    }
+    let optim = inputs
+        .names
+        .iter()
+        .map(|n| (n.clone(), optimizer_of(&inputs, n)))
+        .collect();
     let plan = Plan {
         phases,
         pattern,
-        updates,
-        q,
+        updates: inputs.updates,
+        q: inputs.q,
         expected_batch: b,
         optim,
-        routed: names
+        routed: inputs
+            .names
             .iter()
-            .filter(|n| expert_of(n).is_some())
+            .filter(|n| inputs.expert_of(n).is_some())
             .cloned()
             .collect(),
     };
     plan.check().map_err(TrainError::Config)?;
-    let counts = plan.phase_counts();
     let phase_updates = plan
         .phases
         .iter()
-        .zip(&counts)
-        .map(|(p, c)| (p.name.clone(), *c))
+        .zip(plan.phase_counts())
+        .map(|(p, c)| (p.name.clone(), c))
         .collect();
     let privacy = PrivacyPlan {
         private,
-        epsilon: if private { eps } else { f64::INFINITY },
-        delta,
+        epsilon: if private {
+            cfg.privacy.epsilon
+        } else {
+            f64::INFINITY
+        },
+        delta: inputs.delta,
         delta_reason: crate::config::delta_reason(cfg.privacy.delta, n),
-        q,
+        q: inputs.q,
         records: n,
         expected_batch: b,
-        updates,
+        updates: inputs.updates,
         phase_updates,
         sigmas,
         planned_epsilon,
@@ -794,6 +608,369 @@ pub fn build_plan(
         public_clip: None,
     };
     Ok((plan, privacy))
+}
+
+/// The optimizer of trainable parameter `name`: RAPTOR's streams their configured ones (the
+/// routed experts' and the shared stream's), DP-SGD SGD, the Muon methods Muon (MuonBC) on
+/// hidden matrices, AdamW everywhere else.
+fn optimizer_of(inputs: &PlanInputs<'_>, name: &str) -> Optim {
+    let stream_optim = |o: StreamOptimizer| match o {
+        StreamOptimizer::Adamw => Optim::AdamW,
+        StreamOptimizer::Sgd => Optim::Sgd,
+    };
+    let hidden = || {
+        inputs
+            .shapes
+            .get(name)
+            .is_some_and(|s| inputs.fam.is_hidden_matrix(name, s.len()))
+    };
+    let t = &inputs.cfg.train;
+    match inputs.cfg.method.name {
+        Method::Raptor | Method::SharedOnly | Method::ExpertOnly => {
+            if inputs.expert_of(name).is_some() {
+                stream_optim(t.expert_optimizer)
+            } else {
+                stream_optim(t.shared_optimizer)
+            }
+        }
+        Method::DpSgd => Optim::Sgd,
+        Method::DpMuon | Method::Muon if hidden() => Optim::Muon,
+        Method::DpMuonbc if hidden() => Optim::MuonBc,
+        Method::DpMuon
+        | Method::Muon
+        | Method::DpMuonbc
+        | Method::DpAdamLora
+        | Method::DpAdamFull
+        | Method::MatchedScope
+        | Method::Lora
+        | Method::Full
+        | Method::DpAdam
+        | Method::Adam => Optim::AdamW,
+    }
+}
+
+/// RAPTOR and its one-stream ablations: a shared stream (every trainable parameter outside the
+/// routed experts) and one stream per routed expert of `layer`, each its own clip group and
+/// release; the expert releases compose in parallel over the layer.
+fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyPlan> {
+    let cfg = inputs.cfg;
+    let method = cfg.method.name;
+    let (b, e, private) = (inputs.b, inputs.experts, inputs.private);
+    let clip = cfg.train.clip;
+    let l = layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
+    let residual = match cfg.method.residual {
+        ResidualWeight::Prob => Residual::Prob,
+        ResidualWeight::Margin => Residual::Margin,
+        ResidualWeight::None => Residual::None,
+    };
+    let d_e = match cfg.method.expert_denominator {
+        ExpertDenominator::Batch => b,
+        ExpertDenominator::ExpectedOwner => b / e as f64,
+    };
+    let global = match cfg.method.expert_clip {
+        ExpertClip::Global => true,
+        ExpertClip::Role => false,
+    };
+    let shared_group = ClipGroup {
+        name: "shared".into(),
+        params: inputs
+            .names
+            .iter()
+            .filter(|n| inputs.expert_of(n).is_none())
+            .cloned()
+            .collect(),
+        bound: clip,
+        weighted: false,
+        release: true,
+    };
+    let expert_groups: Vec<ClipGroup> = (0..e)
+        .map(|x| ClipGroup {
+            name: format!("expert[{l},{x}]"),
+            params: inputs.expert_names(l, x),
+            bound: if global { clip } else { cfg.train.clip_expert },
+            weighted: residual != Residual::None,
+            release: true,
+        })
+        .collect();
+    if expert_groups.iter().any(|g| g.params.is_empty()) {
+        return Err(TrainError::Config(format!(
+            "layer {l}: some routed experts have no trainable parameter"
+        )));
+    }
+    let shared_release = |sigma: f64| ReleaseSpec {
+        name: "shared".into(),
+        groups: vec!["shared".into()],
+        sigma,
+        denominator: b,
+        charge: Charge::Sequential,
+    };
+    let shared_phase = |sigma: f64| Phase {
+        name: "shared".into(),
+        groups: vec![shared_group.clone()],
+        global_clip: None,
+        releases: vec![shared_release(sigma)],
+        owner_layers: vec![],
+        residual: Residual::None,
+        residual_disable: vec![],
+        private,
+    };
+    // The expert releases at σ_e; with `shared_sigma`, the shared stream is released from the
+    // same sample too, at its own σ (one sample per update feeds both streams).
+    let expert_phase = |sigma: f64, shared_sigma: Option<f64>| -> Phase {
+        let mut groups = expert_groups.clone();
+        let mut releases: Vec<ReleaseSpec> = (0..e)
+            .map(|x| ReleaseSpec {
+                name: format!("expert[{l},{x}]"),
+                groups: vec![format!("expert[{l},{x}]")],
+                sigma,
+                denominator: d_e,
+                charge: Charge::Parallel {
+                    layer: l,
+                    expert: x as usize,
+                },
+            })
+            .collect();
+        match shared_sigma {
+            Some(s) => {
+                groups.push(shared_group.clone());
+                releases.insert(0, shared_release(s));
+            }
+            None if global => {
+                // Global clipping: the factor is taken over shared + expert gradients, but
+                // only the expert sums are released in this phase.
+                let mut sg = shared_group.clone();
+                sg.release = false;
+                groups.push(sg);
+            }
+            None => {}
+        }
+        Phase {
+            name: if shared_sigma.is_some() {
+                "all".into()
+            } else {
+                "experts".into()
+            },
+            groups,
+            global_clip: if global { Some(clip) } else { None },
+            releases,
+            owner_layers: vec![l],
+            residual,
+            residual_disable: vec![inputs.fam.expert_modules(l)],
+            private,
+        }
+    };
+    let updates = inputs.updates;
+    let mut sigmas = BTreeMap::new();
+    match method {
+        Method::SharedOnly => {
+            let (s, pe) = inputs.single_sigma(updates)?;
+            sigmas.insert("shared".into(), s);
+            Ok(FamilyPlan {
+                phases: vec![shared_phase(s)],
+                pattern: vec![0],
+                sigmas,
+                planned_epsilon: pe,
+                split: "single".into(),
+            })
+        }
+        Method::ExpertOnly => {
+            let (s, pe) = inputs.single_sigma(updates)?;
+            sigmas.insert("experts".into(), s);
+            Ok(FamilyPlan {
+                phases: vec![expert_phase(s, None)],
+                pattern: vec![0],
+                sigmas,
+                planned_epsilon: pe,
+                split: "single".into(),
+            })
+        }
+        Method::Raptor
+        | Method::DpAdamLora
+        | Method::DpAdamFull
+        | Method::MatchedScope
+        | Method::Lora
+        | Method::Full
+        | Method::DpSgd
+        | Method::DpAdam
+        | Method::DpMuon
+        | Method::DpMuonbc
+        | Method::Muon
+        | Method::Adam => {
+            let alternate = cfg.method.alternate;
+            // Alternating: each phase draws its own samples; otherwise one sample per update
+            // feeds both streams (and both run every update).
+            let (pattern, ts, te) = if alternate {
+                let pattern =
+                    alternating_pattern(cfg.method.shared_steps, cfg.method.expert_steps, updates);
+                let counts = crate::streams::pattern_counts(&pattern, 2, updates);
+                (pattern, counts[0], counts[1])
+            } else {
+                (vec![0], updates, updates)
+            };
+            if ts == 0 || te == 0 {
+                return Err(TrainError::Config(format!(
+                    "train.steps = {updates} leaves a stream without updates (shared {ts}, expert {te})"
+                )));
+            }
+            let mut split = "single".to_string();
+            let mut planned_epsilon = f64::INFINITY;
+            let (ss, se) = if private {
+                let plans = plan_budget(
+                    &PlanRequest {
+                        epsilon: cfg.privacy.epsilon,
+                        delta: inputs.delta,
+                        rho: cfg.privacy.rho,
+                        shared: PlanStream {
+                            q: inputs.q,
+                            steps: ts,
+                        },
+                        expert: PlanStream {
+                            q: inputs.q,
+                            steps: te,
+                        },
+                        layers: 1,
+                        sampling: if alternate {
+                            StreamSampling::Alternating
+                        } else {
+                            StreamSampling::Simultaneous
+                        },
+                    },
+                    &inputs.acc,
+                )?;
+                split = if alternate {
+                    cfg.privacy.split.name().to_string()
+                } else {
+                    // One mechanism per update: no additive split exists.
+                    "joint (one sample per update)".to_string()
+                };
+                let p = match cfg.privacy.split {
+                    BudgetSplit::Joint => plans.joint,
+                    BudgetSplit::Additive => plans.additive,
+                };
+                planned_epsilon = p.epsilon_composed.upper;
+                (p.shared.sigma, p.expert.sigma)
+            } else {
+                (0.0, 0.0)
+            };
+            sigmas.insert("shared".into(), ss);
+            sigmas.insert("experts".into(), se);
+            let phases = if alternate {
+                vec![shared_phase(ss), expert_phase(se, None)]
+            } else {
+                vec![expert_phase(se, Some(ss))]
+            };
+            Ok(FamilyPlan {
+                phases,
+                pattern,
+                sigmas,
+                planned_epsilon,
+                split,
+            })
+        }
+    }
+}
+
+/// One stream over the whole trainable scope, one release per update: a flat clip group, or
+/// for the DP-Muon methods one group per hidden matrix (C_W = C/√K) and one for the rest.
+fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
+    let cfg = inputs.cfg;
+    let (clip, private) = (cfg.train.clip, inputs.private);
+    let (sigma, planned_epsilon) = if private {
+        inputs.single_sigma(inputs.updates)?
+    } else {
+        (0.0, f64::INFINITY)
+    };
+    let per_matrix = match cfg.method.name {
+        Method::DpMuon | Method::DpMuonbc => true,
+        Method::Raptor
+        | Method::DpAdamLora
+        | Method::DpAdamFull
+        | Method::MatchedScope
+        | Method::SharedOnly
+        | Method::ExpertOnly
+        | Method::Lora
+        | Method::Full
+        | Method::DpSgd
+        | Method::DpAdam
+        | Method::Muon
+        | Method::Adam => false,
+    };
+    let names = &inputs.names;
+    let mut groups = Vec::new();
+    if per_matrix {
+        let hidden: Vec<String> = names
+            .iter()
+            .filter(|n| {
+                inputs
+                    .shapes
+                    .get(*n)
+                    .is_some_and(|s| inputs.fam.is_hidden_matrix(n, s.len()))
+            })
+            .cloned()
+            .collect();
+        let rest: Vec<String> = names
+            .iter()
+            .filter(|n| !hidden.contains(n))
+            .cloned()
+            .collect();
+        let k = hidden.len() + usize::from(!rest.is_empty());
+        // Equal split: C_W = C/√K, so Δ = sqrt(Σ C_W²) = C.
+        let cw = clip / (k as f64).sqrt();
+        for h in &hidden {
+            groups.push(ClipGroup {
+                name: h.clone(),
+                params: vec![h.clone()],
+                bound: cw,
+                weighted: false,
+                release: true,
+            });
+        }
+        if !rest.is_empty() {
+            groups.push(ClipGroup {
+                name: "rest".into(),
+                params: rest,
+                bound: cw,
+                weighted: false,
+                release: true,
+            });
+        }
+    } else {
+        groups.push(ClipGroup {
+            name: "all".into(),
+            params: names.clone(),
+            bound: clip,
+            weighted: false,
+            release: true,
+        });
+    }
+    let release = ReleaseSpec {
+        name: "all".into(),
+        groups: groups.iter().map(|g| g.name.clone()).collect(),
+        sigma,
+        denominator: inputs.b,
+        charge: if private {
+            Charge::Sequential
+        } else {
+            Charge::None
+        },
+    };
+    let phase = Phase {
+        name: "all".into(),
+        groups,
+        global_clip: None,
+        releases: vec![release],
+        owner_layers: vec![],
+        residual: Residual::None,
+        residual_disable: vec![],
+        private,
+    };
+    Ok(FamilyPlan {
+        phases: vec![phase],
+        pattern: vec![0],
+        sigmas: BTreeMap::from([("all".to_string(), sigma)]),
+        planned_epsilon,
+        split: "single".into(),
+    })
 }
 
 #[cfg(test)]
@@ -816,6 +993,126 @@ mod tests {
             let last = p[((updates - 1) % p.len() as u64) as usize];
             prop_assert_eq!(last, 0, "pattern {:?}, {} updates", p, updates);
         }
+    }
+
+    fn scope(names: &[(&str, &[i64])], sparse_layers: Vec<usize>, experts: i64) -> TrainableScope {
+        TrainableScope {
+            shapes: names
+                .iter()
+                .map(|(n, s)| (n.to_string(), s.to_vec()))
+                .collect(),
+            sparse_layers,
+            experts,
+        }
+    }
+
+    /// The plan comes from the trainable names and shapes alone: DP-Muon clips each hidden
+    /// matrix on its own (C/√K each) and updates it with Muon, the rest together with AdamW.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_plan_needs_no_model() {
+        let mut c = RunConfig::default();
+        c.model.kind = ModelKind::Gpt2;
+        c.method.name = Method::DpMuon;
+        c.train.steps = Some(10);
+        c.train.batch_size = 10.0;
+        c.privacy.accuracy = 0.05;
+        let s = scope(
+            &[
+                ("h.0.attn.c_attn.weight", &[8, 24]),
+                ("h.0.mlp.c_fc.weight", &[8, 32]),
+                ("h.0.ln_1.weight", &[8]),
+                ("wte.weight", &[64, 8]),
+            ],
+            vec![],
+            0,
+        );
+        let (plan, privacy) = plan_for(&c, &s, 100, None).unwrap();
+        assert_eq!(plan.phases.len(), 1);
+        let groups: Vec<(&str, f64)> = plan.phases[0]
+            .groups
+            .iter()
+            .map(|g| (g.name.as_str(), g.bound))
+            .collect();
+        let cw = 1.0 / 3f64.sqrt();
+        assert_eq!(
+            groups,
+            [
+                ("h.0.attn.c_attn.weight", cw),
+                ("h.0.mlp.c_fc.weight", cw),
+                ("rest", cw)
+            ]
+        );
+        let optim: Vec<(&str, Optim)> = plan.optim.iter().map(|(n, o)| (n.as_str(), *o)).collect();
+        assert_eq!(
+            optim,
+            [
+                ("h.0.attn.c_attn.weight", Optim::Muon),
+                ("h.0.ln_1.weight", Optim::AdamW),
+                ("h.0.mlp.c_fc.weight", Optim::Muon),
+                ("wte.weight", Optim::AdamW)
+            ]
+        );
+        assert_eq!(privacy.split, "single");
+        assert!(privacy.planned_epsilon <= c.privacy.epsilon);
+        // B > N and an empty scope are errors, not plans.
+        assert!(plan_for(&c, &s, 5, None).is_err());
+        assert!(plan_for(&c, &scope(&[], vec![], 0), 100, None).is_err());
+    }
+
+    /// RAPTOR over one sample per update: one phase releases the shared stream (÷B, its own σ)
+    /// and every expert of the layer (÷B/E, σ_e, parallel over the layer).
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn raptor_without_alternation_releases_both_streams_from_one_sample() {
+        let mut c = RunConfig::default();
+        c.method.alternate = false;
+        c.train.steps = Some(10);
+        c.train.batch_size = 10.0;
+        c.privacy.accuracy = 0.05;
+        let s = scope(
+            &[
+                ("classifier.weight", &[2, 8]),
+                (
+                    "encoder.block.1.layer.1.mlp.experts.expert_0.wi.lora_A.weight",
+                    &[2, 8],
+                ),
+                (
+                    "encoder.block.1.layer.1.mlp.experts.expert_1.wi.lora_A.weight",
+                    &[2, 8],
+                ),
+            ],
+            vec![1],
+            2,
+        );
+        let (plan, privacy) = plan_for(&c, &s, 100, Some(1)).unwrap();
+        assert_eq!(plan.pattern, [0]);
+        let ph = &plan.phases[0];
+        assert_eq!(ph.name, "all");
+        let releases: Vec<(&str, f64, f64)> = ph
+            .releases
+            .iter()
+            .map(|r| (r.name.as_str(), r.sigma, r.denominator))
+            .collect();
+        let (ss, se) = (privacy.sigmas["shared"], privacy.sigmas["experts"]);
+        assert!(ss.is_finite() && se.is_finite() && ss > 0.0 && se > 0.0);
+        assert_eq!(
+            releases,
+            [
+                ("shared", ss, 10.0),
+                ("expert[1,0]", se, 5.0),
+                ("expert[1,1]", se, 5.0)
+            ]
+        );
+        assert_eq!(privacy.split, "joint (one sample per update)");
+        assert_eq!(plan.routed.len(), 2);
+        assert_eq!(privacy.phase_updates["all"], 10);
+    }
+
+    #[test]
+    fn pattern_counts_of_an_empty_pattern_are_zero() {
+        assert_eq!(crate::streams::pattern_counts(&[], 2, 10), [0, 0]);
+        assert_eq!(crate::streams::pattern_counts(&[1, 0, 0], 2, 10), [6, 4]);
     }
 
     #[test]

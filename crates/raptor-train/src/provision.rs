@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use raptor_data::pretrained::{ALL_MINILM_L6_V2, ensure_corpus, ensure_model};
 
+use crate::config::TokenizerSpec;
 use crate::error::{Result, TrainError};
 use crate::upcycle::{RouterData, upcycle_folder};
 
@@ -74,7 +75,7 @@ pub fn ensure_moe_backbone(quiet: bool) -> Result<PathBuf> {
     let router = RouterData {
         file: corpus.join("public.tsv"),
         text_column: "text".into(),
-        tokenizer: "model".into(),
+        tokenizer: TokenizerSpec::Model,
         max_length: crate::quickstart::MAX_LENGTH,
         max_records: ROUTER_RECORDS,
         training: raptor_models::upcycle::RouterTraining::default(),
@@ -108,7 +109,7 @@ pub fn apply_default_model(cfg: &mut crate::config::RunConfig) {
             m,
             Method::DpAdamLora | Method::DpAdamFull | Method::Lora | Method::Full
         );
-    cfg.model.tokenizer = "model".into();
+    cfg.model.tokenizer = TokenizerSpec::Model;
     if moe {
         cfg.model.kind = ModelKind::MoeBert;
         cfg.model.path = Some(PathBuf::from(crate::quickstart::MOE_BACKBONE));

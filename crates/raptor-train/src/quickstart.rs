@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use raptor_data::detect::{Detection, detect_columns};
 
-use crate::config::{Method, ModelKind, RunConfig};
+use crate::config::{Method, ModelKind, RunConfig, Scope, TokenizerSpec};
 use crate::error::{Result, TrainError};
 
 /// The pretrained backbone of a run with no model given (a model of
@@ -200,7 +200,7 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
             ModelKind::Bert
         };
         cfg.model.path = None;
-        cfg.model.tokenizer = "bytes".into();
+        cfg.model.tokenizer = TokenizerSpec::Bytes;
         cfg.data.max_length = 64;
         notes.push(
             "model: initialized at random (--random-init), bytes tokenizer, 64 bytes per record"
@@ -209,7 +209,7 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
     } else if moe {
         cfg.model.kind = ModelKind::MoeBert;
         cfg.model.path = Some(PathBuf::from(MOE_BACKBONE));
-        cfg.model.tokenizer = "model".into();
+        cfg.model.tokenizer = TokenizerSpec::Model;
         cfg.data.public = Some(PathBuf::from(format!(
             "cache:data/{}/public.tsv",
             raptor_data::cache::ROTTEN_TOMATOES.name
@@ -221,13 +221,13 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
     } else {
         cfg.model.kind = ModelKind::Bert;
         cfg.model.path = Some(PathBuf::from(BACKBONE));
-        cfg.model.tokenizer = "model".into();
+        cfg.model.tokenizer = TokenizerSpec::Model;
         notes.push(format!(
             "model: {BACKBONE} (pretrained BERT, mean pooling, new linear head)"
         ));
     }
     if !moe {
-        cfg.method.scope = "lora".into();
+        cfg.method.scope = Scope::Lora;
     }
     if let (Some(l), false) = (backbone.layers, q.random_init) {
         cfg.lora.attention_targets = upper_half_targets(l);
@@ -342,7 +342,7 @@ mod tests {
             (c.model.kind, c.method.name),
             (ModelKind::Bert, Method::DpAdam)
         );
-        assert_eq!(c.method.scope, "lora");
+        assert_eq!(c.method.scope, Scope::Lora);
         assert_eq!(c.model.path.as_deref(), Some(Path::new(BACKBONE)));
         assert_eq!(c.privacy.delta, None, "δ is left to the privacy default");
         c.validate().unwrap();

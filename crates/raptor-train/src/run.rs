@@ -380,13 +380,7 @@ impl Drop for RunLock {
 
 fn optim_settings(cfg: &RunConfig) -> Result<OptimSettings> {
     let m = &cfg.method;
-    let ns = if m.ns_polynomial == "taylor" {
-        raptor_muon::NsConfig::taylor(m.ns_kappa, m.ns_steps)
-    } else {
-        let mut c = raptor_muon::NsConfig::keller();
-        c.steps = m.ns_steps;
-        c
-    };
+    let ns = m.ns_config();
     ns.validate()?;
     Ok(OptimSettings {
         lr: cfg.train.lr,
@@ -395,11 +389,7 @@ fn optim_settings(cfg: &RunConfig) -> Result<OptimSettings> {
         weight_decay: cfg.train.weight_decay,
         muon_lr: m.muon_lr,
         muon_beta: m.muon_beta,
-        muon_form: match m.muon_momentum.as_str() {
-            "heavy-ball" => raptor_muon::MomentumForm::HeavyBall,
-            "ema" => raptor_muon::MomentumForm::Ema,
-            _ => raptor_muon::MomentumForm::Nesterov,
-        },
+        muon_form: m.muon_momentum.into(),
         ns,
         bc_probe_pairs: m.bc_probe_pairs,
     })
@@ -1253,7 +1243,7 @@ struct RunModel {
 /// (LoRA adapters) as training set it up, and the trained weights of its checkpoint.
 fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
     let classify = crate::session::is_classifier(&cfg);
-    let device = crate::device::open_device(&cfg.train.device)?;
+    let device = crate::device::open_device(cfg.train.device)?;
     let tok = crate::session::open_run_tokenizer(&cfg)?;
     let labels = if classify {
         let lp = run.join("labels.json");
@@ -1360,7 +1350,7 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
             TrainError::Config("no evaluation data: pass --data or set data.validation".into())
         })?;
     let pad = i64::from(tok.pad_id());
-    if cfg.data.format != "table" {
+    if cfg.data.format.is_data_to_text() {
         let ds = crate::session::read_d2t(&cfg, &path)?;
         let ex =
             crate::session::to_d2t_examples(&cfg, tok.as_ref(), &ds.records, model.vocab_size())?;

@@ -16,7 +16,7 @@ use raptor_models::{
 };
 use tch::Device;
 
-use crate::config::{Method, ModelKind, RunConfig};
+use crate::config::{LayerSpec, Method, ModelKind, Pooling, RunConfig, TokenizerSpec};
 use crate::device::open_device;
 use crate::error::{Result, TrainError};
 use crate::methods::{LayerChoice, PrivacyPlan, build_plan, choose_layer, owner_rule};
@@ -149,10 +149,13 @@ fn model_source(path: &Path) -> Result<(PathBuf, bool)> {
 /// Opens the tokenizer of `cfg`: [`open_tokenizer`], or with `model.tokenizer = "gguf"` the
 /// byte-level BPE stored in the GGUF model file of `model.path`.
 pub fn open_model_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
-    if cfg.model.tokenizer != "gguf" {
-        return open_tokenizer(&cfg.model.tokenizer);
-    }
-    let file = gguf_tokenizer_file(cfg)?;
+    let file = match &cfg.model.tokenizer {
+        TokenizerSpec::Gguf => gguf_tokenizer_file(cfg)?,
+        other @ (TokenizerSpec::Bytes
+        | TokenizerSpec::Gpt2
+        | TokenizerSpec::Model
+        | TokenizerSpec::File(_)) => return open_tokenizer(&other.to_string()),
+    };
     let f = raptor_models::gguf::GgufFile::open(&file)?;
     Ok(Box::new(raptor_models::gguf_model::gguf_tokenizer(&f)?))
 }
@@ -197,21 +200,24 @@ fn gguf_eos(cfg: &RunConfig) -> u32 {
 /// in its template's special tokens (`[CLS] … [SEP]`, see
 /// [`TextTokenizer::special_ids`]).
 pub fn open_run_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
-    if cfg.model.tokenizer == "gguf" {
-        return open_model_tokenizer(cfg);
-    }
-    let spec = match (cfg.model.tokenizer.as_str(), &cfg.model.path) {
-        ("model", Some(p)) => p.join("tokenizer.json").to_string_lossy().into_owned(),
-        ("model", None) => {
+    let tokenizer = &cfg.model.tokenizer;
+    let spec = match (tokenizer, &cfg.model.path) {
+        (TokenizerSpec::Gguf, _) => return open_model_tokenizer(cfg),
+        (TokenizerSpec::Model, Some(p)) => p.join("tokenizer.json").to_string_lossy().into_owned(),
+        (TokenizerSpec::Model, None) => {
             return Err(TrainError::Config(
                 "model.tokenizer = \"model\" needs model.path".into(),
             ));
         }
-        (s, _) => s.to_string(),
+        (TokenizerSpec::Bytes | TokenizerSpec::Gpt2 | TokenizerSpec::File(_), _) => {
+            tokenizer.to_string()
+        }
     };
-    if matches!(cfg.model.kind, ModelKind::Bert | ModelKind::MoeBert)
-        && !matches!(spec.as_str(), "bytes" | "gpt2")
-    {
+    let json_file = match tokenizer {
+        TokenizerSpec::Model | TokenizerSpec::File(_) => true,
+        TokenizerSpec::Bytes | TokenizerSpec::Gpt2 | TokenizerSpec::Gguf => false,
+    };
+    if cfg.model.kind.is_bert() && json_file {
         if !Path::new(&spec).exists() {
             return Err(TrainError::Config(format!(
                 "model.tokenizer: {spec} does not exist{}",
@@ -311,7 +317,7 @@ pub fn to_examples(
 
 /// Reads a data-to-text file (`data.format` = `e2e` or `dart`).
 pub fn read_d2t(cfg: &RunConfig, path: &Path) -> Result<raptor_data::D2tDataset> {
-    let ds = raptor_data::read_d2t(&cfg.data.format, path).map_err(data_err)?;
+    let ds = raptor_data::read_d2t(cfg.data.format.name(), path).map_err(data_err)?;
     if ds.is_empty() {
         return Err(TrainError::Data(format!(
             "{} holds no record",
@@ -372,18 +378,18 @@ pub fn to_d2t_examples(
 
 /// The end-of-sequence id of the configured tokenizer.
 pub fn eos_id(cfg: &RunConfig) -> u32 {
-    match cfg.model.tokenizer.as_str() {
-        "bytes" => ByteTokenizer::EOS,
-        "gpt2" => raptor_models::tokenizer::GPT2_EOS,
-        "gguf" => gguf_eos(cfg),
-        _ => 0,
+    match cfg.model.tokenizer {
+        TokenizerSpec::Bytes => ByteTokenizer::EOS,
+        TokenizerSpec::Gpt2 => raptor_models::tokenizer::GPT2_EOS,
+        TokenizerSpec::Gguf => gguf_eos(cfg),
+        TokenizerSpec::Model | TokenizerSpec::File(_) => 0,
     }
 }
 
 fn bert_pooling(cfg: &RunConfig) -> BertPooling {
-    match cfg.model.pooling.as_str() {
-        "pooler" => BertPooling::Pooler,
-        _ => BertPooling::Mean,
+    match cfg.model.pooling {
+        Pooling::Pooler => BertPooling::Pooler,
+        Pooling::Mean => BertPooling::Mean,
     }
 }
 
@@ -636,7 +642,7 @@ pub(crate) fn prepare_counting(
     extra_records: usize,
 ) -> Result<Session> {
     cfg.validate()?;
-    let device = open_device(&cfg.train.device)?;
+    let device = open_device(cfg.train.device)?;
     if !cfg.data.train.exists() {
         let hint = match raptor_data::cache::default_cache_dir() {
             Some(c) if cfg.data.train.starts_with(c.join("data")) => {
@@ -653,7 +659,7 @@ pub(crate) fn prepare_counting(
     let tokenizer = open_run_tokenizer(cfg)?;
     let vocab = tokenizer.vocab_size() as i64;
     let pad_id = i64::from(tokenizer.pad_id());
-    if cfg.data.format != "table" {
+    if cfg.data.format.is_data_to_text() {
         return prepare_d2t(cfg, device, tokenizer, vocab, pad_id, hook, extra_records);
     }
     let train_ds = read_records(cfg, &cfg.data.train, classify)?;
@@ -733,8 +739,9 @@ pub(crate) fn prepare_counting(
     // RAPTOR's layer from public routing (no private record is involved).
     let layer = if cfg.method.name.needs_experts() {
         let sparse = model.sparse_layers();
-        let public = match (&cfg.data.public, cfg.method.layer.as_str()) {
-            (Some(p), "entropy") => {
+        // Only the entropy rule reads the public corpus's routing.
+        let public = match (&cfg.data.public, cfg.method.layer) {
+            (Some(p), LayerSpec::Entropy) => {
                 let ds = read_records(cfg, p, false)?;
                 let ex = to_examples(cfg, tokenizer.as_ref(), &ds.records, None, model_vocab)?;
                 let bs = batches(&ex, 64, pad_id, device, classify)?;
@@ -745,7 +752,7 @@ pub(crate) fn prepare_counting(
                 }
                 Some(corpus)
             }
-            _ => None,
+            (None, _) | (Some(_), LayerSpec::First | LayerSpec::Last | LayerSpec::Block(_)) => None,
         };
         Some(choose_layer(cfg, &sparse, public.as_ref())?)
     } else {

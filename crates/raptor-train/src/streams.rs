@@ -199,6 +199,23 @@ pub struct ReleaseNoiseSpec {
 /// Which optimizer updates a parameter (defined in `raptor-optim`).
 pub use raptor_optim::Optim;
 
+/// How many times each of `phases` phases runs in `updates` updates of a repeated `pattern`
+/// (a pattern entry that names no phase counts for none; an empty pattern runs nothing).
+pub fn pattern_counts(pattern: &[usize], phases: usize, updates: u64) -> Vec<u64> {
+    let mut c = vec![0u64; phases];
+    let per = pattern.len() as u64;
+    if per == 0 {
+        return c;
+    }
+    let (full, rest) = (updates / per, updates % per);
+    for (i, &p) in pattern.iter().enumerate() {
+        if let Some(n) = c.get_mut(p) {
+            *n += full + u64::from((i as u64) < rest);
+        }
+    }
+    c
+}
+
 /// The whole schedule, fixed before training.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
@@ -229,13 +246,7 @@ impl Plan {
 
     /// How many times each phase runs in `updates` updates.
     pub fn phase_counts(&self) -> Vec<u64> {
-        let mut c = vec![0u64; self.phases.len()];
-        let per = self.pattern.len() as u64;
-        let (full, rest) = (self.updates / per, self.updates % per);
-        for (i, &p) in self.pattern.iter().enumerate() {
-            c[p] += full + u64::from((i as u64) < rest);
-        }
-        c
+        pattern_counts(&self.pattern, self.phases.len(), self.updates)
     }
 
     /// The noise multiplier, clip bound and public denominator of the releases that carry the

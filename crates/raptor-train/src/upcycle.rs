@@ -21,7 +21,7 @@ pub struct RouterData {
     /// Its text column.
     pub text_column: String,
     /// `model.tokenizer` of the records (`model`: the dense folder's tokenizer.json).
-    pub tokenizer: String,
+    pub tokenizer: crate::config::TokenizerSpec,
     /// Tokens per record (special tokens included).
     pub max_length: usize,
     /// Records used at most (an evenly strided subset; 0: all).

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use raptor_models::{Batch, DecoderHead, ForwardCtx, Gpt2, Gpt2Config, Model};
-use raptor_train::config::{Method, ModelKind, RunConfig};
+use raptor_train::config::{Method, ModelKind, MuonMomentum, RunConfig, Scope};
 use raptor_train::methods::build_plan;
 use raptor_train::optim::{OptimSettings, Optimizers, ReleaseNoise};
 use raptor_train::streams::{Optim, Plan};
@@ -56,8 +56,8 @@ fn cfg(method: Method, n: usize) -> RunConfig {
     let mut c = RunConfig::default();
     c.model.kind = ModelKind::Gpt2;
     c.method.name = method;
-    c.method.scope = "full".into();
-    c.method.muon_momentum = "heavy-ball".into();
+    c.method.scope = Scope::Full;
+    c.method.muon_momentum = MuonMomentum::HeavyBall;
     c.train.batch_size = n as f64;
     c.train.steps = Some(3);
     c.train.weight_decay = 0.0;
@@ -460,7 +460,7 @@ fn on_a_lora_scope_dp_muon_updates_the_adapters_with_muon() {
         for method in [Method::DpAdam, Method::DpMuon, Method::DpMuonbc] {
             let mut c = cfg(method, data.len());
             c.model.kind = kind;
-            c.method.scope = "lora".into();
+            c.method.scope = Scope::Lora;
             c.lora.r = 2;
             c.train.seed = 5;
             // Seeded model and LoRA draws from libtorch's one generator (see `rng_lock`).

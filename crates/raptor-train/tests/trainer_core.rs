@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use raptor_accountant::{Accuracy, PrvAccountant};
 use raptor_models::{Batch, ForwardCtx, Model, SwitchConfig, SwitchEncoder};
-use raptor_train::config::{Method, RunConfig};
+use raptor_train::config::{LayerSpec, Method, ResidualWeight, RunConfig, Scope};
 use raptor_train::methods::build_plan;
 use raptor_train::optim::{OptimSettings, Optimizers};
 use raptor_train::streams::{Optim, Plan};
@@ -57,8 +57,8 @@ fn model() -> SwitchEncoder {
 fn cfg(method: Method, n: usize) -> RunConfig {
     let mut c = RunConfig::default();
     c.method.name = method;
-    c.method.residual = "none".into();
-    c.method.layer = SPARSE.to_string();
+    c.method.residual = ResidualWeight::None;
+    c.method.layer = LayerSpec::Block(SPARSE);
     c.train.batch_size = n as f64;
     c.train.steps = Some(4);
     c.train.weight_decay = 0.0;
@@ -477,11 +477,11 @@ fn role_wise_experts_without_an_owner_map_are_refused() {
 #[test]
 fn residual_weights_scale_each_records_gradient_in_the_weighted_groups() {
     let n = 10;
-    for residual in ["prob", "margin"] {
+    for residual in [ResidualWeight::Prob, ResidualWeight::Margin] {
         let mut m = model();
         let data = examples(n, m.vocab_size(), 4);
         let mut c = cfg(Method::Raptor, n);
-        c.method.residual = residual.into();
+        c.method.residual = residual;
         let (mut plan, _) = build_plan(&c, &mut m, n, Some(SPARSE)).unwrap();
         m.var_store_mut().double();
         let names = plan.params();
@@ -535,8 +535,9 @@ fn residual_weights_scale_each_records_gradient_in_the_weighted_groups() {
                             .map(|(_, v)| *v)
                             .fold(f64::NEG_INFINITY, f64::max);
                         match residual {
-                            "prob" => (1.0 - pr[y]).clamp(0.0, 1.0),
-                            _ => f64::from(u8::from(pr[y] - best_other < 0.2)),
+                            ResidualWeight::Prob => (1.0 - pr[y]).clamp(0.0, 1.0),
+                            ResidualWeight::Margin => f64::from(u8::from(pr[y] - best_other < 0.2)),
+                            ResidualWeight::None => 1.0,
                         }
                     })
                     .collect()
@@ -870,7 +871,7 @@ fn golden_setting(
     let mut m = model();
     let mut c = cfg(method, data.len());
     c.method.alternate = alternate;
-    c.method.scope = "lora".into();
+    c.method.scope = Scope::Lora;
     c.train.batch_size = 8.0;
     c.train.steps = Some(5);
     let (plan, privacy) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
@@ -1018,7 +1019,7 @@ fn a_nonfinite_residual_weight_is_zero_and_counted_not_an_error() {
     let data = examples(12, vocab, 4);
     let mut m = model();
     let mut c = cfg(Method::Raptor, data.len());
-    c.method.residual = "prob".into();
+    c.method.residual = ResidualWeight::Prob;
     c.train.steps = Some(2);
     let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
     // NaN head: every record's shared-only logits, hence its residual weight, are NaN.

@@ -62,14 +62,7 @@ pub struct BiasRow {
 
 /// The Newton–Schulz map a run used (as `raptor train` builds it from the config).
 pub fn ns_of(cfg: &RunConfig) -> NsConfig {
-    let m = &cfg.method;
-    if m.ns_polynomial == "taylor" {
-        NsConfig::taylor(m.ns_kappa, m.ns_steps)
-    } else {
-        let mut c = NsConfig::keller();
-        c.steps = m.ns_steps;
-        c
-    }
+    cfg.method.ns_config()
 }
 
 /// Measures the kept buffers of the run in `dir` (nothing when it kept none) and writes the

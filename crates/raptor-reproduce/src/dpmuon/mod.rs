@@ -35,7 +35,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
-use raptor_train::config::{Method, ModelKind, RunConfig};
+use raptor_train::config::{
+    DataFormat, DeviceSpec, Method, ModelKind, RunConfig, Scope, TokenizerSpec,
+};
 
 use crate::driver::{Context, Table};
 use crate::paper::runs::{Job, Placed, Runner, Summary};
@@ -222,25 +224,25 @@ fn tuned_is_muon(m: Method) -> bool {
 fn base_cfg(
     p: &Prepared,
     s: &Scale,
-    device: &str,
+    device: DeviceSpec,
     train: &Path,
     valid: &Path,
     n: usize,
 ) -> RunConfig {
     let mut c = RunConfig::default();
-    c.data.format = "e2e".into();
+    c.data.format = DataFormat::E2e;
     c.data.train = train.to_path_buf();
     c.data.validation = Some(valid.to_path_buf());
     c.data.max_length = s.max_len;
     c.model.kind = ModelKind::Gpt2;
     c.model.path = Some(p.start.clone());
-    c.model.tokenizer = p.tok.display().to_string();
-    c.method.scope = "full".into();
+    c.model.tokenizer = TokenizerSpec::from(p.tok.as_path());
+    c.method.scope = Scope::Full;
     c.train.steps = Some(s.steps);
     c.train.batch_size = fit_batch(s.batch, n);
     c.train.micro_batch = 64;
     c.train.checkpoint_every = 0;
-    c.train.device = device.into();
+    c.train.device = device;
     c.train.eval_every = 0;
     c.train.clip = s.clip;
     c.privacy.epsilon = s.epsilon;
@@ -279,7 +281,7 @@ fn proxy_label(task: &str, m: Method, lr: f64, s: &Scale) -> String {
 fn proxy_jobs(
     p: &Prepared,
     s: &Scale,
-    device: &str,
+    device: DeviceSpec,
     methods: &[Method],
     adam_lr: &dyn Fn(Method) -> f64,
 ) -> Vec<Job> {
@@ -323,7 +325,7 @@ fn choose(
     adam_lr: f64,
     out: &BTreeMap<String, Summary>,
     runner: &Runner,
-    device: &str,
+    device: DeviceSpec,
 ) -> anyhow::Result<LrChoice> {
     let c = &p.corpora;
     let grid = if tuned_is_muon(m) {
@@ -370,7 +372,7 @@ fn choose(
 fn main_jobs(
     p: &Prepared,
     s: &Scale,
-    device: &str,
+    device: DeviceSpec,
     lrs: &BTreeMap<String, LrChoice>,
 ) -> Vec<(Job, bool)> {
     let c = &p.corpora;
@@ -431,12 +433,12 @@ fn prepare(
         s.vocab,
     )?;
     let mut p = RunConfig::default();
-    p.data.format = "e2e".into();
+    p.data.format = DataFormat::E2e;
     p.data.train = corpora.pretrain.clone();
     p.data.validation = Some(corpora.proxy_val.clone());
     p.data.max_length = s.max_len;
     p.model.kind = ModelKind::Gpt2;
-    p.model.tokenizer = tok.display().to_string();
+    p.model.tokenizer = TokenizerSpec::from(tok.as_path());
     (p.model.d_model, p.model.layers, p.model.heads, p.model.d_ff) = s.dec;
     p.method.name = Method::Adam;
     p.train.steps = Some(s.pretrain.0);
@@ -445,7 +447,7 @@ fn prepare(
     p.train.micro_batch = 64;
     p.train.checkpoint_every = 0;
     p.train.insecure_seed = Some(7);
-    p.train.device = inputs.device.clone();
+    p.train.device = inputs.device;
     p.eval.max_sources = 0;
     p.eval.max_new_tokens = s.new_tokens;
     let pre = pretrain::Pretraining::plan(
@@ -541,7 +543,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
                 None => raptor_data::cache::default_cache_dir()
                     .context("no cache folder: set RAPTOR_CACHE_DIR (or HOME) or pass --cache")?,
             };
-            Inputs::real(&cache, &ctx.d2t_data, &ctx.device)
+            Inputs::real(&cache, &ctx.d2t_data, ctx.device)
         }
     };
     let gpt2 = if ctx.full {
@@ -577,14 +579,14 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     for p in prepared.iter().filter_map(|p| p.pre.as_ref()) {
         p.export()?;
     }
-    let device = inputs.device.clone();
+    let device = inputs.device;
     // Phase 2: proxies of the AdamW methods, then of the Muon methods with DP-Adam's (Adam's)
     // chosen rate on their non-matrix parameters.
     let adam_family = [Method::DpAdam, Method::Adam];
     let muon_family = [Method::DpMuon, Method::DpMuonbc];
     let mut jobs = Vec::new();
     for p in &prepared {
-        jobs.extend(proxy_jobs(p, &scale, &device, &adam_family, &|_| 0.0));
+        jobs.extend(proxy_jobs(p, &scale, device, &adam_family, &|_| 0.0));
     }
     let placed = runner.place(jobs)?;
     let out_a = runner.run_all(&placed)?;
@@ -594,7 +596,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         for meth in adam_family {
             m.insert(
                 meth.name().to_string(),
-                choose(p, &scale, meth, 0.0, &out_a, &runner, &device)?,
+                choose(p, &scale, meth, 0.0, &out_a, &runner, device)?,
             );
         }
         choices.push(m);
@@ -609,7 +611,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     };
     let mut jobs = Vec::new();
     for (p, ch) in prepared.iter().zip(&choices) {
-        jobs.extend(proxy_jobs(p, &scale, &device, &muon_family, &|m| {
+        jobs.extend(proxy_jobs(p, &scale, device, &muon_family, &|m| {
             adam_lr_of(ch, m)
         }));
     }
@@ -618,7 +620,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     for (p, ch) in prepared.iter().zip(choices.iter_mut()) {
         for meth in muon_family {
             let a = adam_lr_of(ch, meth);
-            let c = choose(p, &scale, meth, a, &out_b, &runner, &device)?;
+            let c = choose(p, &scale, meth, a, &out_b, &runner, device)?;
             ch.insert(meth.name().to_string(), c);
         }
     }
@@ -626,7 +628,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let mut jobs = Vec::new();
     let mut tapped = Vec::new();
     for (p, ch) in prepared.iter().zip(&choices) {
-        for (j, tap) in main_jobs(p, &scale, &device, ch) {
+        for (j, tap) in main_jobs(p, &scale, device, ch) {
             if tap {
                 tapped.push((p.corpora.task.clone(), j.label.clone(), j.cfg.clone()));
             }

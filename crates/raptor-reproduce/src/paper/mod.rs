@@ -25,7 +25,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
-use raptor_train::config::{Budget, Method, ModelKind, RunConfig, StreamOptimizer};
+use raptor_train::config::{
+    Budget, DataFormat, DeviceSpec, LayerSpec, Method, ModelKind, RunConfig, Scope,
+    StreamOptimizer, TokenizerSpec,
+};
 
 use crate::driver::{Context, Table};
 use runs::{Job, Placed, Runner, Summary};
@@ -168,13 +171,13 @@ pub struct Inputs {
     /// Per-user cache (tokenizers, pretrained models, derived data-to-text splits).
     pub cache: PathBuf,
     /// Device of every run.
-    pub device: String,
+    pub device: DeviceSpec,
 }
 
 impl Inputs {
     /// The real data: corpora prepared by `cargo xtask setup --data` in `cache`, and the
     /// data-to-text files under `d2t_root` (`e2e/`, `dart/`).
-    pub fn real(cache: &Path, d2t_root: &Path, device: &str) -> Self {
+    pub fn real(cache: &Path, d2t_root: &Path, device: DeviceSpec) -> Self {
         let mut cls = Vec::new();
         let mut missing = Vec::new();
         for (short, corpus) in [
@@ -245,7 +248,7 @@ impl Inputs {
             d2t,
             d2t_missing,
             cache: cache.to_path_buf(),
-            device: device.to_string(),
+            device,
         }
     }
 }
@@ -275,10 +278,10 @@ pub fn label(task: &str, method: &str, variant: &str, eps: Option<f64>, seed: u6
     }
 }
 
-fn cls_base(task: &ClsTask, s: &Scale, tok: &Path, model: &Path, device: &str) -> RunConfig {
+fn cls_base(task: &ClsTask, s: &Scale, tok: &Path, model: &Path, device: DeviceSpec) -> RunConfig {
     let mut c = RunConfig::default();
-    c.train.device = device.into();
-    c.data.format = "table".into();
+    c.train.device = device;
+    c.data.format = DataFormat::Table;
     c.data.train = task.train.clone();
     c.data.validation = Some(task.validation.clone());
     c.data.public = Some(task.public.clone());
@@ -287,7 +290,7 @@ fn cls_base(task: &ClsTask, s: &Scale, tok: &Path, model: &Path, device: &str) -
     c.data.max_length = s.cls_max_len;
     c.model.kind = ModelKind::Switch;
     c.model.path = Some(model.to_path_buf());
-    c.model.tokenizer = tok.display().to_string();
+    c.model.tokenizer = TokenizerSpec::from(tok);
     c.train.steps = Some(s.finetune.0);
     c.train.batch_size = s.finetune.1;
     c.train.lr = s.finetune.2;
@@ -389,7 +392,7 @@ fn prepare_cls(
     p.data.validation = Some(source.validation.clone());
     p.data.max_length = s.cls_max_len;
     p.model.kind = ModelKind::Switch;
-    p.model.tokenizer = tok.display().to_string();
+    p.model.tokenizer = TokenizerSpec::from(tok.as_path());
     (
         p.model.d_model,
         p.model.layers,
@@ -404,7 +407,7 @@ fn prepare_cls(
     p.train.micro_batch = 256;
     p.train.checkpoint_every = 0;
     p.train.insecure_seed = Some(7);
-    p.train.device = inputs.device.clone();
+    p.train.device = inputs.device;
     let mut pre = pretrain::Pretraining::plan(
         &inputs.cache,
         &format!("{}-for-{}-switch", source.name, task.name),
@@ -521,7 +524,7 @@ impl Choice {
 
 /// The fine-tuning config every run of a task starts from (data.public is the task's public
 /// split: routing statistics, layer choice, clip bounds; SGD, where chosen, with momentum 0.9).
-fn base_for(c: &ClsPrepared, s: &Scale, device: &str) -> RunConfig {
+fn base_for(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
     let mut base = cls_base(&c.task, s, &c.tok, &c.pre.hf, device);
     base.train.batch_size = fit_batch(base.train.batch_size, c.train_records);
     base.train.momentum = 0.9;
@@ -604,7 +607,13 @@ fn proxy_label(task: &str, m: Method, variant: &str, eps: Option<f64>, ch: &Choi
 /// `raptor`, after the others were chosen), trained on the training part of the task's public
 /// split at the private runs' sampling rate q, number of updates and δ (hence the same σ),
 /// scored on its validation part; one seed.
-fn proxy_jobs(c: &ClsPrepared, s: &Scale, device: &str, raptor: bool, chosen: &Chosen) -> Vec<Job> {
+fn proxy_jobs(
+    c: &ClsPrepared,
+    s: &Scale,
+    device: DeviceSpec,
+    raptor: bool,
+    chosen: &Chosen,
+) -> Vec<Job> {
     let base = base_for(c, s, device);
     let q = base.train.batch_size / c.train_records.max(1) as f64;
     let delta = raptor_train::config::default_delta(c.train_records);
@@ -659,7 +668,13 @@ fn choose(c: &ClsPrepared, s: &Scale, runs: &BTreeMap<String, Summary>, chosen: 
 /// non-private references (LoRA on attention + experts + head; without the experts: the
 /// positive control), and every private method at every ε; ablations and layer choice on the
 /// first task at the largest ε.
-fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str, chosen: &Chosen) -> Vec<Job> {
+fn cls_jobs(
+    c: &ClsPrepared,
+    first: bool,
+    s: &Scale,
+    device: DeviceSpec,
+    chosen: &Chosen,
+) -> Vec<Job> {
     let task = &c.task;
     let base = base_for(c, s, device);
     let max_eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
@@ -712,9 +727,9 @@ fn cls_jobs(c: &ClsPrepared, first: bool, s: &Scale, device: &str, chosen: &Chos
                     cfg: seeded(cfg, seed),
                 });
             }
-            for layer in ["first", "last"] {
+            for layer in [LayerSpec::First, LayerSpec::Last] {
                 let mut cfg = tuned(Method::Raptor, "", Some(max_eps));
-                cfg.method.layer = layer.into();
+                cfg.method.layer = layer;
                 jobs.push(Job {
                     label: label(
                         &task.name,
@@ -820,7 +835,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
                 None => raptor_data::cache::default_cache_dir()
                     .context("no cache folder: set RAPTOR_CACHE_DIR (or HOME) or pass --cache")?,
             };
-            Inputs::real(&cache, &ctx.d2t_data, &ctx.device)
+            Inputs::real(&cache, &ctx.d2t_data, ctx.device)
         }
     };
     let mut runner = Runner::new(&ctx.out.join("runs"), ctx.exe.clone(), ctx.workers)?;
@@ -853,7 +868,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     for raptor in [false, true] {
         let mut jobs = Vec::new();
         for (c, ch) in cls.iter().zip(&chosen) {
-            jobs.extend(proxy_jobs(c, &scale, &inputs.device, raptor, ch));
+            jobs.extend(proxy_jobs(c, &scale, inputs.device, raptor, ch));
         }
         let placed = runner.place(jobs)?;
         proxy_runs.extend(runner.run_all(&placed)?);
@@ -864,7 +879,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     // Phase 3: private fine-tuning.
     let mut jobs = Vec::new();
     for (i, (c, ch)) in cls.iter().zip(&chosen).enumerate() {
-        jobs.extend(cls_jobs(c, i == 0, &scale, &inputs.device, ch));
+        jobs.extend(cls_jobs(c, i == 0, &scale, inputs.device, ch));
     }
     let placed = runner.place(jobs)?;
     let out = runner.run_all(&placed)?;
@@ -955,7 +970,7 @@ mod tests {
             // The public proxy: non-RAPTOR cells first, then RAPTOR's expert settings at the
             // learning rate chosen for shared-only (here: pretend the smallest won).
             let mut chosen = Chosen::new();
-            let first_stage = proxy_jobs(&cls("a"), &s, "cpu", false, &chosen);
+            let first_stage = proxy_jobs(&cls("a"), &s, DeviceSpec::Cpu, false, &chosen);
             let lrs = s.proxy_lrs.len();
             assert_eq!(
                 first_stage.len(),
@@ -974,7 +989,7 @@ mod tests {
                     ),
                 );
             }
-            let second = proxy_jobs(&cls("a"), &s, "cpu", true, &chosen);
+            let second = proxy_jobs(&cls("a"), &s, DeviceSpec::Cpu, true, &chosen);
             assert_eq!(
                 second.len(),
                 s.epsilons.len() * s.expert_grid.len(),
@@ -994,7 +1009,7 @@ mod tests {
             }
             let mut jobs = first_stage;
             jobs.extend(second);
-            let main = cls_jobs(&cls("a"), true, &s, "cpu", &chosen);
+            let main = cls_jobs(&cls("a"), true, &s, DeviceSpec::Cpu, &chosen);
             let per_task = s.seeds.len() * (3 + s.epsilons.len() * CLASSIFICATION_METHODS.len());
             let extra = s.seeds.len().min(report::ABLATION_SEEDS) * (report::ABLATIONS.len() + 2);
             assert_eq!(main.len(), per_task + extra, "{name}");
@@ -1005,7 +1020,7 @@ mod tests {
                     .all(|j| j.cfg.train.lr == s.proxy_lrs[0])
             );
             jobs.extend(main);
-            jobs.extend(cls_jobs(&cls("b"), false, &s, "cpu", &chosen));
+            jobs.extend(cls_jobs(&cls("b"), false, &s, DeviceSpec::Cpu, &chosen));
             let mut labels = std::collections::BTreeSet::new();
             let mut keys = std::collections::BTreeSet::new();
             for j in &jobs {

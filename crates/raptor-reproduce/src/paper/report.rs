@@ -6,7 +6,7 @@ use std::path::Path;
 use raptor_report::{
     BarPlot, Estimate, LinePlot, Series, Table, bar_plot, estimate, line_plot, ordering,
 };
-use raptor_train::config::{Method, RunConfig};
+use raptor_train::config::{ExpertClip, ExpertDenominator, Method, ResidualWeight, RunConfig};
 
 use super::{Results, label};
 
@@ -22,12 +22,14 @@ pub type Ablation = (&'static str, fn(&mut RunConfig));
 pub const ABLATIONS: [Ablation; 4] = [
     ("no-alternation", |c| c.method.alternate = false),
     ("no-public-denominator", |c| {
-        c.method.expert_denominator = "batch".into()
+        c.method.expert_denominator = ExpertDenominator::Batch
     }),
     ("no-expert-clipping", |c| {
-        c.method.expert_clip = "global".into()
+        c.method.expert_clip = ExpertClip::Global
     }),
-    ("no-residual-weight", |c| c.method.residual = "none".into()),
+    ("no-residual-weight", |c| {
+        c.method.residual = ResidualWeight::None
+    }),
 ];
 
 fn pretty(m: &str) -> &str {

@@ -61,7 +61,7 @@ fn ctx(out: &Path, d2t: &Path, backbones: Inputs, exe: bool) -> Context {
         d2t_data: d2t.to_path_buf(),
         inputs: None,
         backbones: Some(backbones),
-        device: "cpu".into(),
+        device: raptor_train::config::DeviceSpec::Cpu,
         exe: exe.then(super::worker_exe),
         workers: 2,
         json: false,
@@ -86,7 +86,7 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     let inputs = Inputs {
         bert: Ok(ModelInput {
             path: bert,
-            tokenizer: "bytes".into(),
+            tokenizer: raptor_train::config::TokenizerSpec::Bytes,
         }),
         cls: Ok(ClsTask {
             name: "toy".into(),
@@ -96,7 +96,7 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         }),
         llama: Ok(ModelInput {
             path: llama,
-            tokenizer: "bytes".into(),
+            tokenizer: raptor_train::config::TokenizerSpec::Bytes,
         }),
         d2t: Ok(D2tTask {
             name: "e2e".into(),
@@ -105,7 +105,7 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
             test: d2t.join("test.csv"),
         }),
         cache: cache.clone(),
-        device: "cpu".into(),
+        device: raptor_train::config::DeviceSpec::Cpu,
     };
     let out = tmp.path().join("results");
     let c = ctx(&out, &d2t, inputs, true);
@@ -214,7 +214,11 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
 #[test]
 fn missing_checkpoints_and_corpora_are_skipped_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
-    let inputs = Inputs::real(&tmp.path().join("empty-cache"), tmp.path(), "cpu");
+    let inputs = Inputs::real(
+        &tmp.path().join("empty-cache"),
+        tmp.path(),
+        raptor_train::config::DeviceSpec::Cpu,
+    );
     let out = tmp.path().join("results");
     let tables = run(&ctx(&out, tmp.path(), inputs, false), &["backbones".into()]).unwrap();
     assert_eq!(tables.len(), 2);

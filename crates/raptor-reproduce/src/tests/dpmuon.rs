@@ -122,7 +122,7 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
         ],
         d2t_missing: vec![],
         cache: tmp.path().join("cache"),
-        device: "cpu".into(),
+        device: raptor_train::config::DeviceSpec::Cpu,
     };
     let out = tmp.path().join("results");
     let ctx = Context {
@@ -134,7 +134,7 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
         d2t_data: d.clone(),
         inputs: Some(inputs),
         backbones: None,
-        device: "cpu".into(),
+        device: raptor_train::config::DeviceSpec::Cpu,
         exe: Some(super::worker_exe()),
         workers: 2,
         json: false,

@@ -70,7 +70,7 @@ fn flags_keep_their_defaults() {
     assert_eq!(a.root, PathBuf::from("."));
     assert!(!a.quick && !a.full && !a.json);
     assert!(a.only.is_empty() && a.cache.is_none() && a.d2t_data.is_none());
-    assert_eq!(a.device, "cpu");
+    assert_eq!(a.device, raptor_train::config::DeviceSpec::Cpu);
     assert_eq!(a.jobs, None);
     let cli = Cli::try_parse_from([
         "raptor-reproduce",
@@ -87,6 +87,11 @@ fn flags_keep_their_defaults() {
     .unwrap();
     assert_eq!(cli.args.only, ["paper", "muon"]);
     assert_eq!(cli.args.jobs, Some(3));
+    assert_eq!(
+        cli.args.device,
+        raptor_train::config::DeviceSpec::Cuda(Some(1))
+    );
+    assert!(Cli::try_parse_from(["raptor-reproduce", "--device", "gpu"]).is_err());
     assert!(Cli::try_parse_from(["raptor-reproduce", "--quick", "--full"]).is_err());
     // The worker's arguments do not mix with a reproduction's.
     let w = Cli::try_parse_from(["raptor-reproduce", "run-one", "--config", "a", "--dir", "b"])

@@ -62,7 +62,7 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
         }],
         d2t_missing: vec!["DART: not in this test".into()],
         cache: tmp.path().join("cache"),
-        device: "cpu".into(),
+        device: raptor_train::config::DeviceSpec::Cpu,
     };
     let out = tmp.path().join("results");
     let ctx = Context {
@@ -74,7 +74,7 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
         d2t_data: d2t.clone(),
         inputs: Some(inputs),
         backbones: None,
-        device: "cpu".into(),
+        device: raptor_train::config::DeviceSpec::Cpu,
         exe: Some(super::worker_exe()),
         workers: 2,
         json: false,
@@ -192,7 +192,11 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
 #[test]
 fn missing_corpora_are_reported_not_fatal() {
     let tmp = tempfile::tempdir().unwrap();
-    let inputs = Inputs::real(&tmp.path().join("empty-cache"), tmp.path(), "cpu");
+    let inputs = Inputs::real(
+        &tmp.path().join("empty-cache"),
+        tmp.path(),
+        raptor_train::config::DeviceSpec::Cpu,
+    );
     assert!(inputs.cls.is_empty());
     let why = inputs.cls_missing.clone().unwrap();
     assert!(why.contains("cargo xtask setup --data"), "{why}");
@@ -207,7 +211,7 @@ fn missing_corpora_are_reported_not_fatal() {
         d2t_data: tmp.path().to_path_buf(),
         inputs: Some(inputs),
         backbones: None,
-        device: "cpu".into(),
+        device: raptor_train::config::DeviceSpec::Cpu,
         exe: None,
         workers: 1,
         json: false,

@@ -14,8 +14,11 @@ use tch::Device;
 /// the CPU (`scripts/gpu-check.sh` sets `cuda`).
 pub fn bench_device() -> Device {
     match std::env::var("RAPTOR_BENCH_DEVICE") {
-        Ok(s) => raptor_train::device::open_device(&s)
-            .expect("RAPTOR_BENCH_DEVICE names an available device"),
+        Ok(s) => raptor_train::device::open_device(
+            s.parse()
+                .expect("RAPTOR_BENCH_DEVICE is cpu, cuda or cuda:N"),
+        )
+        .expect("RAPTOR_BENCH_DEVICE names an available device"),
         Err(_) => Device::Cpu,
     }
 }
@@ -66,7 +69,7 @@ pub fn timed_updates(method: Method, updates: u64) -> Duration {
     let d = data(m.vocab_size());
     let mut cfg = RunConfig::default();
     cfg.method.name = method;
-    cfg.method.layer = "3".into();
+    cfg.method.layer = raptor_train::config::LayerSpec::Block(3);
     cfg.train.batch_size = B;
     cfg.train.steps = Some(1_000_000);
     cfg.privacy.accuracy = 0.05;
@@ -158,7 +161,7 @@ pub fn timed_decoder_updates(method: Method, updates: u64) -> Duration {
     let mut cfg = RunConfig::default();
     cfg.model.kind = raptor_train::config::ModelKind::Gpt2;
     cfg.method.name = method;
-    cfg.method.scope = "full".into();
+    cfg.method.scope = raptor_train::config::Scope::Full;
     cfg.train.batch_size = 32.0;
     cfg.train.steps = Some(1_000_000);
     cfg.privacy.accuracy = 0.05;

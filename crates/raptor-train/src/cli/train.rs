@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 
-use raptor_train::config::{DEFAULT_CONFIG, Method, RunConfig};
+use raptor_train::config::{Choice, DEFAULT_CONFIG, Method, MethodFamily, RunConfig, Scope};
 use raptor_train::quickstart::{QuickStart, Resolved};
 
 use super::progress::{Mode, Reporter};
@@ -79,11 +79,8 @@ pub struct QuickArgs {
 
 /// A method name as in configs (`raptor`, `dp-adam`, …).
 pub fn parse_method(s: &str) -> Result<Method, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
-        "one of raptor, dp-adam-lora, dp-adam-full, matched-scope, shared-only, expert-only, \
-         lora, full, dp-sgd, dp-adam, dp-muon, dp-muonbc, muon, adam"
-            .to_string()
-    })
+    s.parse()
+        .map_err(|_| format!("one of {}", <Method as Choice>::accepted()))
 }
 
 impl QuickArgs {
@@ -299,9 +296,11 @@ fn end_lines(dir: &std::path::Path, cfg: &RunConfig) -> Vec<String> {
         format!("evaluate: raptor eval --run {d} --data <file with the same columns>"),
         format!("repeat:   raptor train --config {d}/config.toml"),
     ];
-    let adapters = cfg.method.scope == "lora"
-        || cfg.method.name.needs_experts()
-        || matches!(cfg.method.name, Method::DpAdamLora | Method::Lora);
+    let adapters = match cfg.method.name.family() {
+        MethodFamily::Streams | MethodFamily::MatchedScope => true,
+        MethodFamily::Monolithic => matches!(cfg.method.name, Method::DpAdamLora | Method::Lora),
+        MethodFamily::Scoped => cfg.method.scope == Scope::Lora,
+    };
     if adapters {
         out.push(
             "export:   a LoRA run is not exported as a Hugging Face folder yet (raptor export takes full fine-tuning runs); its checkpoint holds the adapters and the head".into(),

@@ -48,7 +48,7 @@ pub struct UpcycleArgs {
     /// Tokenizer of `--router-data`, as `model.tokenizer` (`model`: the folder's
     /// tokenizer.json).
     #[arg(long, default_value = "model", requires = "router_data")]
-    pub router_tokenizer: String,
+    pub router_tokenizer: raptor_train::config::TokenizerSpec,
     /// Tokens per public record (special tokens included).
     #[arg(long, default_value_t = 64, requires = "router_data")]
     pub router_max_length: usize,

@@ -1,12 +1,25 @@
 //! The run configuration (`run.toml`): every knob is a documented field with a default; unknown
-//! fields are an error that names them. The same struct backs the file, the builder in code and
-//! the resolved copy written into the run folder.
+//! fields are an error that names them. Every setting that takes one of a fixed set of values is
+//! an enum ([`choices`]), so a value the TOML does not accept fails to parse (naming the setting,
+//! the value and the accepted ones) and no code matches on strings; [`RunConfig::validate`] is
+//! the one validator of the rest, listing every problem at once. The same struct backs the file,
+//! the builder in code and the resolved copy written into the run folder.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
+
+mod check;
+pub mod choices;
+
+pub use check::{ConfigIssue, ConfigIssues};
+pub use choices::{
+    Budget, BudgetSplit, Choice, DataFormat, DeviceSpec, ExpertClip, ExpertDenominator, LayerSpec,
+    Method, MethodFamily, ModelKind, MuonMomentum, NsPolynomial, OwnerRule, Pooling,
+    ResidualWeight, Scope, StreamOptimizer, TokenizerSpec,
+};
 
 /// A whole run: data, model, method, privacy target and training schedule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -56,7 +69,7 @@ impl Default for EvalConfig {
 pub struct DataConfig {
     /// `table` (CSV/TSV/JSONL with text and label columns), `e2e` (E2E-style CSV: `mr`, `ref`)
     /// or `dart` (DART JSON, or WebNLG-style XML by extension).
-    pub format: String,
+    pub format: DataFormat,
     /// Training records (CSV, TSV or JSONL by extension). Relative paths are resolved against
     /// the folder of the config file; `cache:<rest>` against the per-user cache (e.g.
     /// `cache:data/rotten-tomatoes/train.tsv` after `cargo xtask setup --data`).
@@ -84,7 +97,7 @@ pub struct DataConfig {
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
-            format: "table".into(),
+            format: DataFormat::Table,
             train: PathBuf::from("train.csv"),
             validation: None,
             validation_fraction: 0.1,
@@ -116,11 +129,12 @@ pub struct ModelConfig {
     /// or a path to a `tokenizer.json` (`cache:` allowed). A `tokenizer.json` is read with its
     /// padding and truncation off; for `bert` its template's special tokens (`[CLS] … [SEP]`)
     /// wrap every record. Never trained on private records.
-    pub tokenizer: String,
-    /// Pooling of a `bert` classifier: `mean` (over valid tokens, as sentence-transformers) or
-    /// `pooler` (`tanh(pooler.dense(h[CLS]))`, the checkpoint's pooler).
-    #[serde(skip_serializing_if = "is_mean_pooling")]
-    pub pooling: String,
+    pub tokenizer: TokenizerSpec,
+    /// Pooling of a `bert` / `moe-bert` classifier: `mean` (over valid tokens, as
+    /// sentence-transformers) or `pooler` (`tanh(pooler.dense(h[CLS]))`, the checkpoint's
+    /// pooler).
+    #[serde(skip_serializing_if = "Pooling::is_mean")]
+    pub pooling: Pooling,
     /// Hidden size of a from-scratch model.
     pub d_model: i64,
     /// Blocks of a from-scratch model.
@@ -138,61 +152,14 @@ impl Default for ModelConfig {
         Self {
             kind: ModelKind::Switch,
             path: None,
-            tokenizer: "bytes".into(),
-            pooling: "mean".into(),
+            tokenizer: TokenizerSpec::Bytes,
+            pooling: Pooling::Mean,
             d_model: 32,
             layers: 4,
             heads: 2,
             d_ff: 64,
             experts: 4,
         }
-    }
-}
-
-fn is_mean_pooling(p: &str) -> bool {
-    p == "mean"
-}
-
-/// Supported architectures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ModelKind {
-    /// Switch-Transformers-style MoE encoder with a classification head.
-    Switch,
-    /// OLMoE-style MoE decoder (classification head on the last token).
-    Olmoe,
-    /// GPT-2 dense decoder (language modelling head).
-    Gpt2,
-    /// Llama-style dense decoder (language modelling head; tied or untied).
-    Llama,
-    /// Mixtral-style MoE decoder (classification head on the last token).
-    Mixtral,
-    /// Qwen2-MoE-style decoder, routed experts plus a shared expert in the shared stream
-    /// (classification head on the last token).
-    Qwen2Moe,
-    /// BERT-style encoder classifier (mean pooling over the valid tokens).
-    Bert,
-    /// MoE-BERT classifier (raptor's layout: routed experts in place of chosen layers' FFNs,
-    /// e.g. from `raptor upcycle` on a BERT folder).
-    MoeBert,
-}
-
-impl ModelKind {
-    /// Whether the model is a language model (trained on the text column; data-to-text).
-    pub fn is_language_model(self) -> bool {
-        matches!(self, ModelKind::Gpt2 | ModelKind::Llama)
-    }
-
-    /// Whether the model has routed experts.
-    pub fn is_moe(self) -> bool {
-        matches!(
-            self,
-            ModelKind::Switch
-                | ModelKind::Olmoe
-                | ModelKind::Mixtral
-                | ModelKind::Qwen2Moe
-                | ModelKind::MoeBert
-        )
     }
 }
 
@@ -206,9 +173,9 @@ pub struct MethodConfig {
     pub name: Method,
     /// Sparse layer(s) RAPTOR trains: `entropy` (public-corpus routing entropy; the last sparse
     /// layer without a public file), `first`, `last`, or a block index.
-    pub layer: String,
+    pub layer: LayerSpec,
     /// Owner rule: `gate-weighted` (default) or `token-count` plurality.
-    pub owner_rule: String,
+    pub owner_rule: OwnerRule,
     /// Alternate shared and expert updates (RAPTOR); false: both streams from one sample per
     /// update, charged as one mechanism (1/σ_eff² = 1/σ_s² + 1/σ_e²) and calibrated on it.
     pub alternate: bool,
@@ -217,20 +184,20 @@ pub struct MethodConfig {
     /// Expert updates per cycle (alternating schedule).
     pub expert_steps: u64,
     /// Expert denominator: `expected-owner` (D_e = B/E) or `batch` (B).
-    pub expert_denominator: String,
+    pub expert_denominator: ExpertDenominator,
     /// Expert clipping: `role` (each stream its own bound) or `global` (one factor).
-    pub expert_clip: String,
+    pub expert_clip: ExpertClip,
     /// Residual weight of the expert loss: `prob` (1 − p_shared(y|x)), `margin`, `none`.
-    pub residual: String,
+    pub residual: ResidualWeight,
     /// Trainable scope of the dense-decoder methods: `full` or `lora` (LoRA on the attention
     /// projections; DP-Muon and DP-MuonBC then orthogonalize each adapter factor's update).
-    pub scope: String,
+    pub scope: Scope,
     /// Muon momentum β.
     pub muon_beta: f64,
     /// Muon momentum form: `heavy-ball`, `ema`, `nesterov`.
-    pub muon_momentum: String,
+    pub muon_momentum: MuonMomentum,
     /// Newton–Schulz polynomial: `keller` (quintic) or `taylor`.
-    pub ns_polynomial: String,
+    pub ns_polynomial: NsPolynomial,
     /// Newton–Schulz steps.
     pub ns_steps: usize,
     /// Taylor degree κ (for `taylor`).
@@ -245,18 +212,18 @@ impl Default for MethodConfig {
     fn default() -> Self {
         Self {
             name: Method::Raptor,
-            layer: "entropy".into(),
-            owner_rule: "gate-weighted".into(),
+            layer: LayerSpec::Entropy,
+            owner_rule: OwnerRule::GateWeighted,
             alternate: true,
             shared_steps: 1,
             expert_steps: 1,
-            expert_denominator: "expected-owner".into(),
-            expert_clip: "role".into(),
-            residual: "prob".into(),
-            scope: "full".into(),
+            expert_denominator: ExpertDenominator::ExpectedOwner,
+            expert_clip: ExpertClip::Role,
+            residual: ResidualWeight::Prob,
+            scope: Scope::Full,
             muon_beta: 0.95,
-            muon_momentum: "nesterov".into(),
-            ns_polynomial: "keller".into(),
+            muon_momentum: MuonMomentum::Nesterov,
+            ns_polynomial: NsPolynomial::Keller,
             ns_steps: 5,
             ns_kappa: 2,
             bc_probe_pairs: 1,
@@ -265,75 +232,18 @@ impl Default for MethodConfig {
     }
 }
 
-/// The training methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Method {
-    /// RAPTOR: shared + per-expert streams.
-    Raptor,
-    /// Monolithic DP-Adam over all LoRA adapters and the head.
-    DpAdamLora,
-    /// Monolithic DP-Adam over all parameters except routers.
-    DpAdamFull,
-    /// RAPTOR's scope, one global clip and one σ (Baseline A).
-    MatchedScope,
-    /// RAPTOR's shared stream alone.
-    SharedOnly,
-    /// RAPTOR's expert streams alone.
-    ExpertOnly,
-    /// Non-private LoRA.
-    Lora,
-    /// Non-private full fine-tuning.
-    Full,
-    /// DP-SGD (flat clip, plain SGD).
-    DpSgd,
-    /// DP-Adam (flat clip, AdamW).
-    DpAdam,
-    /// DP-Muon (per-matrix clip, Muon on hidden matrices, AdamW on the rest).
-    DpMuon,
-    /// DP-Muon with the antithetic bias correction.
-    DpMuonbc,
-    /// Non-private Muon.
-    Muon,
-    /// Non-private AdamW.
-    Adam,
-}
-
-impl Method {
-    /// Whether the method is differentially private.
-    pub fn is_private(self) -> bool {
-        !matches!(
-            self,
-            Method::Lora | Method::Full | Method::Muon | Method::Adam
-        )
-    }
-
-    /// The name used in configs and tables.
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::Raptor => "raptor",
-            Method::DpAdamLora => "dp-adam-lora",
-            Method::DpAdamFull => "dp-adam-full",
-            Method::MatchedScope => "matched-scope",
-            Method::SharedOnly => "shared-only",
-            Method::ExpertOnly => "expert-only",
-            Method::Lora => "lora",
-            Method::Full => "full",
-            Method::DpSgd => "dp-sgd",
-            Method::DpAdam => "dp-adam",
-            Method::DpMuon => "dp-muon",
-            Method::DpMuonbc => "dp-muonbc",
-            Method::Muon => "muon",
-            Method::Adam => "adam",
+impl MethodConfig {
+    /// The Newton–Schulz iteration of the Muon methods: `ns_polynomial` with `ns_steps` steps
+    /// (and degree `ns_kappa` for `taylor`).
+    pub fn ns_config(&self) -> raptor_muon::NsConfig {
+        match self.ns_polynomial {
+            NsPolynomial::Taylor => raptor_muon::NsConfig::taylor(self.ns_kappa, self.ns_steps),
+            NsPolynomial::Keller => {
+                let mut c = raptor_muon::NsConfig::keller();
+                c.steps = self.ns_steps;
+                c
+            }
         }
-    }
-
-    /// Methods that need an MoE model (owner maps, expert streams).
-    pub fn needs_experts(self) -> bool {
-        matches!(
-            self,
-            Method::Raptor | Method::MatchedScope | Method::SharedOnly | Method::ExpertOnly
-        )
     }
 }
 
@@ -348,7 +258,7 @@ pub struct PrivacyConfig {
     /// RAPTOR's budget split: `joint` (the default: both σ's calibrated together on the one
     /// composed PRV, so the run spends its whole ε) or `additive` (the paper's: each stream
     /// calibrated alone on its share, which leaves part of ε unspent).
-    pub split: String,
+    pub split: BudgetSplit,
     /// Share ρ of the budget for the shared stream.
     pub rho: f64,
     /// Relative accuracy of the PRV accountant.
@@ -360,7 +270,7 @@ impl Default for PrivacyConfig {
         Self {
             epsilon: 8.0,
             delta: None,
-            split: "joint".into(),
+            split: BudgetSplit::Joint,
             rho: 0.9,
             accuracy: 1e-4,
         }
@@ -420,7 +330,7 @@ pub struct TrainConfig {
     /// NOT PRIVATE: seed the Poisson sampler and the noise (reproducible experiments only).
     pub insecure_seed: Option<u64>,
     /// `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
+    pub device: DeviceSpec,
     /// Evaluate every this many updates (0: only at the end).
     pub eval_every: u64,
     /// Write a checkpoint every this many updates (0: only at the end).
@@ -448,31 +358,11 @@ impl Default for TrainConfig {
             micro_batch: 64,
             seed: 0,
             insecure_seed: None,
-            device: "cpu".into(),
+            device: DeviceSpec::Cpu,
             eval_every: 0,
             checkpoint_every: 50,
         }
     }
-}
-
-/// The optimizer of one RAPTOR stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StreamOptimizer {
-    /// AdamW (scale-invariant per coordinate).
-    Adamw,
-    /// SGD, with `train.momentum` (steps proportional to the release).
-    Sgd,
-}
-
-/// What a run's update budget counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Budget {
-    /// Updates (phase executions).
-    Updates,
-    /// Updates per stream (alternating plans run one cycle per `shared_steps` of them).
-    StreamUpdates,
 }
 
 /// LoRA settings.
@@ -556,9 +446,11 @@ impl RunConfig {
         Ok(cfg)
     }
 
-    /// Parses TOML text (errors name the unknown or malformed field).
+    /// Parses TOML text. An error names the setting (`section.field`) it is about, with the
+    /// line: an unknown field, a value of the wrong type, or a value a setting does not accept
+    /// (the error then gives the bad value and every accepted one).
     pub fn from_toml(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| TrainError::Config(e.to_string()))
+        toml::from_str(text).map_err(|e| TrainError::Config(describe_toml_error(text, &e)))
     }
 
     /// The config as TOML.
@@ -604,189 +496,9 @@ impl RunConfig {
         if let Some(p) = self.model.path.as_mut() {
             *p = resolve_model_path(p, base, cache.as_deref());
         }
-        if !matches!(
-            self.model.tokenizer.as_str(),
-            "bytes" | "gpt2" | "gguf" | "model"
-        ) {
-            let t = Path::new(&self.model.tokenizer);
-            if let Some(c) = resolve_cache_path(t, cache.as_deref()) {
-                self.model.tokenizer = c.to_string_lossy().into_owned();
-            } else if t.is_relative() {
-                self.model.tokenizer = base.join(t).to_string_lossy().into_owned();
-            }
+        if let TokenizerSpec::File(t) = &mut self.model.tokenizer {
+            fix(t);
         }
-    }
-
-    /// Checks every value that does not need the data (the rest is checked when the data is
-    /// read: B ≤ N, labels, δ).
-    pub fn validate(&self) -> Result<()> {
-        let bad = |field: &str, why: String| Err(TrainError::Config(format!("{field}: {why}")));
-        let p = &self.privacy;
-        if self.method.name.is_private() && !(p.epsilon.is_finite() && p.epsilon > 0.0) {
-            return bad(
-                "privacy.epsilon",
-                format!("{} must be finite and > 0", p.epsilon),
-            );
-        }
-        if let Some(d) = p.delta
-            && !(d > 0.0 && d < 1.0)
-        {
-            return bad("privacy.delta", format!("{d} must be in (0, 1)"));
-        }
-        if !(p.rho > 0.0 && p.rho < 1.0) {
-            return bad("privacy.rho", format!("{} must be in (0, 1)", p.rho));
-        }
-        if !matches!(p.split.as_str(), "additive" | "joint") {
-            return bad(
-                "privacy.split",
-                format!("{:?} is not additive or joint", p.split),
-            );
-        }
-        let t = &self.train;
-        if !(t.batch_size.is_finite() && t.batch_size >= 1.0) {
-            return bad("train.batch_size", format!("{} must be >= 1", t.batch_size));
-        }
-        if t.steps == Some(0) || (t.steps.is_none() && !(t.epochs > 0.0 && t.epochs.is_finite())) {
-            return bad(
-                "train.steps / train.epochs",
-                "must give at least one update".into(),
-            );
-        }
-        for (f, v) in [
-            ("train.lr", t.lr),
-            ("train.clip", t.clip),
-            ("train.clip_expert", t.clip_expert),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return bad(f, format!("{v} must be finite and > 0"));
-            }
-        }
-        if let Some(v) = t.expert_lr
-            && !(v.is_finite() && v > 0.0)
-        {
-            return bad("train.expert_lr", format!("{v} must be finite and > 0"));
-        }
-        if let Some(q) = t.clip_from_public {
-            if !(q.is_finite() && q > 0.0 && q < 1.0) {
-                return bad("train.clip_from_public", format!("{q} must be in (0, 1)"));
-            }
-            if self.data.public.is_none() {
-                return bad(
-                    "train.clip_from_public",
-                    "needs data.public (labelled public records)".into(),
-                );
-            }
-        }
-        if !(t.momentum.is_finite() && (0.0..1.0).contains(&t.momentum)) {
-            return bad(
-                "train.momentum",
-                format!("{} must be in [0, 1)", t.momentum),
-            );
-        }
-        if t.micro_batch == 0 {
-            return bad("train.micro_batch", "must be >= 1".into());
-        }
-        if !(0.0..1.0).contains(&self.lora.dropout) {
-            return bad(
-                "lora.dropout",
-                format!("{} must be in [0, 1)", self.lora.dropout),
-            );
-        }
-        if self.lora.r <= 0 {
-            return bad("lora.r", format!("{} must be >= 1", self.lora.r));
-        }
-        let m = &self.method;
-        for (f, v, ok) in [
-            (
-                "method.owner_rule",
-                &m.owner_rule,
-                &["gate-weighted", "token-count"][..],
-            ),
-            (
-                "method.expert_denominator",
-                &m.expert_denominator,
-                &["expected-owner", "batch"][..],
-            ),
-            (
-                "method.expert_clip",
-                &m.expert_clip,
-                &["role", "global"][..],
-            ),
-            (
-                "method.residual",
-                &m.residual,
-                &["prob", "margin", "none"][..],
-            ),
-            ("method.scope", &m.scope, &["full", "lora"][..]),
-            (
-                "method.muon_momentum",
-                &m.muon_momentum,
-                &["heavy-ball", "ema", "nesterov"][..],
-            ),
-            (
-                "method.ns_polynomial",
-                &m.ns_polynomial,
-                &["keller", "taylor"][..],
-            ),
-        ] {
-            if !ok.contains(&v.as_str()) {
-                return bad(f, format!("{v:?} is not one of {ok:?}"));
-            }
-        }
-        if m.alternate && (m.shared_steps == 0 || m.expert_steps == 0) {
-            return bad(
-                "method.shared_steps / expert_steps",
-                "must be >= 1 when alternating".into(),
-            );
-        }
-        if self.method.name.needs_experts() && !self.model.kind.is_moe() {
-            return bad(
-                "method.name",
-                format!(
-                    "{} needs an MoE model (switch, olmoe, mixtral, qwen2-moe or moe-bert), not {:?}",
-                    m.name.name(),
-                    self.model.kind
-                ),
-            );
-        }
-        if !(self.data.validation_fraction >= 0.0 && self.data.validation_fraction < 1.0) {
-            return bad(
-                "data.validation_fraction",
-                format!("{} must be in [0, 1)", self.data.validation_fraction),
-            );
-        }
-        if !matches!(self.data.format.as_str(), "table" | "e2e" | "dart") {
-            return bad(
-                "data.format",
-                format!("{:?} is not table, e2e or dart", self.data.format),
-            );
-        }
-        if self.data.format != "table" && !self.model.kind.is_language_model() {
-            return bad(
-                "data.format",
-                "data-to-text needs a language model (model.kind = \"gpt2\" or \"llama\")".into(),
-            );
-        }
-        if !matches!(self.model.pooling.as_str(), "mean" | "pooler") {
-            return bad(
-                "model.pooling",
-                format!("{:?} is not mean or pooler", self.model.pooling),
-            );
-        }
-        if self.model.tokenizer == "model" && self.model.path.is_none() {
-            return bad(
-                "model.tokenizer",
-                "\"model\" reads <model.path>/tokenizer.json: set model.path".into(),
-            );
-        }
-        if self.eval.beams == 0 {
-            return bad("eval.beams", "must be >= 1".into());
-        }
-        if self.data.max_length < 2 {
-            return bad("data.max_length", "must be >= 2".into());
-        }
-        crate::device::parse_device(&t.device)?;
-        Ok(())
     }
 }
 
@@ -816,7 +528,48 @@ pub fn delta_reason(given: Option<f64>, n: usize) -> String {
 }
 
 /// The commented default config printed by `raptor train --print-default-config`.
-pub const DEFAULT_CONFIG: &str = include_str!("default_config.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../default_config.toml");
+
+/// A TOML error as `setting: message (line n)` when the setting it is about can be found from
+/// its position, else as the TOML crate renders it (with the line and a caret).
+fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        return e.to_string();
+    };
+    let line = text
+        .get(..span.start)
+        .map_or(0, |before| before.matches('\n').count())
+        + 1;
+    match setting_at(text, span.start) {
+        Some(setting) => format!("{setting}: {} (line {line})", e.message().trim_end()),
+        None => e.to_string(),
+    }
+}
+
+/// The dotted key (`method.residual`) whose key or value holds byte `at` of `text`, if any.
+fn setting_at(text: &str, at: usize) -> Option<String> {
+    let doc = toml::de::DeTable::parse(text).ok()?;
+    setting_in(doc.get_ref(), at, "")
+}
+
+fn setting_in(table: &toml::de::DeTable<'_>, at: usize, prefix: &str) -> Option<String> {
+    for (key, value) in table.iter() {
+        let path = if prefix.is_empty() {
+            key.get_ref().to_string()
+        } else {
+            format!("{prefix}.{}", key.get_ref())
+        };
+        if let toml::de::DeValue::Table(inner) = value.get_ref()
+            && let Some(found) = setting_in(inner, at, &path)
+        {
+            return Some(found);
+        }
+        if key.span().contains(&at) || value.span().contains(&at) {
+            return Some(path);
+        }
+    }
+    None
+}
 
 /// Collects the dotted keys under which `a` and `b` differ.
 fn diff_values(prefix: &str, a: &toml::Value, b: &toml::Value, out: &mut Vec<String>) {
@@ -897,14 +650,6 @@ mod tests {
         let mut c = RunConfig::default();
         c.privacy.epsilon = 0.0;
         assert!(c.validate().is_err());
-        let mut c = RunConfig::default();
-        c.method.residual = "probability".into();
-        assert!(
-            c.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("method.residual")
-        );
         let mut c = RunConfig::default();
         c.method.name = Method::Lora;
         c.privacy.epsilon = 0.0;
