@@ -943,7 +943,7 @@ pub mod planted {
         c.data.label_column = "label".into();
         c.data.max_length = 16;
         c.model.kind = ModelKind::Switch;
-        c.model.tokenizer = "bytes".into();
+        c.model.tokenizer = crate::config::TokenizerSpec::Bytes;
         c.model.d_model = 64;
         c.model.layers = 2;
         c.model.heads = 2;
@@ -952,7 +952,7 @@ pub mod planted {
         c.lora.r = 32;
         c.lora.alpha = 32.0;
         c.method.name = method;
-        c.method.layer = "last".into();
+        c.method.layer = crate::config::LayerSpec::Last;
         c.privacy.epsilon = epsilon;
         c.privacy.accuracy = 0.01;
         c.privacy.delta = Some(1e-6);

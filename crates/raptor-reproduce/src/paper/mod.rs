@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
 use raptor_train::config::{
-    Budget, DataFormat, DeviceSpec, LayerSpec, Method, ModelKind, RunConfig, Scope,
-    StreamOptimizer, TokenizerSpec,
+    Budget, DataFormat, DeviceSpec, LayerSpec, Method, ModelKind, RunConfig, StreamOptimizer,
+    TokenizerSpec,
 };
 
 use crate::driver::{Context, Table};
