@@ -47,6 +47,7 @@ impl BadInput {
     /// # Panics
     ///
     /// When `result` is `Ok`, or its error's message does not contain the expected text.
+    #[track_caller]
     pub fn expect_error<T, E: Display>(&self, result: Result<T, E>) -> String {
         let msg = match result {
             Ok(_) => panic!("{}: read without an error (expected one containing {:?})", self.file, self.expected),
@@ -75,6 +76,7 @@ pub fn dir(krate: &str) -> PathBuf {
 ///
 /// When the folder or `expected.tsv` cannot be read, a line does not have three columns, or the
 /// listing and the folder disagree.
+#[track_caller]
 pub fn corpus(krate: &str) -> Vec<BadInput> {
     let dir = dir(krate);
     let table_path = dir.join("expected.tsv");
@@ -115,19 +117,19 @@ pub fn corpus(krate: &str) -> Vec<BadInput> {
 /// # Panics
 ///
 /// As [`corpus`] and [`BadInput::expect_error`].
+#[track_caller]
 pub fn check<T, E: Display>(
     krate: &str,
     mut read: impl FnMut(&BadInput) -> Result<T, E>,
 ) -> Vec<(BadInput, String)> {
     let inputs = corpus(krate);
     assert!(!inputs.is_empty(), "no inputs listed for {krate}");
-    inputs
-        .into_iter()
-        .map(|input| {
-            let msg = input.expect_error(read(&input));
-            (input, msg)
-        })
-        .collect()
+    let mut checked = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let msg = input.expect_error(read(&input));
+        checked.push((input, msg));
+    }
+    checked
 }
 
 #[cfg(test)]

@@ -40,11 +40,13 @@ pub const FUZZ_CASES_VAR: &str = "RAPTOR_FUZZ_CASES";
 /// When `RAPTOR_FUZZ_CASES` is set but is not a positive whole number (at most `u32::MAX`): a
 /// long run asked for with a typo must not quietly run the short default. Also when `default`
 /// is 0 (a harness that runs nothing tests nothing).
+#[track_caller]
 pub fn fuzz_cases(default: u32) -> u32 {
     cases_from(std::env::var_os(FUZZ_CASES_VAR).as_deref(), default)
 }
 
 /// [`fuzz_cases`] on the variable's value (`None`: unset).
+#[track_caller]
 fn cases_from(value: Option<&OsStr>, default: u32) -> u32 {
     assert!(default > 0, "a fuzz harness's default case count must be positive");
     let Some(value) = value else {
@@ -66,6 +68,7 @@ fn cases_from(value: Option<&OsStr>, default: u32) -> u32 {
 /// # Panics
 ///
 /// As [`fuzz_cases`].
+#[track_caller]
 pub fn config(default: u32) -> Config {
     Config {
         cases: fuzz_cases(default),
