@@ -26,10 +26,7 @@ fn leave_one_out_scores_match_sacrebleu_and_rouge_score() {
         println!("skipped: no shared/data folder beside the workspace");
         return;
     };
-    let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(raptor_testkit::paths::fixture("eval/real_data.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = raptor_testkit::golden::json("eval/real_data.json");
     let mut ran = 0;
     for (rel, read) in [
         (

@@ -9,7 +9,8 @@
 //! - [`bad_inputs`]: the check of a crate's corpus of nasty inputs under
 //!   `fixtures/bad-inputs/<crate>/` (each file gives an error whose message holds the text listed
 //!   for it; every file is listed).
-//! - [`paths`]: the workspace root and the shared data folder beside it.
+//! - [`golden`]: golden JSON files under `fixtures/` and the arrays in them.
+//! - [`paths`]: the workspace root, fixtures, and the shared data folder beside the workspace.
 //!
 //! The crate is a `[dev-dependencies]` entry only (and serves `#[cfg(test)]` modules): no
 //! library or program depends on it for its normal build, which `cargo xtask test` checks. It
@@ -21,6 +22,12 @@
 pub mod argv;
 pub mod bad_inputs;
 pub mod fuzz;
+pub mod golden;
 pub mod paths;
 
 pub use fuzz::fuzz_cases;
+
+/// The README's example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
