@@ -17,7 +17,7 @@
 //! proptest! {
 //!     #![proptest_config(fuzz::config(2000))]
 //!
-//!     #[test]
+//!     // `#[test]` here in a test file.
 //!     fn command_lines_never_panic(
 //!         line in argv::command_lines("prog", &Cli::command(), &["cpu"], 0..12),
 //!     ) {
@@ -25,6 +25,7 @@
 //!         let _ = Cli::try_parse_from(&line);
 //!     }
 //! }
+//! command_lines_never_panic();
 //! ```
 
 use proptest::collection::{SizeRange, vec};

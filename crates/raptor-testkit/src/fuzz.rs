@@ -12,7 +12,7 @@
 //! proptest! {
 //!     #![proptest_config(fuzz::config(2000))]
 //!
-//!     #[test]
+//!     // `#[test]` here in a test file.
 //!     fn never_panics(
 //!         json in fuzz::bytes_after("{\"a\": ", b"{}[]:,\" 0123456789.eE-\xff", 0..300),
 //!         raw in fuzz::arbitrary_bytes(0..300),
@@ -22,6 +22,7 @@
 //!         }
 //!     }
 //! }
+//! never_panics();
 //! ```
 
 use std::ffi::OsStr;
