@@ -391,18 +391,27 @@ fn workspace_dependencies(root: &Path) -> anyhow::Result<Vec<Dependency>> {
 /// Fails when a workspace member depends on a [`TEST_SUPPORT`] package other than as a
 /// dev-dependency.
 pub fn test_support_is_dev_only(root: &Path) -> anyhow::Result<()> {
-    eprintln!("\n==> test support: {} only in [dev-dependencies]", TEST_SUPPORT.join(", "));
+    eprintln!(
+        "\n==> test support: {} only in [dev-dependencies]",
+        TEST_SUPPORT.join(", ")
+    );
     let deps = workspace_dependencies(root)?;
     let problems = test_support_problems(&deps);
     if !problems.is_empty() {
-        bail!("test support outside dev-dependencies:\n  {}", problems.join("\n  "));
+        bail!(
+            "test support outside dev-dependencies:\n  {}",
+            problems.join("\n  ")
+        );
     }
     let users: BTreeSet<&str> = deps
         .iter()
         .filter(|d| TEST_SUPPORT.contains(&d.name.as_str()))
         .map(|d| d.package.as_str())
         .collect();
-    eprintln!("    dev-dependency of {} members: none otherwise", users.len());
+    eprintln!(
+        "    dev-dependency of {} members: none otherwise",
+        users.len()
+    );
     Ok(())
 }
 

@@ -27,7 +27,11 @@ fn tokenizer_13a_matches_sacrebleu() {
     assert!(cases.len() >= 10);
     for c in cases {
         let text = c["text"].as_str().unwrap();
-        assert_eq!(tokenize_13a(text), golden::strings(&c["tokens"]), "13a of {text:?}");
+        assert_eq!(
+            tokenize_13a(text),
+            golden::strings(&c["tokens"]),
+            "13a of {text:?}"
+        );
     }
 }
 
@@ -83,7 +87,11 @@ fn bleu_and_rouge_l_match_sacrebleu_and_rouge_score() {
             &format!("{name}: ROUGE-L"),
         );
         worst_rouge = worst_rouge.max((r - c["rouge_l"].as_f64().unwrap()).abs());
-        for (i, (h, want)) in hyps.iter().zip(golden::f64s(&c["rouge_l_each"])).enumerate() {
+        for (i, (h, want)) in hyps
+            .iter()
+            .zip(golden::f64s(&c["rouge_l_each"]))
+            .enumerate()
+        {
             let got = rouge_l_multi(i, &refs[i], h).unwrap().fmeasure;
             close(
                 got,

@@ -11,7 +11,11 @@ use raptor_testkit::fuzz;
 /// Bytes after a valid-looking prefix, mostly structural characters and digits so that inputs
 /// reach deep into the reader (huge indices, negative numbers, NaN-like tokens, bad UTF-8).
 fn bytes_like(prefix: &'static str) -> impl Strategy<Value = Vec<u8>> {
-    fuzz::bytes_after(prefix, b"{}[]:,\" \n01239-.eE+truefalsnmaskxpwigh\\\xff\xc3", 0..240)
+    fuzz::bytes_after(
+        prefix,
+        b"{}[]:,\" \n01239-.eE+truefalsnmaskxpwigh\\\xff\xc3",
+        0..240,
+    )
 }
 
 fn check(input: &[u8]) -> Result<(), TestCaseError> {

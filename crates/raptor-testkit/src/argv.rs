@@ -169,10 +169,19 @@ mod tests {
             let line = s.new_tree(&mut runner).unwrap().current();
             assert_eq!(line[0], "prog");
             assert!(line.len() <= 6);
-            glued += line.iter().filter(|w| w.starts_with("--") && w.contains('=')).count();
-            flags += line.iter().filter(|w| *w == "--json" || *w == "--q").count();
+            glued += line
+                .iter()
+                .filter(|w| w.starts_with("--") && w.contains('='))
+                .count();
+            flags += line
+                .iter()
+                .filter(|w| *w == "--json" || *w == "--q")
+                .count();
             extra += line.iter().filter(|w| *w == "cuda:7").count();
         }
-        assert!(glued > 0 && flags > 0 && extra > 0, "{glued} {flags} {extra}");
+        assert!(
+            glued > 0 && flags > 0 && extra > 0,
+            "{glued} {flags} {extra}"
+        );
     }
 }

@@ -50,7 +50,10 @@ impl BadInput {
     #[track_caller]
     pub fn expect_error<T, E: Display>(&self, result: Result<T, E>) -> String {
         let msg = match result {
-            Ok(_) => panic!("{}: read without an error (expected one containing {:?})", self.file, self.expected),
+            Ok(_) => panic!(
+                "{}: read without an error (expected one containing {:?})",
+                self.file, self.expected
+            ),
             Err(e) => e.to_string(),
         };
         assert!(
@@ -89,9 +92,17 @@ pub fn corpus(krate: &str) -> Vec<BadInput> {
         let [file, setting, expected] = cols[..] else {
             panic!("bad line in {}: {line:?}", table_path.display());
         };
-        assert!(listed.insert(file.to_string()), "{file} is listed twice in {}", table_path.display());
+        assert!(
+            listed.insert(file.to_string()),
+            "{file} is listed twice in {}",
+            table_path.display()
+        );
         let path = dir.join(file);
-        assert!(path.is_file(), "{file} is listed in {} but missing", table_path.display());
+        assert!(
+            path.is_file(),
+            "{file} is listed in {} but missing",
+            table_path.display()
+        );
         inputs.push(BadInput {
             file: file.to_string(),
             path,
@@ -105,7 +116,11 @@ pub fn corpus(krate: &str) -> Vec<BadInput> {
         let entry = entry.unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
         let name = entry.file_name().to_string_lossy().into_owned();
         if !NOT_INPUTS.contains(&name.as_str()) {
-            assert!(listed.contains(&name), "{name} is not in {}", table_path.display());
+            assert!(
+                listed.contains(&name),
+                "{name} is not in {}",
+                table_path.display()
+            );
         }
     }
     inputs
@@ -168,7 +183,11 @@ mod tests {
         for krate in ["raptor-data", "raptor-models", "raptor-routing"] {
             let inputs = corpus(krate);
             assert!(!inputs.is_empty(), "{krate}");
-            assert!(inputs.iter().all(|i| i.path.is_file() && !i.expected.is_empty()));
+            assert!(
+                inputs
+                    .iter()
+                    .all(|i| i.path.is_file() && !i.expected.is_empty())
+            );
         }
     }
 }

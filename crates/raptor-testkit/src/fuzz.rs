@@ -49,7 +49,10 @@ pub fn fuzz_cases(default: u32) -> u32 {
 /// [`fuzz_cases`] on the variable's value (`None`: unset).
 #[track_caller]
 fn cases_from(value: Option<&OsStr>, default: u32) -> u32 {
-    assert!(default > 0, "a fuzz harness's default case count must be positive");
+    assert!(
+        default > 0,
+        "a fuzz harness's default case count must be positive"
+    );
     let Some(value) = value else {
         return default;
     };
@@ -150,7 +153,10 @@ mod tests {
         // The variable is not set in an ordinary test run; when it is, the count is its value.
         let want = fuzz_cases(1234);
         assert_eq!(config(1234).cases, want);
-        assert_eq!(config(1234).max_shrink_iters, Config::default().max_shrink_iters);
+        assert_eq!(
+            config(1234).max_shrink_iters,
+            Config::default().max_shrink_iters
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 pub fn workspace_root() -> PathBuf {
     // This crate is `crates/raptor-testkit`, two levels below the root.
     let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
-    kit.ancestors().nth(2).map_or_else(|| kit.join("../.."), Path::to_path_buf)
+    kit.ancestors()
+        .nth(2)
+        .map_or_else(|| kit.join("../.."), Path::to_path_buf)
 }
 
 /// `fixtures/<relative>` under the workspace root.
