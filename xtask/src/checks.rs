@@ -1,5 +1,6 @@
 //! Repository checks of `cargo xtask test` that need no build: the repository stands alone (code
-//! and docs cite nothing outside it), and the workspace layout is the documented one.
+//! and docs cite nothing outside it), the workspace layout is the documented one, and test support
+//! stays in dev-dependencies.
 //!
 //! - [`stand_alone`]: no tracked text file cites an issue (`issue 14`, `issue #14`, `issue-19`),
 //!   a section of the planning spec (`SPEC §4`, `SPEC.md`), research notes (`research-*.md`,
@@ -11,6 +12,9 @@
 //!   `benches/` is the one exception to "folder name = package name": the owner's top-level
 //!   layout (`Cargo.toml, crates, xtask, benches, fixtures, README.md`) names it `benches`, and
 //!   its package is `raptor-benches`.
+//! - [`test_support_is_dev_only`]: the test-support crates ([`TEST_SUPPORT`], the
+//!   `raptor-testkit` kit) are `[dev-dependencies]` entries of the members that use them, never a
+//!   normal or build dependency.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -258,8 +262,8 @@ pub fn layout_problems(members: &[Member], crate_dirs: &[String]) -> Vec<String>
     problems
 }
 
-/// The workspace members from `cargo metadata` (names and folders relative to `root`).
-fn workspace_members(root: &Path) -> anyhow::Result<Vec<Member>> {
+/// `cargo metadata --no-deps` of the workspace at `root`.
+fn metadata(root: &Path) -> anyhow::Result<serde_json::Value> {
     let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .args(["metadata", "--no-deps", "--format-version", "1"])
         .current_dir(root)
@@ -271,8 +275,12 @@ fn workspace_members(root: &Path) -> anyhow::Result<Vec<Member>> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let meta: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("parsing cargo metadata")?;
+    serde_json::from_slice(&out.stdout).context("parsing cargo metadata")
+}
+
+/// The workspace members from `cargo metadata` (names and folders relative to `root`).
+fn workspace_members(root: &Path) -> anyhow::Result<Vec<Member>> {
+    let meta = metadata(root)?;
     let root_dir = PathBuf::from(
         meta["workspace_root"]
             .as_str()
@@ -322,6 +330,87 @@ pub fn layout(root: &Path) -> anyhow::Result<()> {
         "    {} members: {} crates, xtask, benches (package raptor-benches)",
         members.len(),
         crate_dirs.len()
+    );
+    Ok(())
+}
+
+/// The packages only tests may use: a `[dev-dependencies]` entry, never a normal or build
+/// dependency (a library or program that needed one would ship test support).
+pub const TEST_SUPPORT: [&str; 1] = ["raptor-testkit"];
+
+/// One dependency of a workspace member as `cargo metadata` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dependency {
+    /// The member that depends.
+    pub package: String,
+    /// The package it depends on.
+    pub name: String,
+    /// `normal`, `dev` or `build`.
+    pub kind: String,
+}
+
+/// The dependencies on [`TEST_SUPPORT`] packages that are not dev-dependencies. Empty when
+/// there are none.
+pub fn test_support_problems(dependencies: &[Dependency]) -> Vec<String> {
+    dependencies
+        .iter()
+        .filter(|d| TEST_SUPPORT.contains(&d.name.as_str()) && d.kind != "dev")
+        .map(|d| {
+            format!(
+                "{} has {} as a {} dependency: test support belongs in [dev-dependencies] only",
+                d.package, d.name, d.kind
+            )
+        })
+        .collect()
+}
+
+/// Every dependency of every workspace member, from `cargo metadata`.
+fn workspace_dependencies(root: &Path) -> anyhow::Result<Vec<Dependency>> {
+    let meta = metadata(root)?;
+    let packages = meta["packages"]
+        .as_array()
+        .context("cargo metadata has no packages")?;
+    let mut deps = Vec::new();
+    for p in packages {
+        let package = p["name"].as_str().context("a package without a name")?;
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            deps.push(Dependency {
+                package: package.to_string(),
+                name: d["name"]
+                    .as_str()
+                    .context("a dependency without a name")?
+                    .to_string(),
+                // `null` is a normal dependency.
+                kind: d["kind"].as_str().unwrap_or("normal").to_string(),
+            });
+        }
+    }
+    Ok(deps)
+}
+
+/// Fails when a workspace member depends on a [`TEST_SUPPORT`] package other than as a
+/// dev-dependency.
+pub fn test_support_is_dev_only(root: &Path) -> anyhow::Result<()> {
+    eprintln!(
+        "\n==> test support: {} only in [dev-dependencies]",
+        TEST_SUPPORT.join(", ")
+    );
+    let deps = workspace_dependencies(root)?;
+    let problems = test_support_problems(&deps);
+    if !problems.is_empty() {
+        bail!(
+            "test support outside dev-dependencies:\n  {}",
+            problems.join("\n  ")
+        );
+    }
+    let users: BTreeSet<&str> = deps
+        .iter()
+        .filter(|d| TEST_SUPPORT.contains(&d.name.as_str()))
+        .map(|d| d.package.as_str())
+        .collect();
+    eprintln!(
+        "    dev-dependency of {} members: none otherwise",
+        users.len()
     );
     Ok(())
 }
@@ -391,6 +480,39 @@ mod tests {
         let root = crate::workspace_root().unwrap();
         stand_alone(&root).unwrap();
         layout(&root).unwrap();
+        test_support_is_dev_only(&root).unwrap();
+    }
+
+    fn dep(package: &str, name: &str, kind: &str) -> Dependency {
+        Dependency {
+            package: package.into(),
+            name: name.into(),
+            kind: kind.into(),
+        }
+    }
+
+    #[test]
+    fn test_support_only_as_a_dev_dependency() {
+        let ok = [
+            dep("raptor-data", "raptor-testkit", "dev"),
+            dep("raptor-data", "serde", "normal"),
+            dep("raptor-routing", "proptest", "dev"),
+        ];
+        assert_eq!(test_support_problems(&ok), Vec::<String>::new());
+        let bad = [
+            dep("raptor-data", "raptor-testkit", "normal"),
+            dep("raptor-models", "raptor-testkit", "build"),
+            dep("raptor-models", "raptor-testkit", "dev"),
+        ];
+        assert_eq!(
+            test_support_problems(&bad),
+            [
+                "raptor-data has raptor-testkit as a normal dependency: test support belongs in \
+                 [dev-dependencies] only",
+                "raptor-models has raptor-testkit as a build dependency: test support belongs in \
+                 [dev-dependencies] only",
+            ]
+        );
     }
 
     fn member(name: &str, dir: &str) -> Member {

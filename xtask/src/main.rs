@@ -27,9 +27,10 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
-/// The core crates (the tch-free data and metrics crates, and the libtorch-free programs built on
-/// them): they must not depend on tch with default features.
-const CORE_CRATES: [&str; 10] = [
+/// The core crates (the tch-free data and metrics crates, the libtorch-free programs built on
+/// them, and the test kit every crate's tests may use): they must not depend on tch with default
+/// features.
+const CORE_CRATES: [&str; 11] = [
     "raptor-accountant",
     "raptor-plan",
     "raptor-routing",
@@ -40,6 +41,7 @@ const CORE_CRATES: [&str; 10] = [
     "raptor-cli",
     "raptor-py",
     "raptor-report",
+    "raptor-testkit",
 ];
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
@@ -271,6 +273,7 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
     // Checks of the repository itself (no build needed): first, so that they fail fast.
     checks::stand_alone(root)?;
     checks::layout(root)?;
+    checks::test_support_is_dev_only(root)?;
     eprintln!("\n==> setup");
     setup::setup(root, true, None)?;
     // The real checkpoints' parity and fine-tuning tests need the models in the cache: one

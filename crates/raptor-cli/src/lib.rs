@@ -139,26 +139,3 @@ pub fn print_text(text: &str) -> Result<()> {
         .and_then(|()| out.flush())
         .map_err(|e| CliError::Output(e.to_string()))
 }
-
-/// Every word a command line of `cmd` can hold: the names of its subcommands (recursively, with
-/// their aliases) and the `--long` and `-s` forms of their arguments. The argument fuzzers of
-/// this crate and of `raptor` draw command lines from it.
-pub fn argv_vocabulary(cmd: &clap::Command) -> Vec<String> {
-    let mut words = Vec::new();
-    for arg in cmd.get_arguments() {
-        if let Some(l) = arg.get_long() {
-            words.push(format!("--{l}"));
-        }
-        if let Some(s) = arg.get_short() {
-            words.push(format!("-{s}"));
-        }
-    }
-    for sub in cmd.get_subcommands() {
-        words.push(sub.get_name().to_string());
-        words.extend(sub.get_all_aliases().map(str::to_string));
-        words.extend(argv_vocabulary(sub));
-    }
-    words.sort();
-    words.dedup();
-    words
-}

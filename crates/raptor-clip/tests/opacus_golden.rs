@@ -8,27 +8,15 @@ use raptor_clip::linear::{
     NormMethod, bias_per_example_sq_norms, bias_weighted_grad_sum, clip_coefficients,
     linear_per_example_sq_norms_with, linear_weighted_grad_sum,
 };
+use raptor_testkit::golden;
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
-fn golden() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/clip/opacus_linear.json"
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
+/// The golden file, under `fixtures/`.
+const GOLDEN: &str = "clip/opacus_linear.json";
 
 fn tensor(v: &Value, shape: &[i64]) -> Tensor {
-    Tensor::from_slice(&floats(v)).reshape(shape)
+    Tensor::from_slice(&golden::f64s(v)).reshape(shape)
 }
 
 fn to_vec(t: &Tensor) -> Vec<f64> {
@@ -47,7 +35,7 @@ fn rel_max(x: &[f64], y: &[f64]) -> f64 {
 
 #[test]
 fn header_names_the_reference_versions() {
-    let g = golden();
+    let g = golden::json(GOLDEN);
     assert_eq!(g["versions"]["opacus"].as_str(), Some("1.6.0"));
     assert!(
         g["versions"]["torch"]
@@ -60,7 +48,7 @@ fn header_names_the_reference_versions() {
 
 #[test]
 fn norms_and_clipped_sums_match_opacus() {
-    let g = golden();
+    let g = golden::json(GOLDEN);
     for c in g["cases"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
         let dim = |k: &str| c[k].as_i64().unwrap();
@@ -70,7 +58,7 @@ fn norms_and_clipped_sums_match_opacus() {
         // Unmasked output gradients: padded tokens carry values the kernels must ignore.
         let grad = tensor(&c["g"], &[b, t, d_out]);
         let mask = tensor(&c["mask"], &[b, t]).to_kind(Kind::Bool);
-        let want_norms = floats(&c["per_sample_norms"]);
+        let want_norms = golden::f64s(&c["per_sample_norms"]);
         for method in [NormMethod::Ghost, NormMethod::Materialized] {
             let sq = linear_per_example_sq_norms_with(&a, &grad, Some(&mask), method).unwrap()
                 + bias_per_example_sq_norms(&grad, Some(&mask)).unwrap();
@@ -87,8 +75,8 @@ fn norms_and_clipped_sums_match_opacus() {
             // difference of at most 1e-6 / min norm in each clipped record's factor.
             let min_norm = want_norms.iter().fold(f64::INFINITY, |m, v| m.min(*v));
             let tol = 1e-6 / min_norm + 1e-12;
-            let ew = rel_max(&to_vec(&sum_w), &floats(&c["clipped_sum_weight"]));
-            let eb = rel_max(&to_vec(&sum_b), &floats(&c["clipped_sum_bias"]));
+            let ew = rel_max(&to_vec(&sum_w), &golden::f64s(&c["clipped_sum_weight"]));
+            let eb = rel_max(&to_vec(&sum_b), &golden::f64s(&c["clipped_sum_bias"]));
             assert!(
                 ew < tol && eb < tol,
                 "{name} {method:?}: clipped sums differ from Opacus (weight {ew:e}, bias {eb:e}, tol {tol:e})"
@@ -101,7 +89,7 @@ fn norms_and_clipped_sums_match_opacus() {
 /// enough that ignoring the mask changes the norms (so the test above exercises the mask).
 #[test]
 fn ignoring_the_mask_would_be_caught() {
-    let g = golden();
+    let g = golden::json(GOLDEN);
     let c = &g["cases"][0];
     let dim = |k: &str| c[k].as_i64().unwrap();
     let (b, t, d_in, d_out) = (dim("batch"), dim("tokens"), dim("d_in"), dim("d_out"));
@@ -110,5 +98,5 @@ fn ignoring_the_mask_would_be_caught() {
     let sq = linear_per_example_sq_norms_with(&a, &grad, None, NormMethod::Ghost).unwrap()
         + bias_per_example_sq_norms(&grad, None).unwrap();
     let norms: Vec<f64> = to_vec(&sq).iter().map(|v| v.sqrt()).collect();
-    assert!(rel_max(&norms, &floats(&c["per_sample_norms"])) > 1e-3);
+    assert!(rel_max(&norms, &golden::f64s(&c["per_sample_norms"])) > 1e-3);
 }

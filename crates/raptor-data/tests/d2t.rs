@@ -145,22 +145,16 @@ fn dart_xml_errors() {
     );
 }
 
-/// The real files in `../shared/data` relative to the workspace root, when they exist. The
+/// The real files in the shared data folder (`../shared/data` beside the workspace root, the
+/// nearest ancestor's `shared/data` for a nested worktree, or `$RAPTOR_SHARED_DATA`), when they
+/// exist. The
 /// expected counts were computed independently with Python (csv, json, xml.etree).
 #[test]
 fn real_files_when_present() {
-    // `../shared/data` beside the workspace root (for a git worktree nested one level deeper,
-    // the nearest ancestor that has `shared/data`), or `$RAPTOR_SHARED_DATA`.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let shared = std::env::var_os("RAPTOR_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            root.ancestors()
-                .skip(1)
-                .map(|a| a.join("shared/data"))
-                .find(|p| p.is_dir())
-                .unwrap_or_else(|| root.join("../shared/data"))
-        });
+    let Some(shared) = raptor_testkit::paths::shared_data_dir() else {
+        println!("skipped: no shared/data folder beside the workspace (nor RAPTOR_SHARED_DATA)");
+        return;
+    };
     let e2e_dev = shared.join("e2e/devel-fixed.no-ol.csv");
     let e2e_test = shared.join("e2e/test-fixed.csv");
     let dart_dev = shared.join("dart/dart-v1.1.1-full-dev.json");

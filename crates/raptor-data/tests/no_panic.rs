@@ -1,5 +1,5 @@
-//! Arbitrary bytes never make a reader panic (a short stable fuzz harness; the long runs are in
-//! `docs/fuzzing.md`).
+//! Arbitrary bytes never make a reader panic (a short stable fuzz harness, 2,000 cases per target;
+//! `RAPTOR_FUZZ_CASES=N` for a long run; the long runs are in `docs/fuzzing.md`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -8,30 +8,19 @@ use proptest::prelude::*;
 use raptor_data::{
     Format, TableSpec, read_dart_json_str, read_dart_xml_str, read_e2e_from, read_table_from,
 };
+use raptor_testkit::fuzz;
 
+/// Bytes after a header, mostly structural characters, so the inputs reach deep into the
+/// parsers.
 fn bytes_like(header: &'static str) -> impl Strategy<Value = Vec<u8>> {
-    // Mostly structural characters, so the inputs reach deep into the parsers.
-    let alphabet = prop::sample::select(b"ab,\t\n\r\"{}[]:| <>/=&;x0\\\xff\xc3".to_vec());
-    proptest::collection::vec(alphabet, 0..200).prop_map(move |mut v| {
-        let mut b = header.as_bytes().to_vec();
-        b.append(&mut v);
-        b
-    })
-}
-
-/// Cases per target: 2,000 by default (under a second), `RAPTOR_FUZZ_CASES` for a long run.
-fn cases() -> u32 {
-    std::env::var("RAPTOR_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
+    fuzz::bytes_after(header, b"ab,\t\n\r\"{}[]:| <>/=&;x0\\\xff\xc3", 0..200)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(fuzz::config(2000))]
 
     #[test]
-    fn tables(b in bytes_like("text,label\n"), raw in proptest::collection::vec(any::<u8>(), 0..200)) {
+    fn tables(b in bytes_like("text,label\n"), raw in fuzz::arbitrary_bytes(0..200)) {
         let spec = TableSpec::new("text", Some("label")).with_text_pair("label");
         for f in [Format::Csv, Format::Tsv, Format::Jsonl] {
             for input in [b.as_slice(), raw.as_slice()] {

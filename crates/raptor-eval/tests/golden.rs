@@ -2,34 +2,14 @@
 //! scipy 1.17.1 (`fixtures/eval/generate.py`, which writes the golden files read here).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-
 use raptor_eval::{
     audit, corpus_bleu, corpus_rouge_l, mean_ci, mia, rouge_l_multi, tokenize_13a, wilson_interval,
 };
+use raptor_testkit::golden;
 use serde_json::Value;
 
 fn load(name: &str) -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/eval")
-        .join(name);
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
-}
-
-fn strs(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
-}
-
-fn f64s(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
+    golden::json(&format!("eval/{name}"))
 }
 
 fn close(a: f64, b: f64, tol: f64, what: &str) {
@@ -47,7 +27,11 @@ fn tokenizer_13a_matches_sacrebleu() {
     assert!(cases.len() >= 10);
     for c in cases {
         let text = c["text"].as_str().unwrap();
-        assert_eq!(tokenize_13a(text), strs(&c["tokens"]), "13a of {text:?}");
+        assert_eq!(
+            tokenize_13a(text),
+            golden::strings(&c["tokens"]),
+            "13a of {text:?}"
+        );
     }
 }
 
@@ -61,12 +45,12 @@ fn bleu_and_rouge_l_match_sacrebleu_and_rouge_score() {
     let mut worst_rouge = 0.0f64;
     for c in corpora {
         let name = c["name"].as_str().unwrap();
-        let hyps = strs(&c["hypotheses"]);
+        let hyps = golden::strings(&c["hypotheses"]);
         let refs: Vec<Vec<String>> = c["references"]
             .as_array()
             .unwrap()
             .iter()
-            .map(strs)
+            .map(golden::strings)
             .collect();
         let b = corpus_bleu(&hyps, &refs).unwrap();
         close(
@@ -76,7 +60,7 @@ fn bleu_and_rouge_l_match_sacrebleu_and_rouge_score() {
             &format!("{name}: BLEU"),
         );
         worst_bleu = worst_bleu.max((b.score - c["bleu"].as_f64().unwrap()).abs());
-        for (p, q) in b.precisions.iter().zip(f64s(&c["bleu_precisions"])) {
+        for (p, q) in b.precisions.iter().zip(golden::f64s(&c["bleu_precisions"])) {
             close(*p, q, 1e-9, &format!("{name}: precision"));
         }
         close(
@@ -103,7 +87,11 @@ fn bleu_and_rouge_l_match_sacrebleu_and_rouge_score() {
             &format!("{name}: ROUGE-L"),
         );
         worst_rouge = worst_rouge.max((r - c["rouge_l"].as_f64().unwrap()).abs());
-        for (i, (h, want)) in hyps.iter().zip(f64s(&c["rouge_l_each"])).enumerate() {
+        for (i, (h, want)) in hyps
+            .iter()
+            .zip(golden::f64s(&c["rouge_l_each"]))
+            .enumerate()
+        {
             let got = rouge_l_multi(i, &refs[i], h).unwrap().fmeasure;
             close(
                 got,
@@ -171,7 +159,7 @@ fn audit_search_matches_scipy() {
     let g = load("audit.json");
     for c in g["searches"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
-        let scores = f64s(&c["scores"]);
+        let scores = golden::f64s(&c["scores"]);
         let included: Vec<bool> = c["included"]
             .as_array()
             .unwrap()
@@ -229,7 +217,7 @@ fn mia_matches_scipy() {
     let g = load("audit.json");
     for c in g["mia"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
-        let (pos, neg) = (f64s(&c["members"]), f64s(&c["non_members"]));
+        let (pos, neg) = (golden::f64s(&c["members"]), golden::f64s(&c["non_members"]));
         let r = mia::mia_report(&pos, &neg).unwrap();
         close(
             r.auc,
@@ -262,7 +250,7 @@ fn mia_matches_scipy() {
 fn intervals_match_scipy() {
     let g = load("audit.json");
     for c in g["t_intervals"].as_array().unwrap() {
-        let ci = mean_ci(&f64s(&c["values"]), c["level"].as_f64().unwrap()).unwrap();
+        let ci = mean_ci(&golden::f64s(&c["values"]), c["level"].as_f64().unwrap()).unwrap();
         close(ci.mean, c["mean"].as_f64().unwrap(), 1e-12, "mean");
         close(
             ci.lower(),

@@ -3,22 +3,10 @@
 //! real_data.json`, numbers only). Skipped, with one line, when the files are absent.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use raptor_data::{D2tDataset, read_dart_xml, read_e2e};
 use raptor_eval::{corpus_bleu, corpus_rouge_l};
-
-fn shared() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    std::env::var_os("RAPTOR_SHARED_DATA")
-        .map(PathBuf::from)
-        .or_else(|| {
-            root.ancestors()
-                .skip(1)
-                .map(|a| a.join("shared/data"))
-                .find(|p| p.is_dir())
-        })
-}
 
 /// For each source with ≥ 2 references: the first as hypothesis, the others as references.
 fn leave_one_out(ds: &D2tDataset) -> (Vec<String>, Vec<Vec<String>>) {
@@ -34,17 +22,11 @@ fn leave_one_out(ds: &D2tDataset) -> (Vec<String>, Vec<Vec<String>>) {
 
 #[test]
 fn leave_one_out_scores_match_sacrebleu_and_rouge_score() {
-    let Some(shared) = shared() else {
+    let Some(shared) = raptor_testkit::paths::shared_data_dir() else {
         println!("skipped: no shared/data folder beside the workspace");
         return;
     };
-    let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/eval/real_data.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let golden = raptor_testkit::golden::json("eval/real_data.json");
     let mut ran = 0;
     for (rel, read) in [
         (

@@ -364,15 +364,8 @@ fn bad_headers_are_typed_errors_without_huge_allocations() {
     assert!(GgufFile::from_bytes(bad_align, "g").is_err());
 }
 
-fn cases(default: u32) -> u32 {
-    std::env::var("RAPTOR_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(2000), ..ProptestConfig::default() })]
+    #![proptest_config(raptor_testkit::fuzz::config(2000))]
 
     /// Arbitrary bytes, bytes after a valid prefix, and a valid file with a few bytes
     /// overwritten: a typed error or a file whose every tensor reads (or errors) without panic.

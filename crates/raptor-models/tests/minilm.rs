@@ -11,11 +11,15 @@
 use raptor_models::checkpoint::{LoadOptions, load_bert};
 use raptor_models::tokenizer::{CorpusTokenizer, TextTokenizer};
 use raptor_models::{Batch, BertPooling, ForwardCtx, Model};
+use raptor_testkit::golden;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tch::{Device, Kind, Tensor};
 
 const TOL: f64 = 1e-4;
+
+/// The golden file, under `fixtures/`.
+const GOLDEN: &str = "minilm/golden.json";
 
 /// The cache folder by the rule of `cargo xtask setup` (`$RAPTOR_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/raptor`, else `$HOME/.cache/raptor`).
@@ -44,11 +48,6 @@ fn model_dir(test: &str) -> Option<PathBuf> {
         return None;
     }
     Some(dir)
-}
-
-fn golden() -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/minilm/golden.json");
-    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
 fn ids(v: &Value) -> Vec<i64> {
@@ -89,7 +88,7 @@ fn minilm_tokenizer_matches_transformers() {
     let Some(dir) = model_dir("minilm_tokenizer_matches_transformers") else {
         return;
     };
-    let g = golden();
+    let g = golden::json(GOLDEN);
     let tok = CorpusTokenizer::from_file_unpadded(dir.join("tokenizer.json"))
         .unwrap()
         .with_special_tokens()
@@ -127,7 +126,7 @@ fn minilm_matches_transformers() {
     let Some(dir) = model_dir("minilm_matches_transformers") else {
         return;
     };
-    let g = golden();
+    let g = golden::json(GOLDEN);
     let batch = Batch {
         input_ids: matrix(&g["batch"]["input_ids"]),
         attention_mask: matrix(&g["batch"]["attention_mask"]),

@@ -8,26 +8,15 @@ use proptest::prelude::*;
 use raptor_models::checkpoint::SafetensorsFile;
 use raptor_models::hf_config::HfConfig;
 use raptor_models::tokenizer::CorpusTokenizer;
+use raptor_testkit::{bad_inputs, fuzz};
 
 /// Bytes after a valid-looking prefix, mostly JSON structure and digits.
 fn bytes_like(prefix: &'static str) -> impl Strategy<Value = Vec<u8>> {
-    let alphabet = prop::sample::select(
-        b"{}[]:,\" \n0123456789-.eE+truefalsnmodel_typegpt2olmoeswitch\\\xff\xc3".to_vec(),
-    );
-    proptest::collection::vec(alphabet, 0..300).prop_map(move |mut v| {
-        let mut b = prefix.as_bytes().to_vec();
-        b.append(&mut v);
-        b
-    })
-}
-
-/// Cases per target: 2,000 by default (200 for tokenizer files through the filesystem, at most
-/// 2,000 of them in a long run), `RAPTOR_FUZZ_CASES` for a long run.
-fn cases(default: u32) -> u32 {
-    std::env::var("RAPTOR_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    fuzz::bytes_after(
+        prefix,
+        b"{}[]:,\" \n0123456789-.eE+truefalsnmodel_typegpt2olmoeswitch\\\xff\xc3",
+        0..300,
+    )
 }
 
 /// A safetensors file: 8-byte little-endian header length, then `header`, then `tail`.
@@ -39,14 +28,14 @@ fn safetensors(len: u64, header: &[u8], tail: &[u8]) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(2000), ..ProptestConfig::default() })]
+    #![proptest_config(fuzz::config(2000))]
 
     #[test]
     fn hf_config_json(
         a in bytes_like("{\"model_type\": \"gpt2\", \"n_embd\": "),
         b in bytes_like("{\"model_type\": \"olmoe\", \"num_experts\": "),
         c in bytes_like("{\"model_type\": \"switch_transformers\", \"d_model\": "),
-        raw in proptest::collection::vec(any::<u8>(), 0..300),
+        raw in fuzz::arbitrary_bytes(0..300),
     ) {
         for input in [&a, &b, &c, &raw] {
             let text = String::from_utf8_lossy(input);
@@ -60,9 +49,9 @@ proptest! {
     #[test]
     fn safetensors_header(
         header in bytes_like("{\"w\": {\"dtype\": \"F32\", \"shape\": ["),
-        tail in proptest::collection::vec(any::<u8>(), 0..64),
+        tail in fuzz::arbitrary_bytes(0..64),
         len in prop_oneof![Just(None), any::<u64>().prop_map(Some), (0u64..400).prop_map(Some)],
-        raw in proptest::collection::vec(any::<u8>(), 0..300),
+        raw in fuzz::arbitrary_bytes(0..300),
     ) {
         // The header length as written, or any claimed length (up to 2^64 - 1: it must never be
         // allocated, only checked against the bytes present).
@@ -79,7 +68,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(2000), ..ProptestConfig::default() })]
+    #![proptest_config(fuzz::config(2000))]
 
     /// In memory (what `from_file` calls after reading the file), so a long run reaches 10^6
     /// inputs; `tokenizer_file` below covers the path through the filesystem.
@@ -88,7 +77,7 @@ proptest! {
         a in bytes_like("{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\", \"vocab\": {"),
         b in bytes_like("{\"version\": \"1.0\", \"truncation\": null, \"padding\": {\"pad_id\": "),
         c in bytes_like("{\"version\": \"1.0\", \"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": {"),
-        raw in proptest::collection::vec(any::<u8>(), 0..300),
+        raw in fuzz::arbitrary_bytes(0..300),
     ) {
         for input in [&a, &b, &c, &raw] {
             if let Ok(t) = CorpusTokenizer::from_json_bytes(input, "fuzz") {
@@ -99,12 +88,13 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(200).min(2000), ..ProptestConfig::default() })]
+    // 200 cases by default: each goes through the filesystem; at most 2,000 in a long run.
+    #![proptest_config(ProptestConfig { cases: fuzz::fuzz_cases(200).min(2000), ..ProptestConfig::default() })]
 
     #[test]
     fn tokenizer_file(
         a in bytes_like("{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\", \"vocab\": {"),
-        raw in proptest::collection::vec(any::<u8>(), 0..300),
+        raw in fuzz::arbitrary_bytes(0..300),
     ) {
         let dir = std::env::temp_dir().join(format!("raptor-fuzz-tok-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -121,45 +111,19 @@ proptest! {
 
 /// The corpus of nasty inputs under `fixtures/bad-inputs/raptor-models/`: each gives a typed
 /// error whose message contains the text in `expected.tsv` (a 2 GB or 2^64 "length" in a
-/// safetensors header is checked against the bytes present, never allocated).
+/// safetensors header is checked against the bytes present, never allocated); every file of the
+/// folder is listed there.
 #[test]
 fn every_bad_input_gives_its_error() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/bad-inputs/raptor-models");
-    let table = std::fs::read_to_string(dir.join("expected.tsv")).unwrap();
-    let mut listed = Vec::new();
-    for line in table.lines().skip(1).filter(|l| !l.trim().is_empty()) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let [file, reader, expected] = cols[..] else {
-            panic!("bad line in expected.tsv: {line:?}");
-        };
-        let path = dir.join(file);
-        let msg = match reader {
-            "safetensors" => SafetensorsFile::open(&path)
+    bad_inputs::check("raptor-models", |input| {
+        let path = &input.path;
+        match input.setting.as_str() {
+            "safetensors" => SafetensorsFile::open(path)
                 .and_then(|f| f.tensors())
-                .map(|_| ())
-                .expect_err(file)
-                .to_string(),
-            "hf_config" => HfConfig::from_file(&path)
-                .map(|_| ())
-                .expect_err(file)
-                .to_string(),
-            "tokenizer" => CorpusTokenizer::from_file(&path)
-                .map(|_| ())
-                .expect_err(file)
-                .to_string(),
+                .map(|_| ()),
+            "hf_config" => HfConfig::from_file(path).map(|_| ()),
+            "tokenizer" => CorpusTokenizer::from_file(path).map(|_| ()),
             other => panic!("unknown reader {other}"),
-        };
-        assert!(
-            msg.contains(expected),
-            "{file}: {msg:?} does not contain {expected:?}"
-        );
-        listed.push(file.to_string());
-    }
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-        if name != "expected.tsv" && name != "README.md" {
-            assert!(listed.contains(&name), "{name} is not in expected.tsv");
         }
-    }
+    });
 }

@@ -26,10 +26,7 @@ fn tmpdir(tag: &str) -> PathBuf {
 
 #[test]
 fn gpt2_matches_hf_tokenizers_golden_ids() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/models/gpt2_tokenizer/golden.json");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let doc = raptor_testkit::golden::json("models/gpt2_tokenizer/golden.json");
     assert_eq!(doc["vocab_size"].as_u64(), Some(GPT2_VOCAB_SIZE as u64));
     let cases = doc["cases"].as_array().unwrap();
     assert!(cases.len() >= 5);

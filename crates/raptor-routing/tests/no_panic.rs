@@ -6,25 +6,16 @@
 use proptest::prelude::*;
 use raptor_routing::WeightPrecision;
 use raptor_routing::jsonl::read_jsonl;
+use raptor_testkit::fuzz;
 
 /// Bytes after a valid-looking prefix, mostly structural characters and digits so that inputs
 /// reach deep into the reader (huge indices, negative numbers, NaN-like tokens, bad UTF-8).
 fn bytes_like(prefix: &'static str) -> impl Strategy<Value = Vec<u8>> {
-    let alphabet =
-        prop::sample::select(b"{}[]:,\" \n01239-.eE+truefalsnmaskxpwigh\\\xff\xc3".to_vec());
-    proptest::collection::vec(alphabet, 0..240).prop_map(move |mut v| {
-        let mut b = prefix.as_bytes().to_vec();
-        b.append(&mut v);
-        b
-    })
-}
-
-/// Cases per target: 2,000 by default, `RAPTOR_FUZZ_CASES` for a long run.
-fn cases() -> u32 {
-    std::env::var("RAPTOR_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
+    fuzz::bytes_after(
+        prefix,
+        b"{}[]:,\" \n01239-.eE+truefalsnmaskxpwigh\\\xff\xc3",
+        0..240,
+    )
 }
 
 fn check(input: &[u8]) -> Result<(), TestCaseError> {
@@ -43,13 +34,13 @@ fn check(input: &[u8]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(fuzz::config(2000))]
 
     #[test]
     fn routing_jsonl(
         b in bytes_like("{\"layers\": [{\"experts\": [[3, 1], [0, "),
         m in bytes_like("{\"layers\": [{\"experts\": [[1]], \"weights\": [[0.5]], \"mask\": ["),
-        raw in proptest::collection::vec(any::<u8>(), 0..240),
+        raw in fuzz::arbitrary_bytes(0..240),
     ) {
         check(&b)?;
         check(&m)?;

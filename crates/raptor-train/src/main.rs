@@ -175,47 +175,12 @@ mod tests {
     use super::Cli;
     use clap::{CommandFactory, Parser};
     use proptest::prelude::*;
-
-    fn cases() -> u32 {
-        std::env::var("RAPTOR_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
-
-    fn word(vocabulary: Vec<String>) -> impl Strategy<Value = String> {
-        let values = prop::sample::select(vec![
-            "0",
-            "1",
-            "-1",
-            "0.5",
-            "1e-5",
-            "nan",
-            "inf",
-            "-inf",
-            "18446744073709551616",
-            "",
-            "=",
-            "--",
-            "-",
-            "x.toml",
-            "/nonexistent",
-            "cpu",
-            "cuda:7",
-            "🦖",
-        ]);
-        prop_oneof![
-            4 => prop::sample::select(vocabulary),
-            3 => values.prop_map(str::to_string),
-            1 => any::<f64>().prop_map(|v| v.to_string()),
-            1 => ".{0,12}",
-        ]
-    }
+    use raptor_testkit::{argv, fuzz};
 
     #[test]
     fn the_command_definition_is_consistent() {
         Cli::command().debug_assert();
-        let v = raptor_cli::argv_vocabulary(&Cli::command());
+        let v = argv::vocabulary(&Cli::command());
         for w in [
             "train", "eval", "audit", "upcycle", "account", "init", "--config", "--resume",
             "--data", "--quiet",
@@ -225,16 +190,14 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+        #![proptest_config(fuzz::config(2000))]
 
         #[test]
         fn command_lines_never_panic(
-            words in proptest::collection::vec(word(raptor_cli::argv_vocabulary(&Cli::command())), 0..12),
+            line in argv::command_lines("raptor", &Cli::command(), &["cpu", "cuda:7"], 0..12),
         ) {
-            let argv: Vec<String> =
-                std::iter::once("raptor".to_string()).chain(words).collect();
             // An error (usage, help, version) or a parsed command: never a panic.
-            let _ = Cli::try_parse_from(&argv);
+            let _ = Cli::try_parse_from(&line);
         }
     }
 }

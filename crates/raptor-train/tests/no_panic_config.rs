@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
+use raptor_testkit::fuzz;
 use raptor_train::config::RunConfig;
 
 /// The example configs shipped in `examples/`.
@@ -22,14 +23,6 @@ fn examples() -> Vec<String> {
     v
 }
 
-/// Cases: 2,000 by default, `RAPTOR_FUZZ_CASES` for a long run.
-fn cases() -> u32 {
-    std::env::var("RAPTOR_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
-
 fn check(text: &str) {
     if let Ok(cfg) = RunConfig::from_toml(text) {
         let _ = cfg.validate();
@@ -38,7 +31,7 @@ fn check(text: &str) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(fuzz::config(2000))]
 
     #[test]
     fn run_config(
@@ -47,7 +40,7 @@ proptest! {
         cut in any::<prop::sample::Index>(),
         splice in proptest::collection::vec(
             prop::sample::select(b"[]=\"'.,-+0123456789eEinfnatrue\n #{}_\\\xff".to_vec()), 0..40),
-        raw in proptest::collection::vec(any::<u8>(), 0..300),
+        raw in fuzz::arbitrary_bytes(0..300),
     ) {
         thread_local!(static EX: Vec<String> = examples());
         let base = EX.with(|e| e[which.index(e.len())].clone()).into_bytes();

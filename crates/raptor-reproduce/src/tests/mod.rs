@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
 use proptest::prelude::*;
+use raptor_testkit::{argv, fuzz};
 
 use crate::Cli;
 
@@ -43,7 +44,7 @@ fn the_command_definition_is_consistent() {
         .find_subcommand(crate::paper::runs::WORKER_COMMAND)
         .expect("the worker subcommand");
     assert!(worker.is_hide_set());
-    let v = raptor_cli::argv_vocabulary(&cmd);
+    let v = argv::vocabulary(&cmd);
     for w in [
         "--out",
         "--root",
@@ -111,46 +112,19 @@ fn flags_keep_their_defaults() {
     );
 }
 
-fn cases() -> u32 {
-    std::env::var("RAPTOR_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
-
-fn word(vocabulary: Vec<String>) -> impl Strategy<Value = String> {
-    let values = prop::sample::select(vec![
-        "0",
-        "1",
-        "-1",
-        "",
-        "=",
-        "--",
-        "-",
-        "paper",
-        "nope",
-        "cpu",
-        "cuda:7",
-        "/nonexistent",
-        "🦖",
-    ]);
-    prop_oneof![
-        4 => prop::sample::select(vocabulary),
-        3 => values.prop_map(str::to_string),
-        1 => ".{0,12}",
-    ]
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(fuzz::config(2000))]
 
     /// The argument parser never panics on arbitrary command lines.
     #[test]
     fn command_lines_never_panic(
-        words in proptest::collection::vec(word(raptor_cli::argv_vocabulary(&Cli::command())), 0..10),
+        line in argv::command_lines(
+            "raptor-reproduce",
+            &Cli::command(),
+            &["paper", "nope", "cpu", "cuda:7"],
+            0..10,
+        ),
     ) {
-        let argv: Vec<String> =
-            std::iter::once("raptor-reproduce".to_string()).chain(words).collect();
-        let _ = Cli::try_parse_from(&argv);
+        let _ = Cli::try_parse_from(&line);
     }
 }
