@@ -952,11 +952,14 @@ pub mod planted {
         c.lora.r = 32;
         c.lora.alpha = 32.0;
         c.method.name = method;
-        c.method.layer = crate::config::LayerSpec::Last;
+        // RAPTOR's knobs only where they apply (the validator reports them elsewhere).
+        if method == Method::Raptor {
+            c.method.layer = crate::config::LayerSpec::Last;
+            c.privacy.rho = 0.5;
+        }
         c.privacy.epsilon = epsilon;
         c.privacy.accuracy = 0.01;
         c.privacy.delta = Some(1e-6);
-        c.privacy.rho = 0.5;
         c.train.batch_size = 0.01 * (600 + m.div_ceil(2)) as f64;
         c.train.micro_batch = 64;
         c.train.steps = Some(steps);
