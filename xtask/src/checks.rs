@@ -15,6 +15,17 @@
 //! - [`test_support_is_dev_only`]: the test-support crates ([`TEST_SUPPORT`], the
 //!   `raptor-testkit` kit) are `[dev-dependencies]` entries of the members that use them, never a
 //!   normal or build dependency.
+//! - [`used_dependencies`]: every dependency a member declares is named in its Rust code
+//!   (sources, tests, benches, examples, build script), or has a `#` comment on the line above
+//!   it saying why it is there without being named (a feature it switches on, a build-script
+//!   variable it provides).
+//! - [`crate_maps`]: ARCHITECTURE.md's code map has a row for every workspace member and for
+//!   nothing else; README.md's crate table a row for every member under `crates/`.
+//! - [`typed_streams`]: no Rust source (`src/` of every member) reads a stream, clip group or routed
+//!   expert back out of a string (`sigmas.get(`, `sigmas["…"]`, `starts_with("expert`,
+//!   `strip_prefix("expert`, a routed-expert layer parsed from a parameter name): the private
+//!   step's streams, groups and experts are types (`Stream`, `GroupId`, `ExpertId`), and which
+//!   expert owns a parameter is answered by `raptor_models::roles::RoleIndex` alone.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -212,6 +223,215 @@ pub fn stand_alone(root: &Path) -> anyhow::Result<()> {
         );
     }
     eprintln!("    {checked} text files: none");
+    Ok(())
+}
+
+/// The dependencies declared in a member's `Cargo.toml` text: (section, name, whether the line
+/// above it is a `#` comment). Sections: `[dependencies]`, `[dev-dependencies]`,
+/// `[build-dependencies]` and their `[target.….…]` forms.
+pub fn declared_dependencies(manifest: &str) -> Vec<(String, String, bool)> {
+    let mut out = Vec::new();
+    let mut section: Option<String> = None;
+    let mut previous_comment = false;
+    for line in manifest.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            let name = t.trim_matches(|c| c == '[' || c == ']').to_string();
+            let deps = name.ends_with("dependencies") && !name.starts_with("workspace");
+            section = deps.then_some(name);
+            previous_comment = false;
+            continue;
+        }
+        if let Some(sec) = &section
+            && !t.is_empty()
+            && !t.starts_with('#')
+        {
+            let name: String = t
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.push((sec.clone(), name, previous_comment));
+            }
+        }
+        previous_comment = t.starts_with('#');
+    }
+    out
+}
+
+/// Whether `code` names the crate `ident` (as a whole identifier).
+fn names_ident(code: &str, ident: &str) -> bool {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    code.match_indices(ident).any(|(i, _)| {
+        let before = code[..i].chars().next_back();
+        let after = code[i + ident.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+/// The unexplained unused dependencies of one member: `manifest` its `Cargo.toml`, `code` all
+/// its Rust files joined.
+pub fn unused_dependencies(manifest: &str, code: &str) -> Vec<String> {
+    declared_dependencies(manifest)
+        .into_iter()
+        .filter(|(_, name, commented)| !commented && !names_ident(code, &name.replace('-', "_")))
+        .map(|(section, name, _)| format!("{name} ({section})"))
+        .collect()
+}
+
+/// Fails, naming each, when a member declares a dependency its code never names and no comment
+/// explains.
+pub fn used_dependencies(root: &Path) -> anyhow::Result<()> {
+    eprintln!("\n==> dependencies: each one named in its member's code, or explained");
+    let files = repository_files(root)?;
+    let mut problems = Vec::new();
+    let members = workspace_members(root)?;
+    for m in &members {
+        let manifest = std::fs::read_to_string(root.join(&m.dir).join("Cargo.toml"))
+            .with_context(|| format!("reading {}/Cargo.toml", m.dir))?;
+        let prefix = format!("{}/", m.dir);
+        let mut code = String::new();
+        for rel in &files {
+            let r = rel.to_string_lossy().replace('\\', "/");
+            if r.starts_with(&prefix) && r.ends_with(".rs") {
+                code.push_str(&std::fs::read_to_string(root.join(rel)).unwrap_or_default());
+                code.push('\n');
+            }
+        }
+        for d in unused_dependencies(&manifest, &code) {
+            problems.push(format!("{}: {d}", m.dir));
+        }
+    }
+    if !problems.is_empty() {
+        bail!(
+            "{} dependenc(ies) not named in their member's code; remove them, or say on the line \
+             above why they are needed:\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        );
+    }
+    eprintln!("    {} members: none unused", members.len());
+    Ok(())
+}
+
+/// The package names of the rows of a Markdown table whose first cell starts with a code span,
+/// plain (`` | `name` | ``), linked (`` | [`name`](…) | ``) or with a folder in front
+/// (`` | `benches/` (package `name`) | ``): the last code span of the first cell.
+pub fn table_packages(markdown: &str) -> BTreeSet<String> {
+    markdown
+        .lines()
+        .filter_map(|l| {
+            let cell = l.strip_prefix("| ")?.split(" |").next()?;
+            if !(cell.starts_with('`') || cell.starts_with("[`")) {
+                return None;
+            }
+            let spans: Vec<&str> = cell.split('`').skip(1).step_by(2).collect();
+            spans.last().map(|s| s.trim_end_matches('/').to_string())
+        })
+        .collect()
+}
+
+/// What the code maps miss or list in excess: `architecture` and `readme` the two files,
+/// `members` every member (package, folder).
+pub fn crate_map_problems(architecture: &str, readme: &str, members: &[Member]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let arch = table_packages(architecture);
+    let all: BTreeSet<String> = members.iter().map(|m| m.name.clone()).collect();
+    for m in all.difference(&arch) {
+        problems.push(format!(
+            "ARCHITECTURE.md: no code-map row for the member {m}"
+        ));
+    }
+    for m in arch
+        .iter()
+        .filter(|m| m.starts_with("raptor") || *m == "xtask")
+    {
+        if !all.contains(m) {
+            problems.push(format!(
+                "ARCHITECTURE.md: a row for {m}, which is no member"
+            ));
+        }
+    }
+    let listed = table_packages(readme);
+    for m in members.iter().filter(|m| m.dir.starts_with("crates/")) {
+        if !listed.contains(&m.name) {
+            problems.push(format!("README.md: no crate-table row for {}", m.name));
+        }
+    }
+    problems
+}
+
+/// Fails when ARCHITECTURE.md's code map or README.md's crate table and the workspace members
+/// disagree.
+pub fn crate_maps(root: &Path) -> anyhow::Result<()> {
+    eprintln!("\n==> code maps: ARCHITECTURE.md and README.md list the workspace members");
+    let read =
+        |f: &str| std::fs::read_to_string(root.join(f)).with_context(|| format!("reading {f}"));
+    let members = workspace_members(root)?;
+    let problems = crate_map_problems(&read("ARCHITECTURE.md")?, &read("README.md")?, &members);
+    if !problems.is_empty() {
+        bail!(
+            "the code maps disagree with the workspace:\n  {}",
+            problems.join("\n  ")
+        );
+    }
+    eprintln!("    {} members: all listed", members.len());
+    Ok(())
+}
+
+/// Code patterns that read a stream, a clip group or a routed expert back out of a string.
+const STRING_STREAM_PATTERNS: [&str; 8] = [
+    "sigmas.get(",
+    "sigmas[\"",
+    "starts_with(\"expert",
+    "strip_prefix(\"expert",
+    "starts_with(\"shared",
+    ".get(\"experts\")",
+    "fn routed_expert_layer",
+    "parse::<usize>().ok().map(|l| ExpertId",
+];
+
+/// Every line of `text` (1-based number, trimmed line) that reads a stream or an expert back
+/// out of a string.
+pub fn stream_name_parsing(text: &str) -> Vec<(usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| STRING_STREAM_PATTERNS.iter().any(|p| l.contains(p)))
+        .map(|(i, l)| (i + 1, l.trim().to_string()))
+        .collect()
+}
+
+/// Fails, naming every place, when Rust code of the workspace parses a stream, group or expert
+/// name back from a string.
+pub fn typed_streams(root: &Path) -> anyhow::Result<()> {
+    eprintln!("\n==> typed streams: no stream, clip group or routed expert parsed from a string");
+    let mut problems = Vec::new();
+    let mut checked = 0usize;
+    for rel in repository_files(root)? {
+        let rel_str = rel.to_string_lossy().replace('\\', "/");
+        // Library and program code; tests of string-keyed APIs (raptor-models' caller-named
+        // clip groups) may name groups by strings.
+        let code = rel_str.contains("/src/") || rel_str.starts_with("src/");
+        if rel_str == SELF_PATH || !rel_str.ends_with(".rs") || !code {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(root.join(&rel)) else {
+            continue;
+        };
+        checked += 1;
+        for (line, code) in stream_name_parsing(&text) {
+            problems.push(format!("{rel_str}:{line}: {code}"));
+        }
+    }
+    if !problems.is_empty() {
+        bail!(
+            "{} place(s) read a stream, clip group or routed expert back from a string; use \
+             streams::{{Stream, Sigmas, GroupId}} and raptor_models::roles::{{ExpertId, RoleIndex}}:\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        );
+    }
+    eprintln!("    {checked} Rust files: none");
     Ok(())
 }
 
@@ -481,6 +701,59 @@ mod tests {
         stand_alone(&root).unwrap();
         layout(&root).unwrap();
         test_support_is_dev_only(&root).unwrap();
+        typed_streams(&root).unwrap();
+        used_dependencies(&root).unwrap();
+        crate_maps(&root).unwrap();
+    }
+
+    #[test]
+    fn code_maps_are_checked_against_the_members() {
+        let members = [
+            member("raptor-a", "crates/raptor-a"),
+            member("raptor-benches", "benches"),
+        ];
+        let arch = "| crate | what |\n|---|---|\n| `raptor-a` | x |\n\
+                    | `benches/` (package `raptor-benches`) | y |\n";
+        let readme = "| [`raptor-a`](crates/raptor-a) | x |\n";
+        assert!(crate_map_problems(arch, readme, &members).is_empty());
+        let arch_short = "| `raptor-a` | x |\n| `raptor-gone` | z |\n";
+        assert_eq!(
+            crate_map_problems(arch_short, "", &members),
+            [
+                "ARCHITECTURE.md: no code-map row for the member raptor-benches",
+                "ARCHITECTURE.md: a row for raptor-gone, which is no member",
+                "README.md: no crate-table row for raptor-a"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unused_dependency_is_found_unless_a_comment_explains_it() {
+        let manifest = "[package]\nname = \"x\"\n\n[dependencies]\nserde.workspace = true\n\
+                        rand-core = { workspace = true }\n# feature os_rng for from_os_rng\n\
+                        getrandom.workspace = true\n\n[dev-dependencies]\ninsta = \"1\"\n\n\
+                        [lints]\nworkspace = true\n";
+        let code = "use serde::Serialize;\nfn f() { let serde_json = 1; }\n";
+        assert_eq!(
+            unused_dependencies(manifest, code),
+            ["rand-core (dependencies)", "insta (dev-dependencies)"]
+        );
+        // Named as a path, with the underscore spelling of a dashed name: used.
+        let code = "use serde::Serialize;\nfn g() { rand_core::RngCore::next_u32(r); insta::assert_snapshot!(x); }";
+        assert!(unused_dependencies(manifest, code).is_empty());
+        // A longer identifier that contains the name is not a use.
+        assert!(!names_ident("my_insta_thing", "insta"));
+    }
+
+    #[test]
+    fn parsing_a_stream_or_expert_from_a_string_is_found() {
+        let code = "let s = plan.sigmas.get(\"experts\").unwrap_or(0.0);\n\
+                    let ok = GroupId::Expert(id);\n\
+                    if g.starts_with(\"expert[\") {}\n\
+                    let x = p.sigmas[\"shared\"];\n";
+        let lines: Vec<usize> = stream_name_parsing(code).iter().map(|(l, _)| *l).collect();
+        assert_eq!(lines, [1, 3, 4]);
+        assert!(stream_name_parsing("let s = sigmas.iter();").is_empty());
     }
 
     fn dep(package: &str, name: &str, kind: &str) -> Dependency {

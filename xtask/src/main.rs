@@ -274,6 +274,9 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
     checks::stand_alone(root)?;
     checks::layout(root)?;
     checks::test_support_is_dev_only(root)?;
+    checks::typed_streams(root)?;
+    checks::used_dependencies(root)?;
+    checks::crate_maps(root)?;
     eprintln!("\n==> setup");
     setup::setup(root, true, None)?;
     // The real checkpoints' parity and fine-tuning tests need the models in the cache: one

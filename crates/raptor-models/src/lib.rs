@@ -28,6 +28,7 @@ mod model;
 mod moe;
 mod olmoe;
 pub mod rng;
+pub mod roles;
 mod switch;
 mod tape;
 pub mod tokenizer;

@@ -67,6 +67,7 @@ use raptor_accountant::{Accuracy, Composition, PrvAccountant, SubsampledGaussian
 use raptor_eval::audit::{AuditResult, audit_search, audit_search_many, default_grid};
 use raptor_eval::mia::{MiaReport, mia_report};
 use raptor_models::Model;
+use raptor_models::roles::ExpertId;
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
@@ -74,7 +75,7 @@ use crate::config::RunConfig;
 use crate::error::{Result, TrainError, io};
 use crate::run::{Progress, new_run_id, train_session, write_atomic};
 use crate::session::{DataInfo, Session, is_classifier, prepare_counting, prepare_with};
-use crate::streams::{Charge, Plan};
+use crate::streams::{Charge, GroupId, Plan};
 use crate::trainer::{DiracCanaries, DiracCanary, Example};
 
 /// The default number of loss canaries (fewer when the training set is small: at most N/4).
@@ -621,9 +622,9 @@ fn dirac_params(
     layer: Option<usize>,
     expert: Option<usize>,
 ) -> Result<BTreeMap<String, f64>> {
-    let wanted: Option<String> = match (expert, layer) {
+    let wanted: Option<GroupId> = match (expert, layer) {
         (None, _) => None,
-        (Some(e), Some(l)) => Some(format!("expert[{l},{e}]")),
+        (Some(expert), Some(layer)) => Some(GroupId::Expert(ExpertId { layer, expert })),
         (Some(_), None) => {
             return Err(TrainError::Config(
                 "--expert: the method trains no expert stream (RAPTOR or expert-only)".into(),
@@ -717,7 +718,7 @@ fn expert_stream_epsilon(
     let (mut updates, mut sigma, mut noiseless) = (0u64, f64::NAN, false);
     for (ph, &count) in plan.phases.iter().zip(&counts) {
         for r in &ph.releases {
-            if r.charge == (Charge::Parallel { layer, expert }) && count > 0 {
+            if r.charge == Charge::Parallel(ExpertId { layer, expert }) && count > 0 {
                 updates += count;
                 sigma = r.sigma;
                 if ph.private && r.sigma > 0.0 {

@@ -16,14 +16,44 @@
 //! - **Dilution** = (owned records per expert on average in a batch of B) / D_e.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
+use raptor_models::roles::{Naming, Role, RoleIndex};
 use raptor_models::{ClipPolicy, ClippedStep, Model, ParamGroups};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
-use crate::methods::Family;
 use crate::trainer::{Example, make_batch};
+
+/// The roles the diagnostics tell apart (clip groups of the role-wise clip).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum DiagRole {
+    Attention,
+    Head,
+    /// One routed expert of the diagnosed layer.
+    Expert(usize),
+}
+
+impl DiagRole {
+    /// The role M_role compares (every expert of the layer together).
+    fn mass_role(self) -> &'static str {
+        match self {
+            DiagRole::Attention => "attention",
+            DiagRole::Head => "head",
+            DiagRole::Expert(_) => "experts",
+        }
+    }
+}
+
+impl fmt::Display for DiagRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DiagRole::Expert(x) => write!(f, "expert[{x}]"),
+            DiagRole::Attention | DiagRole::Head => f.write_str(self.mass_role()),
+        }
+    }
+}
 
 /// The diagnostics of one run.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -52,7 +82,7 @@ pub struct Diagnostics {
 #[allow(clippy::too_many_arguments)]
 pub fn diagnostics(
     model: &dyn Model,
-    family: &Family,
+    naming: Naming,
     layer: usize,
     data: &[Example],
     sigma_e: f64,
@@ -65,30 +95,20 @@ pub fn diagnostics(
 ) -> Result<Diagnostics> {
     let e_count = model.num_experts();
     let vars = model.var_store().variables();
+    let index = RoleIndex::of_model(model, naming);
     // Roles over the LoRA / head parameters present in the model.
-    let role_of = |name: &str| -> Option<String> {
-        if family.head_patterns().iter().any(|p| name.starts_with(p)) {
-            return Some("head".into());
+    let role_of = |name: &str| -> Option<DiagRole> {
+        match index.role(name) {
+            Role::Head => Some(DiagRole::Head),
+            _ if !name.contains("lora_") => None,
+            Role::RoutedExpert(id) if id.layer == layer => Some(DiagRole::Expert(id.expert)),
+            Role::Attention => Some(DiagRole::Attention),
+            Role::RoutedExpert(_) | Role::Router | Role::Other => None,
         }
-        if !name.contains("lora_") {
-            return None;
-        }
-        for x in 0..e_count {
-            if name.starts_with(&family.expert_prefix(layer, x)) {
-                return Some(format!("expert[{x}]"));
-            }
-        }
-        if family
-            .attention_targets()
-            .iter()
-            .any(|t| name.contains(t.as_str()))
-        {
-            return Some("attention".into());
-        }
-        None
     };
     let mut groups = ParamGroups::new();
-    let mut params_per_group: BTreeMap<String, i64> = BTreeMap::new();
+    let mut params_per_group: BTreeMap<DiagRole, i64> = BTreeMap::new();
+    let mut role_of_group: BTreeMap<String, DiagRole> = BTreeMap::new();
     let saved: Vec<(Tensor, bool)> = vars
         .values()
         .map(|t| (t.shallow_clone(), t.requires_grad()))
@@ -97,8 +117,9 @@ pub fn diagnostics(
         let r = role_of(n);
         let _ = t.f_set_requires_grad(r.is_some())?;
         if let Some(r) = r {
-            *params_per_group.entry(r.clone()).or_default() += t.numel() as i64;
-            groups.assign(n.clone(), r);
+            *params_per_group.entry(r).or_default() += t.numel() as i64;
+            role_of_group.insert(r.to_string(), r);
+            groups.assign(n.clone(), r.to_string());
         }
     }
     let result = (|| -> Result<Diagnostics> {
@@ -120,10 +141,8 @@ pub fn diagnostics(
         let (_, grads) = ClippedStep::new(model)?
             .with_record_ids(data.iter().map(|e| e.id).collect())
             .per_sample(&b, &owners, false)?;
-        let bounds: BTreeMap<String, f64> = params_per_group
-            .keys()
-            .map(|g| (g.clone(), clip_e))
-            .collect();
+        let bounds: BTreeMap<String, f64> =
+            role_of_group.keys().map(|g| (g.clone(), clip_e)).collect();
         let role_clip = grads.clip(&groups, &ClipPolicy::RoleWise(bounds), &BTreeMap::new())?;
         let global_clip = grads.clip(&groups, &ClipPolicy::Global(clip_e), &BTreeMap::new())?;
         let n = data.len() as f64;
@@ -131,14 +150,14 @@ pub fn diagnostics(
         let mut norm_mass: BTreeMap<String, f64> = BTreeMap::new();
         let mut param_mass: BTreeMap<String, f64> = BTreeMap::new();
         for (g, sq) in &role_clip.group_sq_norms {
-            let role = if g.starts_with("expert[") {
-                "experts".to_string()
-            } else {
-                g.clone()
+            let Some(&r) = role_of_group.get(g) else {
+                continue;
             };
+            let role = r.mass_role().to_string();
             let mean_norm = sq.f_sqrt()?.f_sum(Kind::Double)?.f_double_value(&[])? / n;
             *norm_mass.entry(role.clone()).or_default() += mean_norm;
-            *param_mass.entry(role).or_default() += params_per_group[g] as f64;
+            *param_mass.entry(role).or_default() +=
+                params_per_group.get(&r).copied().unwrap_or(0) as f64;
         }
         let (tn, tp): (f64, f64) = (norm_mass.values().sum(), param_mass.values().sum());
         let mut roles = BTreeMap::new();
@@ -153,7 +172,7 @@ pub fn diagnostics(
         let chosen = if global { &global_clip } else { &role_clip };
         let mut snr = Vec::new();
         for x in 0..e_count {
-            let g = format!("expert[{x}]");
+            let g = DiagRole::Expert(x as usize).to_string();
             let mut sq = 0.0f64;
             let mut d = 0i64;
             for (p, grp) in groups.iter() {
@@ -181,7 +200,8 @@ pub fn diagnostics(
             None => vec![1.0; data.len()],
         };
         for (i, &o) in owners_v.iter().enumerate() {
-            if let Some(f) = role_clip.clip_factors.get(&format!("expert[{o}]")) {
+            let own_group = usize::try_from(o).map(|x| DiagRole::Expert(x).to_string());
+            if let Some(f) = own_group.ok().and_then(|g| role_clip.clip_factors.get(&g)) {
                 let own = f.f_to_kind(Kind::Double)?.f_double_value(&[i as i64])?;
                 owned_rows += 1;
                 if gf[i] < own - 1e-12 {

@@ -8,158 +8,18 @@ use raptor_accountant::{
     Accuracy, PlanRequest, PrvAccountant, Stream as PlanStream, StreamSampling, calibrate_sigma,
     plan_budget,
 };
+use raptor_models::roles::{ExpertId, Naming, RoleIndex};
 use raptor_models::{LoraConfig, Model, attach_lora, freeze_all, set_trainable};
 use serde::Serialize;
 
 use crate::config::{
-    Budget, BudgetSplit, ExpertClip, ExpertDenominator, LayerSpec, Method, MethodFamily, ModelKind,
+    Budget, BudgetSplit, ExpertClip, ExpertDenominator, LayerSpec, Method, MethodFamily,
     ResidualWeight, RunConfig, Scope, StreamOptimizer,
 };
 use crate::error::{Result, TrainError};
-use crate::streams::{Charge, ClipGroup, Optim, Phase, Plan, ReleaseSpec, Residual};
-
-/// Names that tell a model family's parts apart.
-#[derive(Debug, Clone)]
-pub struct Family {
-    /// Model kind.
-    pub kind: ModelKind,
-}
-
-impl Family {
-    /// Attention projections that carry LoRA.
-    pub fn attention_targets(&self) -> Vec<String> {
-        let v: &[&str] = match self.kind {
-            ModelKind::Switch => &[
-                "SelfAttention.q",
-                "SelfAttention.k",
-                "SelfAttention.v",
-                "SelfAttention.o",
-            ],
-            ModelKind::Olmoe | ModelKind::Llama | ModelKind::Mixtral | ModelKind::Qwen2Moe => &[
-                "self_attn.q_proj",
-                "self_attn.k_proj",
-                "self_attn.v_proj",
-                "self_attn.o_proj",
-            ],
-            ModelKind::Gpt2 => &["attn.c_attn", "attn.c_proj"],
-            ModelKind::Bert | ModelKind::MoeBert => &[
-                "attention.self.query",
-                "attention.self.key",
-                "attention.self.value",
-                "attention.output.dense",
-            ],
-        };
-        v.iter().map(|s| s.to_string()).collect()
-    }
-
-    /// Name prefix of routed expert `e` of sparse layer `l` (with the trailing dot).
-    pub fn expert_prefix(&self, l: usize, e: i64) -> String {
-        match self.kind {
-            ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.expert_{e}."),
-            ModelKind::Mixtral => format!("model.layers.{l}.block_sparse_moe.experts.{e}."),
-            ModelKind::MoeBert => format!("bert.encoder.layer.{l}.moe.experts.{e}."),
-            // OLMoE and Qwen2-MoE; the dense models have no expert to name.
-            ModelKind::Olmoe
-            | ModelKind::Qwen2Moe
-            | ModelKind::Gpt2
-            | ModelKind::Llama
-            | ModelKind::Bert => format!("model.layers.{l}.mlp.experts.{e}."),
-        }
-    }
-
-    /// LoRA target patterns of every routed expert of sparse layer `l`.
-    pub fn expert_targets(&self, l: usize) -> Vec<String> {
-        match self.kind {
-            ModelKind::Switch => ["wi", "wo"]
-                .iter()
-                .map(|p| format!("encoder.block.{l}.layer.1.mlp.experts.*.{p}"))
-                .collect(),
-            ModelKind::Mixtral => ["w1", "w2", "w3"]
-                .iter()
-                .map(|p| format!("model.layers.{l}.block_sparse_moe.experts.*.{p}"))
-                .collect(),
-            ModelKind::MoeBert => ["intermediate.dense", "output.dense"]
-                .iter()
-                .map(|p| format!("bert.encoder.layer.{l}.moe.experts.*.{p}"))
-                .collect(),
-            ModelKind::Olmoe
-            | ModelKind::Qwen2Moe
-            | ModelKind::Gpt2
-            | ModelKind::Llama
-            | ModelKind::Bert => ["gate_proj", "up_proj", "down_proj"]
-                .iter()
-                .map(|p| format!("model.layers.{l}.mlp.experts.*.{p}"))
-                .collect(),
-        }
-    }
-
-    /// Pattern matching every expert module of layer `l` (for switching their LoRA off).
-    pub fn expert_modules(&self, l: usize) -> String {
-        match self.kind {
-            ModelKind::Switch => format!("encoder.block.{l}.layer.1.mlp.experts.*"),
-            ModelKind::Mixtral => format!("model.layers.{l}.block_sparse_moe.experts.*"),
-            ModelKind::MoeBert => format!("bert.encoder.layer.{l}.moe.experts.*"),
-            ModelKind::Olmoe
-            | ModelKind::Qwen2Moe
-            | ModelKind::Gpt2
-            | ModelKind::Llama
-            | ModelKind::Bert => format!("model.layers.{l}.mlp.experts.*"),
-        }
-    }
-
-    /// Parameter patterns of the task head (trained with the shared stream).
-    pub fn head_patterns(&self) -> Vec<&'static str> {
-        match self.kind {
-            ModelKind::Switch | ModelKind::Bert | ModelKind::MoeBert => vec!["classifier"],
-            ModelKind::Olmoe
-            | ModelKind::Mixtral
-            | ModelKind::Qwen2Moe
-            | ModelKind::Gpt2
-            | ModelKind::Llama => vec!["score"],
-        }
-    }
-
-    /// Whether a parameter is a "hidden matrix" (Muon-updated, clipped on its own by the
-    /// DP-Muon family): 2-D, not an embedding or head. LoRA factors (`lora_A` `[r, in]`,
-    /// `lora_B` `[out, r]`) are hidden matrices: DP-Muon on a LoRA scope orthogonalizes each
-    /// factor's released gradient (had they been excluded, a LoRA scope would leave Muon
-    /// nothing to update and DP-Muon would be DP-Adam, update for update).
-    pub fn is_hidden_matrix(&self, name: &str, dims: usize) -> bool {
-        dims == 2
-            && ![
-                "wte",
-                "wpe",
-                "embed_tokens",
-                "_embeddings",
-                "shared.weight",
-                "relative_attention_bias",
-                "lm_head",
-                "score",
-                "classifier",
-            ]
-            .iter()
-            .any(|p| name.contains(p))
-    }
-}
-
-/// The sparse layer of a routed-expert parameter name (Switch `encoder.block.{l}.layer.1.mlp.
-/// experts.…`, OLMoE / Qwen2-MoE `model.layers.{l}.mlp.experts.…`, Mixtral
-/// `model.layers.{l}.block_sparse_moe.experts.…`, MoE-BERT
-/// `bert.encoder.layer.{l}.moe.experts.…`), if it is one. A Qwen2-MoE shared expert
-/// (`mlp.shared_expert.…`, `mlp.shared_expert_gate`) is not: it belongs to the shared stream.
-pub fn routed_expert_layer(name: &str) -> Option<usize> {
-    if !name.contains(".mlp.experts.")
-        && !name.contains(".block_sparse_moe.experts.")
-        && !name.contains(".moe.experts.")
-    {
-        return None;
-    }
-    let rest = name
-        .strip_prefix("encoder.block.")
-        .or_else(|| name.strip_prefix("model.layers."))
-        .or_else(|| name.strip_prefix("bert.encoder.layer."))?;
-    rest.split('.').next()?.parse().ok()
-}
+use crate::streams::{
+    Charge, ClipGroup, GroupId, Optim, Phase, Plan, ReleaseSpec, Residual, Sigmas, Stream,
+};
 
 /// The privacy plan as recorded in the run record.
 #[derive(Debug, Clone, Serialize)]
@@ -182,8 +42,8 @@ pub struct PrivacyPlan {
     pub updates: u64,
     /// Updates per phase.
     pub phase_updates: BTreeMap<String, u64>,
-    /// σ per release kind (`shared`, `experts`, `all`).
-    pub sigmas: BTreeMap<String, f64>,
+    /// σ of each stream.
+    pub sigmas: Sigmas,
     /// The plan's own certified ε (composed in one PRV over the planned schedule).
     pub planned_epsilon: f64,
     /// The budget split (RAPTOR) or `single`.
@@ -322,7 +182,7 @@ pub fn optimizers(
     let mut o = raptor_optim::Optimizers::new(settings, &plan.optim, probe_seed)
         .with_sgd_momentum(cfg.train.momentum)?;
     if let Some(lr) = cfg.train.expert_lr {
-        for p in &plan.routed {
+        for p in plan.routed.keys() {
             o = o.with_param_lr(p, lr)?;
         }
     }
@@ -343,9 +203,7 @@ fn lora_cfg(cfg: &RunConfig, targets: Vec<String>) -> LoraConfig {
 /// methods) with the head trainable, or everything but the routers for full fine-tuning.
 pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>) -> Result<()> {
     let method = cfg.method.name;
-    let fam = Family {
-        kind: cfg.model.kind,
-    };
+    let fam = cfg.model.kind.naming();
     let att_targets = if cfg.lora.attention_targets.is_empty() {
         fam.attention_targets()
     } else {
@@ -448,12 +306,13 @@ fn check_batch(cfg: &RunConfig, n: usize) -> Result<()> {
 /// parameters and the accountant.
 struct PlanInputs<'a> {
     cfg: &'a RunConfig,
-    fam: Family,
+    fam: Naming,
+    /// The role of every trainable parameter (which routed expert owns it).
+    roles: RoleIndex,
     /// Trainable parameter names (sorted).
     names: Vec<String>,
     shapes: &'a BTreeMap<String, Vec<i64>>,
-    sparse_layers: &'a [usize],
-    experts: i64,
+    experts: usize,
     /// Expected batch B.
     b: f64,
     q: f64,
@@ -464,26 +323,9 @@ struct PlanInputs<'a> {
 }
 
 impl PlanInputs<'_> {
-    /// The (sparse layer, expert) of a routed-expert parameter name, if it is one.
-    fn expert_of(&self, name: &str) -> Option<(usize, i64)> {
-        for &l in self.sparse_layers {
-            for x in 0..self.experts {
-                if name.starts_with(&self.fam.expert_prefix(l, x)) {
-                    return Some((l, x));
-                }
-            }
-        }
-        None
-    }
-
-    /// The trainable parameters of expert `x` of layer `l`.
-    fn expert_names(&self, l: usize, x: i64) -> Vec<String> {
-        let p = self.fam.expert_prefix(l, x);
-        self.names
-            .iter()
-            .filter(|n| n.starts_with(&p))
-            .cloned()
-            .collect()
+    /// The routed expert that owns trainable parameter `name`, if any.
+    fn expert_of(&self, name: &str) -> Option<ExpertId> {
+        self.roles.routed_expert(name)
     }
 
     /// σ of one release per update over `t` updates, and the certified ε it gives.
@@ -497,8 +339,8 @@ impl PlanInputs<'_> {
 struct FamilyPlan {
     phases: Vec<Phase>,
     pattern: Vec<usize>,
-    /// σ per release kind (`shared`, `experts`, `all`).
-    sigmas: BTreeMap<String, f64>,
+    /// σ of each stream.
+    sigmas: Sigmas,
     planned_epsilon: f64,
     /// The budget split (RAPTOR) or `single`.
     split: String,
@@ -521,15 +363,21 @@ pub fn plan_for(
         ));
     }
     let method = cfg.method.name;
+    let fam = cfg.model.kind.naming();
+    let experts = usize::try_from(scope.experts).unwrap_or(0);
     let inputs = PlanInputs {
         cfg,
-        fam: Family {
-            kind: cfg.model.kind,
-        },
+        fam,
+        roles: RoleIndex::new(
+            fam,
+            names.iter().map(String::as_str),
+            &scope.sparse_layers,
+            experts,
+            &[],
+        ),
         names,
         shapes: &scope.shapes,
-        sparse_layers: &scope.sparse_layers,
-        experts: scope.experts,
+        experts,
         b,
         q: b / n as f64,
         delta: cfg
@@ -577,8 +425,7 @@ pub fn plan_for(
         routed: inputs
             .names
             .iter()
-            .filter(|n| inputs.expert_of(n).is_some())
-            .cloned()
+            .filter_map(|n| inputs.expert_of(n).map(|id| (n.clone(), id)))
             .collect(),
     };
     plan.check().map_err(TrainError::Config)?;
@@ -672,7 +519,7 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
         ExpertClip::Role => false,
     };
     let shared_group = ClipGroup {
-        name: "shared".into(),
+        name: GroupId::Shared,
         params: inputs
             .names
             .iter()
@@ -683,10 +530,14 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
         weighted: false,
         release: true,
     };
+    let expert = |x: usize| ExpertId {
+        layer: l,
+        expert: x,
+    };
     let expert_groups: Vec<ClipGroup> = (0..e)
         .map(|x| ClipGroup {
-            name: format!("expert[{l},{x}]"),
-            params: inputs.expert_names(l, x),
+            name: GroupId::Expert(expert(x)),
+            params: inputs.roles.expert_params(expert(x)),
             bound: if global { clip } else { cfg.train.clip_expert },
             weighted: residual != Residual::None,
             release: true,
@@ -698,8 +549,8 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
         )));
     }
     let shared_release = |sigma: f64| ReleaseSpec {
-        name: "shared".into(),
-        groups: vec!["shared".into()],
+        name: GroupId::Shared.to_string(),
+        groups: vec![GroupId::Shared],
         sigma,
         denominator: b,
         charge: Charge::Sequential,
@@ -720,14 +571,11 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
         let mut groups = expert_groups.clone();
         let mut releases: Vec<ReleaseSpec> = (0..e)
             .map(|x| ReleaseSpec {
-                name: format!("expert[{l},{x}]"),
-                groups: vec![format!("expert[{l},{x}]")],
+                name: expert(x).to_string(),
+                groups: vec![GroupId::Expert(expert(x))],
                 sigma,
                 denominator: d_e,
-                charge: Charge::Parallel {
-                    layer: l,
-                    expert: x as usize,
-                },
+                charge: Charge::Parallel(expert(x)),
             })
             .collect();
         match shared_sigma {
@@ -760,26 +608,29 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
         }
     };
     let updates = inputs.updates;
-    let mut sigmas = BTreeMap::new();
     match method {
         Method::SharedOnly => {
             let (s, pe) = inputs.single_sigma(updates)?;
-            sigmas.insert("shared".into(), s);
             Ok(FamilyPlan {
                 phases: vec![shared_phase(s)],
                 pattern: vec![0],
-                sigmas,
+                sigmas: Sigmas::One {
+                    stream: Stream::Shared,
+                    sigma: s,
+                },
                 planned_epsilon: pe,
                 split: "single".into(),
             })
         }
         Method::ExpertOnly => {
             let (s, pe) = inputs.single_sigma(updates)?;
-            sigmas.insert("experts".into(), s);
             Ok(FamilyPlan {
                 phases: vec![expert_phase(s, None)],
                 pattern: vec![0],
-                sigmas,
+                sigmas: Sigmas::One {
+                    stream: Stream::Experts,
+                    sigma: s,
+                },
                 planned_epsilon: pe,
                 split: "single".into(),
             })
@@ -852,8 +703,6 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
             } else {
                 (0.0, 0.0)
             };
-            sigmas.insert("shared".into(), ss);
-            sigmas.insert("experts".into(), se);
             let phases = if alternate {
                 vec![shared_phase(ss), expert_phase(se, None)]
             } else {
@@ -862,7 +711,10 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
             Ok(FamilyPlan {
                 phases,
                 pattern,
-                sigmas,
+                sigmas: Sigmas::SharedAndExperts {
+                    shared: ss,
+                    experts: se,
+                },
                 planned_epsilon,
                 split,
             })
@@ -918,7 +770,7 @@ fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
         let cw = clip / (k as f64).sqrt();
         for h in &hidden {
             groups.push(ClipGroup {
-                name: h.clone(),
+                name: GroupId::Matrix(h.clone()),
                 params: vec![h.clone()],
                 bound: cw,
                 weighted: false,
@@ -927,7 +779,7 @@ fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
         }
         if !rest.is_empty() {
             groups.push(ClipGroup {
-                name: "rest".into(),
+                name: GroupId::Rest,
                 params: rest,
                 bound: cw,
                 weighted: false,
@@ -936,7 +788,7 @@ fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
         }
     } else {
         groups.push(ClipGroup {
-            name: "all".into(),
+            name: GroupId::All,
             params: names.clone(),
             bound: clip,
             weighted: false,
@@ -944,7 +796,7 @@ fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
         });
     }
     let release = ReleaseSpec {
-        name: "all".into(),
+        name: Stream::All.to_string(),
         groups: groups.iter().map(|g| g.name.clone()).collect(),
         sigma,
         denominator: inputs.b,
@@ -967,7 +819,10 @@ fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
     Ok(FamilyPlan {
         phases: vec![phase],
         pattern: vec![0],
-        sigmas: BTreeMap::from([("all".to_string(), sigma)]),
+        sigmas: Sigmas::One {
+            stream: Stream::All,
+            sigma,
+        },
         planned_epsilon,
         split: "single".into(),
     })
@@ -976,6 +831,7 @@ fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ModelKind;
     use proptest::prelude::*;
 
     proptest! {
@@ -1029,18 +885,18 @@ mod tests {
         );
         let (plan, privacy) = plan_for(&c, &s, 100, None).unwrap();
         assert_eq!(plan.phases.len(), 1);
-        let groups: Vec<(&str, f64)> = plan.phases[0]
+        let groups: Vec<(GroupId, f64)> = plan.phases[0]
             .groups
             .iter()
-            .map(|g| (g.name.as_str(), g.bound))
+            .map(|g| (g.name.clone(), g.bound))
             .collect();
         let cw = 1.0 / 3f64.sqrt();
         assert_eq!(
             groups,
             [
-                ("h.0.attn.c_attn.weight", cw),
-                ("h.0.mlp.c_fc.weight", cw),
-                ("rest", cw)
+                (GroupId::Matrix("h.0.attn.c_attn.weight".into()), cw),
+                (GroupId::Matrix("h.0.mlp.c_fc.weight".into()), cw),
+                (GroupId::Rest, cw)
             ]
         );
         let optim: Vec<(&str, Optim)> = plan.optim.iter().map(|(n, o)| (n.as_str(), *o)).collect();
@@ -1094,7 +950,13 @@ mod tests {
             .iter()
             .map(|r| (r.name.as_str(), r.sigma, r.denominator))
             .collect();
-        let (ss, se) = (privacy.sigmas["shared"], privacy.sigmas["experts"]);
+        let Sigmas::SharedAndExperts {
+            shared: ss,
+            experts: se,
+        } = privacy.sigmas
+        else {
+            panic!("RAPTOR has two streams: {:?}", privacy.sigmas)
+        };
         assert!(ss.is_finite() && se.is_finite() && ss > 0.0 && se > 0.0);
         assert_eq!(
             releases,
@@ -1105,7 +967,20 @@ mod tests {
             ]
         );
         assert_eq!(privacy.split, "joint (one sample per update)");
-        assert_eq!(plan.routed.len(), 2);
+        let routed: Vec<ExpertId> = plan.routed.values().copied().collect();
+        assert_eq!(
+            routed,
+            [
+                ExpertId {
+                    layer: 1,
+                    expert: 0
+                },
+                ExpertId {
+                    layer: 1,
+                    expert: 1
+                }
+            ]
+        );
         assert_eq!(privacy.phase_updates["all"], 10);
     }
 

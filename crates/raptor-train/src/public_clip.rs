@@ -19,7 +19,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Result, TrainError};
-use crate::streams::Plan;
+use crate::streams::{GroupId, Plan};
 use crate::trainer::{Example, make_batch};
 
 /// Public records per forward pass.
@@ -78,7 +78,7 @@ pub fn calibrate(
     };
     for phase in plan.phases.iter_mut().filter(|p| p.private) {
         // Per group, each record's squared norm (records in order).
-        let mut sq: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut sq: BTreeMap<GroupId, Vec<f64>> = BTreeMap::new();
         for (ci, chunk) in public.chunks(CHUNK).enumerate() {
             let refs: Vec<&Example> = chunk.iter().collect();
             let batch = make_batch(&refs, task, pad_id, device)?;
@@ -130,7 +130,7 @@ pub fn calibrate(
                 g.bound = b;
             }
             out.bounds
-                .push((phase.name.clone(), g.name.clone(), g.bound, reached));
+                .push((phase.name.clone(), g.name.to_string(), g.bound, reached));
         }
     }
     plan.check().map_err(TrainError::Config)?;

@@ -830,9 +830,7 @@ fn run_diagnostics(
     {
         return Ok(None);
     }
-    let fam = crate::methods::Family {
-        kind: cfg.model.kind,
-    };
+    let naming = cfg.model.kind.naming();
     let Some(layer_id) = layer
         .map(|l| l.layer)
         .or_else(|| model.sparse_layers().last().copied())
@@ -853,7 +851,7 @@ fn run_diagnostics(
     let n = validation.len().min(32);
     Ok(Some(crate::diagnostics::diagnostics(
         model,
-        &fam,
+        naming,
         layer_id,
         &validation[..n],
         sigma_e,

@@ -22,14 +22,135 @@
 //! lora / full          = one phase, not private (mean gradient, no clipping, no noise)
 //! ```
 
+use std::collections::BTreeMap;
+use std::fmt;
+
 use raptor_accountant::{AccountantError, SampleCharge};
-use serde::Serialize;
+use raptor_models::roles::ExpertId;
+use serde::{Serialize, Serializer};
+
+/// The streams a plan calibrates noise for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stream {
+    /// RAPTOR's shared stream (everything trainable outside the routed experts).
+    Shared,
+    /// RAPTOR's expert stream (the routed experts of its layer, one release per expert).
+    Experts,
+    /// The one stream of a monolithic method (every trainable parameter).
+    All,
+}
+
+impl Stream {
+    /// The stream's name in records (`shared`, `experts`, `all`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Shared => "shared",
+            Stream::Experts => "experts",
+            Stream::All => "all",
+        }
+    }
+}
+
+impl fmt::Display for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The noise multiplier of every stream of a plan (0 for a non-private method). Recorded as a
+/// map from stream name to σ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sigmas {
+    /// One stream: a monolithic method, or one of RAPTOR's one-stream ablations.
+    One {
+        /// The stream.
+        stream: Stream,
+        /// Its σ.
+        sigma: f64,
+    },
+    /// RAPTOR: the shared and the expert stream, each with its own σ.
+    SharedAndExperts {
+        /// σ_s.
+        shared: f64,
+        /// σ_e.
+        experts: f64,
+    },
+}
+
+impl Sigmas {
+    /// Every (stream, σ), in stream-name order (`all`, `experts`, `shared`).
+    pub fn iter(&self) -> impl Iterator<Item = (Stream, f64)> {
+        let v = match *self {
+            Sigmas::One { stream, sigma } => vec![(stream, sigma)],
+            Sigmas::SharedAndExperts { shared, experts } => {
+                vec![(Stream::Experts, experts), (Stream::Shared, shared)]
+            }
+        };
+        v.into_iter()
+    }
+
+    /// σ of the stream that carries the routed experts' coordinates (RAPTOR's expert stream,
+    /// else the one stream), if the plan has one.
+    pub fn experts(&self) -> Option<f64> {
+        match *self {
+            Sigmas::SharedAndExperts { experts, .. } => Some(experts),
+            Sigmas::One {
+                stream: Stream::Experts | Stream::All,
+                sigma,
+            } => Some(sigma),
+            Sigmas::One {
+                stream: Stream::Shared,
+                ..
+            } => None,
+        }
+    }
+}
+
+impl Serialize for Sigmas {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let m: BTreeMap<&str, f64> = self.iter().map(|(k, v)| (k.name(), v)).collect();
+        m.serialize(s)
+    }
+}
+
+/// A clip group's identity.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GroupId {
+    /// RAPTOR's shared stream.
+    Shared,
+    /// One routed expert's stream.
+    Expert(ExpertId),
+    /// Every trainable parameter (a monolithic method).
+    All,
+    /// One hidden matrix, clipped on its own (the DP-Muon family).
+    Matrix(String),
+    /// What the DP-Muon family clips together outside the hidden matrices.
+    Rest,
+}
+
+impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GroupId::Shared => f.write_str("shared"),
+            GroupId::Expert(id) => id.fmt(f),
+            GroupId::All => f.write_str("all"),
+            GroupId::Matrix(name) => f.write_str(name),
+            GroupId::Rest => f.write_str("rest"),
+        }
+    }
+}
+
+impl Serialize for GroupId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
 
 /// Parameters clipped together per record.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ClipGroup {
-    /// Group name (`shared`, `expert[3,5]`, `all`, a matrix name, ...).
-    pub name: String,
+    /// The group (written `shared`, `expert[3,5]`, `all`, a matrix name, `rest` in records).
+    pub name: GroupId,
     /// Parameter names (Hugging Face names).
     pub params: Vec<String>,
     /// Per-record L2 bound of the group's (weighted) gradient.
@@ -46,14 +167,9 @@ pub struct ClipGroup {
 pub enum Charge {
     /// A sequential step.
     Sequential,
-    /// The release of routed expert `expert` of sparse layer `layer`: a member of that
-    /// layer's parallel group (each record touches exactly one member: its owner's).
-    Parallel {
-        /// The sparse layer (the parallel group).
-        layer: usize,
-        /// The expert (the member; the owner whose records it releases).
-        expert: usize,
-    },
+    /// The release of one routed expert: a member of its layer's parallel group (each
+    /// record touches exactly one member: its owner's).
+    Parallel(ExpertId),
     /// Not private: nothing is charged (ε = ∞).
     None,
 }
@@ -64,7 +180,7 @@ pub struct ReleaseSpec {
     /// Release name.
     pub name: String,
     /// The clip groups released together.
-    pub groups: Vec<String>,
+    pub groups: Vec<GroupId>,
     /// Noise multiplier σ (0 only for non-private phases and tests).
     pub sigma: f64,
     /// The public denominator (B, or B/E for experts).
@@ -114,9 +230,9 @@ impl Phase {
         v
     }
 
-    /// The group named `name`.
-    pub fn group(&self, name: &str) -> Option<&ClipGroup> {
-        self.groups.iter().find(|g| g.name == name)
+    /// The group `id`.
+    pub fn group(&self, id: &GroupId) -> Option<&ClipGroup> {
+        self.groups.iter().find(|g| g.name == *id)
     }
 
     /// L2 sensitivity of a release's sums: C under global clipping, else sqrt(Σ bound²) over
@@ -174,8 +290,12 @@ impl Phase {
                 Charge::Sequential => {
                     sample.release(r.sigma)?;
                 }
-                Charge::Parallel { layer, expert } => {
-                    sample.member_release(&format!("experts[layer {layer}]"), *expert, r.sigma)?;
+                Charge::Parallel(id) => {
+                    sample.member_release(
+                        &format!("experts[layer {}]", id.layer),
+                        id.expert,
+                        r.sigma,
+                    )?;
                 }
             }
         }
@@ -231,11 +351,12 @@ pub struct Plan {
     pub expected_batch: f64,
     /// Optimizer of each trainable parameter.
     pub optim: Vec<(String, Optim)>,
-    /// Trainable parameters of routed experts: the only ones that may get no per-sample
-    /// gradient from a non-empty micro-batch (no token routed to the expert). Any other
-    /// trainable parameter of a phase that a non-empty micro-batch leaves without gradient is
-    /// an error, not a noise-only release: its forward pass does not use it.
-    pub routed: Vec<String>,
+    /// Trainable parameters of routed experts, with the expert that owns each: the only ones
+    /// that may get no per-sample gradient from a non-empty micro-batch (no token routed to
+    /// the expert). Any other trainable parameter of a phase that a non-empty micro-batch
+    /// leaves without gradient is an error, not a noise-only release: its forward pass does
+    /// not use it.
+    pub routed: BTreeMap<String, ExpertId>,
 }
 
 impl Plan {
@@ -265,7 +386,7 @@ impl Plan {
             if let Some(r) = ph
                 .releases
                 .iter()
-                .find(|r| matches!(r.charge, Charge::Parallel { .. }))
+                .find(|r| matches!(r.charge, Charge::Parallel(_)))
             {
                 return Some(pick(ph, r));
             }
@@ -329,7 +450,7 @@ mod tests {
 
     fn group(name: &str, bound: f64, release: bool) -> ClipGroup {
         ClipGroup {
-            name: name.into(),
+            name: GroupId::Matrix(name.into()),
             params: vec![format!("{name}.weight")],
             bound,
             weighted: false,
@@ -340,7 +461,10 @@ mod tests {
     fn release(name: &str, groups: &[&str], sigma: f64, denominator: f64) -> ReleaseSpec {
         ReleaseSpec {
             name: name.into(),
-            groups: groups.iter().map(|g| g.to_string()).collect(),
+            groups: groups
+                .iter()
+                .map(|g| GroupId::Matrix(g.to_string()))
+                .collect(),
             sigma,
             denominator,
             charge: Charge::Sequential,
@@ -368,7 +492,7 @@ mod tests {
             q: 0.01,
             expected_batch: 10.0,
             optim: vec![],
-            routed: vec![],
+            routed: BTreeMap::new(),
         }
     }
 
@@ -448,7 +572,11 @@ mod tests {
         });
         assert!(e.contains("group a is in 2 releases"), "{e}");
         // a norm-only group must be in no release
-        let e = broken(&|p| p.phases[1].releases[0].groups.push("g".into()));
+        let e = broken(&|p| {
+            p.phases[1].releases[0]
+                .groups
+                .push(GroupId::Matrix("g".into()))
+        });
         assert!(e.contains("group g is in 1 releases"), "{e}");
         for bad in [0.0, -1.0, f64::NAN] {
             let e = broken(&|p| p.phases[0].groups[1].bound = bad);

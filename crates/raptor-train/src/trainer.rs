@@ -223,7 +223,7 @@ fn fault_scale(fault: NoiseFault, release: &ReleaseSpec) -> f64 {
     match fault {
         NoiseFault::Off => 0.0,
         NoiseFault::Half => 0.5,
-        NoiseFault::HalfExperts if matches!(release.charge, Charge::Parallel { .. }) => 0.5,
+        NoiseFault::HalfExperts if matches!(release.charge, Charge::Parallel(_)) => 0.5,
         NoiseFault::HalfExperts => 1.0,
     }
 }
@@ -340,7 +340,7 @@ impl<'a> Trainer<'a> {
             }
             for g in &ph.groups {
                 for p in &g.params {
-                    if let Some(l) = crate::methods::routed_expert_layer(p)
+                    if let Some(l) = plan.routed.get(p).map(|id| id.layer)
                         && !ph.owner_layers.contains(&l)
                     {
                         return Err(TrainError::Config(format!(
@@ -639,7 +639,7 @@ impl<'a> Trainer<'a> {
             phase
                 .groups
                 .iter()
-                .map(|g| clipped.get(&g.name).copied().unwrap_or(0.0)),
+                .map(|g| clipped.get(&g.name.to_string()).copied().unwrap_or(0.0)),
         );
         for &l in &phase.owner_layers {
             diag.extend((0..experts).map(|e| owned.get(&(l, e)).copied().unwrap_or(0) as f64));
@@ -648,7 +648,7 @@ impl<'a> Trainer<'a> {
         *loss_sum = diag[0];
         let mut at = 1;
         for g in &phase.groups {
-            clipped.insert(g.name.clone(), diag[at]);
+            clipped.insert(g.name.to_string(), diag[at]);
             at += 1;
         }
         owned.clear();
@@ -766,7 +766,7 @@ impl<'a> Trainer<'a> {
         let reached: std::collections::BTreeSet<&str> =
             reached.iter().map(String::as_str).collect();
         let routed: std::collections::BTreeSet<&str> =
-            self.plan.routed.iter().map(String::as_str).collect();
+            self.plan.routed.keys().map(String::as_str).collect();
         let missing: Vec<String> = phase
             .params()
             .into_iter()
@@ -886,13 +886,13 @@ impl<'a> Trainer<'a> {
             let (w, bad) = self.residual_weights(phase, batch)?;
             *nonfinite += bad;
             for g in phase.groups.iter().filter(|g| g.weighted) {
-                weights.insert(g.name.clone(), w.shallow_clone());
+                weights.insert(g.name.to_string(), w.shallow_clone());
             }
         }
         let mut groups = ParamGroups::new();
         for g in &phase.groups {
             for p in &g.params {
-                groups.assign(p.clone(), g.name.clone());
+                groups.assign(p.clone(), g.name.to_string());
             }
         }
         let policy = match phase.global_clip {
@@ -901,7 +901,7 @@ impl<'a> Trainer<'a> {
                 phase
                     .groups
                     .iter()
-                    .map(|g| (g.name.clone(), g.bound))
+                    .map(|g| (g.name.to_string(), g.bound))
                     .collect(),
             ),
         };
@@ -940,8 +940,12 @@ impl<'a> Trainer<'a> {
         for (j, r) in phase.releases.iter().enumerate() {
             let delta = phase.sensitivity(r);
             let denom = PublicDenominator::new(r.denominator)?;
-            if let Charge::Parallel { layer, expert } = r.charge
-                && owned.get(&(layer, expert as i64)).copied().unwrap_or(0) == 0
+            if let Charge::Parallel(id) = r.charge
+                && owned
+                    .get(&(id.layer, id.expert as i64))
+                    .copied()
+                    .unwrap_or(0)
+                    == 0
             {
                 empty_experts += 1;
             }

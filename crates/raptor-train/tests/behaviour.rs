@@ -51,7 +51,7 @@ fn summary(kind: &str, method: &str, extra: &str) -> String {
     let sigmas: Vec<String> = plan
         .sigmas
         .iter()
-        .map(|(k, v)| format!("{k}={}", sig(*v, 6)))
+        .map(|(k, v)| format!("{k}={}", sig(v, 6)))
         .collect();
     let phases: Vec<String> = plan
         .phase_updates

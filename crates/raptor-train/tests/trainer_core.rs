@@ -659,7 +659,10 @@ fn each_release_adds_noise_of_std_sigma_bound_over_its_denominator() {
         let ph = phases.iter().find(|p| p.name == metrics.phase).unwrap();
         seen_phases.insert(ph.name.clone());
         for r in &ph.releases {
-            let shared = r.groups.iter().all(|g| !g.starts_with("expert"));
+            let shared = r
+                .groups
+                .iter()
+                .all(|g| !matches!(g, raptor_train::streams::GroupId::Expert(_)));
             let (bound, denom) = if shared {
                 (c.train.clip, c.train.batch_size)
             } else {
@@ -779,7 +782,10 @@ fn each_release_hands_its_noise_std_to_the_optimizer() {
         let metrics = tr.step(&mut noop).unwrap();
         let ph = phases.iter().find(|p| p.name == metrics.phase).unwrap();
         for r in &ph.releases {
-            let shared = r.groups.iter().all(|g| !g.starts_with("expert"));
+            let shared = r
+                .groups
+                .iter()
+                .all(|g| !matches!(g, raptor_train::streams::GroupId::Expert(_)));
             let (bound, denom) = if shared {
                 (c.train.clip, c.train.batch_size)
             } else {
@@ -925,12 +931,13 @@ fn a_simultaneous_raptor_ledger_equals_its_plan() {
 /// from one sample): one charge per update, each group adding its worst member (golden).
 #[test]
 fn two_parallel_groups_of_one_sample_are_one_charge() {
-    use raptor_train::streams::{Charge, ClipGroup, ReleaseSpec};
+    use raptor_models::roles::ExpertId;
+    use raptor_train::streams::{Charge, ClipGroup, GroupId, ReleaseSpec};
     let (data, mut m, c, mut plan, _) = golden_setting(Method::Raptor, false);
     // A second sparse layer's experts get adapters and a parallel group of their own.
     let sparse = m.sparse_layers();
     let other = *sparse.iter().find(|&&l| l != SPARSE).unwrap();
-    let fam = raptor_train::methods::Family { kind: c.model.kind };
+    let fam = c.model.kind.naming();
     {
         let _rng = rng_lock();
         tch::manual_seed(3);
@@ -957,7 +964,7 @@ fn two_parallel_groups_of_one_sample_are_one_charge() {
     for r in &mut ph.releases {
         r.sigma = if r.name == "shared" { 1.5 } else { 2.0 };
     }
-    for x in 0..e {
+    for x in 0..e as usize {
         let prefix = fam.expert_prefix(other, x);
         let params: Vec<String> = trainable
             .iter()
@@ -965,8 +972,12 @@ fn two_parallel_groups_of_one_sample_are_one_charge() {
             .cloned()
             .collect();
         assert!(!params.is_empty());
-        let name = format!("expert[{other},{x}]");
-        plan.routed.extend(params.iter().cloned());
+        let id = ExpertId {
+            layer: other,
+            expert: x,
+        };
+        let name = GroupId::Expert(id);
+        plan.routed.extend(params.iter().map(|p| (p.clone(), id)));
         plan.optim
             .extend(params.iter().map(|p| (p.clone(), Optim::Sgd)));
         ph.groups.push(ClipGroup {
@@ -977,14 +988,11 @@ fn two_parallel_groups_of_one_sample_are_one_charge() {
             release: true,
         });
         ph.releases.push(ReleaseSpec {
-            name: name.clone(),
+            name: name.to_string(),
             groups: vec![name],
             sigma: 2.5,
             denominator: 8.0 / e as f64,
-            charge: Charge::Parallel {
-                layer: other,
-                expert: x as usize,
-            },
+            charge: Charge::Parallel(id),
         });
     }
     ph.owner_layers.push(other);
@@ -1064,7 +1072,7 @@ fn raptor_streams_have_their_own_optimizer_and_learning_rate() {
     c.train.lr = 0.01;
     c.train.steps = Some(2);
     let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
-    let routed: std::collections::BTreeSet<&String> = plan.routed.iter().collect();
+    let routed: std::collections::BTreeSet<&String> = plan.routed.keys().collect();
     assert!(!routed.is_empty());
     for (n, o) in &plan.optim {
         let want = if routed.contains(n) {

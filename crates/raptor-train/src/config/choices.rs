@@ -175,6 +175,21 @@ choice! {
 }
 
 impl ModelKind {
+    /// The parameter-name conventions of the kind (where its experts, attention and head are).
+    pub fn naming(self) -> raptor_models::roles::Naming {
+        use raptor_models::roles::Naming;
+        match self {
+            ModelKind::Switch => Naming::Switch,
+            ModelKind::Olmoe => Naming::Olmoe,
+            ModelKind::Gpt2 => Naming::Gpt2,
+            ModelKind::Llama => Naming::Llama,
+            ModelKind::Mixtral => Naming::Mixtral,
+            ModelKind::Qwen2Moe => Naming::Qwen2Moe,
+            ModelKind::Bert => Naming::Bert,
+            ModelKind::MoeBert => Naming::MoeBert,
+        }
+    }
+
     /// Whether the model is a language model (trained on the text column; data-to-text).
     pub fn is_language_model(self) -> bool {
         matches!(self, ModelKind::Gpt2 | ModelKind::Llama)
