@@ -110,8 +110,9 @@ pub fn start_lines(info: &StartInfo) -> Vec<String> {
     ));
     if let Some(e) = &info.estimate {
         out.push(format!(
-            "  time: about {} ({} per update; probe: forward and backward over a synthetic record of {} tokens took {:.1} ms)",
+            "  time: about {} if every record fills its {} tokens, shorter records run faster ({} per update; probe: forward and backward over a synthetic record of {} tokens took {:.1} ms)",
             duration(e.total_seconds),
+            info.max_length,
             duration(e.seconds_per_update),
             info.max_length,
             1e3 * e.step_seconds_per_record
