@@ -134,14 +134,18 @@ fn one_command_trains_from_the_cached_backbone_with_progress_lines() {
     ] {
         assert!(se.contains(want), "{want:?} missing from stderr:\n{se}");
     }
-    // The start summary: 135 training records (10 % held out) -> B 32, 20 updates.
+    // The start summary: 135 training records (10 % held out) -> B 32, ceil(6 · 135 / 32) = 26
+    // updates.
+    let t = raptor_train::quickstart::default_updates(135, 32.0);
+    assert_eq!(t, 26);
+    let updates = format!("updates: {t}");
     for want in [
         "records: 135 training, 15 validation",
         "labels (3): t0, t1, t2\n",
         "privacy: epsilon 8",
         "q = 0.2370",
         "sigma per stream: all ",
-        "updates: 20",
+        updates.as_str(),
         "time: about",
     ] {
         assert!(se.contains(want), "{want:?} missing from stderr:\n{se}");
@@ -156,9 +160,15 @@ fn one_command_trains_from_the_cached_backbone_with_progress_lines() {
     // Not a terminal: plain lines, the first and the last among them, never the private loss.
     let lines: Vec<&str> = se.lines().filter(|l| l.starts_with("update ")).collect();
     assert!(lines.len() >= 5, "{lines:?}");
-    assert!(lines[0].starts_with("update 1/20 ("), "{lines:?}");
     assert!(
-        lines.last().unwrap().starts_with("update 20/20 (100%)"),
+        lines[0].starts_with(&format!("update 1/{t} (")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .last()
+            .unwrap()
+            .starts_with(&format!("update {t}/{t} (100%)")),
         "{lines:?}"
     );
     assert!(
