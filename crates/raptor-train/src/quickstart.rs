@@ -333,9 +333,9 @@ mod tests {
             ("review text", "stars")
         );
         assert_eq!(r.records, 2000);
-        // 10 % held out: 1800 training records -> B 225, T 24.
+        // 10 % held out: 1800 training records -> B 225, T = ceil(6 · 1800 / 225) = 48.
         assert_eq!(c.train.batch_size, 225.0);
-        assert_eq!(c.train.steps, Some(24));
+        assert_eq!(c.train.steps, Some(48));
         assert_eq!(c.lora.attention_targets.len(), 3);
         assert_eq!(c.data.max_length, MAX_LENGTH);
         assert_eq!(

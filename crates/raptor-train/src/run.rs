@@ -457,13 +457,21 @@ fn save_buffer_samples(dir: &Path, update: u64, kept: &[raptor_optim::BufferSamp
     )
 }
 
-/// A fresh run id: `<method>-<unix seconds>-<pid>`.
+/// A fresh run id: `<method>-<unix seconds>-<pid>`, with `-<n>` after the first run of the
+/// process (unique within the process, whatever the clock).
 pub fn new_run_id(cfg: &RunConfig) -> String {
+    // Runs of one process started within the same second (an audit's two runs, tests) get a
+    // sequence number: without it the second would write into the first one's folder.
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    format!("{}-{secs}-{}", cfg.method.name.name(), std::process::id())
+    let base = format!("{}-{secs}-{}", cfg.method.name.name(), std::process::id());
+    match STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+        0 => base,
+        n => format!("{base}-{n}"),
+    }
 }
 
 /// Progress callback: (updates done, total, last metrics, ε spent so far if computed).
@@ -1395,6 +1403,21 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// Runs started in the same second by one process get distinct folders (an audit's two
+    /// runs did not, and the second overwrote the first's report).
+    #[test]
+    fn run_ids_of_one_process_are_distinct() {
+        let cfg = RunConfig::default();
+        let ids: std::collections::BTreeSet<String> = (0..50).map(|_| new_run_id(&cfg)).collect();
+        assert_eq!(ids.len(), 50);
+        let pid = std::process::id().to_string();
+        assert!(
+            ids.iter()
+                .all(|id| id.starts_with("raptor-") && id.contains(&pid)),
+            "{ids:?}"
+        );
+    }
 
     /// A checked JSON file holding arbitrary f64 values (as a ledger's ε and σ are) reads back
     /// with its checksum intact and every value bit for bit. Fails without serde_json's
