@@ -2,11 +2,11 @@
 //! and docs cite nothing outside it), the workspace layout is the documented one, and test support
 //! stays in dev-dependencies.
 //!
-//! - [`stand_alone`]: no tracked text file cites an issue (`issue 14`, `issue #14`, `issue-19`),
-//!   a section of the planning spec (`SPEC §4`, `SPEC.md`), research notes (`research-*.md`,
-//!   "research notes") or design notes (`TRAINER-DESIGN`, `PIPELINE-DESIGN`, `shared/spec`)
-//!   that are not in the repository. Cite a paper (authors or title, year, section) or a file of
-//!   the repository instead, or write down what the citation stood for.
+//! - [`stand_alone`]: no tracked text file cites a tracker entry by number, a section of the
+//!   project's planning document, or research and design notes kept outside the repository (the
+//!   exact patterns are the ones `line_citations` matches, listed with examples in this file's
+//!   tests). Cite a paper (authors or title, year, section) or a file of the repository instead,
+//!   or write down what the citation stood for.
 //! - [`layout`]: the workspace members are exactly the folders under `crates/` that hold a
 //!   `Cargo.toml`, plus `xtask` and `benches`; each `crates/<name>` holds the package `<name>`.
 //!   `benches/` is the one exception to "folder name = package name": the owner's top-level
