@@ -7,10 +7,16 @@
 //! - [`clip_blocks`]: gradients as a list of named blocks, in every [`Grouping`]: flat,
 //!   grouped (each group its own bound), per-block (DP-Muon's per-matrix bounds) and
 //!   global-over-groups (one factor from the norm over all groups).
+//! - [`ParamGroups`] and [`ClipPolicy`]: grouped clipping by parameter name (which group each
+//!   parameter is in, each group's bound or one global bound), the one definition the model
+//!   adapters' per-sample engine and these kernels share ([`ParamGroups::grouping`] gives the
+//!   kernels' block-index [`Grouping`]); a release's sensitivity comes from it.
 //! - [`Privatizer`]: clipped sum + N(0, (σΔ)²) divided by a [`PublicDenominator`]; noise from
 //!   ChaCha20 seeded by the OS unless a seed is explicitly requested (not for production).
 //! - `tensor` and `linear` (feature `tch`): the same clipping on libtorch tensors (CPU or CUDA,
-//!   the device of the inputs) and the ghost-norm / book-keeping kernels for linear layers.
+//!   the device of the inputs) and the ghost-norm / book-keeping kernels for linear layers;
+//!   `tensor::ClippedSum` → `Privatizer::release_clipped` → `tensor::TensorRelease` is the
+//!   typed release of the training path.
 //!
 //! The slice kernels plan for the machine they run on ([`plan`]): the fused pipelines (each
 //! record's rows read from memory once; the norm is computed and the scaled row accumulated
@@ -46,6 +52,7 @@
 //! ```
 
 mod error;
+mod grouping;
 mod kernel;
 pub mod plan;
 mod privatizer;
@@ -59,6 +66,7 @@ pub mod linear;
 pub mod tensor;
 
 pub use error::ClipError;
+pub use grouping::{ClipPolicy, ParamGroups};
 pub use kernel::stream_read_sum;
 pub use privatizer::{
     NOISE_CHUNK, Privatizer, PublicDenominator, Release, ReleasedBlock, SEEDED_WARNING,

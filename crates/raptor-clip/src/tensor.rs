@@ -14,6 +14,7 @@
 use tch::{Kind, Tensor};
 
 use crate::ClipError;
+use crate::grouping::{ClipPolicy, ParamGroups};
 use crate::slice::{Grouping, check_bound, resolve};
 
 /// Result of [`clip_rows`] on tensors.
@@ -358,7 +359,160 @@ pub fn clip_blocks(
     })
 }
 
+/// The clipped sums of one release, named by parameter, with the L2 sensitivity the
+/// [`ClipPolicy`] they were clipped under gives them: the only input of
+/// [`crate::Privatizer::release_clipped`].
+///
+/// [`ClippedSum::new`] checks that the release is whole: every tensor belongs (by
+/// [`ParamGroups`]) to one of the release's groups, and every parameter of those groups is
+/// present, so a release can neither leave part of a group un-noised nor carry a parameter of
+/// another group under this group's sensitivity. The sensitivity is computed from the policy
+/// ([`ClipPolicy::sensitivity`]), never passed in.
+#[derive(Debug)]
+pub struct ClippedSum {
+    names: Vec<String>,
+    tensors: Vec<Tensor>,
+    sensitivity: f64,
+}
+
+impl ClippedSum {
+    /// The sums `parts` (parameter name, clipped sum; in release order) of the groups
+    /// `release_groups`, clipped under `policy` with the assignment `groups`.
+    pub fn new(
+        groups: &ParamGroups,
+        policy: &ClipPolicy,
+        release_groups: &[&str],
+        parts: Vec<(String, Tensor)>,
+    ) -> Result<Self, ClipError> {
+        policy.check(groups)?;
+        let sensitivity = policy.sensitivity(release_groups.iter().copied())?;
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, _) in &parts {
+            match groups.group_of(name) {
+                Some(g) if release_groups.contains(&g) => {}
+                Some(g) => {
+                    return Err(ClipError::InvalidGrouping {
+                        reason: format!(
+                            "parameter {name} of group {g} is not in this release's groups {release_groups:?}"
+                        ),
+                    });
+                }
+                None => {
+                    return Err(ClipError::InvalidGrouping {
+                        reason: format!("parameter {name} is in no group"),
+                    });
+                }
+            }
+            if !seen.insert(name.as_str()) {
+                return Err(ClipError::InvalidGrouping {
+                    reason: format!("parameter {name} is twice in one release"),
+                });
+            }
+        }
+        for g in release_groups {
+            if !groups.has_group(g) {
+                return Err(ClipError::InvalidGrouping {
+                    reason: format!("release group {g} has no parameter"),
+                });
+            }
+            if let Some(p) = groups.params_of(g).find(|p| !seen.contains(p)) {
+                return Err(ClipError::InvalidGrouping {
+                    reason: format!(
+                        "parameter {p} of released group {g} is missing from the release"
+                    ),
+                });
+            }
+        }
+        let (names, tensors) = parts.into_iter().unzip();
+        Ok(ClippedSum {
+            names,
+            tensors,
+            sensitivity,
+        })
+    }
+    /// The L2 sensitivity of the release (from the policy).
+    pub fn sensitivity(&self) -> f64 {
+        self.sensitivity
+    }
+    /// The parameter names, in release order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+    /// The clipped sums, in release order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+}
+
+/// A differentially private release of tensors (the tensor path's [`crate::Release`]): only
+/// [`crate::Privatizer::release_clipped`] makes one, so its values always carry noise
+/// calibrated to the sensitivity of the [`ClippedSum`] they came from.
+#[derive(Debug)]
+pub struct TensorRelease {
+    names: Vec<String>,
+    tensors: Vec<Tensor>,
+    sensitivity: f64,
+    noise_multiplier: f64,
+    denominator: f64,
+    seeded_insecure: bool,
+}
+
+impl TensorRelease {
+    /// The parameter names, in release order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+    /// (clipped sum + noise) / denominator per parameter, in release order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+    /// The (name, released tensor) pairs, consuming the release.
+    pub fn into_parts(self) -> Vec<(String, Tensor)> {
+        self.names.into_iter().zip(self.tensors).collect()
+    }
+    /// The L2 sensitivity Δ the noise was calibrated to.
+    pub fn sensitivity(&self) -> f64 {
+        self.sensitivity
+    }
+    /// The noise multiplier σ.
+    pub fn noise_multiplier(&self) -> f64 {
+        self.noise_multiplier
+    }
+    /// The noise std per coordinate of the released (divided) values, σΔ / denominator.
+    pub fn released_noise_std(&self) -> f64 {
+        self.noise_multiplier * self.sensitivity / self.denominator
+    }
+    /// The public denominator used.
+    pub fn denominator(&self) -> f64 {
+        self.denominator
+    }
+    /// Whether the noise came from a user-given seed (then the release is not private).
+    pub fn is_seeded_insecure(&self) -> bool {
+        self.seeded_insecure
+    }
+}
+
 impl crate::Privatizer {
+    /// Releases a [`ClippedSum`]: (sum + N(0, (σΔ)²)) / denominator per tensor, with Δ the
+    /// sum's own sensitivity; the noise is drawn as in [`Self::release_tensors`] (one draw for
+    /// the whole release, the same values for the same seed).
+    pub fn release_clipped(
+        &mut self,
+        sum: ClippedSum,
+        denominator: crate::PublicDenominator,
+    ) -> Result<TensorRelease, ClipError> {
+        let refs: Vec<&Tensor> = sum.tensors.iter().collect();
+        let tensors = self.release_tensors(&refs, sum.sensitivity, denominator)?;
+        Ok(TensorRelease {
+            names: sum.names,
+            tensors,
+            sensitivity: sum.sensitivity,
+            noise_multiplier: self.noise_multiplier(),
+            denominator: denominator.value(),
+            seeded_insecure: self.is_seeded_insecure(),
+        })
+    }
+
     /// Release a tensor holding a clipped sum with L2 sensitivity `sensitivity`:
     /// (sum + N(0, (σΔ)²)) / denominator, on the device and dtype of `sum`. The noise is drawn
     /// on the CPU from this privatizer's generator (ChaCha20 from the OS unless seeded) with the

@@ -550,3 +550,92 @@ fn releasing_tensors_together_is_one_release_of_their_concatenation() {
         }
     }
 }
+
+/// The typed release: its sensitivity is the policy's for its groups, its noise the same draws
+/// as `release_tensors` at that sensitivity, and a release that is not whole (a parameter of
+/// its group missing, a parameter of another group, an unknown parameter, a repeat) is refused.
+#[test]
+fn clipped_sums_carry_the_policys_sensitivity_into_a_typed_release() {
+    use raptor_clip::tensor::ClippedSum;
+    use raptor_clip::{ClipPolicy, ParamGroups};
+    let mut groups = ParamGroups::new();
+    groups.assign("s.a", "shared");
+    groups.assign("s.b", "shared");
+    groups.assign("e.w", "expert0");
+    let policy = ClipPolicy::RoleWise([("shared".into(), 3.0), ("expert0".into(), 4.0)].into());
+    let t = |v: &[f32]| Tensor::from_slice(v);
+    let parts = || {
+        vec![
+            ("s.a".to_string(), t(&[1.0, 2.0])),
+            ("s.b".to_string(), t(&[0.5])),
+            ("e.w".to_string(), t(&[3.0, -1.0, 0.0])),
+        ]
+    };
+    let d = PublicDenominator::new(8.0).unwrap();
+    let both = ClippedSum::new(&groups, &policy, &["shared", "expert0"], parts()).unwrap();
+    assert_eq!(both.sensitivity(), 5.0);
+    let released = Privatizer::seeded_insecure(1.3, 17)
+        .unwrap()
+        .release_clipped(both, d)
+        .unwrap();
+    assert_eq!(released.sensitivity(), 5.0);
+    assert_eq!(released.noise_multiplier(), 1.3);
+    assert!((released.released_noise_std() - 1.3 * 5.0 / 8.0).abs() < 1e-15);
+    assert!(released.is_seeded_insecure());
+    let ps = parts();
+    let refs: Vec<&Tensor> = ps.iter().map(|(_, t)| t).collect();
+    let by_hand = Privatizer::seeded_insecure(1.3, 17)
+        .unwrap()
+        .release_tensors(&refs, 5.0, d)
+        .unwrap();
+    assert_eq!(released.names(), ["s.a", "s.b", "e.w"]);
+    for (a, b) in released.tensors().iter().zip(&by_hand) {
+        assert!(a.equal(b));
+    }
+    // One group alone: its own bound.
+    let expert = ClippedSum::new(&groups, &policy, &["expert0"], vec![parts().remove(2)]).unwrap();
+    assert_eq!(expert.sensitivity(), 4.0);
+    // A global policy: the one bound whatever the groups.
+    let global = ClippedSum::new(
+        &groups,
+        &ClipPolicy::Global(2.0),
+        &["expert0"],
+        vec![parts().remove(2)],
+    )
+    .unwrap();
+    assert_eq!(global.sensitivity(), 2.0);
+    // Releases that are not whole.
+    let refused = |rg: &[&str], ps: Vec<(String, Tensor)>| {
+        ClippedSum::new(&groups, &policy, rg, ps)
+            .unwrap_err()
+            .to_string()
+    };
+    let mut missing = parts();
+    missing.remove(1);
+    assert!(
+        refused(&["shared", "expert0"], missing)
+            .contains("s.b of released group shared is missing")
+    );
+    assert!(refused(&["shared"], parts()).contains("e.w of group expert0 is not in this release"));
+    let mut unknown = parts();
+    unknown.push(("zz".into(), t(&[1.0])));
+    assert!(refused(&["shared", "expert0"], unknown).contains("zz is in no group"));
+    let mut twice = parts();
+    twice.push(("s.a".into(), t(&[1.0, 2.0])));
+    assert!(refused(&["shared", "expert0"], twice).contains("twice"));
+    assert!(refused(&["expert1"], vec![]).contains("no clipping bound for group expert1"));
+    assert!(refused(&[], vec![]).contains("no group"));
+    let bad = ClipPolicy::RoleWise([("shared".into(), 3.0), ("expert0".into(), f64::NAN)].into());
+    assert!(
+        ClippedSum::new(
+            &groups,
+            &bad,
+            &["shared"],
+            parts()[..2]
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect()
+        )
+        .is_err()
+    );
+}

@@ -1376,7 +1376,7 @@ mod tests {
                             g.params
                                 .iter()
                                 .any(|p| p == param)
-                                .then(|| (r.sigma, ph.sensitivity(r)))
+                                .then(|| (r.sigma, ph.sensitivity(r).unwrap()))
                         })
                     })
                     .unwrap()

@@ -1116,7 +1116,7 @@ pub(crate) fn train_session(
     }
     let updates = trainer.update();
     let comm_stats = comm.stats();
-    let expert_noise = trainer.plan().expert_release_noise();
+    let expert_noise = trainer.plan().expert_release_noise()?;
     drop(trainer);
     if comm.size() > 1 {
         notes.push(format!(

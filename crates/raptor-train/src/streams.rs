@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use raptor_accountant::{AccountantError, SampleCharge};
+use raptor_clip::{ClipError, ClipPolicy, ParamGroups};
 use raptor_models::roles::ExpertId;
 use serde::{Serialize, Serializer};
 
@@ -235,19 +236,45 @@ impl Phase {
         self.groups.iter().find(|g| g.name == *id)
     }
 
-    /// L2 sensitivity of a release's sums: C under global clipping, else sqrt(Σ bound²) over
-    /// its groups.
-    pub fn sensitivity(&self, release: &ReleaseSpec) -> f64 {
-        match self.global_clip {
-            Some(c) => c,
-            None => release
-                .groups
-                .iter()
-                .filter_map(|g| self.group(g))
-                .map(|g| g.bound * g.bound)
-                .sum::<f64>()
-                .sqrt(),
+    /// The phase's grouped clipping, in raptor-clip's one definition: every parameter in its
+    /// group (norm-only groups included: they enter a global clip factor), and each group's
+    /// bound, or the one global bound. The engine clips with it, and each release's
+    /// sensitivity comes from it.
+    pub fn clipping(&self) -> (ParamGroups, ClipPolicy) {
+        let mut groups = ParamGroups::new();
+        for g in &self.groups {
+            for p in &g.params {
+                groups.assign(p.clone(), g.name.to_string());
+            }
         }
+        let policy = match self.global_clip {
+            Some(c) => ClipPolicy::Global(c),
+            None => ClipPolicy::RoleWise(
+                self.groups
+                    .iter()
+                    .map(|g| (g.name.to_string(), g.bound))
+                    .collect(),
+            ),
+        };
+        (groups, policy)
+    }
+
+    /// L2 sensitivity of a release's sums under the phase's clipping: C under global clipping,
+    /// else √(Σ bound²) over its groups. A group the phase does not have, a bad bound or a
+    /// release of no group is an error (never a silent 0).
+    pub fn sensitivity(&self, release: &ReleaseSpec) -> Result<f64, ClipError> {
+        if let Some(g) = release.groups.iter().find(|g| self.group(g).is_none()) {
+            return Err(ClipError::InvalidGrouping {
+                reason: format!(
+                    "release {} names group {g}, which the phase lacks",
+                    release.name
+                ),
+            });
+        }
+        let names: Vec<String> = release.groups.iter().map(ToString::to_string).collect();
+        self.clipping()
+            .1
+            .sensitivity(names.iter().map(String::as_str))
     }
 }
 
@@ -374,13 +401,15 @@ impl Plan {
     /// routed experts' coordinates: RAPTOR's expert releases (a parallel group's member), else
     /// the first private release of a one-release phase (a monolithic method). None when no
     /// private phase releases anything.
-    pub fn expert_release_noise(&self) -> Option<ReleaseNoiseSpec> {
+    pub fn expert_release_noise(&self) -> Result<Option<ReleaseNoiseSpec>, ClipError> {
         let private = || self.phases.iter().filter(|p| p.private);
-        let pick = |ph: &Phase, r: &ReleaseSpec| ReleaseNoiseSpec {
-            sigma: r.sigma,
-            bound: ph.sensitivity(r),
-            denominator: r.denominator,
-            global_clip: ph.global_clip.is_some(),
+        let pick = |ph: &Phase, r: &ReleaseSpec| -> Result<ReleaseNoiseSpec, ClipError> {
+            Ok(ReleaseNoiseSpec {
+                sigma: r.sigma,
+                bound: ph.sensitivity(r)?,
+                denominator: r.denominator,
+                global_clip: ph.global_clip.is_some(),
+            })
         };
         for ph in private() {
             if let Some(r) = ph
@@ -388,12 +417,13 @@ impl Plan {
                 .iter()
                 .find(|r| matches!(r.charge, Charge::Parallel(_)))
             {
-                return Some(pick(ph, r));
+                return pick(ph, r).map(Some);
             }
         }
         private()
             .find_map(|ph| ph.releases.first().map(|r| (ph, r)))
             .map(|(ph, r)| pick(ph, r))
+            .transpose()
     }
 
     /// Every trainable parameter.
@@ -544,10 +574,22 @@ mod tests {
     fn sensitivity_is_the_global_bound_or_the_root_sum_of_squares() {
         let mut p = valid();
         let ph = &p.phases[0];
-        assert_eq!(ph.sensitivity(&ph.releases[0]), 5f64.sqrt());
+        assert_eq!(ph.sensitivity(&ph.releases[0]), Ok(5f64.sqrt()));
         p.phases[0].global_clip = Some(0.75);
         let ph = &p.phases[0];
-        assert_eq!(ph.sensitivity(&ph.releases[0]), 0.75);
+        assert_eq!(ph.sensitivity(&ph.releases[0]), Ok(0.75));
+        // Never a silent 0 (the old form summed over the groups it found): a release naming a
+        // group the phase lacks, or of no group, is an error.
+        let mut r = ph.releases[0].clone();
+        r.groups.push(GroupId::Matrix("absent".into()));
+        assert!(
+            ph.sensitivity(&r)
+                .unwrap_err()
+                .to_string()
+                .contains("absent")
+        );
+        r.groups.clear();
+        assert!(ph.sensitivity(&r).is_err());
     }
 
     #[test]

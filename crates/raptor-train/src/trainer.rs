@@ -32,9 +32,10 @@ use std::sync::{Arc, Mutex};
 
 use rand::{RngCore, SeedableRng};
 use raptor_accountant::{Ledger, PoissonSampler, SamplingRate};
+use raptor_clip::tensor::{ClippedSum, TensorRelease};
 use raptor_clip::{Privatizer, PublicDenominator};
 use raptor_eval::audit::DiracTrace;
-use raptor_models::{Batch, ClipPolicy, ClippedStep, ForwardCtx, Model, ParamGroups, Task};
+use raptor_models::{Batch, ClippedStep, ForwardCtx, Model, Task};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -225,6 +226,22 @@ fn fault_scale(fault: NoiseFault, release: &ReleaseSpec) -> f64 {
         NoiseFault::Half => 0.5,
         NoiseFault::HalfExperts if matches!(release.charge, Charge::Parallel(_)) => 0.5,
         NoiseFault::HalfExperts => 1.0,
+    }
+}
+
+/// Checks that `release` is the mechanism the ledger charges for `spec`: its noise multiplier
+/// is the planned σ and its sensitivity the planned Δ (`delta`, from the phase's clipping).
+fn release_matches_charge(spec: &ReleaseSpec, delta: f64, release: &TensorRelease) -> Result<()> {
+    if release.noise_multiplier() == spec.sigma && release.sensitivity() == delta {
+        Ok(())
+    } else {
+        Err(TrainError::Run(format!(
+            "release {} drew noise σ {} for sensitivity {}, but the ledger charges σ {} at sensitivity {delta}",
+            spec.name,
+            release.noise_multiplier(),
+            release.sensitivity(),
+            spec.sigma
+        )))
     }
 }
 
@@ -740,6 +757,19 @@ impl<'a> Trainer<'a> {
         &mut self.optim
     }
 
+    /// Whether an audit's test planted a noise fault (never outside tests and the
+    /// `planted-faults` feature).
+    fn fault_planted(&self) -> bool {
+        #[cfg(any(test, feature = "planted-faults"))]
+        {
+            self.canaries.as_ref().is_some_and(|c| c.fault.is_some())
+        }
+        #[cfg(not(any(test, feature = "planted-faults")))]
+        {
+            false
+        }
+    }
+
     fn set_phase_trainable(&self, phase: &Phase) -> Result<()> {
         let keep = phase.params();
         for p in &self.scope {
@@ -889,22 +919,7 @@ impl<'a> Trainer<'a> {
                 weights.insert(g.name.to_string(), w.shallow_clone());
             }
         }
-        let mut groups = ParamGroups::new();
-        for g in &phase.groups {
-            for p in &g.params {
-                groups.assign(p.clone(), g.name.to_string());
-            }
-        }
-        let policy = match phase.global_clip {
-            Some(c) => ClipPolicy::Global(c),
-            None => ClipPolicy::RoleWise(
-                phase
-                    .groups
-                    .iter()
-                    .map(|g| (g.name.to_string(), g.bound))
-                    .collect(),
-            ),
-        };
+        let (groups, policy) = phase.clipping();
         let (losses, grads) = ClippedStep::new(&*self.model)?
             .with_dropout_seed(step_seed)
             .with_record_ids(ids)
@@ -937,8 +952,9 @@ impl<'a> Trainer<'a> {
         let rank = self.comm.rank();
         let mut released: Vec<Released> = Vec::new();
         let mut empty_experts = 0usize;
+        let (clip_groups, policy) = phase.clipping();
         for (j, r) in phase.releases.iter().enumerate() {
-            let delta = phase.sensitivity(r);
+            let delta = phase.sensitivity(r)?;
             let denom = PublicDenominator::new(r.denominator)?;
             if let Charge::Parallel(id) = r.charge
                 && owned
@@ -969,10 +985,28 @@ impl<'a> Trainer<'a> {
             let outs: Vec<Tensor> = match self.privatizers.get_mut(&(pi, j)) {
                 // Noise is added once, on rank 0; the other ranks receive the release.
                 Some(_) if rank > 0 => parts,
-                // One draw for the whole release (in parallel chunks when it is long).
+                // One draw for the whole release (in parallel chunks when it is long), calibrated
+                // to the sensitivity the clipping policy gives the release's groups; the release
+                // must hold every parameter of its groups and nothing else.
                 Some(pz) if phase.private => {
-                    let refs: Vec<&Tensor> = parts.iter().collect();
-                    pz.release_tensors(&refs, delta, denom)?
+                    let group_names: Vec<String> =
+                        r.groups.iter().map(ToString::to_string).collect();
+                    let group_refs: Vec<&str> = group_names.iter().map(String::as_str).collect();
+                    let clipped = ClippedSum::new(
+                        &clip_groups,
+                        &policy,
+                        &group_refs,
+                        names.iter().cloned().zip(parts).collect(),
+                    )?;
+                    let release = pz.release_clipped(clipped, denom)?;
+                    // The ledger charges this update from the plan (`Phase::charge`, the same on
+                    // every rank); the release must be the mechanism it charges (a planted
+                    // noise fault of the audit's tests is exactly such a mismatch, left for the
+                    // audit to measure).
+                    if !self.fault_planted() {
+                        release_matches_charge(r, delta, &release)?;
+                    }
+                    release.into_parts().into_iter().map(|(_, t)| t).collect()
                 }
                 _ => parts
                     .iter()
@@ -1232,4 +1266,43 @@ pub fn evaluate(
         correct: classify.then_some(correct),
         perplexity: (!classify).then(|| (tokens_nll / tokens.max(1.0)).exp()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raptor_clip::{ClipPolicy, ParamGroups};
+
+    /// A release whose σ or Δ is not what the ledger charges is refused.
+    #[test]
+    fn a_release_must_be_the_mechanism_the_ledger_charges() {
+        let mut groups = ParamGroups::new();
+        groups.assign("w", "shared");
+        let policy = ClipPolicy::RoleWise([("shared".to_string(), 2.0)].into());
+        let spec = ReleaseSpec {
+            name: "shared".into(),
+            groups: vec![crate::streams::GroupId::Shared],
+            sigma: 1.5,
+            denominator: 4.0,
+            charge: Charge::Sequential,
+        };
+        let release = |sigma: f64| {
+            let sum = ClippedSum::new(
+                &groups,
+                &policy,
+                &["shared"],
+                vec![("w".into(), Tensor::from_slice(&[1.0f32, -1.0]))],
+            )
+            .unwrap();
+            Privatizer::seeded_insecure(sigma, 3)
+                .unwrap()
+                .release_clipped(sum, PublicDenominator::new(4.0).unwrap())
+                .unwrap()
+        };
+        assert!(release_matches_charge(&spec, 2.0, &release(1.5)).is_ok());
+        let e = release_matches_charge(&spec, 2.0, &release(0.75)).unwrap_err();
+        assert!(e.to_string().contains("σ 0.75"), "{e}");
+        let e = release_matches_charge(&spec, 1.0, &release(1.5)).unwrap_err();
+        assert!(e.to_string().contains("sensitivity 2"), "{e}");
+    }
 }

@@ -1,11 +1,15 @@
-//! Clipping: clip factors from squared norms, the policies (role-wise by parameter group,
-//! global, per matrix), the borrowing `clip` and the consuming `into_clip` that frees each op
-//! after its sums; parameter groups and the clip output.
+//! Clipping: clip factors from squared norms under raptor-clip's grouped-clipping policy
+//! ([`ClipPolicy`] over [`ParamGroups`]: role-wise by parameter group, global, per matrix), the
+//! borrowing `clip` and the consuming `into_clip` that frees each op after its sums, and the
+//! clip output.
 
 use super::PerSampleGrads;
 use super::site::compute_kind;
 use crate::error::{ModelError, Result};
+use raptor_clip::ClipError;
 use raptor_clip::linear::clip_coefficients;
+/// Grouped clipping by parameter name: raptor-clip's one definition, which the engine uses.
+pub use raptor_clip::{ClipPolicy, ParamGroups};
 use std::collections::{BTreeMap, BTreeSet};
 use tch::{Kind, Tensor};
 
@@ -25,32 +29,14 @@ impl PerSampleGrads {
     )> {
         let b = self.batch_size;
         let dev = self.device;
-        let check_bound = |bound: f64| -> Result<()> {
-            if bound.is_finite() && bound > 0.0 {
-                Ok(())
-            } else {
-                Err(ModelError::InvalidClip(format!(
-                    "bound {bound} must be finite and > 0"
-                )))
-            }
-        };
         // The policy is checked whole, before any norm: every bound it holds, and (per group)
         // a bound for every group of `groups`, whether or not this batch reaches the group (a
         // routed expert no record chose is absent from the pass; an error that appeared only
         // when a record reaches it would depend on private data).
-        match policy {
-            ClipPolicy::RoleWise(bounds) => {
-                for &c in bounds.values() {
-                    check_bound(c)?;
-                }
-                if let Some((_, g)) = groups.iter().find(|(_, g)| !bounds.contains_key(*g)) {
-                    return Err(ModelError::InvalidClip(format!(
-                        "no clipping bound for group {g}"
-                    )));
-                }
-            }
-            ClipPolicy::Global(c) => check_bound(*c)?,
-        }
+        policy.check(groups).map_err(|e| match e {
+            ClipError::InvalidGrouping { reason } => ModelError::InvalidClip(reason),
+            other => ModelError::InvalidClip(other.to_string()),
+        })?;
         let mut group_sq: BTreeMap<String, Tensor> = BTreeMap::new();
         let mut members: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for p in self.uses.keys() {
@@ -100,7 +86,7 @@ impl PerSampleGrads {
         for (g, wt) in weights {
             // (A group of `groups` that this batch does not reach is fine: its weights are
             // checked and then unused. Whether a routed expert is reached depends on the data.)
-            if !groups.iter().any(|(_, x)| x == g.as_str()) {
+            if !groups.has_group(g) {
                 return Err(ModelError::InvalidClip(format!(
                     "record weights given for group {g}, which no parameter belongs to"
                 )));
@@ -269,60 +255,6 @@ impl PerSampleGrads {
 /// `clip_coefficients`, so the slice and tensor paths agree).
 pub fn clip_factors(sq_norms: &Tensor, bound: f64) -> Result<Tensor> {
     Ok(clip_coefficients(sq_norms, bound, None)?.f_to_kind(sq_norms.kind())?)
-}
-
-/// Assignment of parameters to caller-named groups (e.g. `shared`, `expert[3,5]`).
-#[derive(Debug, Clone, Default)]
-pub struct ParamGroups {
-    pub(super) map: BTreeMap<String, String>,
-}
-
-impl ParamGroups {
-    /// Empty assignment.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Puts `param` in `group`.
-    pub fn assign(&mut self, param: impl Into<String>, group: impl Into<String>) {
-        self.map.insert(param.into(), group.into());
-    }
-
-    /// Groups every name in `params` by `f` (names for which `f` is None stay unassigned).
-    pub fn from_fn<I, S, F>(params: I, f: F) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-        F: Fn(&str) -> Option<String>,
-    {
-        let mut g = Self::new();
-        for p in params {
-            let p: String = p.into();
-            if let Some(name) = f(&p) {
-                g.assign(p, name);
-            }
-        }
-        g
-    }
-
-    /// The group of `param`.
-    pub fn group_of(&self, param: &str) -> Option<&str> {
-        self.map.get(param).map(String::as_str)
-    }
-
-    /// All (param, group) pairs.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.map.iter().map(|(a, b)| (a.as_str(), b.as_str()))
-    }
-}
-
-/// How per-record gradients are clipped.
-#[derive(Debug, Clone)]
-pub enum ClipPolicy {
-    /// Each group has its own bound (RAPTOR: `shared` and each `expert[l,e]` stream).
-    RoleWise(BTreeMap<String, f64>),
-    /// One bound over the concatenation of all groups (monolithic DP-SGD).
-    Global(f64),
 }
 
 /// Result of [`PerSampleGrads::clip`].
