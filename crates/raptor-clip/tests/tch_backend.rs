@@ -611,7 +611,7 @@ fn clipped_sums_carry_the_policys_sensitivity_into_a_typed_release() {
             .to_string()
     };
     let mut missing = parts();
-    missing.remove(1);
+    drop(missing.remove(1));
     assert!(
         refused(&["shared", "expert0"], missing)
             .contains("s.b of released group shared is missing")
