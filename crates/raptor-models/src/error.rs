@@ -74,6 +74,16 @@ pub enum ModelError {
     /// An invalid model or adapter configuration.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// A checkpoint of another model family than the one asked for.
+    #[error("{path} holds a {found} checkpoint, not a {expected} one")]
+    WrongFamily {
+        /// The checkpoint's path.
+        path: String,
+        /// What it holds.
+        found: String,
+        /// The family asked for.
+        expected: String,
+    },
     /// A trainable parameter that no caller-named group contains.
     #[error("trainable parameter {param} is in no parameter group")]
     UngroupedParameter {

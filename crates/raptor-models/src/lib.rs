@@ -3,7 +3,8 @@
 //! Models: [`SwitchEncoder`] (Switch-style MoE encoder classifier), [`Decoder`] (Llama-family
 //! causal decoders composed from shared blocks: Llama, Mixtral, Qwen2-MoE with a shared expert,
 //! OLMoE, see [`DecoderFamily`]), [`OlmoeDecoder`] (the OLMoE configuration of [`Decoder`]),
-//! [`Gpt2`] (dense decoder, tied LM head), [`Bert`] (BERT-style encoder classifier). Every trainable op
+//! [`Gpt2`] (dense decoder, tied LM head), [`Bert`] (BERT-style encoder classifier);
+//! [`factory::build`] builds any of them from a checkpoint or from scratch. Every trainable op
 //! records itself in a private [`ForwardCtx`]; [`PerSampleGrads`] then gives exact per-record
 //! squared norms by parameter and by caller-named group, and clipped sums, from one backward.
 
@@ -17,6 +18,7 @@ mod blocks;
 pub mod checkpoint;
 mod decoder;
 mod error;
+pub mod factory;
 pub mod generate;
 pub mod gguf;
 pub mod gguf_model;

@@ -5,15 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use raptor_data::{LabelMap, TableSpec};
-use raptor_models::checkpoint::{
-    LoadOptions, load_bert, load_decoder, load_gpt2, load_olmoe, load_switch_encoder,
-};
+use raptor_models::factory::{ModelSource, ModelSpec, ScratchDims};
 use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
-use raptor_models::{
-    Batch, Bert, BertConfig, BertMoeConfig, BertPooling, Decoder, DecoderConfig, DecoderFamily,
-    DecoderHead, Gpt2, Gpt2Config, Model, OlmoeConfig, OlmoeDecoder, SwitchConfig, SwitchEncoder,
-    Task,
-};
+use raptor_models::{Batch, BertPooling, Model, Task};
 use tch::Device;
 
 use crate::config::{LayerSpec, Method, ModelKind, Pooling, RunConfig, TokenizerSpec};
@@ -101,33 +95,8 @@ pub fn open_tokenizer(spec: &str) -> Result<Box<dyn TextTokenizer>> {
 /// one `.gguf` file, or (when the path does not exist) the name of a model folder in
 /// `<cache>/models/` that `cargo xtask setup --models` filled, e.g. `smollm2-135m-instruct`.
 pub fn gguf_model_file(path: &Path) -> Option<PathBuf> {
-    let is_gguf = |p: &Path| p.is_file() && p.extension().is_some_and(|e| e == "gguf");
-    let single_in = |dir: &Path| -> Option<PathBuf> {
-        let found: Vec<PathBuf> = std::fs::read_dir(dir)
-            .ok()?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| is_gguf(p))
-            .collect();
-        (found.len() == 1)
-            .then(|| found.into_iter().next())
-            .flatten()
-    };
-    if is_gguf(path) {
-        return Some(path.to_path_buf());
-    }
-    if path.is_dir() {
-        return single_in(path);
-    }
-    if path.exists() {
-        return None;
-    }
-    let name = path.file_name()?;
-    single_in(
-        &raptor_data::cache::default_cache_dir()?
-            .join("models")
-            .join(name),
-    )
+    let models = raptor_data::cache::default_cache_dir().map(|c| c.join("models"));
+    raptor_models::factory::gguf_model_file(path, models.as_deref())
 }
 
 /// `model.path`, resolved: a GGUF file ([`gguf_model_file`]) or the Hugging Face folder as
@@ -393,61 +362,18 @@ fn bert_pooling(cfg: &RunConfig) -> BertPooling {
     }
 }
 
-/// Builds the model (from a Hugging Face folder or from scratch); seeded by `train.seed`.
+/// Builds the model (from a Hugging Face folder, a GGUF file or from scratch; seeded by
+/// `train.seed`) with raptor-models' factory.
 pub fn build_model(
     cfg: &RunConfig,
     vocab: i64,
     num_labels: i64,
     device: Device,
 ) -> Result<Box<dyn Model>> {
-    // Held until the model is built: no other thread seeds or draws in between.
-    let rng = raptor_models::rng::global_rng();
-    rng.seed(cfg.train.seed as i64);
     let m = &cfg.model;
-    let opts = LoadOptions::strict();
-    Ok(match (m.kind, &m.path) {
-        (ModelKind::Switch, Some(p)) => {
-            let loaded = load_switch_encoder(p, num_labels, device, &opts)?;
-            for w in &loaded.report.config_warnings {
-                eprintln!("warning: {}: {w}", p.join("config.json").display());
-            }
-            Box::new(loaded.model)
-        }
-        (ModelKind::Olmoe, Some(p)) => Box::new(
-            load_olmoe(p, DecoderHead::Classification { num_labels }, device, &opts)?.model,
-        ),
-        (ModelKind::Gpt2, Some(p)) => {
-            Box::new(load_gpt2(p, DecoderHead::LanguageModel, device, &opts)?.model)
-        }
-        (ModelKind::Llama | ModelKind::Mixtral | ModelKind::Qwen2Moe, Some(p)) => {
-            let head = if m.kind.is_language_model() {
-                DecoderHead::LanguageModel
-            } else {
-                DecoderHead::Classification { num_labels }
-            };
-            let (source, gguf) = model_source(p)?;
-            let model = if gguf {
-                // Llama-architecture GGUF: weights dequantized to f32.
-                raptor_models::gguf_model::load_gguf_llama(&source, head, device)?.model
-            } else {
-                load_decoder(&source, head, device, &opts)?.model
-            };
-            let want = match m.kind {
-                ModelKind::Llama => DecoderFamily::Llama,
-                ModelKind::Mixtral => DecoderFamily::Mixtral,
-                _ => DecoderFamily::Qwen2Moe,
-            };
-            if model.config().family != want {
-                return Err(TrainError::Config(format!(
-                    "model.path {} holds a {} checkpoint, not model.kind {:?}",
-                    p.display(),
-                    model.config().family.model_type(),
-                    m.kind
-                )));
-            }
-            Box::new(model)
-        }
-        (ModelKind::Bert | ModelKind::MoeBert, Some(p)) => {
+    let source = match &m.path {
+        None => None,
+        Some(p) if m.kind.is_bert() => {
             if !p.exists() {
                 return Err(TrainError::Config(format!(
                     "model.path {} does not exist{}",
@@ -455,106 +381,44 @@ pub fn build_model(
                     setup_hint(p)
                 )));
             }
-            let model = load_bert(p, num_labels, bert_pooling(cfg), device, &opts)?.model;
-            if model.config().moe.is_some() != (m.kind == ModelKind::MoeBert) {
-                return Err(TrainError::Config(format!(
-                    "model.path {} holds a {} checkpoint, not model.kind {:?}",
-                    p.display(),
-                    if model.config().moe.is_some() {
-                        "MoE-BERT (raptor_moe)"
-                    } else {
-                        "dense BERT"
-                    },
-                    m.kind
-                )));
-            }
-            Box::new(model)
+            Some(ModelSource::Folder(p.clone()))
         }
-        (ModelKind::Switch, None) => {
-            let mut c = SwitchConfig::tiny();
-            c.vocab_size = vocab;
-            c.d_model = m.d_model;
-            c.num_heads = m.heads;
-            c.d_kv = (m.d_model / m.heads.max(1)).max(1);
-            c.d_ff = m.d_ff;
-            c.num_layers = m.layers;
-            c.num_experts = m.experts;
-            c.num_labels = num_labels;
-            c.relative_attention_num_buckets = 16;
-            c.relative_attention_max_distance = 64;
-            Box::new(SwitchEncoder::new(c, device)?)
+        Some(p)
+            if matches!(
+                m.kind,
+                ModelKind::Llama | ModelKind::Mixtral | ModelKind::Qwen2Moe
+            ) =>
+        {
+            Some(match model_source(p)? {
+                (f, true) => ModelSource::Gguf(f),
+                (f, false) => ModelSource::Folder(f),
+            })
         }
-        (ModelKind::Olmoe, None) => {
-            let mut c = OlmoeConfig::tiny(DecoderHead::Classification { num_labels });
-            c.vocab_size = vocab;
-            c.hidden_size = m.d_model;
-            c.intermediate_size = m.d_ff;
-            c.num_hidden_layers = m.layers;
-            c.num_attention_heads = m.heads;
-            c.num_key_value_heads = m.heads;
-            c.num_experts = m.experts;
-            c.num_experts_per_tok = 2.min(m.experts);
-            Box::new(OlmoeDecoder::new(c, device)?)
-        }
-        (ModelKind::Llama | ModelKind::Mixtral | ModelKind::Qwen2Moe, None) => {
-            let (family, head) = match m.kind {
-                ModelKind::Llama => (DecoderFamily::Llama, DecoderHead::LanguageModel),
-                ModelKind::Mixtral => (
-                    DecoderFamily::Mixtral,
-                    DecoderHead::Classification { num_labels },
-                ),
-                _ => (
-                    DecoderFamily::Qwen2Moe,
-                    DecoderHead::Classification { num_labels },
-                ),
-            };
-            let mut c = DecoderConfig::tiny(family, head);
-            c.vocab_size = vocab;
-            c.hidden_size = m.d_model;
-            c.intermediate_size = m.d_ff;
-            c.num_hidden_layers = m.layers;
-            c.num_attention_heads = m.heads;
-            c.num_key_value_heads = m.heads;
-            c.head_dim = m.d_model / m.heads.max(1);
-            if let Some(moe) = c.moe.as_mut() {
-                moe.num_experts = m.experts;
-                moe.num_experts_per_tok = 2.min(m.experts);
-                moe.expert_intermediate_size = m.d_ff;
-                moe.sparse_layers = (0..m.layers.max(0) as usize).collect();
-                if moe.shared_expert_intermediate_size.is_some() {
-                    moe.shared_expert_intermediate_size = Some(m.d_ff);
-                }
-            }
-            Box::new(Decoder::new(c, device)?)
-        }
-        (ModelKind::Bert | ModelKind::MoeBert, None) => {
-            let mut c = BertConfig::tiny(num_labels);
-            c.vocab_size = vocab;
-            c.hidden_size = m.d_model;
-            c.intermediate_size = m.d_ff;
-            c.num_hidden_layers = m.layers;
-            c.num_attention_heads = m.heads;
-            c.max_position_embeddings = (cfg.data.max_length as i64).max(8);
-            c.pooling = bert_pooling(cfg);
-            if m.kind == ModelKind::MoeBert {
-                c.moe = Some(BertMoeConfig {
-                    num_experts: m.experts,
-                    num_experts_per_tok: 2.min(m.experts),
-                    sparse_layers: (0..m.layers.max(0) as usize).collect(),
-                });
-            }
-            Box::new(Bert::new(c, device)?)
-        }
-        (ModelKind::Gpt2, None) => {
-            let mut c = Gpt2Config::tiny(DecoderHead::LanguageModel);
-            c.vocab_size = vocab;
-            c.n_embd = m.d_model;
-            c.n_layer = m.layers;
-            c.n_head = m.heads;
-            c.n_inner = m.d_ff;
-            c.n_positions = (cfg.data.max_length as i64).max(8);
-            Box::new(Gpt2::new(c, device)?)
-        }
+        Some(p) => Some(ModelSource::Folder(p.clone())),
+    };
+    let spec = ModelSpec {
+        family: m.kind.naming(),
+        source,
+        dims: ScratchDims {
+            d_model: m.d_model,
+            heads: m.heads,
+            d_ff: m.d_ff,
+            layers: m.layers,
+            experts: m.experts,
+        },
+        vocab,
+        num_labels,
+        pooling: bert_pooling(cfg),
+        max_positions: cfg.data.max_length as i64,
+        seed: cfg.train.seed as i64,
+    };
+    raptor_models::factory::build(&spec, device).map_err(|e| match e {
+        // A checkpoint of another family: say which settings disagree.
+        raptor_models::ModelError::WrongFamily { path, found, .. } => TrainError::Config(format!(
+            "model.path {path} holds a {found} checkpoint, not model.kind {:?}",
+            m.kind
+        )),
+        other => other.into(),
     })
 }
 
