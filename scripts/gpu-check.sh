@@ -24,7 +24,7 @@ note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 cargo xtask setup --cuda
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-cargo build --release -p raptor-train --bins
+cargo build --release -p raptor
 ./target/release/raptor info | tee "$log/info.txt"
 grep -q "cuda available: true" "$log/info.txt" || { echo "gpu-check: libtorch sees no CUDA device" >&2; exit 1; }
 
@@ -33,7 +33,7 @@ grep -q "cuda available: true" "$log/info.txt" || { echo "gpu-check: libtorch se
 for t in "-p raptor-clip --features tch --test tch_backend" \
          "-p raptor-muon --features tch --test tch_backend" \
          "-p raptor-models --test libtorch_smoke" \
-         "-p raptor-train --test cuda"; do
+         "-p raptor --test cuda"; do
   # shellcheck disable=SC2086
   if cargo test --release $t -- --nocapture >"$log/test.txt" 2>&1; then
     note "tests ($t): ok $(grep -c '^test .* ok$' "$log/test.txt") passed; $(grep -c 'skipped' "$log/test.txt") skip lines"

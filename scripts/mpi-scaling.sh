@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cfg=$(realpath "${1:-examples/raptor-toy.toml}")
-cargo build --release -p raptor-train --features mpi --bins
+cargo build --release -p raptor --features mpi
 out=$(mktemp -d)
 export OMP_NUM_THREADS=1
 (cd "$(dirname "$cfg")" && "$OLDPWD/target/release/raptor" train --json --config "$cfg" --runs-dir "$out/1") >"$out/1.json"

@@ -106,6 +106,9 @@ enum Task {
         #[arg(long)]
         no_python: bool,
     },
+    /// Only the checks of the repository itself (no build): stand-alone docs, layout, the test
+    /// kit dev-only, typed streams, used dependencies, crate maps (the first step of `test`).
+    Checks,
     /// Build the Python package of the accountant (`raptor_accountant`, no libtorch) as a
     /// release wheel under `target/wheels/` (maturin, in a cached venv).
     Wheel,
@@ -187,10 +190,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let lt = setup::setup(&root, false, asked)?;
             println!("libtorch {}", lt.origin);
             println!("linked target/libtorch -> {}", lt.dir.display());
-            println!("plain `cargo build`, `cargo test` and `cargo run -p raptor-train` now work.");
+            println!("plain `cargo build`, `cargo test` and `cargo run -p raptor` now work.");
             Ok(())
         }
         Task::Test { no_lint, no_python } => test(&root, no_lint, no_python),
+        Task::Checks => repository_checks(&root),
         Task::Wheel => python::wheel(&root),
         Task::Pytest => python::test(&root),
         Task::Reproduce {
@@ -268,15 +272,22 @@ fn has_mpi() -> bool {
     })
 }
 
-fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
-    let start = Instant::now();
-    // Checks of the repository itself (no build needed): first, so that they fail fast.
+/// The checks of the repository itself (no build needed).
+fn repository_checks(root: &Path) -> anyhow::Result<()> {
     checks::stand_alone(root)?;
     checks::layout(root)?;
     checks::test_support_is_dev_only(root)?;
     checks::typed_streams(root)?;
     checks::used_dependencies(root)?;
     checks::crate_maps(root)?;
+    eprintln!("repository checks: ok");
+    Ok(())
+}
+
+fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    // Checks of the repository itself (no build needed): first, so that they fail fast.
+    repository_checks(root)?;
     eprintln!("\n==> setup");
     setup::setup(root, true, None)?;
     // The real checkpoints' parity and fine-tuning tests need the models in the cache: one
@@ -291,9 +302,9 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
     // The same features in every step (one build): MPI's when an MPI library is installed.
     let features: Vec<&str> = if has_mpi() {
         eprintln!(
-            "MPI found (mpicc, mpirun): building with raptor-train/mpi and running its tests"
+            "MPI found (mpicc, mpirun): building with raptor-train/mpi (and the raptor program's mpi) and running its tests"
         );
-        vec!["--features", "raptor-train/mpi"]
+        vec!["--features", "raptor-train/mpi,raptor/mpi"]
     } else {
         eprintln!(
             "(MPI not found: the data-parallel tests are not built; apt-get install libopenmpi-dev \

@@ -1,8 +1,8 @@
 //! raptor-cli: the privacy accounting, calibration, budget planning and routing subcommands, with
 //! no libtorch.
 //!
-//! The `raptor-acct` program (this crate's binary) runs them; the `raptor` program of
-//! `raptor-train` (which links libtorch for training) embeds the same [`Command`] enum, so both
+//! The `raptor-acct` program (this crate's binary) runs them; the `raptor` program (crate
+//! `raptor`, which links libtorch for training) embeds the same [`Command`] enum, so both
 //! programs have one implementation. Each module owns one subcommand family: its clap `Args`
 //! and its `run` function.
 //!

@@ -1,16 +1,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `raptor-acct account / calibrate / plan / routing`: output forms and error handling.
 //!
-//! raptor-train's `tests/cli_account.rs` includes this file to run the same cases on the
+//! The `raptor` crate's `tests/cli_account.rs` includes this file to run the same cases on the
 //! `raptor` program, which embeds these subcommands (one copy of the cases, two programs).
 
 use std::process::Command;
 
-/// The program under test: `raptor-acct` in this crate's tests, `raptor` in raptor-train's.
+/// The program under test: `raptor-acct` in this crate's tests, `raptor` in the raptor crate's.
 fn program() -> &'static str {
     option_env!("CARGO_BIN_EXE_raptor-acct")
         .or(option_env!("CARGO_BIN_EXE_raptor"))
-        .expect("built as a test of raptor-cli or raptor-train")
+        .expect("built as a test of raptor-cli or raptor")
 }
 
 fn acct(args: &[&str]) -> std::process::Output {
@@ -271,7 +271,7 @@ fn help_lists_the_four_subcommands() {
     }
 }
 
-/// How `raptor` (raptor-train) embeds the subcommands: flattened beside its own.
+/// How `raptor` (crate `raptor`) embeds the subcommands: flattened beside its own.
 mod embedding {
     use clap::{CommandFactory, Parser, Subcommand};
 

@@ -11,6 +11,7 @@
 //!   for it; every file is listed).
 //! - [`golden`]: golden JSON files under `fixtures/` and the arrays in them.
 //! - [`paths`]: the workspace root, fixtures, and the shared data folder beside the workspace.
+//! - [`toy`]: the toy run config of the trainer's and the `raptor` program's tests.
 //!
 //! The crate is a `[dev-dependencies]` entry only (and serves `#[cfg(test)]` modules): no
 //! library or program depends on it for its normal build, which `cargo xtask test` checks. It
@@ -24,6 +25,7 @@ pub mod bad_inputs;
 pub mod fuzz;
 pub mod golden;
 pub mod paths;
+pub mod toy;
 
 pub use fuzz::fuzz_cases;
 

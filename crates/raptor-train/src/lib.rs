@@ -1,5 +1,5 @@
-//! raptor-train: the trainer core (one loop for every method), privacy plans, run folders and
-//! the `raptor` program.
+//! raptor-train: the trainer core (one loop for every method), privacy plans, run folders, the
+//! audit and upcycling: the library of the `raptor` program.
 //!
 //! - [`config`]: the run configuration (`run.toml`), every field documented with a default.
 //! - [`streams`]: the one description every method is made of (phases of releases over clip
@@ -16,9 +16,9 @@
 //! - [`upcycle`]: sparse upcycling of a dense checkpoint folder (`raptor upcycle`, and the
 //!   `backbones` part of the `raptor-reproduce` program).
 //!
-//! The `raptor` program (`src/main.rs` and its `cli` modules, not part of this library) parses
-//! the command line and calls these modules; the experiment driver is the separate
-//! `raptor-reproduce` program (crate `raptor-reproduce`), built on this library.
+//! The `raptor` program (crate `raptor`) parses the command line and calls these modules; the
+//! experiment driver is the separate `raptor-reproduce` program (crate `raptor-reproduce`),
+//! both built on this library.
 
 pub mod audit;
 pub mod config;
@@ -41,6 +41,11 @@ pub use error::{Result, TrainError};
 
 /// The optimizers on released gradients (crate `raptor-optim`).
 pub use raptor_optim as optim;
+
+/// Whether this build of the library holds the planted noise bugs of the audit's tests (the
+/// test/audit-only cargo feature `planted-faults`); the `raptor` program refuses to build when
+/// it does.
+pub const PLANTED_FAULTS: bool = cfg!(feature = "planted-faults");
 
 /// The `tch` version this program was built with (read from the workspace's `Cargo.lock` at
 /// build time).

@@ -1,47 +1,11 @@
-//! Shared by the integration tests: a run config over the toy data shipped in `examples/toy`
-//! (a tiny Switch encoder trained from scratch with the bytes tokenizer).
+//! Shared by the integration tests: the toy run (a tiny Switch encoder from scratch with the
+//! bytes tokenizer over `examples/toy`, from `raptor_testkit::toy`) and an in-process trainer.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
-/// The repository root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The TOML of a toy run of `method` at ε = 8 whose `[train]` table holds `train_lines`.
-pub fn toy_config(method: &str, train_lines: &str) -> String {
-    let toy = root().join("examples/toy");
-    format!(
-        r#"[data]
-train = "{}"
-validation = "{}"
-public = "{}"
-max_length = 40
-
-[model]
-kind = "switch"
-tokenizer = "bytes"
-d_model = 32
-layers = 4
-heads = 2
-d_ff = 64
-experts = 4
-
-[method]
-name = "{method}"
-
-[privacy]
-epsilon = 8.0
-
-[train]
-{train_lines}
-"#,
-        toy.join("train.csv").display(),
-        toy.join("valid.csv").display(),
-        toy.join("public.csv").display()
-    )
-}
+pub use raptor_testkit::paths::workspace_root as root;
+pub use raptor_testkit::toy::toy_config;
 
 /// Trains `cfg` into the run folder `dir` in this process, printing nothing.
 pub fn train_quietly(

@@ -7,11 +7,13 @@ use clap::{Parser, Subcommand};
 mod cli;
 
 // The planted noise bugs are for the audit's tests and its measured table only: no build of
-// the program may contain them.
-#[cfg(feature = "planted-faults")]
-compile_error!(
-    "the raptor program is never built with the `planted-faults` feature (test/audit-only); \
-     run the audit table with `cargo run -p raptor-train --example audit_table --features planted-faults`"
+// the program may contain them (cargo's feature unification could switch them on in the
+// library this program links; the library says whether it did).
+const _: () = assert!(
+    !raptor_train::PLANTED_FAULTS,
+    "the raptor program is never built with raptor-train's `planted-faults` feature \
+     (test/audit-only); run the audit table with \
+     `cargo run -p raptor-train --example audit_table --features planted-faults`"
 );
 
 /// Differentially private fine-tuning of Mixture-of-Experts and dense transformers.
