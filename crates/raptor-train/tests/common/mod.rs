@@ -1,6 +1,6 @@
 //! Shared by the integration tests: the toy run (a tiny Switch encoder from scratch with the
 //! bytes tokenizer over `examples/toy`, from `raptor_testkit::toy`) and an in-process trainer.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::path::{Path, PathBuf};
 
