@@ -47,7 +47,10 @@ mod tests {
         let t = toy_config("raptor", "steps = 3");
         assert!(t.contains("name = \"raptor\"") && t.contains("steps = 3"));
         for f in ["train.csv", "valid.csv", "public.csv"] {
-            assert!(workspace_root().join("examples/toy").join(f).is_file(), "{f}");
+            assert!(
+                workspace_root().join("examples/toy").join(f).is_file(),
+                "{f}"
+            );
         }
     }
 }

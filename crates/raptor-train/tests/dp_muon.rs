@@ -190,7 +190,9 @@ fn dp_muon_release_noise_has_the_calibrated_std() {
             let c = cfg(Method::DpMuon, n);
             let (mut plan, _) = build_plan(&c, &mut m, n, None).unwrap();
             m.var_store_mut().double();
-            let delta = plan.phases[0].sensitivity(&plan.phases[0].releases[0]).unwrap();
+            let delta = plan.phases[0]
+                .sensitivity(&plan.phases[0].releases[0])
+                .unwrap();
             if let Some(s) = sigma {
                 plan.phases[0].releases[0].sigma = s;
             }

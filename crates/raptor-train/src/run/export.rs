@@ -1,0 +1,167 @@
+//! A finished run: evaluation on labelled records ([`eval_run`]) and export of its model as a
+//! Hugging Face folder ([`export_run`], [`export_encoder`]).
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// A finished (or checkpointed) run's model, rebuilt as training built it.
+pub(crate) struct RunModel {
+    cfg: RunConfig,
+    model: Box<dyn raptor_models::Model>,
+    tokenizer: Box<dyn raptor_models::tokenizer::TextTokenizer>,
+    labels: Option<raptor_data::LabelMap>,
+    device: tch::Device,
+}
+
+/// Rebuilds the model of run folder `run` (config `cfg`): the base model, the trainable scope
+/// (LoRA adapters) as training set it up, and the trained weights of its checkpoint.
+pub(crate) fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
+    let classify = crate::session::is_classifier(&cfg);
+    let device = crate::device::open_device(cfg.train.device)?;
+    let tok = crate::session::open_run_tokenizer(&cfg)?;
+    let labels = if classify {
+        let lp = run.join("labels.json");
+        let names: Vec<String> = serde_json::from_slice(&std::fs::read(&lp).map_err(io(&lp))?)?;
+        Some(raptor_data::LabelMap::from_list(names).map_err(|e| TrainError::Data(e.to_string()))?)
+    } else {
+        None
+    };
+    let num_labels = labels.as_ref().map_or(0, |l| l.len() as i64);
+    let mut model = crate::session::build_model(&cfg, tok.vocab_size() as i64, num_labels, device)?;
+    // Rebuild the trainable scope (LoRA adapters) as training did, then load its weights.
+    let layer = if cfg.method.name.needs_experts() {
+        let rec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(run.join("record.json")).map_err(io(run.join("record.json")))?,
+        )?;
+        rec["layer"]["layer"].as_u64().map(|l| l as usize)
+    } else {
+        None
+    };
+    raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
+        crate::methods::setup_scope(&cfg, model.as_mut(), layer)
+    })?;
+    load_trainable(run, model.as_ref())?;
+    Ok(RunModel {
+        cfg,
+        model,
+        tokenizer: tok,
+        labels,
+        device,
+    })
+}
+
+/// Exports the model of a finished run folder as a Hugging Face folder (`config.json` +
+/// `model.safetensors`) that `model.path` of another run can start from (e.g. a non-private
+/// pretraining run on public text, fine-tuned privately afterwards). Runs that trained LoRA
+/// adapters are refused (their adapters are not merged into the base weights).
+pub fn export_run(run: &Path, out: &Path) -> Result<()> {
+    export_run_skipping(run, out, &[])
+}
+
+pub(crate) fn export_run_skipping(run: &Path, out: &Path, skip: &[&str]) -> Result<()> {
+    let cpath = run.join("config.toml");
+    if !run.join("record.json").exists() {
+        return Err(TrainError::Run(format!(
+            "{} is not a finished run folder (no record.json)",
+            run.display()
+        )));
+    }
+    let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+    let rm = load_run_model(run, cfg)?;
+    if rm
+        .model
+        .var_store()
+        .variables()
+        .keys()
+        .any(|k| k.contains(".lora_"))
+    {
+        return Err(TrainError::Run(format!(
+            "{}: runs with LoRA adapters cannot be exported yet (adapters are not merged); export a run of method full or adam",
+            run.display()
+        )));
+    }
+    raptor_models::checkpoint::save_pretrained_without(rm.model.as_ref(), out, skip)?;
+    Ok(())
+}
+
+/// [`export_run`] without the task head (`classifier.*`, `score.*`): an encoder to fine-tune
+/// on another task, whose runs get a new head of their own label count.
+pub fn export_encoder(run: &Path, out: &Path) -> Result<()> {
+    export_run_skipping(run, out, &["classifier.*", "score.*"])
+}
+
+/// What `raptor eval` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    /// Loss / accuracy / NLL.
+    pub metrics: EvalMetrics,
+    /// BLEU and ROUGE-L (data-to-text).
+    pub generation: Option<GenerationMetrics>,
+}
+
+/// Evaluates a finished (or checkpointed) run on `data` (a table with the run's columns).
+pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
+    let cpath = run.join("config.toml");
+    if !cpath.exists() {
+        return Err(TrainError::Run(format!(
+            "{} is not a run folder (no config.toml)",
+            run.display()
+        )));
+    }
+    let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+    let RunModel {
+        cfg,
+        model,
+        tokenizer: tok,
+        labels,
+        device,
+    } = load_run_model(run, cfg)?;
+    let classify = crate::session::is_classifier(&cfg);
+    let path = data
+        .map(Path::to_path_buf)
+        .or(cfg.data.validation.clone())
+        .ok_or_else(|| {
+            TrainError::Config("no evaluation data: pass --data or set data.validation".into())
+        })?;
+    let pad = i64::from(tok.pad_id());
+    if cfg.data.format.is_data_to_text() {
+        let ds = crate::session::read_d2t(&cfg, &path)?;
+        let ex =
+            crate::session::to_d2t_examples(&cfg, tok.as_ref(), &ds.records, model.vocab_size())?;
+        let metrics = evaluate(model.as_ref(), &ex, cfg.train.micro_batch, pad, device)?;
+        let mut sources = Vec::new();
+        for g in ds.group_by_source() {
+            if cfg.eval.max_sources > 0 && sources.len() >= cfg.eval.max_sources {
+                break;
+            }
+            sources.push(crate::session::SourceRefs {
+                prompt: crate::session::d2t_prompt(tok.as_ref(), &g.source, cfg.data.max_length)?,
+                source: g.source,
+                references: g.references,
+            });
+        }
+        let generation = Some(generation_metrics(
+            model.as_ref(),
+            tok.as_ref(),
+            &sources,
+            &cfg,
+            device,
+        )?);
+        return Ok(EvalReport {
+            metrics,
+            generation,
+        });
+    }
+    let ds = crate::session::read_records(&cfg, &path, classify)?;
+    let ex = crate::session::to_examples(
+        &cfg,
+        tok.as_ref(),
+        &ds.records,
+        labels.as_ref(),
+        model.vocab_size(),
+    )?;
+    Ok(EvalReport {
+        metrics: evaluate(model.as_ref(), &ex, cfg.train.micro_batch, pad, device)?,
+        generation: None,
+    })
+}

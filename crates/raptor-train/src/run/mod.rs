@@ -1,0 +1,717 @@
+//! Run folders and the run loop. A run folder holds `config.toml` (resolved), `record.json`
+//! (what may be published beside the model), `private/` (`record.json`, `metrics.jsonl`:
+//! computed from private records without noise, never published), `checkpoint/` and a lock
+//! file.
+//!
+//! - this module: the run loop ([`train`], [`train_with`], [`train_in`]; resume, checkpoints
+//!   and evaluation on the way, the final ε and the record);
+//! - [`folder`]: durability (atomic writes, checksummed JSON, the lock, run ids);
+//! - [`checkpoint`]: checkpoints and resume state, the Newton–Schulz buffer tap;
+//! - [`record`]: the record, the private record, generation metrics;
+//! - [`export`]: evaluation and export of a finished run.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use raptor_accountant::{Accuracy, Ledger, PrvAccountant};
+use raptor_models::checkpoint::{read_safetensors, write_safetensors};
+use serde::{Deserialize, Serialize};
+
+use crate::config::RunConfig;
+use crate::error::{Result, TrainError, io};
+use crate::optim::{OptimScalars, OptimSettings};
+use crate::session::{Session, prepare};
+use crate::trainer::{EvalMetrics, Trainer, TrainerOptions, UpdateMetrics, evaluate};
+
+pub mod checkpoint;
+pub mod export;
+pub mod folder;
+pub mod record;
+
+pub use checkpoint::*;
+pub use export::*;
+pub use folder::*;
+pub use record::*;
+
+fn optim_settings(cfg: &RunConfig) -> Result<OptimSettings> {
+    let m = &cfg.method;
+    let ns = m.ns_config();
+    ns.validate()?;
+    Ok(OptimSettings {
+        lr: cfg.train.lr,
+        betas: (0.9, 0.999),
+        eps: 1e-8,
+        weight_decay: cfg.train.weight_decay,
+        muon_lr: m.muon_lr,
+        muon_beta: m.muon_beta,
+        muon_form: m.muon_momentum.into(),
+        ns,
+        bc_probe_pairs: m.bc_probe_pairs,
+    })
+}
+
+/// Progress callback: (updates done, total, last metrics, ε spent so far if computed).
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64, &UpdateMetrics, Option<f64>);
+
+/// What to do when a stop is requested (SIGINT/SIGTERM): checked between updates.
+pub type StopFlag = std::sync::Arc<std::sync::atomic::AtomicBool>;
+
+/// Trains: a new run under `runs_dir` (or `resume` an existing run folder). Returns the run
+/// folder and its record.
+pub fn train(
+    cfg: &RunConfig,
+    runs_dir: &Path,
+    resume: Option<&Path>,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+) -> Result<(PathBuf, Record)> {
+    train_with(cfg, runs_dir, resume, progress, stop, &crate::dist::Solo)
+}
+
+/// [`train`], data-parallel over the ranks of `comm` (every rank calls it with the same
+/// arguments; see [`crate::dist`]). Rank 0 names the run folder and is the only one that
+/// writes to it; a resume needs the folder on a file system every rank can read.
+pub fn train_with(
+    cfg: &RunConfig,
+    runs_dir: &Path,
+    resume: Option<&Path>,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+    comm: &dyn crate::dist::Collective,
+) -> Result<(PathBuf, Record)> {
+    let (cfg, dir, resuming) = match resume {
+        Some(d) => {
+            let c = RunConfig::from_toml(
+                &std::fs::read_to_string(d.join("config.toml"))
+                    .map_err(io(d.join("config.toml")))?,
+            )?;
+            (c, d.to_path_buf(), true)
+        }
+        None => {
+            let mut name = new_run_id(cfg);
+            broadcast_string(comm, &mut name)?;
+            (cfg.clone(), runs_dir.join(name), false)
+        }
+    };
+    let session = prepare(&cfg)?;
+    train_session(session, dir, resuming, progress, stop, comm)
+        .map(|(dir, record, _)| (dir, record))
+}
+
+/// Broadcast a string from rank 0 (as bytes packed in `u64`s).
+pub(crate) fn broadcast_string(comm: &dyn crate::dist::Collective, s: &mut String) -> Result<()> {
+    if comm.size() < 2 {
+        return Ok(());
+    }
+    let bytes = s.as_bytes();
+    let mut buf: Vec<u64> = vec![bytes.len() as u64];
+    buf.extend(bytes.chunks(8).map(|c| {
+        let mut b = [0u8; 8];
+        b[..c.len()].copy_from_slice(c);
+        u64::from_le_bytes(b)
+    }));
+    comm.broadcast_u64(&mut buf)?;
+    let n = buf.first().copied().unwrap_or(0) as usize;
+    let mut out: Vec<u8> = buf.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
+    out.truncate(n);
+    *s = String::from_utf8(out).map_err(|_| {
+        TrainError::Run("rank 0 broadcast a run folder name that is not UTF-8".into())
+    })?;
+    Ok(())
+}
+
+/// Trains into the run folder `dir`: a new run when `dir` holds no `config.toml`, otherwise a
+/// resume of the run there, which must have been started with the same config (else an error:
+/// a folder is never silently reused for another experiment).
+pub fn train_in(
+    cfg: &RunConfig,
+    dir: &Path,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+) -> Result<(PathBuf, Record)> {
+    let cpath = dir.join("config.toml");
+    if cpath.exists() {
+        let stored = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+        if &stored != cfg {
+            return Err(TrainError::Run(format!(
+                "{} holds a run of another config; remove it or choose another folder",
+                dir.display()
+            )));
+        }
+        train_impl(&stored, dir.to_path_buf(), true, progress, stop)
+    } else {
+        train_impl(cfg, dir.to_path_buf(), false, progress, stop)
+    }
+}
+
+fn train_impl(
+    cfg: &RunConfig,
+    dir: PathBuf,
+    resuming: bool,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+) -> Result<(PathBuf, Record)> {
+    // Everything is read and checked before the folder is created.
+    let session = prepare(cfg)?;
+    train_session(session, dir, resuming, progress, stop, &crate::dist::Solo)
+        .map(|(dir, record, _)| (dir, record))
+}
+
+/// Trainable parameters per phase (what the record reports).
+fn trainable_parameters(
+    plan: &crate::streams::Plan,
+    model: &dyn raptor_models::Model,
+) -> std::collections::BTreeMap<String, i64> {
+    let vars = model.var_store().variables();
+    plan.phases
+        .iter()
+        .map(|ph| {
+            let n: i64 = ph
+                .params()
+                .iter()
+                .filter_map(|p| vars.get(p))
+                .map(|t| t.numel() as i64)
+                .sum();
+            (ph.name.clone(), n)
+        })
+        .collect()
+}
+
+/// DP-MuonBC's probe seed. The probes are data-independent randomness; over several ranks they
+/// must be the same on every rank (rank 0 draws the seed from the OS unless the run is seeded).
+fn probe_seed(cfg: &RunConfig, comm: &dyn crate::dist::Collective) -> Result<Option<u64>> {
+    Ok(match (cfg.train.insecure_seed, comm.size() > 1) {
+        (Some(s), _) => Some(s),
+        (None, false) => None,
+        (None, true) => {
+            let mut s = vec![rand::random::<u64>()];
+            comm.broadcast_u64(&mut s)?;
+            s.first().copied()
+        }
+    })
+}
+
+/// Where a run's label set comes from (recorded beside it).
+fn labels_source(cfg: &RunConfig) -> String {
+    if cfg.data.labels.is_some() {
+        "declared in the config (data.labels)".into()
+    } else {
+        format!(
+            "read from the private training file {}: the head's shape and labels.json reveal every label that occurs there",
+            cfg.data.train.display()
+        )
+    }
+}
+
+/// Where a run's validation metrics come from (recorded beside them).
+fn validation_source(cfg: &RunConfig, records: usize) -> Option<String> {
+    if records == 0 {
+        return None;
+    }
+    Some(match &cfg.data.validation {
+        Some(p) => format!("the validation file {} ({records} records)", p.display()),
+        None => format!(
+            "{records} records held out of the private training file {} (data.validation_fraction = {}): computed on private records without noise",
+            cfg.data.train.display(),
+            cfg.data.validation_fraction
+        ),
+    })
+}
+
+/// The certified ε of a private run's ledger; none for a non-private run, an empty ledger, or
+/// releases not yet charged (a stop between a release and its charge).
+fn final_epsilon(
+    trainer: &Trainer<'_>,
+    privacy: &crate::methods::PrivacyPlan,
+    acc: &PrvAccountant,
+) -> Result<Option<FinalEpsilon>> {
+    if !privacy.private || trainer.ledger().is_empty() || trainer.unaccounted_releases() > 0 {
+        return Ok(None);
+    }
+    let e = trainer.ledger().epsilon(privacy.delta, acc)?;
+    Ok(Some(FinalEpsilon {
+        upper: e.upper,
+        estimate: e.estimate,
+        lower: e.lower,
+        delta: privacy.delta,
+        releases: trainer.ledger().releases(),
+        steps: trainer.ledger().len(),
+    }))
+}
+
+/// RAPTOR's diagnostics of a private MoE classifier on (at most 32) validation records, with
+/// the noise, bound and denominator that the method gives the expert coordinates.
+fn run_diagnostics(
+    cfg: &RunConfig,
+    expert_noise: Option<crate::streams::ReleaseNoiseSpec>,
+    model: &dyn raptor_models::Model,
+    layer: Option<&crate::methods::LayerChoice>,
+    validation: &[crate::trainer::Example],
+    pad_id: i64,
+    device: tch::Device,
+) -> Result<Option<crate::diagnostics::Diagnostics>> {
+    // A non-private run has no private release (no noise to diagnose).
+    if !(expert_noise.is_some()
+        && !validation.is_empty()
+        && model.num_experts() > 0
+        && crate::session::is_classifier(cfg))
+    {
+        return Ok(None);
+    }
+    let naming = cfg.model.kind.naming();
+    let Some(layer_id) = layer
+        .map(|l| l.layer)
+        .or_else(|| model.sparse_layers().last().copied())
+    else {
+        return Ok(None);
+    };
+    // σ, bound and denominator of the releases that carry the experts, as the plan made them
+    // (after any calibration of the bounds).
+    let Some(noise) = expert_noise else {
+        return Ok(None);
+    };
+    let (sigma_e, clip_e, d_e, global) = (
+        noise.sigma,
+        noise.bound,
+        noise.denominator,
+        noise.global_clip || !cfg.method.name.needs_experts(),
+    );
+    let n = validation.len().min(32);
+    Ok(Some(crate::diagnostics::diagnostics(
+        model,
+        naming,
+        layer_id,
+        &validation[..n],
+        sigma_e,
+        clip_e,
+        global,
+        d_e,
+        cfg.train.batch_size,
+        pad_id,
+        device,
+    )?))
+}
+
+/// `cpu`, `cuda:N`.
+fn device_name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cpu => "cpu".to_string(),
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Where the run's noise came from, as the record states it.
+fn noise_source(cfg: &RunConfig, device_name: &str) -> String {
+    format!(
+        "{} ChaCha20 on the CPU (rand_chacha), f64 standard normals; on rank 0 only; added to the clipped sums {}",
+        if cfg.train.insecure_seed.is_some() {
+            "seeded (NOT private: train.insecure_seed)"
+        } else {
+            "OS-seeded CSPRNG"
+        },
+        if device_name == "cpu" {
+            "on the CPU".to_string()
+        } else {
+            format!("after one copy per release to {device_name} (no device generator is used)")
+        }
+    )
+}
+
+/// Trains a prepared session into the run folder `dir` (a new run, or a resume when `resuming`)
+/// and returns the folder, the record and the trained model (for `raptor audit`, which scores
+/// its canaries with it).
+pub(crate) fn train_session(
+    session: Session,
+    dir: PathBuf,
+    resuming: bool,
+    progress: Progress<'_>,
+    stop: Option<StopFlag>,
+    comm: &dyn crate::dist::Collective,
+) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
+    // Only rank 0 writes (and locks) the run folder; the other ranks only read a resume's
+    // checkpoint.
+    let writer = comm.is_writer();
+    let _lock = if writer {
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        Some(RunLock::acquire(&dir)?)
+    } else {
+        None
+    };
+    if writer && !resuming {
+        write_atomic(&dir.join("config.toml"), session.cfg.to_toml()?.as_bytes())?;
+        if let Some(l) = &session.labels {
+            write_atomic(&dir.join("labels.json"), &serde_json::to_vec(l.labels())?)?;
+        }
+    }
+    let Session {
+        cfg,
+        mut model,
+        labels,
+        train: train_set,
+        validation,
+        plan,
+        privacy,
+        layer,
+        owners,
+        device,
+        pad_id,
+        tokenizer,
+        validation_sources,
+        canaries,
+    } = session;
+    let trainable_parameters = trainable_parameters(&plan, model.as_ref());
+    let mut notes = Vec::new();
+    if cfg.train.insecure_seed.is_some() {
+        let msg = "NOT PRIVATE: train.insecure_seed seeds the Poisson sampler and the noise; anyone who knows the seed can undo both".to_string();
+        eprintln!("warning: {msg}");
+        notes.push(msg);
+    }
+    if let Some(l) = &layer {
+        notes.extend(l.warnings.iter().cloned());
+    }
+    let labels_source = labels.as_ref().map(|_| labels_source(&cfg));
+    if labels.is_some() && cfg.data.labels.is_none() && writer && !resuming {
+        let msg = format!(
+            "the label set was read from the private training file ({}): the model's head and labels.json reveal every label that occurs there; declare data.labels = [...] to fix it publicly",
+            cfg.data.train.display()
+        );
+        eprintln!("note: {msg}");
+        notes.push(msg);
+    }
+    let validation_source = validation_source(&cfg, validation.len());
+    let Resume {
+        resumed,
+        start_update,
+        ledger,
+        optimizer,
+    } = if resuming {
+        read_resume(&dir, model.as_ref(), &mut notes)?
+    } else {
+        Resume::fresh()
+    };
+    if comm.size() > 1 {
+        // Every rank must resume at the update rank 0 resumes at (they read the same folder).
+        let mut at = vec![start_update];
+        comm.broadcast_u64(&mut at)?;
+        if at.first() != Some(&start_update) {
+            return Err(TrainError::Run(format!(
+                "rank {} resumes at update {start_update} but rank 0 at {:?}: every rank must read the same run folder {} (a file system shared by all ranks)",
+                comm.rank(),
+                at.first(),
+                dir.display()
+            )));
+        }
+    }
+    let mut optim =
+        crate::methods::optimizers(&cfg, &plan, optim_settings(&cfg)?, probe_seed(&cfg, comm)?)?;
+    if let Some(tap) = buffer_tap(&dir)? {
+        optim = optim.with_tap(tap);
+    }
+    if let Some((ts, sc)) = optimizer {
+        optim.import(ts, &sc, device)?;
+    }
+    let opts = TrainerOptions {
+        micro_batch: cfg.train.micro_batch,
+        insecure_seed: cfg
+            .train
+            .insecure_seed
+            .map(|s| s.wrapping_add(start_update)),
+        pad_id,
+        device,
+        warmup_steps: cfg.train.warmup_steps,
+        cosine: cfg.train.cosine,
+    };
+    let acc = PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?;
+    let mut trainer = Trainer::new(model.as_mut(), plan, &train_set, owners, optim, opts)?
+        .with_collective(comm)?;
+    if let Some(c) = canaries {
+        // `raptor audit --kind dirac` only (see `trainer`'s module docs).
+        trainer = trainer.with_dirac_canaries(c)?;
+    }
+    trainer.resume(ledger, start_update)?;
+    let private_dir = dir.join("private");
+    let metrics_path = private_dir.join("metrics.jsonl");
+    let mut metrics_file = if writer {
+        std::fs::create_dir_all(&private_dir).map_err(io(&private_dir))?;
+        Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&metrics_path)
+                .map_err(io(&metrics_path))?,
+        )
+    } else {
+        None
+    };
+    let ledger_path = dir.join("checkpoint").join("ledger.json");
+    if writer {
+        std::fs::create_dir_all(dir.join("checkpoint")).map_err(io(dir.join("checkpoint")))?;
+    }
+    let started = Instant::now();
+    let mut all_metrics = Vec::new();
+    let total = trainer.plan().updates;
+    let every = cfg.train.checkpoint_every;
+    let mut interrupted = false;
+    let mut eval_curve: Vec<(u64, EvalMetrics)> = Vec::new();
+    let mut eval_seconds = 0.0f64;
+    let mut epsilon_curve: Vec<(u64, f64)> = Vec::new();
+    while !trainer.done() {
+        let mut stopping = stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst));
+        if comm.size() > 1 {
+            // A stop on any rank stops every rank at the same update.
+            let mut any = [f64::from(u8::from(stopping))];
+            comm.all_reduce_sum_f64(&mut any)?;
+            stopping = any[0] > 0.0;
+        }
+        if stopping {
+            interrupted = true;
+            break;
+        }
+        #[cfg(feature = "mpi")]
+        crate::dist::fault_injection(comm, trainer.update());
+        let mut write_ledger = |l: &Ledger| -> Result<()> {
+            if writer {
+                write_checked_json(&ledger_path, l)?;
+            }
+            Ok(())
+        };
+        let m = trainer.step(&mut write_ledger)?;
+        let kept = trainer.optimizers_mut().take_samples();
+        if writer && !kept.is_empty() {
+            save_buffer_samples(&dir, trainer.update(), &kept)?;
+        }
+        if let Some(f) = metrics_file.as_mut() {
+            writeln!(f, "{}", serde_json::to_string(&m)?).map_err(io(&metrics_path))?;
+        }
+        let done = trainer.update();
+        let eps_now =
+            if privacy.private && (done % 10 == 0 || done == total) && !trainer.ledger().is_empty()
+            {
+                trainer
+                    .ledger()
+                    .epsilon(privacy.delta, &acc)
+                    .ok()
+                    .map(|e| e.upper)
+            } else {
+                None
+            };
+        progress(done, total, &m, eps_now);
+        all_metrics.push(m);
+        if let Some(e) = eps_now {
+            epsilon_curve.push((done, e));
+        }
+        let ev = cfg.train.eval_every;
+        if writer && ev > 0 && done % ev == 0 && done < total && !validation.is_empty() {
+            let t0 = Instant::now();
+            let em = evaluate(
+                trainer.model(),
+                &validation,
+                cfg.train.micro_batch,
+                pad_id,
+                device,
+            )?;
+            eval_seconds += t0.elapsed().as_secs_f64();
+            eval_curve.push((done, em));
+        }
+        if writer && every > 0 && done % every == 0 && done < total {
+            save_checkpoint(&dir, &trainer, resumed)?;
+        }
+    }
+    if writer {
+        save_checkpoint(&dir, &trainer, resumed)?;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let applied = trainer.update() - start_update;
+    let epsilon = final_epsilon(&trainer, &privacy, &acc)?;
+    if let Some(e) = &epsilon
+        && e.upper > privacy.epsilon * (1.0 + 1e-9)
+    {
+        notes.push(format!(
+            "the certified epsilon {:.4} exceeds the target {} (releases charged before a stop were redone)",
+            e.upper, privacy.epsilon
+        ));
+    }
+    let updates = trainer.update();
+    let comm_stats = comm.stats();
+    let expert_noise = trainer.plan().expert_release_noise()?;
+    drop(trainer);
+    if comm.size() > 1 {
+        notes.push(format!(
+            "data-parallel over {} MPI ranks: rank 0 sampled and added the noise once per release; {} collective calls, {:.3} MB on rank 0 ({:.1} kB per update)",
+            comm.size(),
+            comm_stats.calls,
+            comm_stats.bytes as f64 / 1e6,
+            comm_stats.bytes as f64 / 1e3 / (applied.max(1) as f64)
+        ));
+    }
+    // The other ranks hold the same model: evaluation and the record file are rank 0's.
+    let eval = if !writer || validation.is_empty() {
+        None
+    } else {
+        Some(evaluate(
+            model.as_ref(),
+            &validation,
+            cfg.train.micro_batch,
+            pad_id,
+            device,
+        )?)
+    };
+    let generation = if !writer || validation_sources.is_empty() {
+        None
+    } else {
+        Some(generation_metrics(
+            model.as_ref(),
+            tokenizer.as_ref(),
+            &validation_sources,
+            &cfg,
+            device,
+        )?)
+    };
+    let diagnostics = if writer {
+        run_diagnostics(
+            &cfg,
+            expert_noise,
+            model.as_ref(),
+            layer.as_ref(),
+            &validation,
+            pad_id,
+            device,
+        )?
+    } else {
+        None
+    };
+    let device_name = device_name(device);
+    let noise_source = noise_source(&cfg, &device_name);
+    let membership_inference = if writer && !validation.is_empty() {
+        membership_inference(
+            model.as_ref(),
+            &train_set,
+            &validation,
+            cfg.train.micro_batch,
+            pad_id,
+            device,
+        )?
+    } else {
+        None
+    };
+    let record = Record {
+        raptor_version: env!("CARGO_PKG_VERSION").into(),
+        device: device_name,
+        noise_source,
+        ranks: comm.size(),
+        communicated_bytes: comm_stats.bytes,
+        libtorch: crate::libtorch_version(),
+        method: cfg.method.name.name().into(),
+        seed: cfg.train.seed,
+        insecure_seeded: cfg.train.insecure_seed.is_some(),
+        train_records: train_set.len(),
+        validation_records: validation.len(),
+        labels: labels.map(|l| l.labels().to_vec()),
+        privacy_plan: privacy,
+        layer,
+        trainable_parameters,
+        updates,
+        eval_curve,
+        epsilon_curve,
+        eval,
+        generation,
+        epsilon,
+        wall_seconds: wall,
+        eval_seconds,
+        updates_per_second: if wall > 0.0 {
+            applied as f64 / wall
+        } else {
+            0.0
+        },
+        resumed,
+        notes,
+        validation_source,
+        labels_source,
+        private: PrivateRecord {
+            notice: PRIVATE_NOTICE.into(),
+            metrics: all_metrics,
+            membership_inference,
+            diagnostics,
+        },
+    };
+    if writer {
+        write_atomic(
+            &private_dir.join("record.json"),
+            &serde_json::to_vec_pretty(&record.private)?,
+        )?;
+        write_atomic(
+            &dir.join("record.json"),
+            &serde_json::to_vec_pretty(&record)?,
+        )?;
+    }
+    if interrupted {
+        return Err(TrainError::Run(format!(
+            "stopped at update {updates} of {total}; checkpoint written. Resume with: raptor train --resume {}",
+            dir.display()
+        )));
+    }
+    Ok((dir, record, model))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Runs started in the same second by one process get distinct folders (an audit's two
+    /// runs did not, and the second overwrote the first's report).
+    #[test]
+    fn run_ids_of_one_process_are_distinct() {
+        let cfg = RunConfig::default();
+        let ids: std::collections::BTreeSet<String> = (0..50).map(|_| new_run_id(&cfg)).collect();
+        assert_eq!(ids.len(), 50);
+        let pid = std::process::id().to_string();
+        assert!(
+            ids.iter()
+                .all(|id| id.starts_with("raptor-") && id.contains(&pid)),
+            "{ids:?}"
+        );
+    }
+
+    /// A checked JSON file holding arbitrary f64 values (as a ledger's ε and σ are) reads back
+    /// with its checksum intact and every value bit for bit. Fails without serde_json's
+    /// `float_roundtrip`: its fast parser can return a float 1 ulp off, which re-serializes to
+    /// other bytes and made a good ledger look corrupt on resume.
+    #[test]
+    fn checked_json_round_trips_every_float() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("values.json");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for _ in 0..20 {
+            let values: Vec<f64> = (0..500)
+                .map(|_| {
+                    let m: f64 = rng.random::<f64>();
+                    let e: i32 = rng.random_range(-30..30);
+                    m * 10f64.powi(e)
+                })
+                .collect();
+            write_checked_json(&path, &values).unwrap();
+            let back: Vec<f64> = read_checked_json(&path).unwrap();
+            assert_eq!(
+                values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                back.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    /// The optimizer crate's documented defaults are the ones a default `run.toml` trains with.
+    #[test]
+    fn default_config_trains_with_the_optimizer_crates_defaults() {
+        let cfg = RunConfig::default();
+        assert_eq!(
+            optim_settings(&cfg).unwrap(),
+            OptimSettings::adamw(cfg.train.lr)
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! What a run reports: [`Record`] (`record.json`, what may be published beside the model, with
+//! the certified [`FinalEpsilon`]) and [`PrivateRecord`] (`private/record.json`: computed from
+//! private records without noise, never published; the membership-inference check of the
+//! trained model), and the generation metrics of data-to-text runs.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The final ε of a run, from its ledger.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FinalEpsilon {
+    /// Certified upper bound (what may be claimed).
+    pub upper: f64,
+    /// Estimate.
+    pub estimate: f64,
+    /// Lower bound.
+    pub lower: f64,
+    /// δ.
+    pub delta: f64,
+    /// Releases charged.
+    pub releases: u64,
+    /// Ledger steps (a parallel expert step counts once).
+    pub steps: u64,
+}
+
+/// Everything a run reports (`record.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// raptor's version.
+    pub raptor_version: String,
+    /// The device the run trained on (`cpu`, `cuda:N`).
+    pub device: String,
+    /// Where the noise came from and how it reached the device.
+    pub noise_source: String,
+    /// MPI ranks that trained the run data-parallel (1: one process).
+    pub ranks: usize,
+    /// Payload bytes rank 0 sent or received in collectives during the run (0 on one process).
+    pub communicated_bytes: u64,
+    /// libtorch version in use.
+    pub libtorch: String,
+    /// Method name.
+    pub method: String,
+    /// Seed of initialization.
+    pub seed: u64,
+    /// Whether sampling and noise were seeded (NOT private).
+    pub insecure_seeded: bool,
+    /// Training records N.
+    pub train_records: usize,
+    /// Validation records.
+    pub validation_records: usize,
+    /// Class names.
+    pub labels: Option<Vec<String>>,
+    /// The privacy plan.
+    pub privacy_plan: crate::methods::PrivacyPlan,
+    /// RAPTOR's layer choice (public).
+    pub layer: Option<crate::methods::LayerChoice>,
+    /// Trainable parameters per phase.
+    pub trainable_parameters: BTreeMap<String, i64>,
+    /// Updates applied.
+    pub updates: u64,
+    /// Validation metrics every `train.eval_every` updates (update, metrics); the final
+    /// evaluation is `eval`. Empty when `eval_every` is 0 or after a resume (this process only).
+    pub eval_curve: Vec<(u64, EvalMetrics)>,
+    /// Certified ε spent after an update (update, ε), every 10 updates and at the end
+    /// (private methods; this process only).
+    pub epsilon_curve: Vec<(u64, f64)>,
+    /// Validation metrics at the end.
+    pub eval: Option<EvalMetrics>,
+    /// Data-to-text generation metrics on the validation sources.
+    pub generation: Option<GenerationMetrics>,
+    /// Final ε from the ledger (None for non-private methods: ε = ∞).
+    pub epsilon: Option<FinalEpsilon>,
+    /// Wall time of training (seconds, this process), periodic evaluations included.
+    pub wall_seconds: f64,
+    /// Of `wall_seconds`, the time spent in the periodic evaluations (`train.eval_every`).
+    pub eval_seconds: f64,
+    /// Updates per second.
+    pub updates_per_second: f64,
+    /// Times the run was resumed.
+    pub resumed: u32,
+    /// Notes (warnings) produced by the run.
+    pub notes: Vec<String>,
+    /// Where the validation metrics (`eval`, `eval_curve`) come from: the user's validation
+    /// file, or records held out of the training file (then they are computed on private
+    /// records without noise, like everything under `private/`).
+    pub validation_source: Option<String>,
+    /// Where the label set comes from: declared in the config (`data.labels`), or read from the
+    /// private training file (then the head's shape and `labels.json` reveal every label that
+    /// occurs there, one that occurs only in private data included).
+    pub labels_source: Option<String>,
+    /// What the run computed from private records without noise, written to
+    /// `private/record.json` (not differentially private: never publish it). Not part of
+    /// `record.json`.
+    #[serde(skip)]
+    pub private: PrivateRecord,
+}
+
+/// The warning every file under a run's `private/` folder carries.
+pub const PRIVATE_NOTICE: &str = "not differentially private: computed from private records \
+     without noise; do not publish or share this file (the model, record.json and the epsilon \
+     are what a run may publish)";
+
+/// What a run computed from private records without noise (`private/record.json`): per-update
+/// metrics of the private batches, membership inference on training records, RAPTOR's
+/// diagnostics. For the data owner only: `raptor export` and `record.json` never include it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PrivateRecord {
+    /// [`PRIVATE_NOTICE`].
+    pub notice: String,
+    /// Per-update metrics of the private batches (also appended to `private/metrics.jsonl`
+    /// as training goes).
+    pub metrics: Vec<UpdateMetrics>,
+    /// Loss-threshold membership inference after training: training records (members) against
+    /// held-out validation records (non-members), up to 1,000 of each (evenly strided). AUC near
+    /// 0.5 and TPR near the FPR mean the losses do not tell members apart. Computed on private
+    /// records: a diagnostic for the data owner, not part of the DP release.
+    pub membership_inference: Option<raptor_eval::mia::MiaReport>,
+    /// RAPTOR's diagnostics on held-out records (MoE classifiers, private methods).
+    pub diagnostics: Option<crate::diagnostics::Diagnostics>,
+}
+
+/// Generation metrics of a data-to-text run (corpus BLEU and ROUGE-L over the sources).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GenerationMetrics {
+    /// Sources generated for.
+    pub sources: usize,
+    /// Corpus BLEU (sacrebleu-compatible, 0–100).
+    pub bleu: f64,
+    /// ROUGE-L F-measure (0–100).
+    pub rouge_l: f64,
+    /// Beam width used.
+    pub beams: usize,
+    /// A few examples: (source, generated, first reference).
+    pub samples: Vec<(String, String, String)>,
+}
+
+/// Generates for every source and scores against its references.
+pub fn generation_metrics(
+    model: &dyn raptor_models::Model,
+    tok: &dyn raptor_models::tokenizer::TextTokenizer,
+    sources: &[crate::session::SourceRefs],
+    cfg: &RunConfig,
+    device: tch::Device,
+) -> Result<GenerationMetrics> {
+    let prompts: Vec<Vec<i64>> = sources.iter().map(|s| s.prompt.clone()).collect();
+    let gcfg = raptor_models::generate::GenerateConfig {
+        max_new_tokens: cfg.eval.max_new_tokens,
+        beams: cfg.eval.beams,
+        eos: i64::from(crate::session::eos_id(cfg)),
+        pad: i64::from(tok.pad_id()),
+        length_penalty: 1.0,
+        max_positions: cfg.data.max_length.max(2),
+        batch_size: cfg.train.micro_batch.max(1),
+    };
+    let out = raptor_models::generate::generate(model, &prompts, &gcfg, device)?;
+    let mut hyps = Vec::with_capacity(out.len());
+    for ids in &out {
+        let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+        hyps.push(tok.decode(&ids)?.trim().to_string());
+    }
+    let refs: Vec<Vec<String>> = sources.iter().map(|s| s.references.clone()).collect();
+    let bleu = raptor_eval::corpus_bleu(&hyps, &refs)
+        .map_err(|e| TrainError::Data(e.to_string()))?
+        .score;
+    // rouge-score's F-measure is in [0, 1]; reported ×100 like BLEU.
+    let rouge = 100.0
+        * raptor_eval::corpus_rouge_l(&hyps, &refs).map_err(|e| TrainError::Data(e.to_string()))?;
+    Ok(GenerationMetrics {
+        sources: sources.len(),
+        bleu,
+        rouge_l: rouge,
+        beams: cfg.eval.beams,
+        samples: sources
+            .iter()
+            .zip(&hyps)
+            .take(5)
+            .map(|(s, h)| {
+                (
+                    s.source.clone(),
+                    h.clone(),
+                    s.references.first().cloned().unwrap_or_default(),
+                )
+            })
+            .collect(),
+    })
+}
+
+/// Up to `n` records of `data`, evenly strided (deterministic, independent of the values).
+pub(crate) fn strided(data: &[crate::trainer::Example], n: usize) -> Vec<crate::trainer::Example> {
+    if data.len() <= n {
+        return data.to_vec();
+    }
+    (0..n).map(|i| data[i * data.len() / n].clone()).collect()
+}
+
+/// The loss-threshold attack of [`PrivateRecord::membership_inference`]: `None` when either side has
+/// fewer than 2 records.
+pub(crate) fn membership_inference(
+    model: &dyn raptor_models::Model,
+    train: &[crate::trainer::Example],
+    validation: &[crate::trainer::Example],
+    micro_batch: usize,
+    pad_id: i64,
+    device: tch::Device,
+) -> Result<Option<raptor_eval::mia::MiaReport>> {
+    let n = train.len().min(validation.len()).min(1000);
+    if n < 2 {
+        return Ok(None);
+    }
+    let members =
+        crate::trainer::per_record_losses(model, &strided(train, n), micro_batch, pad_id, device)?;
+    let others = crate::trainer::per_record_losses(
+        model,
+        &strided(validation, n),
+        micro_batch,
+        pad_id,
+        device,
+    )?;
+    raptor_eval::mia::loss_attack(&members, &others)
+        .map(Some)
+        .map_err(|e| TrainError::Data(format!("membership inference: {e}")))
+}
