@@ -379,6 +379,110 @@ pub fn crate_maps(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What is wrong with one member's `ARCHITECTURE.md` (`text`), given the `.rs` files under the
+/// member's source folder (`sources`, relative to the member, e.g. `src/run/mod.rs`) and
+/// whether a path relative to the member exists (`exists`). The format: a `## Code map`
+/// section whose bullets name paths in backticks (a folder entry ends in `/` and covers every
+/// file under it), then a `## Invariants` section with at least one bullet. Every source file
+/// must be covered and every named path must exist.
+pub fn architecture_problems(
+    text: &str,
+    sources: &[String],
+    exists: &dyn Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let section = |heading: &str| -> Option<Vec<&str>> {
+        let mut lines = text.lines().skip_while(|l| l.trim() != heading);
+        lines.next()?;
+        Some(lines.take_while(|l| !l.starts_with("## ")).collect())
+    };
+    let Some(map) = section("## Code map") else {
+        return vec!["no `## Code map` section".into()];
+    };
+    match section("## Invariants") {
+        None => problems.push("no `## Invariants` section".into()),
+        Some(inv) if !inv.iter().any(|l| l.starts_with("- ")) => {
+            problems.push("the `## Invariants` section has no bullet".into());
+        }
+        Some(_) => {}
+    }
+    // The path each code-map bullet names: its first backticked text.
+    let mut named: Vec<String> = Vec::new();
+    for l in map.iter().filter(|l| l.starts_with("- ")) {
+        let Some(rest) = l.split('`').nth(1) else {
+            problems.push(format!("code-map entry without a path in backticks: {l}"));
+            continue;
+        };
+        if !exists(rest) {
+            problems.push(format!("the code map names {rest}, which does not exist"));
+        }
+        named.push(rest.to_string());
+    }
+    for f in sources {
+        let covered = named
+            .iter()
+            .any(|n| n == f || (n.ends_with('/') && f.starts_with(n.as_str())));
+        if !covered {
+            problems.push(format!("{f} is in no code-map entry"));
+        }
+    }
+    problems
+}
+
+/// The `.rs` files under `dir`, relative to `base`, with `/` separators, sorted.
+fn rust_files_under(base: &Path, dir: &Path) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(base).unwrap_or(&path);
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Fails when a member (every crate, and `benches`) lacks an `ARCHITECTURE.md` whose code map
+/// covers its source files and whose invariants section is there (see
+/// [`architecture_problems`]).
+pub fn crate_architecture(root: &Path) -> anyhow::Result<()> {
+    eprintln!("\n==> per-crate ARCHITECTURE.md: a code map covering the sources, invariants");
+    let mut problems = Vec::new();
+    let members = workspace_members(root)?;
+    let mut checked = 0usize;
+    for m in members.iter().filter(|m| m.dir != "xtask") {
+        let dir = root.join(&m.dir);
+        let doc = dir.join("ARCHITECTURE.md");
+        let Ok(text) = std::fs::read_to_string(&doc) else {
+            problems.push(format!("{}: no ARCHITECTURE.md", m.dir));
+            continue;
+        };
+        // A crate's sources are under src/; the benches member's are its bench files.
+        let src = if dir.join("src").is_dir() {
+            dir.join("src")
+        } else {
+            dir.join("benches")
+        };
+        let sources = rust_files_under(&dir, &src)?;
+        let exists = |p: &str| dir.join(p).exists();
+        for p in architecture_problems(&text, &sources, &exists) {
+            problems.push(format!("{}/ARCHITECTURE.md: {p}", m.dir));
+        }
+        checked += 1;
+    }
+    if !problems.is_empty() {
+        bail!("per-crate ARCHITECTURE.md:\n  {}", problems.join("\n  "));
+    }
+    eprintln!("    {checked} members: every source file mapped, invariants stated");
+    Ok(())
+}
+
 /// Code patterns that read a stream, a clip group or a routed expert back out of a string.
 const STRING_STREAM_PATTERNS: [&str; 8] = [
     "sigmas.get(",
@@ -785,6 +889,35 @@ mod tests {
                 "raptor-models has raptor-testkit as a build dependency: test support belongs in \
                  [dev-dependencies] only",
             ]
+        );
+    }
+
+    #[test]
+    fn an_architecture_file_must_map_every_source_and_state_invariants() {
+        let sources = ["src/lib.rs".to_string(), "src/run/mod.rs".into(), "src/run/io.rs".into()];
+        let all = |_: &str| true;
+        let good = "# x\n\n## Code map\n\n- `src/lib.rs`: root.\n- `src/run/`: the loop.\n\n\
+                    ## Invariants\n\n- holds.\n";
+        assert_eq!(architecture_problems(good, &sources, &all), Vec::<String>::new());
+        let missing = "## Code map\n- `src/lib.rs`: root.\n- `src/run/mod.rs`: loop.\n## Invariants\n- x\n";
+        assert_eq!(
+            architecture_problems(missing, &sources, &all),
+            ["src/run/io.rs is in no code-map entry"]
+        );
+        let none = |p: &str| p != "src/gone.rs";
+        let stale = "## Code map\n- `src/`: all.\n- `src/gone.rs`: old.\n## Invariants\n- x\n";
+        assert_eq!(
+            architecture_problems(stale, &sources, &none),
+            ["the code map names src/gone.rs, which does not exist"]
+        );
+        let no_inv = "## Code map\n- `src/`: all.\n## Invariants\n\nnothing\n";
+        assert_eq!(
+            architecture_problems(no_inv, &sources, &all),
+            ["the `## Invariants` section has no bullet"]
+        );
+        assert_eq!(
+            architecture_problems("# x\n", &sources, &all),
+            ["no `## Code map` section"]
         );
     }
 

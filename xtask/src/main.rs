@@ -107,7 +107,8 @@ enum Task {
         no_python: bool,
     },
     /// Only the checks of the repository itself (no build): stand-alone docs, layout, the test
-    /// kit dev-only, typed streams, used dependencies, crate maps (the first step of `test`).
+    /// kit dev-only, typed streams, used dependencies, crate maps, per-crate ARCHITECTURE.md (the
+    /// first step of `test`).
     Checks,
     /// Build the Python package of the accountant (`raptor_accountant`, no libtorch) as a
     /// release wheel under `target/wheels/` (maturin, in a cached venv).
@@ -280,6 +281,7 @@ fn repository_checks(root: &Path) -> anyhow::Result<()> {
     checks::typed_streams(root)?;
     checks::used_dependencies(root)?;
     checks::crate_maps(root)?;
+    checks::crate_architecture(root)?;
     eprintln!("repository checks: ok");
     Ok(())
 }
