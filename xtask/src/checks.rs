@@ -894,12 +894,20 @@ mod tests {
 
     #[test]
     fn an_architecture_file_must_map_every_source_and_state_invariants() {
-        let sources = ["src/lib.rs".to_string(), "src/run/mod.rs".into(), "src/run/io.rs".into()];
+        let sources = [
+            "src/lib.rs".to_string(),
+            "src/run/mod.rs".into(),
+            "src/run/io.rs".into(),
+        ];
         let all = |_: &str| true;
         let good = "# x\n\n## Code map\n\n- `src/lib.rs`: root.\n- `src/run/`: the loop.\n\n\
                     ## Invariants\n\n- holds.\n";
-        assert_eq!(architecture_problems(good, &sources, &all), Vec::<String>::new());
-        let missing = "## Code map\n- `src/lib.rs`: root.\n- `src/run/mod.rs`: loop.\n## Invariants\n- x\n";
+        assert_eq!(
+            architecture_problems(good, &sources, &all),
+            Vec::<String>::new()
+        );
+        let missing =
+            "## Code map\n- `src/lib.rs`: root.\n- `src/run/mod.rs`: loop.\n## Invariants\n- x\n";
         assert_eq!(
             architecture_problems(missing, &sources, &all),
             ["src/run/io.rs is in no code-map entry"]
