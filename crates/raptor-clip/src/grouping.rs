@@ -132,7 +132,8 @@ impl ParamGroups {
     }
 }
 
-/// How per-record gradients are clipped, by group (see the [module docs](self)).
+/// How per-record gradients are clipped, by group: each group its own bound, or one global
+/// bound (see [`ParamGroups`] for how a policy applies to named parameters).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClipPolicy {
     /// Each group has its own bound (RAPTOR: `shared` and each expert stream; DP-Muon: each

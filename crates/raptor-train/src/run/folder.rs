@@ -1,6 +1,6 @@
 //! Durability of a run folder: every file is written to a temporary name, fsynced and renamed
 //! ([`write_atomic`]); JSON files that must not be silently corrupted carry the SHA-256 of their
-//! content ([`write_checked_json`], [`read_checked_json`]); one process at a time holds a run
+//! content (`write_checked_json`, [`read_checked_json`]); one process at a time holds a run
 //! folder ([`RunLock`]); run ids are unique within a process ([`new_run_id`]).
 
 #[allow(clippy::wildcard_imports)]
