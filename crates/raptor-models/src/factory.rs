@@ -338,17 +338,6 @@ pub fn gguf_model_file(path: &Path, models_dir: Option<&Path>) -> Option<PathBuf
 mod tests {
     use super::*;
 
-    const ALL: [Naming; 8] = [
-        Naming::Switch,
-        Naming::Olmoe,
-        Naming::Gpt2,
-        Naming::Llama,
-        Naming::Mixtral,
-        Naming::Qwen2Moe,
-        Naming::Bert,
-        Naming::MoeBert,
-    ];
-
     fn dims() -> ScratchDims {
         ScratchDims {
             d_model: 16,
@@ -365,7 +354,7 @@ mod tests {
     /// another.
     #[test]
     fn every_family_builds_from_scratch_seeded() {
-        for family in ALL {
+        for family in Naming::ALL {
             let mut spec = ModelSpec::scratch(family, dims(), 50, 3);
             spec.seed = 11;
             let a = build(&spec, Device::Cpu).unwrap();

@@ -50,6 +50,18 @@ pub enum Naming {
 }
 
 impl Naming {
+    /// Every family.
+    pub const ALL: [Naming; 8] = [
+        Naming::Switch,
+        Naming::Olmoe,
+        Naming::Gpt2,
+        Naming::Llama,
+        Naming::Mixtral,
+        Naming::Qwen2Moe,
+        Naming::Bert,
+        Naming::MoeBert,
+    ];
+
     /// Attention projections that carry LoRA.
     pub fn attention_targets(self) -> Vec<String> {
         let v: &[&str] = match self {
@@ -290,22 +302,11 @@ impl RoleIndex {
 mod tests {
     use super::*;
 
-    const ALL: [Naming; 8] = [
-        Naming::Switch,
-        Naming::Olmoe,
-        Naming::Gpt2,
-        Naming::Llama,
-        Naming::Mixtral,
-        Naming::Qwen2Moe,
-        Naming::Bert,
-        Naming::MoeBert,
-    ];
-
     /// Every family's expert prefix is found back by the index, for every (layer, expert),
     /// including expert numbers whose decimal text extends another's (expert 1 vs 10).
     #[test]
     fn every_expert_prefix_maps_back_to_its_expert() {
-        for naming in ALL {
+        for naming in Naming::ALL {
             let mut names = Vec::new();
             for layer in [0usize, 1, 11] {
                 for expert in 0..12usize {

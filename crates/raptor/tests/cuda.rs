@@ -6,6 +6,8 @@
 use std::path::Path;
 use std::process::Command;
 
+// The trainer tests' shared helpers (one copy, in raptor-train's tests).
+#[path = "../../raptor-train/tests/common/mod.rs"]
 mod common;
 
 /// Why the CUDA tests cannot run here, if they cannot.

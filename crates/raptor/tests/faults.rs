@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use raptor_train::config::RunConfig;
 use raptor_train::run::{read_checked_json, train_in};
 
+// The trainer tests' shared helpers (one copy, in raptor-train's tests).
+#[path = "../../raptor-train/tests/common/mod.rs"]
 mod common;
 
 fn cfg(steps: u64) -> RunConfig {

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+// The trainer tests' shared helpers (one copy, in raptor-train's tests).
+#[path = "../../raptor-train/tests/common/mod.rs"]
 mod common;
 
 fn tmp(name: &str) -> PathBuf {
