@@ -320,6 +320,280 @@ fn noise_source(cfg: &RunConfig, device_name: &str) -> String {
     )
 }
 
+/// Under MPI: fails unless every rank resumes at the update rank 0 resumes at (they must read
+/// the same run folder).
+fn same_start_on_every_rank(
+    comm: &dyn crate::dist::Collective,
+    start_update: u64,
+    dir: &Path,
+) -> Result<()> {
+    if comm.size() > 1 {
+        let mut at = vec![start_update];
+        comm.broadcast_u64(&mut at)?;
+        if at.first() != Some(&start_update) {
+            return Err(TrainError::Run(format!(
+                "rank {} resumes at update {start_update} but rank 0 at {:?}: every rank must read the same run folder {} (a file system shared by all ranks)",
+                comm.rank(),
+                at.first(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The plan's optimizers, with the run folder's buffer tap and a resumed run's state.
+fn resumed_optimizers(
+    cfg: &RunConfig,
+    plan: &crate::streams::Plan,
+    dir: &Path,
+    state: Option<(Vec<(String, tch::Tensor)>, OptimScalars)>,
+    device: tch::Device,
+    comm: &dyn crate::dist::Collective,
+) -> Result<crate::optim::Optimizers> {
+    let mut optim =
+        crate::methods::optimizers(cfg, plan, optim_settings(cfg)?, probe_seed(cfg, comm)?)?;
+    if let Some(tap) = buffer_tap(dir)? {
+        optim = optim.with_tap(tap);
+    }
+    if let Some((ts, sc)) = state {
+        optim.import(ts, &sc, device)?;
+    }
+    Ok(optim)
+}
+
+/// The record's notes known before training: an insecure seed (also warned on stderr), the
+/// layer choice's warnings, and (`labels_from_private`: a new run whose label set was read
+/// from the private training file, noted on stderr) that the head reveals the labels.
+fn start_notes(
+    cfg: &RunConfig,
+    layer: Option<&crate::methods::LayerChoice>,
+    labels_from_private: bool,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    if cfg.train.insecure_seed.is_some() {
+        let msg = "NOT PRIVATE: train.insecure_seed seeds the Poisson sampler and the noise; anyone who knows the seed can undo both".to_string();
+        eprintln!("warning: {msg}");
+        notes.push(msg);
+    }
+    if let Some(l) = layer {
+        notes.extend(l.warnings.iter().cloned());
+    }
+    if labels_from_private && cfg.data.labels.is_none() {
+        let msg = format!(
+            "the label set was read from the private training file ({}): the model's head and labels.json reveal every label that occurs there; declare data.labels = [...] to fix it publicly",
+            cfg.data.train.display()
+        );
+        eprintln!("note: {msg}");
+        notes.push(msg);
+    }
+    notes
+}
+
+/// What rank 0 measures on the trained model for the record.
+#[derive(Default)]
+struct Measured {
+    eval: Option<EvalMetrics>,
+    generation: Option<GenerationMetrics>,
+    diagnostics: Option<crate::diagnostics::Diagnostics>,
+    membership_inference: Option<raptor_eval::mia::MiaReport>,
+}
+
+/// Validation metrics, generation metrics (data-to-text), RAPTOR's diagnostics and the
+/// membership-inference check of the trained `model` (each only where its records exist).
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    model: &dyn raptor_models::Model,
+    tokenizer: &dyn raptor_models::tokenizer::TextTokenizer,
+    cfg: &RunConfig,
+    train_set: &[crate::trainer::Example],
+    validation: &[crate::trainer::Example],
+    validation_sources: &[crate::session::SourceRefs],
+    expert_noise: Option<crate::streams::ReleaseNoiseSpec>,
+    layer: Option<&crate::methods::LayerChoice>,
+    pad_id: i64,
+    device: tch::Device,
+) -> Result<Measured> {
+    let mb = cfg.train.micro_batch;
+    let eval = if validation.is_empty() {
+        None
+    } else {
+        Some(evaluate(model, validation, mb, pad_id, device)?)
+    };
+    let generation = if validation_sources.is_empty() {
+        None
+    } else {
+        Some(generation_metrics(
+            model,
+            tokenizer,
+            validation_sources,
+            cfg,
+            device,
+        )?)
+    };
+    let diagnostics = run_diagnostics(cfg, expert_noise, model, layer, validation, pad_id, device)?;
+    let membership_inference = if validation.is_empty() {
+        None
+    } else {
+        membership_inference(model, train_set, validation, mb, pad_id, device)?
+    };
+    Ok(Measured {
+        eval,
+        generation,
+        diagnostics,
+        membership_inference,
+    })
+}
+
+/// Where the update loop writes: rank 0's metrics file (under `private/`) and ledger.
+struct LoopFiles {
+    dir: PathBuf,
+    writer: bool,
+    metrics: Option<std::fs::File>,
+    metrics_path: PathBuf,
+    ledger_path: PathBuf,
+}
+
+impl LoopFiles {
+    /// Opens (rank 0: creates) `private/metrics.jsonl` and the checkpoint folder of `dir`.
+    fn open(dir: &Path, writer: bool) -> Result<Self> {
+        let private_dir = dir.join("private");
+        let metrics_path = private_dir.join("metrics.jsonl");
+        let metrics = if writer {
+            std::fs::create_dir_all(&private_dir).map_err(io(&private_dir))?;
+            Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&metrics_path)
+                    .map_err(io(&metrics_path))?,
+            )
+        } else {
+            None
+        };
+        let ledger_path = dir.join("checkpoint").join("ledger.json");
+        if writer {
+            std::fs::create_dir_all(dir.join("checkpoint")).map_err(io(dir.join("checkpoint")))?;
+        }
+        Ok(LoopFiles {
+            dir: dir.to_path_buf(),
+            writer,
+            metrics,
+            metrics_path,
+            ledger_path,
+        })
+    }
+}
+
+/// What the update loop reads besides the trainer.
+struct LoopContext<'a> {
+    cfg: &'a RunConfig,
+    privacy: &'a crate::methods::PrivacyPlan,
+    accountant: &'a PrvAccountant,
+    validation: &'a [crate::trainer::Example],
+    pad_id: i64,
+    device: tch::Device,
+    resumed: u32,
+    comm: &'a dyn crate::dist::Collective,
+}
+
+/// What the update loop collected.
+struct LoopOutcome {
+    metrics: Vec<UpdateMetrics>,
+    eval_curve: Vec<(u64, EvalMetrics)>,
+    eval_seconds: f64,
+    epsilon_curve: Vec<(u64, f64)>,
+    interrupted: bool,
+}
+
+/// Runs the trainer's remaining updates: each update's ledger written (rank 0) after its
+/// releases are charged and before they are applied, its metrics appended under `private/`,
+/// ε computed every 10 updates, validation every `train.eval_every`, a checkpoint every
+/// `train.checkpoint_every`; a stop requested on any rank stops every rank at the same update.
+fn run_updates(
+    trainer: &mut Trainer<'_>,
+    cx: &LoopContext<'_>,
+    files: &mut LoopFiles,
+    progress: Progress<'_>,
+    stop: Option<&StopFlag>,
+) -> Result<LoopOutcome> {
+    let (cfg, comm, writer) = (cx.cfg, cx.comm, files.writer);
+    let mut out = LoopOutcome {
+        metrics: Vec::new(),
+        eval_curve: Vec::new(),
+        eval_seconds: 0.0,
+        epsilon_curve: Vec::new(),
+        interrupted: false,
+    };
+    let total = trainer.plan().updates;
+    let every = cfg.train.checkpoint_every;
+    while !trainer.done() {
+        let mut stopping = stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst));
+        if comm.size() > 1 {
+            // A stop on any rank stops every rank at the same update.
+            let mut any = [f64::from(u8::from(stopping))];
+            comm.all_reduce_sum_f64(&mut any)?;
+            stopping = any[0] > 0.0;
+        }
+        if stopping {
+            out.interrupted = true;
+            break;
+        }
+        #[cfg(feature = "mpi")]
+        crate::dist::fault_injection(comm, trainer.update());
+        let ledger_path = &files.ledger_path;
+        let mut write_ledger = |l: &Ledger| -> Result<()> {
+            if writer {
+                write_checked_json(ledger_path, l)?;
+            }
+            Ok(())
+        };
+        let m = trainer.step(&mut write_ledger)?;
+        let kept = trainer.optimizers_mut().take_samples();
+        if writer && !kept.is_empty() {
+            save_buffer_samples(&files.dir, trainer.update(), &kept)?;
+        }
+        if let Some(f) = files.metrics.as_mut() {
+            writeln!(f, "{}", serde_json::to_string(&m)?).map_err(io(&files.metrics_path))?;
+        }
+        let done = trainer.update();
+        let eps_now = if cx.privacy.private
+            && (done % 10 == 0 || done == total)
+            && !trainer.ledger().is_empty()
+        {
+            trainer
+                .ledger()
+                .epsilon(cx.privacy.delta, cx.accountant)
+                .ok()
+                .map(|e| e.upper)
+        } else {
+            None
+        };
+        progress(done, total, &m, eps_now);
+        out.metrics.push(m);
+        if let Some(e) = eps_now {
+            out.epsilon_curve.push((done, e));
+        }
+        let ev = cfg.train.eval_every;
+        if writer && ev > 0 && done % ev == 0 && done < total && !cx.validation.is_empty() {
+            let t0 = Instant::now();
+            let em = evaluate(
+                trainer.model(),
+                cx.validation,
+                cfg.train.micro_batch,
+                cx.pad_id,
+                cx.device,
+            )?;
+            out.eval_seconds += t0.elapsed().as_secs_f64();
+            out.eval_curve.push((done, em));
+        }
+        if writer && every > 0 && done % every == 0 && done < total {
+            save_checkpoint(&files.dir, trainer, cx.resumed)?;
+        }
+    }
+    Ok(out)
+}
+
 /// Trains a prepared session into the run folder `dir` (a new run, or a resume when `resuming`)
 /// and returns the folder, the record and the trained model (for `raptor audit`, which scores
 /// its canaries with it).
@@ -363,24 +637,12 @@ pub(crate) fn train_session(
         canaries,
     } = session;
     let trainable_parameters = trainable_parameters(&plan, model.as_ref());
-    let mut notes = Vec::new();
-    if cfg.train.insecure_seed.is_some() {
-        let msg = "NOT PRIVATE: train.insecure_seed seeds the Poisson sampler and the noise; anyone who knows the seed can undo both".to_string();
-        eprintln!("warning: {msg}");
-        notes.push(msg);
-    }
-    if let Some(l) = &layer {
-        notes.extend(l.warnings.iter().cloned());
-    }
+    let mut notes = start_notes(
+        &cfg,
+        layer.as_ref(),
+        labels.is_some() && writer && !resuming,
+    );
     let labels_source = labels.as_ref().map(|_| labels_source(&cfg));
-    if labels.is_some() && cfg.data.labels.is_none() && writer && !resuming {
-        let msg = format!(
-            "the label set was read from the private training file ({}): the model's head and labels.json reveal every label that occurs there; declare data.labels = [...] to fix it publicly",
-            cfg.data.train.display()
-        );
-        eprintln!("note: {msg}");
-        notes.push(msg);
-    }
     let validation_source = validation_source(&cfg, validation.len());
     let Resume {
         resumed,
@@ -392,27 +654,8 @@ pub(crate) fn train_session(
     } else {
         Resume::fresh()
     };
-    if comm.size() > 1 {
-        // Every rank must resume at the update rank 0 resumes at (they read the same folder).
-        let mut at = vec![start_update];
-        comm.broadcast_u64(&mut at)?;
-        if at.first() != Some(&start_update) {
-            return Err(TrainError::Run(format!(
-                "rank {} resumes at update {start_update} but rank 0 at {:?}: every rank must read the same run folder {} (a file system shared by all ranks)",
-                comm.rank(),
-                at.first(),
-                dir.display()
-            )));
-        }
-    }
-    let mut optim =
-        crate::methods::optimizers(&cfg, &plan, optim_settings(&cfg)?, probe_seed(&cfg, comm)?)?;
-    if let Some(tap) = buffer_tap(&dir)? {
-        optim = optim.with_tap(tap);
-    }
-    if let Some((ts, sc)) = optimizer {
-        optim.import(ts, &sc, device)?;
-    }
+    same_start_on_every_rank(comm, start_update, &dir)?;
+    let optim = resumed_optimizers(&cfg, &plan, &dir, optimizer, device, comm)?;
     let opts = TrainerOptions {
         micro_batch: cfg.train.micro_batch,
         insecure_seed: cfg
@@ -433,95 +676,31 @@ pub(crate) fn train_session(
     }
     trainer.resume(ledger, start_update)?;
     let private_dir = dir.join("private");
-    let metrics_path = private_dir.join("metrics.jsonl");
-    let mut metrics_file = if writer {
-        std::fs::create_dir_all(&private_dir).map_err(io(&private_dir))?;
-        Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&metrics_path)
-                .map_err(io(&metrics_path))?,
-        )
-    } else {
-        None
-    };
-    let ledger_path = dir.join("checkpoint").join("ledger.json");
-    if writer {
-        std::fs::create_dir_all(dir.join("checkpoint")).map_err(io(dir.join("checkpoint")))?;
-    }
+    let mut files = LoopFiles::open(&dir, writer)?;
     let started = Instant::now();
-    let mut all_metrics = Vec::new();
     let total = trainer.plan().updates;
-    let every = cfg.train.checkpoint_every;
-    let mut interrupted = false;
-    let mut eval_curve: Vec<(u64, EvalMetrics)> = Vec::new();
-    let mut eval_seconds = 0.0f64;
-    let mut epsilon_curve: Vec<(u64, f64)> = Vec::new();
-    while !trainer.done() {
-        let mut stopping = stop
-            .as_ref()
-            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst));
-        if comm.size() > 1 {
-            // A stop on any rank stops every rank at the same update.
-            let mut any = [f64::from(u8::from(stopping))];
-            comm.all_reduce_sum_f64(&mut any)?;
-            stopping = any[0] > 0.0;
-        }
-        if stopping {
-            interrupted = true;
-            break;
-        }
-        #[cfg(feature = "mpi")]
-        crate::dist::fault_injection(comm, trainer.update());
-        let mut write_ledger = |l: &Ledger| -> Result<()> {
-            if writer {
-                write_checked_json(&ledger_path, l)?;
-            }
-            Ok(())
-        };
-        let m = trainer.step(&mut write_ledger)?;
-        let kept = trainer.optimizers_mut().take_samples();
-        if writer && !kept.is_empty() {
-            save_buffer_samples(&dir, trainer.update(), &kept)?;
-        }
-        if let Some(f) = metrics_file.as_mut() {
-            writeln!(f, "{}", serde_json::to_string(&m)?).map_err(io(&metrics_path))?;
-        }
-        let done = trainer.update();
-        let eps_now =
-            if privacy.private && (done % 10 == 0 || done == total) && !trainer.ledger().is_empty()
-            {
-                trainer
-                    .ledger()
-                    .epsilon(privacy.delta, &acc)
-                    .ok()
-                    .map(|e| e.upper)
-            } else {
-                None
-            };
-        progress(done, total, &m, eps_now);
-        all_metrics.push(m);
-        if let Some(e) = eps_now {
-            epsilon_curve.push((done, e));
-        }
-        let ev = cfg.train.eval_every;
-        if writer && ev > 0 && done % ev == 0 && done < total && !validation.is_empty() {
-            let t0 = Instant::now();
-            let em = evaluate(
-                trainer.model(),
-                &validation,
-                cfg.train.micro_batch,
-                pad_id,
-                device,
-            )?;
-            eval_seconds += t0.elapsed().as_secs_f64();
-            eval_curve.push((done, em));
-        }
-        if writer && every > 0 && done % every == 0 && done < total {
-            save_checkpoint(&dir, &trainer, resumed)?;
-        }
-    }
+    let LoopOutcome {
+        metrics: all_metrics,
+        eval_curve,
+        eval_seconds,
+        epsilon_curve,
+        interrupted,
+    } = run_updates(
+        &mut trainer,
+        &LoopContext {
+            cfg: &cfg,
+            privacy: &privacy,
+            accountant: &acc,
+            validation: &validation,
+            pad_id,
+            device,
+            resumed,
+            comm,
+        },
+        &mut files,
+        progress,
+        stop.as_ref(),
+    )?;
     if writer {
         save_checkpoint(&dir, &trainer, resumed)?;
     }
@@ -550,55 +729,29 @@ pub(crate) fn train_session(
         ));
     }
     // The other ranks hold the same model: evaluation and the record file are rank 0's.
-    let eval = if !writer || validation.is_empty() {
-        None
-    } else {
-        Some(evaluate(
-            model.as_ref(),
-            &validation,
-            cfg.train.micro_batch,
-            pad_id,
-            device,
-        )?)
-    };
-    let generation = if !writer || validation_sources.is_empty() {
-        None
-    } else {
-        Some(generation_metrics(
+    let Measured {
+        eval,
+        generation,
+        diagnostics,
+        membership_inference,
+    } = if writer {
+        measure(
             model.as_ref(),
             tokenizer.as_ref(),
-            &validation_sources,
             &cfg,
-            device,
-        )?)
-    };
-    let diagnostics = if writer {
-        run_diagnostics(
-            &cfg,
-            expert_noise,
-            model.as_ref(),
-            layer.as_ref(),
+            &train_set,
             &validation,
+            &validation_sources,
+            expert_noise,
+            layer.as_ref(),
             pad_id,
             device,
         )?
     } else {
-        None
+        Measured::default()
     };
     let device_name = device_name(device);
     let noise_source = noise_source(&cfg, &device_name);
-    let membership_inference = if writer && !validation.is_empty() {
-        membership_inference(
-            model.as_ref(),
-            &train_set,
-            &validation,
-            cfg.train.micro_batch,
-            pad_id,
-            device,
-        )?
-    } else {
-        None
-    };
     let record = Record {
         raptor_version: env!("CARGO_PKG_VERSION").into(),
         device: device_name,
