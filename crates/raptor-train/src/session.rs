@@ -498,6 +498,157 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
     prepare_counting(cfg, hook, 0)
 }
 
+/// The label set of a classifier: `data.labels` when declared (public), else the labels of
+/// the training records; at least two.
+fn label_map(cfg: &RunConfig, train_ds: &raptor_data::Dataset) -> Result<LabelMap> {
+    let m = match &cfg.data.labels {
+        Some(list) => LabelMap::from_list(list.clone())
+            .map_err(|e| TrainError::Config(format!("data.labels: {e}")))?,
+        None => LabelMap::from_records(&train_ds.records).map_err(data_err)?,
+    };
+    if m.len() < 2 {
+        return Err(TrainError::Data(format!(
+            "{}: column {} holds fewer than two distinct labels ({:?})",
+            cfg.data.train.display(),
+            cfg.data.label_column,
+            m.labels()
+        )));
+    }
+    Ok(m)
+}
+
+/// Training and validation records: `data.validation` when given, else a seeded split of the
+/// training file by `data.validation_fraction`, else no validation.
+fn split_records(
+    cfg: &RunConfig,
+    train_ds: &raptor_data::Dataset,
+    classify: bool,
+) -> Result<(Vec<raptor_data::Record>, Vec<raptor_data::Record>)> {
+    Ok(match &cfg.data.validation {
+        Some(p) => (
+            train_ds.records.clone(),
+            read_records(cfg, p, classify)?.records,
+        ),
+        None if cfg.data.validation_fraction > 0.0 => {
+            let split = raptor_data::validation_split(
+                &train_ds.ids(),
+                cfg.data.validation_fraction,
+                cfg.train.seed,
+            )
+            .map_err(data_err)?;
+            (
+                train_ds.select(&split.kept),
+                train_ds.select(&split.held_out),
+            )
+        }
+        None => (train_ds.records.clone(), Vec::new()),
+    })
+}
+
+/// RAPTOR's sparse layer (methods with experts), from the public corpus's routing under the
+/// entropy rule, or by the configured position; no private record is involved. Methods
+/// without experts get none (a classifier trained with (DP-Adam) LoRA must still have a sparse
+/// layer: its experts are part of the scope).
+fn public_layer(
+    cfg: &RunConfig,
+    model: &dyn Model,
+    tokenizer: &dyn TextTokenizer,
+    pad_id: i64,
+    device: Device,
+) -> Result<Option<LayerChoice>> {
+    let classify = is_classifier(cfg);
+    let model_vocab = model.vocab_size();
+    if cfg.method.name.needs_experts() {
+        let sparse = model.sparse_layers();
+        // Only the entropy rule reads the public corpus's routing.
+        let public = match (&cfg.data.public, cfg.method.layer) {
+            (Some(p), LayerSpec::Entropy) => {
+                let ds = read_records(cfg, p, false)?;
+                let ex = to_examples(cfg, tokenizer, &ds.records, None, model_vocab)?;
+                let bs = batches(&ex, 64, pad_id, device, classify)?;
+                let routing = raptor_models::collect_routing(model, bs.iter())?;
+                let mut corpus = raptor_routing::PublicCorpus::new();
+                for (l, r) in routing {
+                    corpus.add_layer(l, r)?;
+                }
+                Some(corpus)
+            }
+            (None, _) | (Some(_), LayerSpec::First | LayerSpec::Last | LayerSpec::Block(_)) => None,
+        };
+        Ok(Some(choose_layer(cfg, &sparse, public.as_ref())?))
+    } else {
+        if !cfg.model.kind.is_language_model()
+            && matches!(cfg.method.name, Method::DpAdamLora | Method::Lora)
+            && model.sparse_layers().is_empty()
+        {
+            return Err(TrainError::Config("the model has no sparse layer".into()));
+        }
+        Ok(None)
+    }
+}
+
+/// Owner maps of the plan's owner layers over the private training records, once, from the
+/// frozen model (expert LoRA B = 0 at this point, so the routing is the pretrained one). Each
+/// record is routed on its own: its owner cannot depend on the other records.
+fn owner_maps(
+    cfg: &RunConfig,
+    model: &dyn Model,
+    plan: &Plan,
+    train: &[Example],
+    pad_id: i64,
+    device: Device,
+) -> Result<BTreeMap<usize, Vec<i64>>> {
+    let mut owners = BTreeMap::new();
+    let owner_layers: Vec<usize> = plan
+        .phases
+        .iter()
+        .flat_map(|p| p.owner_layers.clone())
+        .collect();
+    if !owner_layers.is_empty() {
+        let tokens: Vec<Vec<i64>> = train.iter().map(|e| e.tokens.clone()).collect();
+        let maps =
+            raptor_models::owners_per_record(model, &tokens, pad_id, owner_rule(cfg), device)?;
+        for l in owner_layers {
+            let v = maps
+                .get(&l)
+                .ok_or_else(|| TrainError::Config(format!("no routing for layer {l}")))?;
+            owners.insert(l, v.clone());
+        }
+    }
+    Ok(owners)
+}
+
+/// Clip bounds from the public file `public_file` (quantile `q` of the public records'
+/// gradient norms, labelled with the run's label set and routed one by one), written into
+/// `plan`; what was chosen, for the record.
+#[allow(clippy::too_many_arguments)]
+fn public_clip_bounds(
+    cfg: &RunConfig,
+    model: &dyn Model,
+    tokenizer: &dyn TextTokenizer,
+    labels: Option<&LabelMap>,
+    plan: &mut Plan,
+    public_file: &Path,
+    q: f64,
+    pad_id: i64,
+    device: Device,
+) -> Result<crate::public_clip::PublicClip> {
+    let ds = read_records(cfg, public_file, is_classifier(cfg))?;
+    let public = to_examples(cfg, tokenizer, &ds.records, labels, model.vocab_size())?;
+    let layers: Vec<usize> = plan
+        .phases
+        .iter()
+        .flat_map(|ph| ph.owner_layers.clone())
+        .collect();
+    let public_owners = if layers.is_empty() {
+        BTreeMap::new()
+    } else {
+        let tokens: Vec<Vec<i64>> = public.iter().map(|e| e.tokens.clone()).collect();
+        raptor_models::owners_per_record(model, &tokens, pad_id, owner_rule(cfg), device)?
+    };
+    crate::public_clip::calibrate(model, plan, &public, &public_owners, q, pad_id, device)
+}
+
 /// [`prepare_with`], the plan made for `extra_records` records beside the training records
 /// (a white-box audit's canaries: records without tokens).
 pub(crate) fn prepare_counting(
@@ -528,42 +679,11 @@ pub(crate) fn prepare_counting(
     }
     let train_ds = read_records(cfg, &cfg.data.train, classify)?;
     let labels = if classify {
-        let m = match &cfg.data.labels {
-            Some(list) => LabelMap::from_list(list.clone())
-                .map_err(|e| TrainError::Config(format!("data.labels: {e}")))?,
-            None => LabelMap::from_records(&train_ds.records).map_err(data_err)?,
-        };
-        if m.len() < 2 {
-            return Err(TrainError::Data(format!(
-                "{}: column {} holds fewer than two distinct labels ({:?})",
-                cfg.data.train.display(),
-                cfg.data.label_column,
-                m.labels()
-            )));
-        }
-        Some(m)
+        Some(label_map(cfg, &train_ds)?)
     } else {
         None
     };
-    let (train_recs, valid_recs) = match &cfg.data.validation {
-        Some(p) => (
-            train_ds.records.clone(),
-            read_records(cfg, p, classify)?.records,
-        ),
-        None if cfg.data.validation_fraction > 0.0 => {
-            let split = raptor_data::validation_split(
-                &train_ds.ids(),
-                cfg.data.validation_fraction,
-                cfg.train.seed,
-            )
-            .map_err(data_err)?;
-            (
-                train_ds.select(&split.kept),
-                train_ds.select(&split.held_out),
-            )
-        }
-        None => (train_ds.records.clone(), Vec::new()),
-    };
+    let (train_recs, valid_recs) = split_records(cfg, &train_ds, classify)?;
     if train_recs.is_empty() {
         return Err(TrainError::Data(
             "no training record is left after the validation split".into(),
@@ -601,33 +721,7 @@ pub(crate) fn prepare_counting(
         },
     )?;
     // RAPTOR's layer from public routing (no private record is involved).
-    let layer = if cfg.method.name.needs_experts() {
-        let sparse = model.sparse_layers();
-        // Only the entropy rule reads the public corpus's routing.
-        let public = match (&cfg.data.public, cfg.method.layer) {
-            (Some(p), LayerSpec::Entropy) => {
-                let ds = read_records(cfg, p, false)?;
-                let ex = to_examples(cfg, tokenizer.as_ref(), &ds.records, None, model_vocab)?;
-                let bs = batches(&ex, 64, pad_id, device, classify)?;
-                let routing = raptor_models::collect_routing(model.as_ref(), bs.iter())?;
-                let mut corpus = raptor_routing::PublicCorpus::new();
-                for (l, r) in routing {
-                    corpus.add_layer(l, r)?;
-                }
-                Some(corpus)
-            }
-            (None, _) | (Some(_), LayerSpec::First | LayerSpec::Last | LayerSpec::Block(_)) => None,
-        };
-        Some(choose_layer(cfg, &sparse, public.as_ref())?)
-    } else {
-        if !cfg.model.kind.is_language_model()
-            && matches!(cfg.method.name, Method::DpAdamLora | Method::Lora)
-            && model.sparse_layers().is_empty()
-        {
-            return Err(TrainError::Config("the model has no sparse layer".into()));
-        }
-        None
-    };
+    let layer = public_layer(cfg, model.as_ref(), tokenizer.as_ref(), pad_id, device)?;
     let (plan, privacy) =
         raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
             build_plan(
@@ -640,31 +734,7 @@ pub(crate) fn prepare_counting(
     if cfg.lora.dropout > 0.0 && train.iter().any(|e| e.id == u64::MAX) {
         return Err(TrainError::Config("LoRA dropout needs record ids".into()));
     }
-    // Owner maps over the private training records, once, from the frozen model (expert LoRA
-    // B = 0 at this point, so the routing is the pretrained one).
-    let mut owners = BTreeMap::new();
-    let owner_layers: Vec<usize> = plan
-        .phases
-        .iter()
-        .flat_map(|p| p.owner_layers.clone())
-        .collect();
-    if !owner_layers.is_empty() {
-        // Each record routed on its own: its owner cannot depend on the other records.
-        let tokens: Vec<Vec<i64>> = train.iter().map(|e| e.tokens.clone()).collect();
-        let maps = raptor_models::owners_per_record(
-            model.as_ref(),
-            &tokens,
-            pad_id,
-            owner_rule(cfg),
-            device,
-        )?;
-        for l in owner_layers {
-            let v = maps
-                .get(&l)
-                .ok_or_else(|| TrainError::Config(format!("no routing for layer {l}")))?;
-            owners.insert(l, v.clone());
-        }
-    }
+    let owners = owner_maps(cfg, model.as_ref(), &plan, &train, pad_id, device)?;
     if model.task() == Task::Classification && labels.is_none() {
         return Err(TrainError::Config(
             "a classifier needs a label column".into(),
@@ -673,37 +743,13 @@ pub(crate) fn prepare_counting(
     let mut plan = plan;
     let mut privacy = privacy;
     if let (Some(q), Some(p)) = (cfg.train.clip_from_public, &cfg.data.public) {
-        // Public records only: labelled with the run's label set, routed one by one.
-        let ds = read_records(cfg, p, classify)?;
-        let public = to_examples(
+        privacy.public_clip = Some(public_clip_bounds(
             cfg,
-            tokenizer.as_ref(),
-            &ds.records,
-            labels.as_ref(),
-            model.vocab_size(),
-        )?;
-        let layers: Vec<usize> = plan
-            .phases
-            .iter()
-            .flat_map(|ph| ph.owner_layers.clone())
-            .collect();
-        let public_owners = if layers.is_empty() {
-            BTreeMap::new()
-        } else {
-            let tokens: Vec<Vec<i64>> = public.iter().map(|e| e.tokens.clone()).collect();
-            raptor_models::owners_per_record(
-                model.as_ref(),
-                &tokens,
-                pad_id,
-                owner_rule(cfg),
-                device,
-            )?
-        };
-        privacy.public_clip = Some(crate::public_clip::calibrate(
             model.as_ref(),
+            tokenizer.as_ref(),
+            labels.as_ref(),
             &mut plan,
-            &public,
-            &public_owners,
+            p,
             q,
             pad_id,
             device,
