@@ -72,6 +72,20 @@ impl Issues {
     }
 }
 
+/// For each field `f` of `[fields]` set away from its default (`cur.f != def.f`), reports
+/// `"<table>.f"` as set for a method that does not use it (`users` are the methods it applies
+/// to): one line per table instead of one block per setting, and the setting's name cannot
+/// drift from the field's.
+macro_rules! unused {
+    ($out:expr, $cfg:expr, $users:expr, $table:literal, $cur:expr, $def:expr, [$($f:ident),+ $(,)?]) => {
+        $(
+            if $cur.$f != $def.$f {
+                $out.unused(concat!($table, ".", stringify!($f)), $cur.$f, $cfg, $users);
+            }
+        )+
+    };
+}
+
 /// Whether the method trains routed expert parameters of the configured model (where
 /// `train.expert_lr` applies): RAPTOR's expert streams and matched-scope, the monolithic
 /// methods that adapt or train the experts, and a full scope of the other methods, on an MoE
@@ -251,31 +265,21 @@ impl RunConfig {
         }
         const LAYER_USERS: &str = "raptor, matched-scope, shared-only and expert-only";
         if !name.needs_experts() {
-            if m.layer != dm.layer {
-                out.unused("method.layer", m.layer, self, LAYER_USERS);
-            }
-            if m.owner_rule != dm.owner_rule {
-                out.unused("method.owner_rule", m.owner_rule, self, LAYER_USERS);
-            }
+            unused!(out, self, LAYER_USERS, "method", m, dm, [layer, owner_rule]);
         }
         if name != Method::Raptor {
             const USERS: &str = "raptor";
-            if m.alternate != dm.alternate {
-                out.unused("method.alternate", m.alternate, self, USERS);
-            }
-            if m.shared_steps != dm.shared_steps {
-                out.unused("method.shared_steps", m.shared_steps, self, USERS);
-            }
-            if m.expert_steps != dm.expert_steps {
-                out.unused("method.expert_steps", m.expert_steps, self, USERS);
-            }
+            unused!(
+                out,
+                self,
+                USERS,
+                "method",
+                m,
+                dm,
+                [alternate, shared_steps, expert_steps]
+            );
             let (p, dp) = (&self.privacy, &def.privacy);
-            if p.split != dp.split {
-                out.unused("privacy.split", p.split, self, USERS);
-            }
-            if p.rho != dp.rho {
-                out.unused("privacy.rho", p.rho, self, USERS);
-            }
+            unused!(out, self, USERS, "privacy", p, dp, [split, rho]);
             if self.train.budget != def.train.budget {
                 out.unused("train.budget", self.train.budget, self, USERS);
             }
@@ -283,26 +287,24 @@ impl RunConfig {
         let (t, dt) = (&self.train, &def.train);
         if !name.has_expert_streams() {
             const USERS: &str = "raptor and expert-only";
-            if m.expert_denominator != dm.expert_denominator {
-                out.unused(
-                    "method.expert_denominator",
-                    m.expert_denominator,
-                    self,
-                    USERS,
-                );
-            }
-            if m.expert_clip != dm.expert_clip {
-                out.unused("method.expert_clip", m.expert_clip, self, USERS);
-            }
-            if m.residual != dm.residual {
-                out.unused("method.residual", m.residual, self, USERS);
-            }
-            if t.clip_expert != dt.clip_expert {
-                out.unused("train.clip_expert", t.clip_expert, self, USERS);
-            }
-            if t.expert_optimizer != dt.expert_optimizer {
-                out.unused("train.expert_optimizer", t.expert_optimizer, self, USERS);
-            }
+            unused!(
+                out,
+                self,
+                USERS,
+                "method",
+                m,
+                dm,
+                [expert_denominator, expert_clip, residual]
+            );
+            unused!(
+                out,
+                self,
+                USERS,
+                "train",
+                t,
+                dt,
+                [clip_expert, expert_optimizer]
+            );
         }
         if !name.has_shared_stream() && t.shared_optimizer != dt.shared_optimizer {
             out.unused(
@@ -335,24 +337,22 @@ impl RunConfig {
         }
         if !name.uses_muon() {
             const USERS: &str = "dp-muon, dp-muonbc and muon";
-            if m.muon_beta != dm.muon_beta {
-                out.unused("method.muon_beta", m.muon_beta, self, USERS);
-            }
-            if m.muon_momentum != dm.muon_momentum {
-                out.unused("method.muon_momentum", m.muon_momentum, self, USERS);
-            }
-            if m.ns_polynomial != dm.ns_polynomial {
-                out.unused("method.ns_polynomial", m.ns_polynomial, self, USERS);
-            }
-            if m.ns_steps != dm.ns_steps {
-                out.unused("method.ns_steps", m.ns_steps, self, USERS);
-            }
-            if m.ns_kappa != dm.ns_kappa {
-                out.unused("method.ns_kappa", m.ns_kappa, self, USERS);
-            }
-            if m.muon_lr != dm.muon_lr {
-                out.unused("method.muon_lr", m.muon_lr, self, USERS);
-            }
+            unused!(
+                out,
+                self,
+                USERS,
+                "method",
+                m,
+                dm,
+                [
+                    muon_beta,
+                    muon_momentum,
+                    ns_polynomial,
+                    ns_steps,
+                    ns_kappa,
+                    muon_lr
+                ]
+            );
         } else if m.ns_polynomial != NsPolynomial::Taylor && m.ns_kappa != dm.ns_kappa {
             out.add(
                 "method.ns_kappa",
