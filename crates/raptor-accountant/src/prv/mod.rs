@@ -230,6 +230,7 @@ use crate::special::{norm_cdf, norm_sf, norm_upper_quantile};
 use crate::types::{Composition, Delta, Epsilon, SubsampledGaussian};
 
 mod compose;
+mod split;
 use compose::compose_pmfs;
 
 /// Adjacency direction.
@@ -857,12 +858,34 @@ fn build_pmf(
     max_points: usize,
     eps_error: f64,
 ) -> Result<GridPmf> {
-    build_pmf_with(loss, h, tail_mass, max_points, eps_error, &|y, upper| {
-        loss.edge_tails(y, upper)
-    })
+    build_pmf_capped(loss, h, tail_mass, max_points, eps_error, None)
+}
+
+/// [`build_pmf`] restricted to the loss at most `cap·h` (a sub-probability: the mass above
+/// the cap is dropped, not clamped, where `cap` is given; the support's top is the cap where
+/// that is below it). Against the clamped pmf the computed entries differ only by the top
+/// edge's tail `P(Y > cap·h)` as computed, whose error the caller charges.
+fn build_pmf_capped(
+    loss: Loss,
+    h: f64,
+    tail_mass: f64,
+    max_points: usize,
+    eps_error: f64,
+    cap: Option<i64>,
+) -> Result<GridPmf> {
+    build_pmf_inner(
+        loss,
+        h,
+        tail_mass,
+        max_points,
+        eps_error,
+        &|y, upper| loss.edge_tails(y, upper),
+        cap,
+    )
 }
 
 /// [`build_pmf`] with the edge tails (and their error bounds) from `tails` (tests perturb them).
+#[cfg(test)]
 fn build_pmf_with(
     loss: Loss,
     h: f64,
@@ -871,14 +894,31 @@ fn build_pmf_with(
     eps_error: f64,
     tails: &(dyn Fn(f64, bool) -> EdgeTails + Sync),
 ) -> Result<GridPmf> {
+    build_pmf_inner(loss, h, tail_mass, max_points, eps_error, tails, None)
+}
+
+/// [`build_pmf_capped`] with the edge tails from `tails`.
+fn build_pmf_inner(
+    loss: Loss,
+    h: f64,
+    tail_mass: f64,
+    max_points: usize,
+    eps_error: f64,
+    tails: &(dyn Fn(f64, bool) -> EdgeTails + Sync),
+    cap: Option<i64>,
+) -> Result<GridPmf> {
     let u = UNIT_ROUNDOFF;
     let (a, b) = loss.support(tail_mass);
     if !(a.is_finite() && b.is_finite()) {
         return Err(AccountantError::NumericalFailure("loss support"));
     }
     let a_idx = (a / h).floor();
+    let mut b_idx = (b / h).ceil();
+    if let Some(c) = cap {
+        b_idx = b_idx.min(c as f64);
+    }
     // At least 3 bins: the switch below is at most two edges below the top.
-    let b_idx = (b / h).ceil().max(a_idx + 3.0);
+    let b_idx = b_idx.max(a_idx + 3.0);
     let nbins = b_idx - a_idx;
     if nbins + 1.0 > max_points as f64 {
         return Err(grid_too_large(nbins + 1.0, max_points, eps_error));
@@ -920,7 +960,9 @@ fn build_pmf_with(
     let top = edge_vals[nbins];
     let mut p = vec![0.0_f64; nbins + 1];
     p[0] = bottom.p;
-    p[nbins] = top.p;
+    // (Capped: the mass above the cap is not kept at all, see `build_pmf_capped`.)
+    let dropped = cap.is_some_and(|c| c as f64 == b_idx);
+    p[nbins] = if dropped { 0.0 } else { top.p };
     // Relative part of the bins' rounding per unit P-mass (module docs): covers every bin
     // whose masses are consistent (e^{y0}qm ≤ pm); the rest goes to `abs`.
     let y_max = edge(0).abs().max(edge(nbins).abs());
@@ -1357,6 +1399,9 @@ struct ComposedDirection {
     /// tilt within the grid limit (its tilt was halved for lack of points, at a cost in
     /// tightness).
     coarser: f64,
+    /// Where the steps' heavy upper tails were split off (method 8): the tail terms added to
+    /// the upper bound; the window then holds the composition of the clamped losses.
+    split: Option<std::sync::Arc<split::SplitTail>>,
 }
 
 impl ComposedDirection {
@@ -1386,6 +1431,7 @@ impl ComposedDirection {
             rel: 0.0,
             lowest: f64::NEG_INFINITY,
             coarser: 1.0,
+            split: None,
         };
         let n = out.n();
         out.ck.resize(n.div_ceil(BLOCK), (0.0, 0.0, 0.0));
@@ -1553,9 +1599,31 @@ impl ComposedDirection {
         3.0 * self.b_up * self.decay(eps) + self.pmf_tail(eps)
     }
 
-    /// The certified upper bound on δ(ε) of this direction alone:
-    /// `(1 + rel)·(δ_w(ε) + charge(ε)) + extra_up`, capped at 1 (1 below `lowest`).
+    /// The certified upper bound on δ(ε) of this direction alone: [`Self::body_upper`], plus
+    /// the tail terms where the heavy tails were split off (method 8), capped at 1.
     fn delta_upper(&self, eps: f64) -> f64 {
+        match &self.split {
+            None => self.body_upper(eps),
+            Some(sp) => {
+                let v = self.body_min(eps) + sp.term(eps, |x| self.body_min(x));
+                if v.is_nan() { 1.0 } else { v.min(1.0) }
+            }
+        }
+    }
+
+    /// The smaller of the two certified bounds on the body's δ(ε) of a split direction (the
+    /// window's and the one composed centred lower), [`Self::body_upper`] otherwise.
+    fn body_min(&self, eps: f64) -> f64 {
+        let a = self.body_upper(eps);
+        match self.split.as_ref().and_then(|sp| sp.low.as_ref()) {
+            Some(low) => a.min(low.body_upper(eps)),
+            None => a,
+        }
+    }
+
+    /// The certified upper bound on δ(ε) of the composition in the window:
+    /// `(1 + rel)·(δ_w(ε) + charge(ε)) + extra_up`, capped at 1 (1 below `lowest`).
+    fn body_upper(&self, eps: f64) -> f64 {
         if eps < self.lowest {
             return 1.0;
         }
@@ -1582,6 +1650,9 @@ impl ComposedDirection {
     /// round-off term is evaluated at a point `e0` below the answer (it decreases in ε); the
     /// answer is checked, and searched by bisection if the check fails.
     fn eps_upper(&self, delta: f64) -> Result<f64> {
+        if self.split.is_some() {
+            return self.eps_upper_split(delta);
+        }
         let room = (delta - self.extra_up) / (1.0 + self.rel);
         let below = |extra: f64| AccountantError::DeltaBelowAccuracy {
             delta,
@@ -1623,6 +1694,63 @@ impl ComposedDirection {
             up = hi;
         }
         Ok(up)
+    }
+
+    /// [`Self::eps_upper`] with the tail terms of a split (method 8): they are non-negative, so
+    /// the answer lies at or above the window's own answer; from there the bound is stepped up
+    /// until it holds, then bisected. The point returned is one where [`Self::delta_upper`]
+    /// was evaluated and found at most δ.
+    fn eps_upper_split(&self, delta: f64) -> Result<f64> {
+        let below = |extra: f64| AccountantError::DeltaBelowAccuracy {
+            delta,
+            delta_error: extra,
+        };
+        let rho2 = self.split.as_ref().map_or(0.0, |s| s.rho2);
+        if self.extra_up + rho2 >= delta {
+            return Err(below(self.extra_up + rho2));
+        }
+        let mut lo = self.eps_w((delta - self.extra_up) / (1.0 + self.rel)) - 2.0 * self.h;
+        if !lo.is_finite() || lo < self.lowest {
+            lo = self.lowest.max(0.0);
+        }
+        let mut lo = lo.max(0.0);
+        if self.delta_upper(lo) <= delta {
+            return Ok(lo);
+        }
+        let top = (self.k_lo + self.n() as i64) as f64 * self.h;
+        let mut step = self.h.max(1e-4 * lo);
+        let mut hi = lo + step;
+        let mut found = false;
+        for _ in 0..80 {
+            if self.delta_upper(hi) <= delta {
+                found = true;
+                break;
+            }
+            lo = hi;
+            step *= 2.0;
+            hi = lo + step;
+            if lo > top + 64.0 {
+                break;
+            }
+        }
+        if !found {
+            return Err(below(self.delta_upper(hi)));
+        }
+        for _ in 0..60 {
+            if hi - lo <= 1e-12 * hi.abs() {
+                break;
+            }
+            let mid = 0.5 * (lo + hi);
+            if self.delta_upper(mid) <= delta {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        if !hi.is_finite() {
+            return Err(AccountantError::NumericalFailure("epsilon query"));
+        }
+        Ok(hi)
     }
 
     /// The certified lower bound on ε(δ) of this direction alone (0 where `x*` is not above
@@ -1764,7 +1892,216 @@ fn compose_direction(
             *t as f64,
         ));
     }
-    compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0)
+    let full = compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0)?;
+    // Heavy upper tails (method 8): the remove direction's loss has a rare, heavy upper tail
+    // at small q; where it carries the saddle tilt, the body is composed alone and the tail
+    // steps are counted. Both compositions certify this direction: the tighter at the
+    // expected query point is kept.
+    if dir != Direction::Remove {
+        return Ok(full);
+    }
+    let Some(body) = split_direction(parts, &pmfs, dir, plan, acc, hint, t0)? else {
+        return Ok(full);
+    };
+    let score = |d: &ComposedDirection| -> f64 {
+        if plan.delta_hint.is_finite() && plan.delta_hint > 0.0 {
+            d.eps_upper(plan.delta_hint).unwrap_or(f64::INFINITY)
+        } else {
+            match plan.tilt {
+                Tilt::Eps(e) => d.delta_upper(e),
+                Tilt::Delta(dd) => d.eps_upper(dd).unwrap_or(f64::INFINITY),
+            }
+        }
+    };
+    let (a, b) = (score(&full), score(&body));
+    if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
+        eprintln!("{dir:?}: split at the centre {b:.9e} against unsplit {a:.9e}");
+    }
+    Ok(if b < a { body } else { full })
+}
+
+/// The body of a split composition (method 8), or `None` where the steps' upper tails do not
+/// carry the saddle tilt (their tilted mass above the cut is below 1 %) or no cut applies.
+/// The cut of each part is the grid value where `Σ T_i·P(Y_i > c_i)` is at most `√τ`.
+#[allow(clippy::too_many_arguments)]
+fn split_direction(
+    parts: &[(SubsampledGaussian, u64)],
+    pmfs: &[(GridPmf, f64)],
+    dir: Direction,
+    plan: &Plan,
+    acc: &Accuracy,
+    hint: Option<((f64, f64), (f64, f64))>,
+    t0: std::time::Instant,
+) -> Result<Option<ComposedDirection>> {
+    let h = plan.h;
+    let n_all: f64 = parts.iter().map(|(_, t)| *t as f64).sum();
+    let target = plan.tau.sqrt() / n_all;
+    if !(target > 0.0 && target < 1e-3) {
+        return Ok(None);
+    }
+    let logp: Vec<(LogPmf, f64)> = pmfs.iter().map(|(p, t)| (log_pmf(p), *t)).collect();
+    let base = compose::untilted_window(pmfs, &logp, plan.tau, None, None);
+    let (lambda0, _, _) = compose::centre_tilt(&logp, plan.tilt, h, &base, None);
+    if !(lambda0 > 0.0 && lambda0.is_finite()) {
+        return Ok(None);
+    }
+    let mut cuts: Vec<Option<i64>> = Vec::with_capacity(parts.len());
+    let mut tilted_tail = 0.0_f64;
+    for ((m, _), ((p, t), (lp, _))) in parts.iter().zip(pmfs.iter().zip(&logp)) {
+        let loss = Loss {
+            q: m.q(),
+            sigma: m.sigma(),
+            dir,
+        };
+        let len = p.p.len();
+        if m.q() >= 1.0 || len < 8 {
+            cuts.push(None);
+            continue;
+        }
+        // The smallest k with Σ_{j > k} p_j ≤ target/2, then up until the exact tail holds.
+        let mut mass = 0.0_f64;
+        let mut k = p.offset + len as i64 - 1;
+        for idx in (0..len).rev() {
+            if mass + p.p[idx] > 0.5 * target {
+                break;
+            }
+            mass += p.p[idx];
+            k = p.offset + idx as i64 - 1;
+        }
+        let top = p.offset + len as i64 - 1;
+        let mut ok = false;
+        for _ in 0..64 {
+            if k >= top - 2 {
+                break;
+            }
+            match split::tail_above(&loss, k as f64 * h, h) {
+                Some(v) if v <= target => {
+                    ok = true;
+                    break;
+                }
+                Some(_) => k += 1 + (k - p.offset).max(0) / 64,
+                None => break,
+            }
+        }
+        if !ok || k < p.offset + 3 {
+            cuts.push(None);
+            continue;
+        }
+        let ln_m = log_mgf(lp, lambda0).0;
+        let first = (k + 1 - p.offset) as usize;
+        let tt: f64 = p.p[first..]
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(i, v)| (v.ln() + lambda0 * (k + 1 + i as i64) as f64 - ln_m).exp())
+            .sum();
+        tilted_tail += t * tt;
+        cuts.push(Some(k));
+    }
+    let trace = std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some();
+    if trace {
+        eprintln!("{dir:?}: split cuts {cuts:?}, tilted mass above them {tilted_tail:.3e}");
+    }
+    if !(tilted_tail >= 1e-2) {
+        return Ok(None);
+    }
+    // The clamped pmfs (no truncation charge at the top: the tail terms cover Y > c) and the
+    // tails above the cuts.
+    let mut capped = Vec::with_capacity(parts.len());
+    let mut tails = Vec::new();
+    let mut mass = 0.0_f64;
+    let mut atom_err = 0.0_f64;
+    for (((m, t), (p, _)), cut) in parts.iter().zip(pmfs).zip(&cuts) {
+        let Some(k) = *cut else {
+            capped.push((p.clone(), *t as f64));
+            continue;
+        };
+        let loss = Loss {
+            q: m.q(),
+            sigma: m.sigma(),
+            dir,
+        };
+        let mut b = build_pmf_capped(
+            loss,
+            h,
+            plan.tail_mass,
+            acc.max_points,
+            plan.eps_error,
+            Some(k),
+        )?;
+        if b.offset + b.p.len() as i64 - 1 != k {
+            return Ok(None);
+        }
+        b.trunc_upper = 0.0;
+        capped.push((b, *t as f64));
+        // The dropped top mass as computed against the exact P(Y > c).
+        let c = k as f64 * h;
+        let computed = loss.edge_tails(c, true).p;
+        let (Some(hi), Some(lo)) = (
+            split::tail_above(&loss, c, h),
+            split::tail_at_least(&loss, c, h),
+        ) else {
+            return Ok(None);
+        };
+        atom_err += *t as f64 * (hi - computed).max(computed - lo).max(0.0);
+        let mut vals = Vec::new();
+        let mut j = k;
+        loop {
+            let Some(v) = split::tail_above(&loss, j as f64 * h, h) else {
+                return Ok(None);
+            };
+            vals.push(v);
+            if v * n_all <= 1e-6 * plan.tau || vals.len() > 1 << 22 {
+                break;
+            }
+            j += 1;
+        }
+        mass += *t as f64 * vals[0];
+        // The loss is above ln(1 − q): any s ≥ −ln(1 − q) will do.
+        let s = -(-m.q()).ln_1p() * (1.0 + 1e-9) + 1e-300;
+        let inv_m = (1.0 + 4.0 * UNIT_ROUNDOFF) / (1.0 - hi);
+        tails.push(split::TailPart {
+            t: *t as f64,
+            k_cut: k,
+            s,
+            inv_m,
+            tails: vals,
+        });
+    }
+    let rho2 = (0.5 * mass * mass + atom_err) * (1.0 + 1e-12);
+    let mut body = compose_pmfs(&capped, dir, plan, acc.max_points, hint, t0)?;
+    // The k = 1 term reads the body at ε less a tail step's loss, far below the window's
+    // tilt (whose values there may have been dropped): the body again, centred at the
+    // estimated ε less the smallest cut (untilted where that is below its mean).
+    let eps_est = match plan.tilt {
+        Tilt::Eps(e) => e,
+        Tilt::Delta(_) => body.k_ref * h,
+    };
+    let c_min = tails
+        .iter()
+        .map(|p| p.k_cut as f64 * h)
+        .fold(f64::INFINITY, f64::min);
+    let low = if (eps_est - c_min).is_finite() {
+        let low_plan = Plan {
+            h,
+            tilt: Tilt::Eps((eps_est - c_min).max(0.0)),
+            eps_error: plan.eps_error,
+            delta_hint: f64::NAN,
+            eta: plan.eta,
+            tail_mass: plan.tail_mass,
+            tau: plan.tau,
+        };
+        Some(compose_pmfs(&capped, dir, &low_plan, acc.max_points, None, t0)?)
+    } else {
+        None
+    };
+    body.split = Some(std::sync::Arc::new(split::SplitTail {
+        h,
+        parts: tails,
+        rho2,
+        low,
+    }));
+    Ok(Some(body))
 }
 
 /// A composition's PRV in both directions, discretized for a given accuracy; answers any
@@ -1820,7 +2157,13 @@ impl ComposedPrv {
         for (i, d) in self.dirs.iter().enumerate() {
             // Pessimistic discretization: δ_Y(ε) ≤ δ_w(ε) + extra_up at every ε, no shift.
             let up = d.eps_upper(delta)?;
-            let raw = d.eps_w(delta);
+            // (A split direction's window holds the clamped losses only: its estimate starts
+            // from the certified bound.)
+            let raw = if d.split.is_some() {
+                up
+            } else {
+                d.eps_w(delta)
+            };
             let est = if raw.is_finite() {
                 (raw - d.excess(raw)).max(0.0)
             } else {
@@ -1834,6 +2177,17 @@ impl ComposedPrv {
                     d.pmf_tail(up) / delta,
                     d.extra_up / delta
                 );
+                if let Some(sp) = &d.split {
+                    eprintln!(
+                        "direction {i}: split: body {:.4e}·δ, tail terms {:.4e}·δ (constant {:.3e}·δ)",
+                        d.body_upper(up) / delta,
+                        sp.term(up, |x| d.body_upper(x)) / delta,
+                        sp.rho2 / delta
+                    );
+                    for x in [-0.2, -0.1, -0.05, 0.0, 0.02, 0.05, 0.1, 0.2, 0.3] {
+                        eprintln!("  body at {x}: upper {:.4e} w {:.4e} (lowest {})", d.body_upper(x), d.delta_w(x), d.lowest);
+                    }
+                }
             }
             if !(up.is_finite() && est.is_finite() && low.is_finite()) {
                 return Err(AccountantError::NumericalFailure("epsilon query"));
@@ -1861,7 +2215,11 @@ impl ComposedPrv {
         };
         for d in &self.dirs {
             let up = d.delta_upper(eps);
-            let est = d.delta_w(eps + d.excess(eps));
+            let est = if d.split.is_some() {
+                d.delta_upper(eps + d.excess(eps))
+            } else {
+                d.delta_w(eps + d.excess(eps))
+            };
             let low = d.delta_lower(eps);
             out.upper = out.upper.max(up);
             out.estimate = out.estimate.max(est);
@@ -2082,7 +2440,12 @@ impl PrvAccountant {
                     // A coarse window that dropped its values at the answer (too steep a tilt
                     // there) has no ε to centre on: the fine pass falls back to the saddle
                     // point.
-                    let e = d.eps_w(delta);
+                    // (A split direction's window holds the body only: its certified ε.)
+                    let e = if d.split.is_some() {
+                        d.eps_upper(delta).unwrap_or(f64::NAN)
+                    } else {
+                        d.eps_w(delta)
+                    };
                     if e.is_finite() && e >= d.lowest {
                         (Tilt::Eps(e), delta)
                     } else {
