@@ -1605,7 +1605,7 @@ impl ComposedDirection {
         match &self.split {
             None => self.body_upper(eps),
             Some(sp) => {
-                let v = self.body_min(eps) + sp.term(eps, |x| self.body_min(x));
+                let v = self.body_min(eps) + sp.term(eps, |part, x| self.less_one(part, x));
                 if v.is_nan() { 1.0 } else { v.min(1.0) }
             }
         }
@@ -1615,9 +1615,24 @@ impl ComposedDirection {
     /// window's and the one composed centred lower), [`Self::body_upper`] otherwise.
     fn body_min(&self, eps: f64) -> f64 {
         let a = self.body_upper(eps);
-        match self.split.as_ref().and_then(|sp| sp.low.as_ref()) {
-            Some(low) => a.min(low.body_upper(eps)),
-            None => a,
+        match &self.split {
+            Some(sp) if !sp.low_less_one => match &sp.low {
+                Some(low) => a.min(low.body_upper(eps)),
+                None => a,
+            },
+            _ => a,
+        }
+    }
+
+    /// A split direction's certified bound on `D_i(x)`, the body's δ at x less one step of the
+    /// tail's part (split module: `U(x − s)/(1 − π)`, or the composition with one step fewer).
+    fn less_one(&self, part: &split::TailPart, x: f64) -> f64 {
+        match &self.split {
+            Some(sp) if sp.low_less_one => match &sp.low {
+                Some(low) => low.body_upper(x),
+                None => self.body_min(x - part.s) * part.inv_m,
+            },
+            _ => self.body_min(x - part.s) * part.inv_m,
         }
     }
 
@@ -1736,15 +1751,40 @@ impl ComposedDirection {
         if !found {
             return Err(below(self.delta_upper(hi)));
         }
+        // False position on ln δ (Illinois), keeping the bracket: δ(lo) > δ ≥ δ(hi).
+        let ld = delta.ln();
+        let (mut flo, mut fhi) = (
+            self.delta_upper(lo).ln() - ld,
+            self.delta_upper(hi).ln() - ld,
+        );
+        let mut side = 0i32;
         for _ in 0..60 {
-            if hi - lo <= 1e-12 * hi.abs() {
+            if hi - lo <= 1e-10 * hi.abs() {
                 break;
             }
-            let mid = 0.5 * (lo + hi);
-            if self.delta_upper(mid) <= delta {
+            let mut mid = if flo.is_finite() && fhi.is_finite() && flo > fhi {
+                hi - fhi * (hi - lo) / (fhi - flo)
+            } else {
+                0.5 * (lo + hi)
+            };
+            if !(mid > lo && mid < hi) {
+                mid = 0.5 * (lo + hi);
+            }
+            let fm = self.delta_upper(mid).ln() - ld;
+            if fm <= 0.0 {
                 hi = mid;
+                fhi = fm;
+                if side == 1 {
+                    flo *= 0.5;
+                }
+                side = 1;
             } else {
                 lo = mid;
+                flo = fm;
+                if side == -1 {
+                    fhi *= 0.5;
+                }
+                side = -1;
             }
         }
         if !hi.is_finite() {
@@ -1892,16 +1932,30 @@ fn compose_direction(
             *t as f64,
         ));
     }
-    let full = compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0)?;
     // Heavy upper tails (method 8): the remove direction's loss has a rare, heavy upper tail
     // at small q; where it carries the saddle tilt, the body is composed alone and the tail
-    // steps are counted. Both compositions certify this direction: the tighter at the
-    // expected query point is kept.
+    // steps are counted. Where the tail carries a tenth of the tilted sum, the unsplit
+    // composition is not tried; between 1 % and 10 % both are composed (both certify this
+    // direction) and the tighter at the expected query point is kept.
     if dir != Direction::Remove {
-        return Ok(full);
+        return compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0);
     }
-    let Some(body) = split_direction(parts, &pmfs, dir, plan, acc, hint, t0)? else {
-        return Ok(full);
+    let split = split_direction(parts, &pmfs, dir, plan, acc, hint, t0);
+    if let Ok(Some((b, share))) = &split {
+        if *share >= SPLIT_ALONE {
+            return Ok(b.clone());
+        }
+    }
+    let full = compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0);
+    // (Where the unsplit window does not fit, the split one may.)
+    let body = match split {
+        Ok(Some((b, _))) => b,
+        Ok(None) => return full,
+        Err(e) => return full.and(Err(e)),
+    };
+    let full = match full {
+        Ok(f) => f,
+        Err(_) => return Ok(body),
     };
     let score = |d: &ComposedDirection| -> f64 {
         if plan.delta_hint.is_finite() && plan.delta_hint > 0.0 {
@@ -1920,7 +1974,15 @@ fn compose_direction(
     Ok(if b < a { body } else { full })
 }
 
-/// The body of a split composition (method 8), or `None` where the steps' upper tails do not
+/// The share of the saddle-tilted sum carried by the steps' tails above the cuts from which a
+/// split is tried (method 8).
+const SPLIT_TRIGGER: f64 = 1e-2;
+
+/// The share above which the unsplit composition is not tried at all.
+const SPLIT_ALONE: f64 = 0.1;
+
+/// The body of a split composition (method 8) with the tail's share of the tilted sum, or
+/// `None` where the steps' upper tails do not
 /// carry the saddle tilt (their tilted mass above the cut is below 1 %) or no cut applies.
 /// The cut of each part is the grid value where `Σ T_i·P(Y_i > c_i)` is at most `√τ`.
 #[allow(clippy::too_many_arguments)]
@@ -1932,7 +1994,7 @@ fn split_direction(
     acc: &Accuracy,
     hint: Option<((f64, f64), (f64, f64))>,
     t0: std::time::Instant,
-) -> Result<Option<ComposedDirection>> {
+) -> Result<Option<(ComposedDirection, f64)>> {
     let h = plan.h;
     let n_all: f64 = parts.iter().map(|(_, t)| *t as f64).sum();
     let target = plan.tau.sqrt() / n_all;
@@ -2002,7 +2064,7 @@ fn split_direction(
     if trace {
         eprintln!("{dir:?}: split cuts {cuts:?}, tilted mass above them {tilted_tail:.3e}");
     }
-    if !(tilted_tail >= 1e-2) {
+    if !(tilted_tail >= SPLIT_TRIGGER) {
         return Ok(None);
     }
     // The clamped pmfs (no truncation charge at the top: the tail terms cover Y > c) and the
@@ -2069,6 +2131,7 @@ fn split_direction(
         });
     }
     let rho2 = (0.5 * mass * mass + atom_err) * (1.0 + 1e-12);
+    let less_one = cuts.iter().filter(|c| c.is_some()).count() == 1;
     let mut body = compose_pmfs(&capped, dir, plan, acc.max_points, hint, t0)?;
     // The k = 1 term reads the body at ε less a tail step's loss, far below the window's
     // tilt (whose values there may have been dropped): the body again, centred at the
@@ -2091,7 +2154,19 @@ fn split_direction(
             tail_mass: plan.tail_mass,
             tau: plan.tau,
         };
-        Some(compose_pmfs(&capped, dir, &low_plan, acc.max_points, None, t0)?)
+        // With one tail part, one step fewer of it: the k = 1 term's own composition.
+        let mut low_pmfs = capped.clone();
+        if less_one {
+            for ((_, t), cut) in low_pmfs.iter_mut().zip(&cuts) {
+                if cut.is_some() {
+                    *t -= 1.0;
+                    if *t < 1.0 {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Some(compose_pmfs(&low_pmfs, dir, &low_plan, acc.max_points, None, t0)?)
     } else {
         None
     };
@@ -2100,8 +2175,9 @@ fn split_direction(
         parts: tails,
         rho2,
         low,
+        low_less_one: less_one,
     }));
-    Ok(Some(body))
+    Ok(Some((body, tilted_tail)))
 }
 
 /// A composition's PRV in both directions, discretized for a given accuracy; answers any
@@ -2180,8 +2256,8 @@ impl ComposedPrv {
                 if let Some(sp) = &d.split {
                     eprintln!(
                         "direction {i}: split: body {:.4e}·δ, tail terms {:.4e}·δ (constant {:.3e}·δ)",
-                        d.body_upper(up) / delta,
-                        sp.term(up, |x| d.body_upper(x)) / delta,
+                        d.body_min(up) / delta,
+                        sp.term(up, |part, x| d.less_one(part, x)) / delta,
                         sp.rho2 / delta
                     );
                     for x in [-0.2, -0.1, -0.05, 0.0, 0.02, 0.05, 0.1, 0.2, 0.3] {

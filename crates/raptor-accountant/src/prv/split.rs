@@ -57,38 +57,56 @@ pub(super) struct SplitTail {
     /// `(Σ T_i π_i)²/2` plus `Σ T_i·|P(Y > c_i) − its computed value|`, rounded up.
     pub(super) rho2: f64,
     /// The body composed again with its tilt centred lower (at the estimated ε less the
-    /// smallest cut), where the `k = 1` term reads it: another certified bound on the same
-    /// δ, so the smaller of the two is used.
+    /// smallest cut), where the `k = 1` term reads it: with one step fewer of the only part
+    /// that has a tail (`low_less_one`), a bound on that part's `D_i` itself; else another
+    /// certified bound on the body's δ (the smaller of the two is used).
     pub(super) low: Option<super::ComposedDirection>,
+    /// Whether `low` composes one step fewer of the (only) part with a tail.
+    pub(super) low_less_one: bool,
 }
 
 impl SplitTail {
-    /// The `k = 1` and `k ≥ 2` terms at ε, with `body` the certified upper bound `U` of the
-    /// body's composition (any real argument).
-    pub(super) fn term(&self, eps: f64, body: impl Fn(f64) -> f64) -> f64 {
+    /// The `k = 1` and `k ≥ 2` terms at ε, with `d(part, x)` a certified upper bound on
+    /// `D_i(x)`, the δ at `x` of the body's composition less one step of that part.
+    pub(super) fn term(&self, eps: f64, d: impl Fn(&TailPart, f64) -> f64) -> f64 {
         let mut total = self.rho2;
         for part in &self.parts {
             let n = part.tails.len();
             if n == 0 {
                 continue;
             }
+            // Bins K+1+i for i in [i0, i1] form a group read at its top bin: the group's
+            // ĝ is the running maximum with D at the top (D is non-increasing in x), so
+            // summation by parts charges (ĝ − ĝ_prev)·P(Y > (K + i0)h). Groups grow (double)
+            // while their excess over single bins, at most (ĝ − ĝ_prev)·P(group), stays below
+            // 1e-8 of the sum; that only sets the tightness.
             let mut g_prev = 0.0_f64;
             let mut sum = 0.0_f64;
             let mut rem = part.tails[n - 1];
-            for i in 0..n - 1 {
-                let j = part.k_cut + 1 + i as i64;
-                let x = eps - part.s - j as f64 * self.h;
-                let b = body(x) * part.inv_m;
+            let mut i0 = 0usize;
+            let mut stride = 1usize;
+            while i0 < n - 1 {
+                let i1 = (i0 + stride).min(n - 1) - 1;
+                let j = part.k_cut + 1 + i1 as i64;
+                let b = d(part, eps - j as f64 * self.h);
                 let g = if b.is_nan() { 1.0 } else { b.min(1.0) }.max(g_prev);
-                sum += (g - g_prev) * part.tails[i];
+                let inc = g - g_prev;
+                sum += inc * part.tails[i0];
+                let excess = inc * (part.tails[i0] - part.tails[i1 + 1]);
                 g_prev = g;
-                // What is left is at most (1 − ĝ_j)·P(Y > jh).
-                let left = (1.0 - g) * part.tails[i + 1];
+                i0 = i1 + 1;
+                // What is left is at most (1 − ĝ)·P(Y > (K + i0)h).
+                let left = (1.0 - g) * part.tails[i0];
                 if g >= 1.0 || left <= 1e-9 * sum {
                     rem = left;
                     break;
                 }
-                rem = (1.0 - g) * part.tails[n - 1];
+                rem = left;
+                if excess <= 1e-8 * sum {
+                    stride = (2 * stride).min(1 << 16);
+                } else {
+                    stride = (stride / 2).max(1);
+                }
             }
             total += part.t * (sum + rem);
         }
