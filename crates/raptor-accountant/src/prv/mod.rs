@@ -2106,19 +2106,20 @@ fn split_direction(
             return Ok(None);
         };
         atom_err += *t as f64 * (hi - computed).max(computed - lo).max(0.0);
-        let mut vals = Vec::new();
+        let mut brackets = Vec::new();
         let mut j = k;
         loop {
-            let Some(v) = split::tail_above(&loss, j as f64 * h, h) else {
+            let Some(v) = split::tails_bracket(&loss, j as f64 * h, h) else {
                 return Ok(None);
             };
-            vals.push(v);
-            if v * n_all <= 1e-6 * plan.tau || vals.len() > 1 << 22 {
+            brackets.push(v);
+            if v.1 * n_all <= 1e-6 * plan.tau || brackets.len() > 1 << 22 {
                 break;
             }
             j += 1;
         }
-        mass += *t as f64 * vals[0];
+        let vals = split::tail_suffix(&brackets, k, h);
+        mass += *t as f64 * hi;
         // The loss is above ln(1 − q): any s ≥ −ln(1 − q) will do.
         let s = -(-m.q()).ln_1p() * (1.0 + 1e-9) + 1e-300;
         let inv_m = (1.0 + 4.0 * UNIT_ROUNDOFF) / (1.0 - hi);

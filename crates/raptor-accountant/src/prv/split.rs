@@ -14,14 +14,19 @@
 //!   `T_i·|P(Y > c) − computed|` on δ (`f_ε ≤ 1`), bounded from the exact tails at points
 //!   certainly below and above `c`; it is added to the constant term.
 //! - `k = 1`: `Σ_i T_i ∫_{y > c_i} P(dy)·D_i(ε − y)` with `D_i` the δ of `Π β^{*}` less one
-//!   step of part `i`. Since `f_{x−s}(a + y) ≥ f_x(a)` for `y ≥ −s`, `δ_{Πβ}(x − s_i) ≥
-//!   β_i([−s_i, ∞))·D_i(x)`; with `s_i ≥ −ln(1 − q_i)` (the loss's infimum in the remove
-//!   direction) that mass is `1 − π_i`, so `D_i(x) ≤ min(1, U(x − s_i)/(1 − π_i))`. `D_i` is
-//!   non-increasing, so on `y ∈ ((j−1)h, jh]`, `D_i(ε − y) ≤ ĝ_j`, the running maximum over
-//!   `j' ≤ j` of `min(1, U(ε − s_i − j'h)/(1 − π_i))`, and summation by parts turns
-//!   `Σ_j P(bin j)·ĝ_j + P(Y > Jh)` into non-negative increments of `ĝ` times upper tails
-//!   `P(Y > (j−1)h)`, which are bounded from the exact tails (erfc, with the pmf's error
-//!   bounds) at a point whose loss lies certainly below the grid value.
+//!   step of part `i`, bounded by the body composed with one step fewer of that part (with a
+//!   single tail part), or else through `δ_{Πβ}(x − s_i) ≥ β_i([−s_i, ∞))·D_i(x)` (since
+//!   `f_{x−s}(a + y) ≥ f_x(a)` for `y ≥ −s`): with `s_i ≥ −ln(1 − q_i)`, the loss's infimum in
+//!   the remove direction, that mass is `1 − π_i`, so `D_i(x) ≤ min(1, U(x − s_i)/(1 − π_i))`.
+//!   `D_i(ε − y) = E[f_ε(R + y)]` is non-decreasing in `y` and convex in `e^{−y}` (step 2 of
+//!   the method), so on each bin `[y_0, y_0 + h]` above the cut the pessimistic split applies:
+//!   `E[D_i(ε − Y); bin] ≤ p⁻·D_i(ε − y_0) + p⁺·D_i(ε − y_0 − h)`, with `p⁺` increasing in the
+//!   bin's P-mass and decreasing in its Q-mass, so that the largest P-mass and the smallest
+//!   Q-mass the exact tails allow (bracketed from erfc with the pmf's error bounds at points
+//!   whose loss lies certainly below and above each edge) give grid masses `m_j` with
+//!   `∫ D_i dτ ≤ Σ_j m_j·ĝ_j + P(Y > Jh)` for any non-decreasing `ĝ_j ≥ D_i(ε − jh)`: the
+//!   running maximum of the bound on `D_i`, read on groups of grid points at their top point
+//!   (summation by parts: non-negative increments of `ĝ` times suffix sums of `m`).
 //! - `k ≥ 2`: at most `P(N ≥ 2) ≤ (Σ_i T_i π_i)²/2` for the number `N` of tail steps (a sum of
 //!   independent Bernoullis: `E[N(N − 1)] ≤ (E N)²`).
 //!
@@ -44,7 +49,8 @@ pub(super) struct TailPart {
     pub(super) s: f64,
     /// An upper bound on `1/(1 − π)`.
     pub(super) inv_m: f64,
-    /// Upper bounds on `P(Y > (k_cut + i)h)`, `i = 0, 1, …` (non-increasing).
+    /// Suffix sums `M_i = Σ_{i' ≥ i} m_{k_cut + i'} + P(Y > Jh)` of the grid masses above
+    /// the cut (module docs), `i = 0, 1, …`, the last entry the mass beyond the table alone.
     pub(super) tails: Vec<f64>,
 }
 
@@ -87,7 +93,7 @@ impl SplitTail {
             let mut stride = 1usize;
             while i0 < n - 1 {
                 let i1 = (i0 + stride).min(n - 1) - 1;
-                let j = part.k_cut + 1 + i1 as i64;
+                let j = part.k_cut + i1 as i64;
                 let b = d(part, eps - j as f64 * self.h);
                 let g = if b.is_nan() { 1.0 } else { b.min(1.0) }.max(g_prev);
                 let inc = g - g_prev;
@@ -167,4 +173,77 @@ pub(super) fn tail_at_least(loss: &Loss, y: f64, h: f64) -> Option<f64> {
     }
     let v = (c.p / (1.0 + c.rel) - c.abs) * (1.0 - 2.0 * UNIT_ROUNDOFF);
     v.is_finite().then_some(v.max(0.0))
+}
+
+/// Brackets `(P_lo, P_hi, Q_lo, Q_hi)` of the exact tails `P(Y > y)` and `Q(Y > y)` (both
+/// non-increasing in y): the exact tails at common output points whose loss lies certainly
+/// below y (upper bounds) and certainly above it (lower bounds). `None` where no bound is
+/// available.
+pub(super) fn tails_bracket(loss: &Loss, y: f64, h: f64) -> Option<(f64, f64, f64, f64)> {
+    let u = UNIT_ROUNDOFF;
+    let t = loss.edge_tails(y, true);
+    if t.rel == 0.0 && t.d == 0.0 {
+        let (p, q) = (t.p, t.q);
+        return (p.is_finite() && q.is_finite()).then_some((
+            (p - t.abs).max(0.0),
+            (p + t.abs).min(1.0),
+            (q - t.abs).max(0.0),
+            (q + t.abs).min(1.0),
+        ));
+    }
+    let at = |dir: f64| -> Option<super::EdgeTails> {
+        let near = loss.edge_tails(y + dir * 8.0 * t.d, true);
+        if near.d <= 5.8 * t.d {
+            return Some(near);
+        }
+        let c = loss.edge_tails(y + dir * 0.5 * h, true);
+        (c.d <= 0.25 * h).then_some(c)
+    };
+    let (below, above) = (at(-1.0)?, at(1.0)?);
+    if !(below.rel < 0.5 && above.rel < 0.5) {
+        return None;
+    }
+    let up = |v: f64, e: &super::EdgeTails| ((v / (1.0 - e.rel) + e.abs) * (1.0 + 2.0 * u)).min(1.0);
+    let down = |v: f64, e: &super::EdgeTails| ((v / (1.0 + e.rel) - e.abs) * (1.0 - 2.0 * u)).max(0.0);
+    let out = (
+        down(above.p, &above),
+        up(below.p, &below),
+        down(above.q, &above),
+        up(below.q, &below),
+    );
+    (out.0.is_finite() && out.1.is_finite() && out.2.is_finite() && out.3.is_finite())
+        .then_some(out)
+}
+
+/// The grid masses `m_j` above a cut from the tails' brackets at the edges `y_e = (k + e)h`
+/// (module docs, `k = 1`): per bin the largest P-mass and the smallest Q-mass, split
+/// pessimistically (`p⁺` rounded up), as suffix sums, the last entry `P_hi` at the last edge
+/// (the mass beyond the table).
+pub(super) fn tail_suffix(brackets: &[(f64, f64, f64, f64)], k: i64, h: f64) -> Vec<f64> {
+    let u = UNIT_ROUNDOFF;
+    let n = brackets.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let omeh = -(-h).exp_m1();
+    let mut m = vec![0.0_f64; n];
+    for e in 0..n - 1 {
+        let (a, b) = (brackets[e], brackets[e + 1]);
+        let p_hi = (a.1 - b.0).max(0.0) * (1.0 + 2.0 * u);
+        let q_lo = (a.2 - b.3).max(0.0) * (1.0 - 2.0 * u);
+        let y0 = (k + e as i64) as f64 * h;
+        let raw = (p_hi - y0.exp() * (1.0 - 4.0 * u) * q_lo) / omeh;
+        // The subtraction and division round at most a few u of p_hi/omeh.
+        let plus = (raw + 16.0 * u * p_hi / omeh).clamp(0.0, p_hi);
+        m[e] += p_hi - plus;
+        m[e + 1] += plus;
+    }
+    // Suffix sums (of non-negative terms), plus the mass beyond the last edge.
+    let beyond = brackets[n - 1].1;
+    let mut out = vec![0.0_f64; n + 1];
+    out[n] = beyond;
+    for e in (0..n).rev() {
+        out[e] = (out[e + 1] + m[e]) * (1.0 + 2.0 * u);
+    }
+    out
 }
