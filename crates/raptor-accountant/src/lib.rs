@@ -41,7 +41,7 @@ pub use charge::SampleCharge;
 pub use error::{AccountantError, Result};
 pub use ledger::{Ledger, LedgerEntry, ParallelEntry};
 pub use prv::{
-    Accuracy, ComposedPrv, DEFAULT_RELATIVE_EPS_ERROR, DeltaBounds, Direction, EpsTolerance,
+    Accuracy, ComposedPrv, DEFAULT_DELTA_ERROR_REL, DEFAULT_RELATIVE_EPS_ERROR, DeltaBounds, Direction, EpsTolerance,
     EpsilonBounds, Method, PrvAccountant, RELATIVE_FLOOR,
 };
 pub use rdp::{RdpAccountant, RdpEpsilon};

@@ -286,13 +286,17 @@ pub struct Accuracy {
 /// Relative ε tolerance of [`Accuracy::default`].
 pub const DEFAULT_RELATIVE_EPS_ERROR: f64 = 1e-4;
 
+/// The default relative δ error budget of ε(δ) queries (`delta_error_rel`), the top of the δ
+/// budget's ladder (see [`PrvAccountant::epsilon`]).
+pub const DEFAULT_DELTA_ERROR_REL: f64 = 1e-5;
+
 impl Default for Accuracy {
     /// Relative `eps_error` 1e-4 (certified ε within about 0.01 % of the truth), δ error budget
     /// 1e-5·δ (ε(δ)) or 1e-15 (δ(ε)), at most 2^23 grid points, 256 member combinations.
     fn default() -> Self {
         Self {
             eps: EpsTolerance::Relative(DEFAULT_RELATIVE_EPS_ERROR),
-            delta_error_rel: 1e-5,
+            delta_error_rel: DEFAULT_DELTA_ERROR_REL,
             delta_error_abs: 1e-15,
             max_points: 1 << 23,
             max_combinations: 256,
@@ -2064,7 +2068,9 @@ fn split_direction(
     if trace {
         eprintln!("{dir:?}: split cuts {cuts:?}, tilted mass above them {tilted_tail:.3e}");
     }
-    if !(tilted_tail >= SPLIT_TRIGGER) {
+    // (Several parts with tails would need the shifted bound of the k = 1 term, which costs
+    // about q in ε: not tried.)
+    if !(tilted_tail >= SPLIT_TRIGGER) || cuts.iter().filter(|c| c.is_some()).count() != 1 {
         return Ok(None);
     }
     // The clamped pmfs (no truncation charge at the top: the tail terms cover Y > c) and the
@@ -2261,8 +2267,15 @@ impl ComposedPrv {
                         sp.term(up, |part, x| d.less_one(part, x)) / delta,
                         sp.rho2 / delta
                     );
-                    for x in [-0.2, -0.1, -0.05, 0.0, 0.02, 0.05, 0.1, 0.2, 0.3] {
-                        eprintln!("  body at {x}: upper {:.4e} w {:.4e} (lowest {})", d.body_upper(x), d.delta_w(x), d.lowest);
+                    if let Some(low) = &sp.low {
+                        for x in [-0.2, -0.1, -0.05, 0.0, 0.02, 0.05, 0.1, 0.2, 0.3] {
+                            eprintln!(
+                                "  body with one step fewer at {x}: upper {:.4e}, δ_w {:.4e} (lowest {})",
+                                low.body_upper(x),
+                                low.delta_w(x),
+                                low.lowest
+                            );
+                        }
                     }
                 }
             }
@@ -2392,9 +2405,44 @@ impl PrvAccountant {
     /// for more accuracy can never loosen the bound. (At small δ, the δ allowance of a finer
     /// grid — truncation, wrap-around and round-off terms — can otherwise outgrow what the
     /// finer grid gains.) The estimate is the finest rung's, capped at the upper bound.
+    ///
+    /// The δ error budget has a ladder of its own below δ = [`LADDER_BELOW_DELTA`]: a relative
+    /// budget below the default [`DEFAULT_DELTA_ERROR_REL`] is rounded down to the nearest
+    /// `DEFAULT_DELTA_ERROR_REL·4^−k`, and the answer is the smallest certified bound over that
+    /// rung and every larger one up to the default (each answered as above). So a smaller
+    /// budget, at or below the default, never loosens the bound either.
     pub fn epsilon(&self, comp: &Composition, delta: f64) -> Result<EpsilonBounds> {
         let delta = Delta::new(delta)?.get();
         self.accuracy.validate()?;
+        let rel = self.accuracy.delta_error_rel;
+        if !(delta < LADDER_BELOW_DELTA && rel < DEFAULT_DELTA_ERROR_REL) {
+            return self.epsilon_eps_ladder(comp, delta);
+        }
+        let rung = |k: i32| DEFAULT_DELTA_ERROR_REL * 4f64.powi(-k);
+        let mut k = 0;
+        while rung(k) > rel && k < 64 {
+            k += 1;
+        }
+        let at = |r: f64| {
+            PrvAccountant {
+                accuracy: Accuracy {
+                    delta_error_rel: r,
+                    ..self.accuracy
+                },
+            }
+            .epsilon_eps_ladder(comp, delta)
+        };
+        let mut best = at(rung(k))?;
+        for j in (0..k).rev() {
+            if let Ok(b) = at(rung(j)) {
+                best = best.tightest(&b);
+            }
+        }
+        Ok(best)
+    }
+
+    /// [`Self::epsilon`] at the δ error budget as given (the eps_error ladder only).
+    fn epsilon_eps_ladder(&self, comp: &Composition, delta: f64) -> Result<EpsilonBounds> {
         match self.accuracy.eps {
             EpsTolerance::Relative(rel) if delta < LADDER_BELOW_DELTA && rel <= LADDER_TOP => {
                 let rung = |k: i32| DEFAULT_RELATIVE_EPS_ERROR * 2f64.powi(k);
