@@ -1938,28 +1938,18 @@ fn compose_direction(
     }
     // Heavy upper tails (method 8): the remove direction's loss has a rare, heavy upper tail
     // at small q; where it carries the saddle tilt, the body is composed alone and the tail
-    // steps are counted. Where the tail carries a tenth of the tilted sum, the unsplit
-    // composition is not tried; between 1 % and 10 % both are composed (both certify this
-    // direction) and the tighter at the expected query point is kept.
+    // steps are counted. Both compositions certify this direction: the tighter at the
+    // expected query point is kept.
     if dir != Direction::Remove {
         return compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0);
     }
     let split = split_direction(parts, &pmfs, dir, plan, acc, hint, t0);
-    if let Ok(Some((b, share))) = &split {
-        if *share >= SPLIT_ALONE {
-            return Ok(b.clone());
-        }
-    }
     let full = compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0);
     // (Where the unsplit window does not fit, the split one may.)
     let body = match split {
         Ok(Some((b, _))) => b,
         Ok(None) => return full,
         Err(e) => return full.and(Err(e)),
-    };
-    let full = match full {
-        Ok(f) => f,
-        Err(_) => return Ok(body),
     };
     let score = |d: &ComposedDirection| -> f64 {
         if plan.delta_hint.is_finite() && plan.delta_hint > 0.0 {
@@ -1969,6 +1959,15 @@ fn compose_direction(
                 Tilt::Eps(e) => d.delta_upper(e),
                 Tilt::Delta(dd) => d.eps_upper(dd).unwrap_or(f64::INFINITY),
             }
+        }
+    };
+    let full = match full {
+        Ok(f) => f,
+        Err(e) => {
+            if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
+                eprintln!("{dir:?}: split at the centre {:.9e}; unsplit: {e}", score(&body));
+            }
+            return Ok(body);
         }
     };
     let (a, b) = (score(&full), score(&body));
@@ -1981,9 +1980,6 @@ fn compose_direction(
 /// The share of the saddle-tilted sum carried by the steps' tails above the cuts from which a
 /// split is tried (method 8).
 const SPLIT_TRIGGER: f64 = 1e-2;
-
-/// The share above which the unsplit composition is not tried at all.
-const SPLIT_ALONE: f64 = 0.1;
 
 /// The body of a split composition (method 8) with the tail's share of the tilted sum, or
 /// `None` where the steps' upper tails do not
@@ -2141,20 +2137,13 @@ fn split_direction(
     let less_one = cuts.iter().filter(|c| c.is_some()).count() == 1;
     let mut body = compose_pmfs(&capped, dir, plan, acc.max_points, hint, t0)?;
     // The k = 1 term reads the body at ε less a tail step's loss, far below the window's
-    // tilt (whose values there may have been dropped): the body again, centred at the
-    // estimated ε less the smallest cut (untilted where that is below its mean).
-    let eps_est = match plan.tilt {
-        Tilt::Eps(e) => e,
-        Tilt::Delta(_) => body.k_ref * h,
-    };
-    let c_min = tails
-        .iter()
-        .map(|p| p.k_cut as f64 * h)
-        .fold(f64::INFINITY, f64::min);
-    let low = if (eps_est - c_min).is_finite() {
+    // tilt (whose values there may have been dropped): the body again, untilted. Its absolute
+    // round-off (about 1e-9) is multiplied by Σ T_i π_i ≤ √τ in the k = 1 term, small
+    // against δ for δ down to about 1e-13 (below, the bound stays certified but loosens).
+    let low = {
         let low_plan = Plan {
             h,
-            tilt: Tilt::Eps((eps_est - c_min).max(0.0)),
+            tilt: Tilt::Eps(0.0),
             eps_error: plan.eps_error,
             delta_hint: f64::NAN,
             eta: plan.eta,
@@ -2174,8 +2163,6 @@ fn split_direction(
             }
         }
         Some(compose_pmfs(&low_pmfs, dir, &low_plan, acc.max_points, None, t0)?)
-    } else {
-        None
     };
     body.split = Some(std::sync::Arc::new(split::SplitTail {
         h,
@@ -2267,16 +2254,6 @@ impl ComposedPrv {
                         sp.term(up, |part, x| d.less_one(part, x)) / delta,
                         sp.rho2 / delta
                     );
-                    if let Some(low) = &sp.low {
-                        for x in [-0.2, -0.1, -0.05, 0.0, 0.02, 0.05, 0.1, 0.2, 0.3] {
-                            eprintln!(
-                                "  body with one step fewer at {x}: upper {:.4e}, δ_w {:.4e} (lowest {})",
-                                low.body_upper(x),
-                                low.delta_w(x),
-                                low.lowest
-                            );
-                        }
-                    }
                 }
             }
             if !(up.is_finite() && est.is_finite() && low.is_finite()) {
@@ -2580,6 +2557,11 @@ impl PrvAccountant {
                 &coarse_prv,
                 |d| d.eps_upper(delta),
             );
+            if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
+                if let Err(e) = &fine {
+                    eprintln!("fine pass at eps_error {grid_tol:.3e}: {e}");
+                }
+            }
             match fine {
                 Ok(prv) => return prv.epsilon(delta),
                 Err(AccountantError::GridTooLarge {
