@@ -66,10 +66,11 @@ impl Case {
         self.comp.parts().map(|(m, _)| m.q()).fold(0.0, f64::max)
     }
 
-    /// The regimes where the certified bound is within the accuracy's tolerance: q ≥ 1e-3 at
-    /// every δ down to 1e-12, q = 1e-4 down to δ = 1e-8, and smaller q down to 1e-5 at
-    /// δ ≥ 1e-6. Below that (q ≤ 1e-4 at δ ≤ 1e-10) the default's bound is within 0.1 %
-    /// (`small_q_at_small_delta_is_within_0_1_percent`), not 0.01 %.
+    /// The regimes where the reference converged and the certified bound is held to the
+    /// accuracy's tolerance: q ≥ 1e-4 at every δ down to 1e-12 (q = 1e-4 at δ ≤ 1e-10 was up
+    /// to 10 % above the truth before the heavy tails were split off), and smaller q at
+    /// δ ≥ 1e-6. Below that (q ≤ 1e-5 at δ ≤ 1e-8) the reference does not converge on its
+    /// grids; the bound is checked for soundness only (`small_q_at_small_delta_is_certified`).
     fn tight_regime(&self) -> bool {
         self.q() >= 1e-4 || self.delta >= 1e-6
     }
@@ -186,31 +187,6 @@ fn fast_upper_is_sound_and_within_0_1_percent_at_small_delta_and_small_q() {
         let e = acc
             .epsilon(&c.comp, c.delta)
             .unwrap_or_else(|err| panic!("{}: {err}", c.name));
-        check(&c, &e, 1e-3);
-    }
-}
-
-/// Small q at small δ (q = 1e-4, δ ≤ 1e-10, once up to 10 % above the truth): the default's
-/// bound is sound and within 0.1 % of max(ε, 0.01) of the truth.
-#[test]
-fn small_q_at_small_delta_is_within_0_1_percent() {
-    let acc = PrvAccountant::default();
-    let rows: Vec<Case> = cases()
-        .into_iter()
-        .filter(|c| !c.tight_regime() && c.converged())
-        .collect();
-    assert!(rows.iter().filter(|c| c.q() == 1e-4).count() >= 3);
-    for c in rows {
-        let e = acc
-            .epsilon(&c.comp, c.delta)
-            .unwrap_or_else(|err| panic!("{}: {err}", c.name));
-        eprintln!(
-            "{}: default upper {:.9} reference {:.9} ({:+.2e})",
-            c.name,
-            e.upper,
-            c.reference,
-            e.upper / c.reference - 1.0
-        );
         check(&c, &e, 1e-3);
     }
 }

@@ -203,8 +203,10 @@ pub(super) fn tails_bracket(loss: &Loss, y: f64, h: f64) -> Option<(f64, f64, f6
     if !(below.rel < 0.5 && above.rel < 0.5) {
         return None;
     }
-    let up = |v: f64, e: &super::EdgeTails| ((v / (1.0 - e.rel) + e.abs) * (1.0 + 2.0 * u)).min(1.0);
-    let down = |v: f64, e: &super::EdgeTails| ((v / (1.0 + e.rel) - e.abs) * (1.0 - 2.0 * u)).max(0.0);
+    let up =
+        |v: f64, e: &super::EdgeTails| ((v / (1.0 - e.rel) + e.abs) * (1.0 + 2.0 * u)).min(1.0);
+    let down =
+        |v: f64, e: &super::EdgeTails| ((v / (1.0 + e.rel) - e.abs) * (1.0 - 2.0 * u)).max(0.0);
     let out = (
         down(above.p, &above),
         up(below.p, &below),
