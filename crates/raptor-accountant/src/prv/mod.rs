@@ -2082,7 +2082,7 @@ fn split_direction(
     }
     // (Several parts with tails would need the shifted bound of the k = 1 term, which costs
     // about q in ε: not tried.)
-    if !(tilted_tail >= SPLIT_TRIGGER) || cuts.iter().filter(|c| c.is_some()).count() != 1 {
+    if tilted_tail.is_nan() || tilted_tail < SPLIT_TRIGGER || cuts.iter().filter(|c| c.is_some()).count() != 1 {
         return Ok(None);
     }
     // The clamped pmfs (no truncation charge at the top: the tail terms cover Y > c) and the
@@ -2123,7 +2123,13 @@ fn split_direction(
         ) else {
             return Ok(None);
         };
-        atom_err += *t as f64 * (hi - computed).max(computed - lo).max(0.0);
+        // (Plus the rounding of the top entry, summed without the mass.)
+        let top_entry = capped
+            .last()
+            .map_or(0.0, |(b, _)| b.p.last().copied().unwrap_or(0.0));
+        atom_err += *t as f64
+            * ((hi - computed).max(computed - lo).max(0.0)
+                + 2.0 * UNIT_ROUNDOFF * (computed + top_entry));
         let mut brackets = Vec::new();
         let mut j = k;
         loop {
@@ -2580,10 +2586,8 @@ impl PrvAccountant {
                 &coarse_prv,
                 |d| d.eps_upper(delta),
             );
-            if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
-                if let Err(e) = &fine {
-                    eprintln!("fine pass at eps_error {grid_tol:.3e}: {e}");
-                }
+            if let (Some(_), Err(e)) = (std::env::var_os("RAPTOR_ACCOUNTANT_TRACE"), &fine) {
+                eprintln!("fine pass at eps_error {grid_tol:.3e}: {e}");
             }
             match fine {
                 Ok(prv) => return prv.epsilon(delta),

@@ -138,12 +138,12 @@ pub(super) fn tail_above(loss: &Loss, y: f64, h: f64) -> Option<f64> {
         near
     } else {
         let c = loss.edge_tails(y - 0.5 * h, true);
-        if !(c.d <= 0.25 * h) {
+        if c.d.is_nan() || c.d > 0.25 * h {
             return None;
         }
         c
     };
-    if !(c.rel < 0.5) {
+    if c.rel.is_nan() || c.rel >= 0.5 {
         return None;
     }
     let v = (c.p / (1.0 - c.rel) + c.abs) * (1.0 + 2.0 * u);
@@ -163,12 +163,12 @@ pub(super) fn tail_at_least(loss: &Loss, y: f64, h: f64) -> Option<f64> {
         near
     } else {
         let c = loss.edge_tails(y + 0.5 * h, true);
-        if !(c.d <= 0.25 * h) {
+        if c.d.is_nan() || c.d > 0.25 * h {
             return None;
         }
         c
     };
-    if !(c.rel < 0.5) {
+    if c.rel.is_nan() || c.rel >= 0.5 {
         return None;
     }
     let v = (c.p / (1.0 + c.rel) - c.abs) * (1.0 - 2.0 * UNIT_ROUNDOFF);
