@@ -2082,7 +2082,10 @@ fn split_direction(
     }
     // (Several parts with tails would need the shifted bound of the k = 1 term, which costs
     // about q in ε: not tried.)
-    if tilted_tail.is_nan() || tilted_tail < SPLIT_TRIGGER || cuts.iter().filter(|c| c.is_some()).count() != 1 {
+    if tilted_tail.is_nan()
+        || tilted_tail < SPLIT_TRIGGER
+        || cuts.iter().filter(|c| c.is_some()).count() != 1
+    {
         return Ok(None);
     }
     // The clamped pmfs (no truncation charge at the top: the tail terms cover Y > c) and the
@@ -2130,18 +2133,22 @@ fn split_direction(
         atom_err += *t as f64
             * ((hi - computed).max(computed - lo).max(0.0)
                 + 2.0 * UNIT_ROUNDOFF * (computed + top_entry));
-        let mut brackets = Vec::new();
-        let mut j = k;
-        loop {
-            let Some(v) = split::tails_bracket(&loss, j as f64 * h, h) else {
-                return Ok(None);
-            };
-            brackets.push(v);
-            if v.1 * n_all <= 1e-6 * plan.tau || brackets.len() > 1 << 22 {
-                break;
-            }
-            j += 1;
+        // The table ends where n·P(Y > y) ≤ 1e-3·τ (the rest is charged as mass beyond it):
+        // its end by doubling, then the brackets in parallel.
+        let small = |j: i64| {
+            split::tail_above(&loss, j as f64 * h, h).is_none_or(|v| v * n_all <= 1e-3 * plan.tau)
+        };
+        let mut len: i64 = 64;
+        while !small(k + len) && len < 1 << 22 {
+            len *= 2;
         }
+        let brackets: Option<Vec<_>> = (0..=len)
+            .into_par_iter()
+            .map(|e| split::tails_bracket(&loss, (k + e) as f64 * h, h))
+            .collect();
+        let Some(brackets) = brackets else {
+            return Ok(None);
+        };
         let vals = split::tail_suffix(&brackets, k, h);
         mass += *t as f64 * hi;
         // The loss is above ln(1 − q): any s ≥ −ln(1 − q) will do.
