@@ -62,10 +62,10 @@ pub(super) struct SplitTail {
     pub(super) parts: Vec<TailPart>,
     /// `(Σ T_i π_i)²/2` plus `Σ T_i·|P(Y > c_i) − its computed value|`, rounded up.
     pub(super) rho2: f64,
-    /// The body composed again with its tilt centred lower (at the estimated ε less the
-    /// smallest cut), where the `k = 1` term reads it: with one step fewer of the only part
-    /// that has a tail (`low_less_one`), a bound on that part's `D_i` itself; else another
-    /// certified bound on the body's δ (the smaller of the two is used).
+    /// The body composed again, untilted (the `k = 1` term reads it far below the window's
+    /// tilt, where the tilted window's values may have been dropped): with one step fewer of
+    /// the only part that has a tail (`low_less_one`), a bound on that part's `D_i` itself;
+    /// else another certified bound on the body's δ (the smaller of the two is used).
     pub(super) low: Option<super::ComposedDirection>,
     /// Whether `low` composes one step fewer of the (only) part with a tail.
     pub(super) low_less_one: bool,
