@@ -235,3 +235,28 @@ fn small_q_at_small_delta_is_certified() {
         );
     }
 }
+
+/// The δ(ε) path at small q and small δ (the split composition of the heavy tails answers it
+/// too), two-sided against the reference: the certified δ at 0.1 % below the reference ε is
+/// above δ (the true δ is there: the references are far closer than 0.1 %), and at 0.1 %
+/// above it at most δ (tight).
+#[test]
+fn delta_of_epsilon_is_sound_and_tight_at_small_q() {
+    let acc = PrvAccountant::default();
+    let rows: Vec<Case> = cases()
+        .into_iter()
+        .filter(|c| c.q() == 1e-4 && c.delta <= 1e-8 && c.converged())
+        .collect();
+    assert!(rows.len() >= 4);
+    for c in rows {
+        let below = acc.delta(&c.comp, c.reference * (1.0 - 1e-3)).unwrap();
+        let above = acc.delta(&c.comp, c.reference * (1.0 + 1e-3)).unwrap();
+        eprintln!(
+            "{}: delta upper at eps ∓ 0.1 %: {:.4e} {:.4e} (delta {:e})",
+            c.name, below.upper, above.upper, c.delta
+        );
+        assert!(below.upper > c.delta, "{}: {below:?}", c.name);
+        assert!(above.upper <= c.delta, "{}: {above:?}", c.name);
+        assert!(below.lower <= below.upper && above.lower <= c.delta);
+    }
+}
