@@ -2018,7 +2018,19 @@ fn split_direction(
         return Ok(None);
     }
     let logp: Vec<(LogPmf, f64)> = pmfs.iter().map(|(p, t)| (log_pmf(p), *t)).collect();
-    let base = compose::untilted_window(pmfs, &logp, plan.tau, None, None);
+    // (The saddle tilt needs only the sum's mean and support from the window's stage.)
+    let base = compose::UntiltedWindow {
+        k_hi: f64::NAN,
+        k_lo: f64::NAN,
+        lambda_hi: f64::NAN,
+        lambda_lo: f64::NAN,
+        full_lo: pmfs.iter().map(|(p, t)| t * p.offset as f64).sum(),
+        full_hi: pmfs
+            .iter()
+            .map(|(p, t)| t * (p.offset + p.p.len() as i64 - 1) as f64)
+            .sum(),
+        mean_idx: logp.iter().map(|(c, t)| t * c.mean).sum(),
+    };
     let (lambda0, _, _) = compose::centre_tilt(&logp, plan.tilt, h, &base, None);
     if !(lambda0 > 0.0 && lambda0.is_finite()) {
         return Ok(None);
