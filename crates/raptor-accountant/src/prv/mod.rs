@@ -1952,12 +1952,32 @@ fn compose_direction(
     // Heavy upper tails (method 8): the remove direction's loss has a rare, heavy upper tail
     // at small q; where it carries the saddle tilt, the body is composed alone and the tail
     // steps are counted. Both compositions certify this direction: the tighter at the
-    // expected query point is kept.
+    // expected query point is kept. The split is tried only where the unsplit composition
+    // does not fit or its round-off charge there is at least `SPLIT_CHARGE` of δ (elsewhere it
+    // cannot gain much, and it costs two more compositions).
     if dir != Direction::Remove {
         return compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0);
     }
-    let split = split_direction(parts, &pmfs, dir, plan, acc, hint, t0);
     let full = compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0);
+    if let Ok(f) = &full {
+        let d = if plan.delta_hint.is_finite() && plan.delta_hint > 0.0 {
+            plan.delta_hint
+        } else {
+            match plan.tilt {
+                Tilt::Delta(d) => d,
+                Tilt::Eps(e) => f.delta_w(e),
+            }
+        };
+        let at = match plan.tilt {
+            Tilt::Eps(e) => e,
+            Tilt::Delta(_) => f.eps_upper(d).unwrap_or(f64::NAN),
+        };
+        let charge = (1.0 + f.rel) * f.charge(at);
+        if at.is_finite() && d > 0.0 && charge < SPLIT_CHARGE * d {
+            return full;
+        }
+    }
+    let split = split_direction(parts, &pmfs, dir, plan, acc, hint, t0);
     // (Where the unsplit window does not fit, the split one may.)
     let body = match split {
         Ok(Some((b, _))) => b,
@@ -1992,6 +2012,10 @@ fn compose_direction(
     }
     Ok(if b < a { body } else { full })
 }
+
+/// The unsplit composition's round-off charge at the expected query point, relative to δ, from
+/// which a split is tried (method 8).
+const SPLIT_CHARGE: f64 = 1e-5;
 
 /// The share of the saddle-tilted sum carried by the steps' tails above the cuts from which a
 /// split is tried (method 8).
