@@ -67,8 +67,10 @@
 //!    tilt's MGF is then carried by losses far beyond any that matter for δ, its Chernoff
 //!    factor lies many orders above δ, and the FFT's round-off, charged relative to it,
 //!    loosens the bound (+10 % at q = 1e-4, σ = 0.8, T = 10⁴, δ = 1e-12). Where the steps'
-//!    tails above a cut `c` (where `T·P(Y > c) ≈ √τ`) carry at least 1 % of the tilted sum, and
-//!    one part of the composition has such a tail, the direction is also composed as in the
+//!    tails above a cut `c` (where `T·P(Y > c) ≈ √τ`) carry at least 1 % of the tilted sum,
+//!    one part of the composition has such a tail, and the unsplit composition does not fit or
+//!    charges at least 1e-5 of δ for round-off at the expected query point, the direction is
+//!    also composed as in the
 //!    `split` module: the losses at most `c` (the body, a sub-probability) by the tilted FFT,
 //!    the steps above `c` counted — at most one (the body with one step fewer, untilted, read
 //!    at ε less that step's loss, which is discretized pessimistically from bracketed exact
