@@ -41,8 +41,8 @@ pub use charge::SampleCharge;
 pub use error::{AccountantError, Result};
 pub use ledger::{Ledger, LedgerEntry, ParallelEntry};
 pub use prv::{
-    Accuracy, ComposedPrv, DEFAULT_RELATIVE_EPS_ERROR, DeltaBounds, Direction, EpsTolerance,
-    EpsilonBounds, Method, PrvAccountant, RELATIVE_FLOOR,
+    Accuracy, ComposedPrv, DEFAULT_DELTA_ERROR_REL, DEFAULT_RELATIVE_EPS_ERROR, DeltaBounds,
+    Direction, EpsTolerance, EpsilonBounds, Method, PrvAccountant, RELATIVE_FLOOR,
 };
 pub use rdp::{RdpAccountant, RdpEpsilon};
 pub use sampling::PoissonSampler;

@@ -261,7 +261,7 @@ fn default_upper_is_sound_and_within_0_01_percent_of_the_truth() {
             .epsilon(&f.comp, f.delta)
             .unwrap_or_else(|err| panic!("{}: {err}", f.name));
         assert_sound(&f, e.upper);
-        // (At δ = 1e-12 against prv_accountant's estimate: 4.5e-5 and 5.8e-5 measured.) The
+        // (At δ = 1e-12 against prv_accountant's estimate: 1.2e-5 and 5.8e-5 measured.) The
         // relative tolerance is relative to max(ε, RELATIVE_FLOOR).
         let slack = 1e-4;
         assert!(

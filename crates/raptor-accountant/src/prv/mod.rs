@@ -62,6 +62,21 @@
 //!    pass's certified answer stands); where no PRV grid fits, or the δ error budget is not
 //!    small against δ, [`PrvAccountant::epsilon`] returns the RDP bound, and
 //!    [`EpsilonBounds::method`] says which computation answered and at which tolerance.
+//! 8. **Heavy upper tails, split off.** At small q the remove direction's loss has a rare,
+//!    heavy upper tail (a step that samples the record and draws a large output): the saddle
+//!    tilt's MGF is then carried by losses far beyond any that matter for δ, its Chernoff
+//!    factor lies many orders above δ, and the FFT's round-off, charged relative to it,
+//!    loosens the bound (+10 % at q = 1e-4, σ = 0.8, T = 10⁴, δ = 1e-12). Where the steps'
+//!    tails above a cut `c` (where `T·P(Y > c) ≈ √τ`) carry at least 1 % of the tilted sum,
+//!    one part of the composition has such a tail, and the unsplit composition does not fit or
+//!    charges at least 1e-5 of δ for round-off at the expected query point, the direction is
+//!    also composed as in the
+//!    `split` module: the losses at most `c` (the body, a sub-probability) by the tilted FFT,
+//!    the steps above `c` counted — at most one (the body with one step fewer, untilted, read
+//!    at ε less that step's loss, which is discretized pessimistically from bracketed exact
+//!    tails), two or more bounded by `(T·P(Y > c))²/2`. Both compositions certify the
+//!    direction; the tighter at the expected query point is kept. The lower bound is the
+//!    body's (clamping only lowers the losses).
 //!
 //! The estimate (not certified) removes the discretization's expected effect from the upper
 //! bound: the mean shift `N·s(h)`, `s(h) = h/(1 − e^{−h}) − 1 − h/2 ≈ h²/12`, plus the effect
@@ -230,6 +245,7 @@ use crate::special::{norm_cdf, norm_sf, norm_upper_quantile};
 use crate::types::{Composition, Delta, Epsilon, SubsampledGaussian};
 
 mod compose;
+mod split;
 use compose::compose_pmfs;
 
 /// Adjacency direction.
@@ -285,13 +301,17 @@ pub struct Accuracy {
 /// Relative ε tolerance of [`Accuracy::default`].
 pub const DEFAULT_RELATIVE_EPS_ERROR: f64 = 1e-4;
 
+/// The default relative δ error budget of ε(δ) queries (`delta_error_rel`), the top of the δ
+/// budget's ladder (see [`PrvAccountant::epsilon`]).
+pub const DEFAULT_DELTA_ERROR_REL: f64 = 1e-5;
+
 impl Default for Accuracy {
     /// Relative `eps_error` 1e-4 (certified ε within about 0.01 % of the truth), δ error budget
     /// 1e-5·δ (ε(δ)) or 1e-15 (δ(ε)), at most 2^23 grid points, 256 member combinations.
     fn default() -> Self {
         Self {
             eps: EpsTolerance::Relative(DEFAULT_RELATIVE_EPS_ERROR),
-            delta_error_rel: 1e-5,
+            delta_error_rel: DEFAULT_DELTA_ERROR_REL,
             delta_error_abs: 1e-15,
             max_points: 1 << 23,
             max_combinations: 256,
@@ -857,12 +877,34 @@ fn build_pmf(
     max_points: usize,
     eps_error: f64,
 ) -> Result<GridPmf> {
-    build_pmf_with(loss, h, tail_mass, max_points, eps_error, &|y, upper| {
-        loss.edge_tails(y, upper)
-    })
+    build_pmf_capped(loss, h, tail_mass, max_points, eps_error, None)
+}
+
+/// [`build_pmf`] restricted to the loss at most `cap·h` (a sub-probability: the mass above
+/// the cap is dropped, not clamped, where `cap` is given; the support's top is the cap where
+/// that is below it). Against the clamped pmf the computed entries differ only by the top
+/// edge's tail `P(Y > cap·h)` as computed, whose error the caller charges.
+fn build_pmf_capped(
+    loss: Loss,
+    h: f64,
+    tail_mass: f64,
+    max_points: usize,
+    eps_error: f64,
+    cap: Option<i64>,
+) -> Result<GridPmf> {
+    build_pmf_inner(
+        loss,
+        h,
+        tail_mass,
+        max_points,
+        eps_error,
+        &|y, upper| loss.edge_tails(y, upper),
+        cap,
+    )
 }
 
 /// [`build_pmf`] with the edge tails (and their error bounds) from `tails` (tests perturb them).
+#[cfg(test)]
 fn build_pmf_with(
     loss: Loss,
     h: f64,
@@ -871,14 +913,31 @@ fn build_pmf_with(
     eps_error: f64,
     tails: &(dyn Fn(f64, bool) -> EdgeTails + Sync),
 ) -> Result<GridPmf> {
+    build_pmf_inner(loss, h, tail_mass, max_points, eps_error, tails, None)
+}
+
+/// [`build_pmf_capped`] with the edge tails from `tails`.
+fn build_pmf_inner(
+    loss: Loss,
+    h: f64,
+    tail_mass: f64,
+    max_points: usize,
+    eps_error: f64,
+    tails: &(dyn Fn(f64, bool) -> EdgeTails + Sync),
+    cap: Option<i64>,
+) -> Result<GridPmf> {
     let u = UNIT_ROUNDOFF;
     let (a, b) = loss.support(tail_mass);
     if !(a.is_finite() && b.is_finite()) {
         return Err(AccountantError::NumericalFailure("loss support"));
     }
     let a_idx = (a / h).floor();
+    let mut b_idx = (b / h).ceil();
+    if let Some(c) = cap {
+        b_idx = b_idx.min(c as f64);
+    }
     // At least 3 bins: the switch below is at most two edges below the top.
-    let b_idx = (b / h).ceil().max(a_idx + 3.0);
+    let b_idx = b_idx.max(a_idx + 3.0);
     let nbins = b_idx - a_idx;
     if nbins + 1.0 > max_points as f64 {
         return Err(grid_too_large(nbins + 1.0, max_points, eps_error));
@@ -920,7 +979,9 @@ fn build_pmf_with(
     let top = edge_vals[nbins];
     let mut p = vec![0.0_f64; nbins + 1];
     p[0] = bottom.p;
-    p[nbins] = top.p;
+    // (Capped: the mass above the cap is not kept at all, see `build_pmf_capped`.)
+    let dropped = cap.is_some_and(|c| c as f64 == b_idx);
+    p[nbins] = if dropped { 0.0 } else { top.p };
     // Relative part of the bins' rounding per unit P-mass (module docs): covers every bin
     // whose masses are consistent (e^{y0}qm ≤ pm); the rest goes to `abs`.
     let y_max = edge(0).abs().max(edge(nbins).abs());
@@ -1357,6 +1418,9 @@ struct ComposedDirection {
     /// tilt within the grid limit (its tilt was halved for lack of points, at a cost in
     /// tightness).
     coarser: f64,
+    /// Where the steps' heavy upper tails were split off (method 8): the tail terms added to
+    /// the upper bound; the window then holds the composition of the clamped losses.
+    split: Option<std::sync::Arc<split::SplitTail>>,
 }
 
 impl ComposedDirection {
@@ -1386,6 +1450,7 @@ impl ComposedDirection {
             rel: 0.0,
             lowest: f64::NEG_INFINITY,
             coarser: 1.0,
+            split: None,
         };
         let n = out.n();
         out.ck.resize(n.div_ceil(BLOCK), (0.0, 0.0, 0.0));
@@ -1553,9 +1618,46 @@ impl ComposedDirection {
         3.0 * self.b_up * self.decay(eps) + self.pmf_tail(eps)
     }
 
-    /// The certified upper bound on δ(ε) of this direction alone:
-    /// `(1 + rel)·(δ_w(ε) + charge(ε)) + extra_up`, capped at 1 (1 below `lowest`).
+    /// The certified upper bound on δ(ε) of this direction alone: [`Self::body_upper`], plus
+    /// the tail terms where the heavy tails were split off (method 8), capped at 1.
     fn delta_upper(&self, eps: f64) -> f64 {
+        match &self.split {
+            None => self.body_upper(eps),
+            Some(sp) => {
+                let v = self.body_min(eps) + sp.term(eps, |part, x| self.less_one(part, x));
+                if v.is_nan() { 1.0 } else { v.min(1.0) }
+            }
+        }
+    }
+
+    /// The smaller of the two certified bounds on the body's δ(ε) of a split direction (the
+    /// window's and the one composed centred lower), [`Self::body_upper`] otherwise.
+    fn body_min(&self, eps: f64) -> f64 {
+        let a = self.body_upper(eps);
+        match &self.split {
+            Some(sp) if !sp.low_less_one => match &sp.low {
+                Some(low) => a.min(low.body_upper(eps)),
+                None => a,
+            },
+            _ => a,
+        }
+    }
+
+    /// A split direction's certified bound on `D_i(x)`, the body's δ at x less one step of the
+    /// tail's part (split module: `U(x − s)/(1 − π)`, or the composition with one step fewer).
+    fn less_one(&self, part: &split::TailPart, x: f64) -> f64 {
+        match &self.split {
+            Some(sp) if sp.low_less_one => match &sp.low {
+                Some(low) => low.body_upper(x),
+                None => self.body_min(x - part.s) * part.inv_m,
+            },
+            _ => self.body_min(x - part.s) * part.inv_m,
+        }
+    }
+
+    /// The certified upper bound on δ(ε) of the composition in the window:
+    /// `(1 + rel)·(δ_w(ε) + charge(ε)) + extra_up`, capped at 1 (1 below `lowest`).
+    fn body_upper(&self, eps: f64) -> f64 {
         if eps < self.lowest {
             return 1.0;
         }
@@ -1582,6 +1684,9 @@ impl ComposedDirection {
     /// round-off term is evaluated at a point `e0` below the answer (it decreases in ε); the
     /// answer is checked, and searched by bisection if the check fails.
     fn eps_upper(&self, delta: f64) -> Result<f64> {
+        if self.split.is_some() {
+            return self.eps_upper_split(delta);
+        }
         let room = (delta - self.extra_up) / (1.0 + self.rel);
         let below = |extra: f64| AccountantError::DeltaBelowAccuracy {
             delta,
@@ -1623,6 +1728,88 @@ impl ComposedDirection {
             up = hi;
         }
         Ok(up)
+    }
+
+    /// [`Self::eps_upper`] with the tail terms of a split (method 8): they are non-negative, so
+    /// the answer lies at or above the window's own answer; from there the bound is stepped up
+    /// until it holds, then bisected. The point returned is one where [`Self::delta_upper`]
+    /// was evaluated and found at most δ.
+    fn eps_upper_split(&self, delta: f64) -> Result<f64> {
+        let below = |extra: f64| AccountantError::DeltaBelowAccuracy {
+            delta,
+            delta_error: extra,
+        };
+        let rho2 = self.split.as_ref().map_or(0.0, |s| s.rho2);
+        if self.extra_up + rho2 >= delta {
+            return Err(below(self.extra_up + rho2));
+        }
+        let mut lo = self.eps_w((delta - self.extra_up) / (1.0 + self.rel)) - 2.0 * self.h;
+        if !lo.is_finite() || lo < self.lowest {
+            lo = self.lowest.max(0.0);
+        }
+        let mut lo = lo.max(0.0);
+        if self.delta_upper(lo) <= delta {
+            return Ok(lo);
+        }
+        let top = (self.k_lo + self.n() as i64) as f64 * self.h;
+        let mut step = self.h.max(1e-4 * lo);
+        let mut hi = lo + step;
+        let mut found = false;
+        for _ in 0..80 {
+            if self.delta_upper(hi) <= delta {
+                found = true;
+                break;
+            }
+            lo = hi;
+            step *= 2.0;
+            hi = lo + step;
+            if lo > top + 64.0 {
+                break;
+            }
+        }
+        if !found {
+            return Err(below(self.delta_upper(hi)));
+        }
+        // False position on ln δ (Illinois), keeping the bracket: δ(lo) > δ ≥ δ(hi).
+        let ld = delta.ln();
+        let (mut flo, mut fhi) = (
+            self.delta_upper(lo).ln() - ld,
+            self.delta_upper(hi).ln() - ld,
+        );
+        let mut side = 0i32;
+        for _ in 0..60 {
+            if hi - lo <= 1e-10 * hi.abs() {
+                break;
+            }
+            let mut mid = if flo.is_finite() && fhi.is_finite() && flo > fhi {
+                hi - fhi * (hi - lo) / (fhi - flo)
+            } else {
+                0.5 * (lo + hi)
+            };
+            if !(mid > lo && mid < hi) {
+                mid = 0.5 * (lo + hi);
+            }
+            let fm = self.delta_upper(mid).ln() - ld;
+            if fm <= 0.0 {
+                hi = mid;
+                fhi = fm;
+                if side == 1 {
+                    flo *= 0.5;
+                }
+                side = 1;
+            } else {
+                lo = mid;
+                flo = fm;
+                if side == -1 {
+                    fhi *= 0.5;
+                }
+                side = -1;
+            }
+        }
+        if !hi.is_finite() {
+            return Err(AccountantError::NumericalFailure("epsilon query"));
+        }
+        Ok(hi)
     }
 
     /// The certified lower bound on ε(δ) of this direction alone (0 where `x*` is not above
@@ -1764,7 +1951,301 @@ fn compose_direction(
             *t as f64,
         ));
     }
-    compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0)
+    // Heavy upper tails (method 8): the remove direction's loss has a rare, heavy upper tail
+    // at small q; where it carries the saddle tilt, the body is composed alone and the tail
+    // steps are counted. Both compositions certify this direction: the tighter at the
+    // expected query point is kept. The split is tried only where the unsplit composition
+    // does not fit or its round-off charge there is at least `SPLIT_CHARGE` of δ (elsewhere it
+    // cannot gain much, and it costs two more compositions).
+    if dir != Direction::Remove {
+        return compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0);
+    }
+    let full = compose_pmfs(&pmfs, dir, plan, acc.max_points, hint, t0);
+    if let Ok(f) = &full {
+        let d = if plan.delta_hint.is_finite() && plan.delta_hint > 0.0 {
+            plan.delta_hint
+        } else {
+            match plan.tilt {
+                Tilt::Delta(d) => d,
+                Tilt::Eps(e) => f.delta_w(e),
+            }
+        };
+        let at = match plan.tilt {
+            Tilt::Eps(e) => e,
+            Tilt::Delta(_) => f.eps_upper(d).unwrap_or(f64::NAN),
+        };
+        let charge = (1.0 + f.rel) * f.charge(at);
+        if at.is_finite() && d > 0.0 && charge < SPLIT_CHARGE * d {
+            return full;
+        }
+    }
+    let split = split_direction(parts, &pmfs, dir, plan, acc, hint, t0);
+    // (Where the unsplit window does not fit, the split one may.)
+    let body = match split {
+        Ok(Some((b, _))) => b,
+        Ok(None) => return full,
+        Err(e) => return full.and(Err(e)),
+    };
+    let score = |d: &ComposedDirection| -> f64 {
+        if plan.delta_hint.is_finite() && plan.delta_hint > 0.0 {
+            d.eps_upper(plan.delta_hint).unwrap_or(f64::INFINITY)
+        } else {
+            match plan.tilt {
+                Tilt::Eps(e) => d.delta_upper(e),
+                Tilt::Delta(dd) => d.eps_upper(dd).unwrap_or(f64::INFINITY),
+            }
+        }
+    };
+    let full = match full {
+        Ok(f) => f,
+        Err(e) => {
+            if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
+                eprintln!(
+                    "{dir:?}: split at the centre {:.9e}; unsplit: {e}",
+                    score(&body)
+                );
+            }
+            return Ok(body);
+        }
+    };
+    let (a, b) = (score(&full), score(&body));
+    if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
+        eprintln!("{dir:?}: split at the centre {b:.9e} against unsplit {a:.9e}");
+    }
+    Ok(if b < a { body } else { full })
+}
+
+/// The unsplit composition's round-off charge at the expected query point, relative to δ, from
+/// which a split is tried (method 8).
+const SPLIT_CHARGE: f64 = 1e-5;
+
+/// The share of the saddle-tilted sum carried by the steps' tails above the cuts from which a
+/// split is tried (method 8).
+const SPLIT_TRIGGER: f64 = 1e-2;
+
+/// The body of a split composition (method 8) with the tail's share of the tilted sum, or
+/// `None` where the steps' upper tails do not
+/// carry the saddle tilt (their tilted mass above the cut is below 1 %) or no cut applies.
+/// The cut of each part is the grid value where `Σ T_i·P(Y_i > c_i)` is at most `√τ`.
+#[allow(clippy::too_many_arguments)]
+fn split_direction(
+    parts: &[(SubsampledGaussian, u64)],
+    pmfs: &[(GridPmf, f64)],
+    dir: Direction,
+    plan: &Plan,
+    acc: &Accuracy,
+    hint: Option<((f64, f64), (f64, f64))>,
+    t0: std::time::Instant,
+) -> Result<Option<(ComposedDirection, f64)>> {
+    let h = plan.h;
+    let n_all: f64 = parts.iter().map(|(_, t)| *t as f64).sum();
+    let target = plan.tau.sqrt() / n_all;
+    if !(target > 0.0 && target < 1e-3) {
+        return Ok(None);
+    }
+    let logp: Vec<(LogPmf, f64)> = pmfs.iter().map(|(p, t)| (log_pmf(p), *t)).collect();
+    // (The saddle tilt needs only the sum's mean and support from the window's stage.)
+    let base = compose::UntiltedWindow {
+        k_hi: f64::NAN,
+        k_lo: f64::NAN,
+        lambda_hi: f64::NAN,
+        lambda_lo: f64::NAN,
+        full_lo: pmfs.iter().map(|(p, t)| t * p.offset as f64).sum(),
+        full_hi: pmfs
+            .iter()
+            .map(|(p, t)| t * (p.offset + p.p.len() as i64 - 1) as f64)
+            .sum(),
+        mean_idx: logp.iter().map(|(c, t)| t * c.mean).sum(),
+    };
+    let (lambda0, _, _) = compose::centre_tilt(&logp, plan.tilt, h, &base, None);
+    if !(lambda0 > 0.0 && lambda0.is_finite()) {
+        return Ok(None);
+    }
+    let mut cuts: Vec<Option<i64>> = Vec::with_capacity(parts.len());
+    let mut tilted_tail = 0.0_f64;
+    for ((m, _), ((p, t), (lp, _))) in parts.iter().zip(pmfs.iter().zip(&logp)) {
+        let loss = Loss {
+            q: m.q(),
+            sigma: m.sigma(),
+            dir,
+        };
+        let len = p.p.len();
+        if m.q() >= 1.0 || len < 8 {
+            cuts.push(None);
+            continue;
+        }
+        // The smallest k with Σ_{j > k} p_j ≤ target/2, then up until the exact tail holds.
+        let mut mass = 0.0_f64;
+        let mut k = p.offset + len as i64 - 1;
+        for idx in (0..len).rev() {
+            if mass + p.p[idx] > 0.5 * target {
+                break;
+            }
+            mass += p.p[idx];
+            k = p.offset + idx as i64 - 1;
+        }
+        let top = p.offset + len as i64 - 1;
+        let mut ok = false;
+        for _ in 0..64 {
+            if k >= top - 2 {
+                break;
+            }
+            match split::tail_above(&loss, k as f64 * h, h) {
+                Some(v) if v <= target => {
+                    ok = true;
+                    break;
+                }
+                Some(_) => k += 1 + (k - p.offset).max(0) / 64,
+                None => break,
+            }
+        }
+        if !ok || k < p.offset + 3 {
+            cuts.push(None);
+            continue;
+        }
+        let ln_m = log_mgf(lp, lambda0).0;
+        let first = (k + 1 - p.offset) as usize;
+        let tt: f64 = p.p[first..]
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(i, v)| (v.ln() + lambda0 * (k + 1 + i as i64) as f64 - ln_m).exp())
+            .sum();
+        tilted_tail += t * tt;
+        cuts.push(Some(k));
+    }
+    let trace = std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some();
+    if trace {
+        eprintln!("{dir:?}: split cuts {cuts:?}, tilted mass above them {tilted_tail:.3e}");
+    }
+    // (Several parts with tails would need the shifted bound of the k = 1 term, which costs
+    // about q in ε: not tried.)
+    if tilted_tail.is_nan()
+        || tilted_tail < SPLIT_TRIGGER
+        || cuts.iter().filter(|c| c.is_some()).count() != 1
+    {
+        return Ok(None);
+    }
+    // The clamped pmfs (no truncation charge at the top: the tail terms cover Y > c) and the
+    // tails above the cuts.
+    let mut capped = Vec::with_capacity(parts.len());
+    let mut tails = Vec::new();
+    let mut mass = 0.0_f64;
+    let mut atom_err = 0.0_f64;
+    for (((m, t), (p, _)), cut) in parts.iter().zip(pmfs).zip(&cuts) {
+        let Some(k) = *cut else {
+            capped.push((p.clone(), *t as f64));
+            continue;
+        };
+        let loss = Loss {
+            q: m.q(),
+            sigma: m.sigma(),
+            dir,
+        };
+        let mut b = build_pmf_capped(
+            loss,
+            h,
+            plan.tail_mass,
+            acc.max_points,
+            plan.eps_error,
+            Some(k),
+        )?;
+        if b.offset + b.p.len() as i64 - 1 != k {
+            return Ok(None);
+        }
+        b.trunc_upper = 0.0;
+        capped.push((b, *t as f64));
+        // The dropped top mass as computed against the exact P(Y > c).
+        let c = k as f64 * h;
+        let computed = loss.edge_tails(c, true).p;
+        let (Some(hi), Some(lo)) = (
+            split::tail_above(&loss, c, h),
+            split::tail_at_least(&loss, c, h),
+        ) else {
+            return Ok(None);
+        };
+        // (Plus the rounding of the top entry, summed without the mass.)
+        let top_entry = capped
+            .last()
+            .map_or(0.0, |(b, _)| b.p.last().copied().unwrap_or(0.0));
+        atom_err += *t as f64
+            * ((hi - computed).max(computed - lo).max(0.0)
+                + 2.0 * UNIT_ROUNDOFF * (computed + top_entry));
+        // The table ends where n·P(Y > y) ≤ 1e-3·τ (the rest is charged as mass beyond it):
+        // its end by doubling, then the brackets in parallel.
+        let small = |j: i64| {
+            split::tail_above(&loss, j as f64 * h, h).is_none_or(|v| v * n_all <= 1e-3 * plan.tau)
+        };
+        let mut len: i64 = 64;
+        while !small(k + len) && len < 1 << 22 {
+            len *= 2;
+        }
+        let brackets: Option<Vec<_>> = (0..=len)
+            .into_par_iter()
+            .map(|e| split::tails_bracket(&loss, (k + e) as f64 * h, h))
+            .collect();
+        let Some(brackets) = brackets else {
+            return Ok(None);
+        };
+        let vals = split::tail_suffix(&brackets, k, h);
+        mass += *t as f64 * hi;
+        // The loss is above ln(1 − q): any s ≥ −ln(1 − q) will do.
+        let s = -(-m.q()).ln_1p() * (1.0 + 1e-9) + 1e-300;
+        let inv_m = (1.0 + 4.0 * UNIT_ROUNDOFF) / (1.0 - hi);
+        tails.push(split::TailPart {
+            t: *t as f64,
+            k_cut: k,
+            s,
+            inv_m,
+            tails: vals,
+        });
+    }
+    let rho2 = (0.5 * mass * mass + atom_err) * (1.0 + 1e-12);
+    let less_one = cuts.iter().filter(|c| c.is_some()).count() == 1;
+    let mut body = compose_pmfs(&capped, dir, plan, acc.max_points, hint, t0)?;
+    // The k = 1 term reads the body at ε less a tail step's loss, far below the window's
+    // tilt (whose values there may have been dropped): the body again, untilted. Its absolute
+    // round-off (about 1e-9) is multiplied by Σ T_i π_i ≤ √τ in the k = 1 term, small
+    // against δ for δ down to about 1e-13 (below, the bound stays certified but loosens).
+    let low = {
+        let low_plan = Plan {
+            h,
+            tilt: Tilt::Eps(0.0),
+            eps_error: plan.eps_error,
+            delta_hint: f64::NAN,
+            eta: plan.eta,
+            tail_mass: plan.tail_mass,
+            tau: plan.tau,
+        };
+        // With one tail part, one step fewer of it: the k = 1 term's own composition.
+        let mut low_pmfs = capped.clone();
+        if less_one {
+            for ((_, t), cut) in low_pmfs.iter_mut().zip(&cuts) {
+                if cut.is_some() {
+                    *t -= 1.0;
+                    if *t < 1.0 {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Some(compose_pmfs(
+            &low_pmfs,
+            dir,
+            &low_plan,
+            acc.max_points,
+            None,
+            t0,
+        )?)
+    };
+    body.split = Some(std::sync::Arc::new(split::SplitTail {
+        h,
+        parts: tails,
+        rho2,
+        low,
+        low_less_one: less_one,
+    }));
+    Ok(Some((body, tilted_tail)))
 }
 
 /// A composition's PRV in both directions, discretized for a given accuracy; answers any
@@ -1820,7 +2301,13 @@ impl ComposedPrv {
         for (i, d) in self.dirs.iter().enumerate() {
             // Pessimistic discretization: δ_Y(ε) ≤ δ_w(ε) + extra_up at every ε, no shift.
             let up = d.eps_upper(delta)?;
-            let raw = d.eps_w(delta);
+            // (A split direction's window holds the clamped losses only: its estimate starts
+            // from the certified bound.)
+            let raw = if d.split.is_some() {
+                up
+            } else {
+                d.eps_w(delta)
+            };
             let est = if raw.is_finite() {
                 (raw - d.excess(raw)).max(0.0)
             } else {
@@ -1834,6 +2321,14 @@ impl ComposedPrv {
                     d.pmf_tail(up) / delta,
                     d.extra_up / delta
                 );
+                if let Some(sp) = &d.split {
+                    eprintln!(
+                        "direction {i}: split: body {:.4e}·δ, tail terms {:.4e}·δ (constant {:.3e}·δ)",
+                        d.body_min(up) / delta,
+                        sp.term(up, |part, x| d.less_one(part, x)) / delta,
+                        sp.rho2 / delta
+                    );
+                }
             }
             if !(up.is_finite() && est.is_finite() && low.is_finite()) {
                 return Err(AccountantError::NumericalFailure("epsilon query"));
@@ -1861,7 +2356,11 @@ impl ComposedPrv {
         };
         for d in &self.dirs {
             let up = d.delta_upper(eps);
-            let est = d.delta_w(eps + d.excess(eps));
+            let est = if d.split.is_some() {
+                d.delta_upper(eps + d.excess(eps))
+            } else {
+                d.delta_w(eps + d.excess(eps))
+            };
             let low = d.delta_lower(eps);
             out.upper = out.upper.max(up);
             out.estimate = out.estimate.max(est);
@@ -1957,9 +2456,44 @@ impl PrvAccountant {
     /// for more accuracy can never loosen the bound. (At small δ, the δ allowance of a finer
     /// grid — truncation, wrap-around and round-off terms — can otherwise outgrow what the
     /// finer grid gains.) The estimate is the finest rung's, capped at the upper bound.
+    ///
+    /// The δ error budget has a ladder of its own below δ = [`LADDER_BELOW_DELTA`]: a relative
+    /// budget below the default [`DEFAULT_DELTA_ERROR_REL`] is rounded down to the nearest
+    /// `DEFAULT_DELTA_ERROR_REL·4^−k`, and the answer is the smallest certified bound over that
+    /// rung and every larger one up to the default (each answered as above). So a smaller
+    /// budget, at or below the default, never loosens the bound either.
     pub fn epsilon(&self, comp: &Composition, delta: f64) -> Result<EpsilonBounds> {
         let delta = Delta::new(delta)?.get();
         self.accuracy.validate()?;
+        let rel = self.accuracy.delta_error_rel;
+        if !(delta < LADDER_BELOW_DELTA && rel < DEFAULT_DELTA_ERROR_REL) {
+            return self.epsilon_eps_ladder(comp, delta);
+        }
+        let rung = |k: i32| DEFAULT_DELTA_ERROR_REL * 4f64.powi(-k);
+        let mut k = 0;
+        while rung(k) > rel && k < 64 {
+            k += 1;
+        }
+        let at = |r: f64| {
+            PrvAccountant {
+                accuracy: Accuracy {
+                    delta_error_rel: r,
+                    ..self.accuracy
+                },
+            }
+            .epsilon_eps_ladder(comp, delta)
+        };
+        let mut best = at(rung(k))?;
+        for j in (0..k).rev() {
+            if let Ok(b) = at(rung(j)) {
+                best = best.tightest(&b);
+            }
+        }
+        Ok(best)
+    }
+
+    /// [`Self::epsilon`] at the δ error budget as given (the eps_error ladder only).
+    fn epsilon_eps_ladder(&self, comp: &Composition, delta: f64) -> Result<EpsilonBounds> {
         match self.accuracy.eps {
             EpsTolerance::Relative(rel) if delta < LADDER_BELOW_DELTA && rel <= LADDER_TOP => {
                 let rung = |k: i32| DEFAULT_RELATIVE_EPS_ERROR * 2f64.powi(k);
@@ -2082,7 +2616,12 @@ impl PrvAccountant {
                     // A coarse window that dropped its values at the answer (too steep a tilt
                     // there) has no ε to centre on: the fine pass falls back to the saddle
                     // point.
-                    let e = d.eps_w(delta);
+                    // (A split direction's window holds the body only: its certified ε.)
+                    let e = if d.split.is_some() {
+                        d.eps_upper(delta).unwrap_or(f64::NAN)
+                    } else {
+                        d.eps_w(delta)
+                    };
                     if e.is_finite() && e >= d.lowest {
                         (Tilt::Eps(e), delta)
                     } else {
@@ -2092,6 +2631,9 @@ impl PrvAccountant {
                 &coarse_prv,
                 |d| d.eps_upper(delta),
             );
+            if let (Some(_), Err(e)) = (std::env::var_os("RAPTOR_ACCOUNTANT_TRACE"), &fine) {
+                eprintln!("fine pass at eps_error {grid_tol:.3e}: {e}");
+            }
             match fine {
                 Ok(prv) => return prv.epsilon(delta),
                 Err(AccountantError::GridTooLarge {
@@ -2683,10 +3225,25 @@ mod tests {
         let mut vals = Vec::new();
         let mut bounds = Vec::new();
         for tol in [1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5] {
-            let p = acc
-                .compose_flats(&flats, tol, &[20.0], 1e-17, Tilt::Eps(eps), None)
-                .unwrap();
-            let d = &p.dirs[0];
+            // The unsplit tilted composition of the remove direction (what `compose_flats`
+            // composes besides the split one, method 8).
+            let plan = plan_for(&flats[0], tol, 20.0, 1e-17, Tilt::Eps(eps), f64::NAN);
+            let loss = Loss {
+                q: 0.01,
+                sigma: 1.0,
+                dir: Direction::Remove,
+            };
+            let max_points = acc.accuracy.max_points;
+            let pmf = build_pmf(loss, plan.h, plan.tail_mass, max_points, tol).unwrap();
+            let d = &compose_pmfs(
+                &[(pmf, 1000.0)],
+                Direction::Remove,
+                &plan,
+                max_points,
+                None,
+                std::time::Instant::now(),
+            )
+            .unwrap();
             assert!(d.lambda > 0.0 && eps >= d.lowest);
             let v = d.delta_w(eps);
             vals.push(v);
@@ -2800,6 +3357,83 @@ mod tests {
                 assert!(worst_rel < 1e-9, "tilted relative error {worst_rel:e}");
             }
         }
+    }
+
+    /// The split composition (method 8) against an exact reference: T = 64 steps of the same
+    /// grid pmf composed by direct non-negative convolution. Its certified δ is never below
+    /// the reference's δ (the expansion by the number of tail steps is exact for the grid pmf;
+    /// the tail's masses are bracketed upward and the k ≥ 2 term is bounded), and within
+    /// 1e-3 of it from δ ≈ 1e-2 down to 1e-13 (plus the constant k ≥ 2 term) above the
+    /// window's usable values (the tilt is centred at ε = 2, δ ≈ 1e-11).
+    #[test]
+    fn split_bound_covers_the_direct_convolution_and_is_tight() {
+        let steps = 64u64;
+        let m = SubsampledGaussian::new(1e-3, 0.8).unwrap();
+        let h = 2e-3;
+        let acc = Accuracy::default();
+        let loss = Loss {
+            q: 1e-3,
+            sigma: 0.8,
+            dir: Direction::Remove,
+        };
+        let plan = Plan {
+            h,
+            tilt: Tilt::Eps(2.0),
+            eps_error: 1e-3,
+            delta_hint: f64::NAN,
+            eta: 1e-30,
+            tail_mass: 1e-32,
+            tau: 1e-20,
+        };
+        let pmf = build_pmf(loss, h, plan.tail_mass, acc.max_points, 1e-3).unwrap();
+        let mut w = pmf.p.clone();
+        for _ in 0..6 {
+            w = direct_conv(&w, &w);
+        }
+        let off = pmf.offset * steps as i64;
+        let delta_ref = |eps: f64| {
+            let mut s = 0.0;
+            for (k, &v) in w.iter().enumerate() {
+                let y = (off + k as i64) as f64 * h;
+                if y > eps {
+                    s += v * -(eps - y).exp_m1();
+                }
+            }
+            s
+        };
+        let pmfs = vec![(pmf, steps as f64)];
+        let (d, share) = split_direction(
+            &[(m, steps)],
+            &pmfs,
+            Direction::Remove,
+            &plan,
+            &acc,
+            None,
+            std::time::Instant::now(),
+        )
+        .unwrap()
+        .expect("the split applies");
+        assert!(share >= SPLIT_TRIGGER);
+        let rho2 = d.split.as_ref().map_or(f64::NAN, |sp| sp.rho2);
+        assert!(rho2 < 1e-20, "{rho2:e}");
+        let mut eps = 0.5;
+        let mut checked = 0;
+        while eps < 30.0 {
+            let (up, exact) = (d.delta_upper(eps), delta_ref(eps));
+            assert!(
+                up >= exact * (1.0 - 1e-9),
+                "eps={eps}: split {up:e} below the exact {exact:e}"
+            );
+            if eps >= d.lowest && (1e-13..1e-2).contains(&exact) {
+                assert!(
+                    up <= exact * (1.0 + 1e-3) + rho2,
+                    "eps={eps}: split {up:e} vs exact {exact:e}"
+                );
+                checked += 1;
+            }
+            eps += 0.02;
+        }
+        assert!(checked >= 20, "{checked} points above {}", d.lowest);
     }
 
     /// The FFT's normwise error, measured against the exact DFT (by direct summation in
