@@ -38,6 +38,9 @@ use crate::slice::{Group, Grouping, check_bound};
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ParamGroups {
     map: BTreeMap<String, String>,
+    /// The same assignment by group (kept in step with `map`): a release's membership checks
+    /// cost its own parameters, not every parameter of the model.
+    members: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl ParamGroups {
@@ -48,7 +51,16 @@ impl ParamGroups {
 
     /// Puts `param` in `group` (a parameter is in one group: a second call moves it).
     pub fn assign(&mut self, param: impl Into<String>, group: impl Into<String>) {
-        self.map.insert(param.into(), group.into());
+        let (param, group) = (param.into(), group.into());
+        if let Some(old) = self.map.insert(param.clone(), group.clone())
+            && let Some(m) = self.members.get_mut(&old)
+        {
+            m.remove(&param);
+            if m.is_empty() {
+                self.members.remove(&old);
+            }
+        }
+        self.members.entry(group).or_default().insert(param);
     }
 
     /// Groups every name in `params` by `f` (names for which `f` is None stay unassigned).
@@ -80,20 +92,20 @@ impl ParamGroups {
 
     /// The distinct group names, sorted.
     pub fn group_names(&self) -> BTreeSet<&str> {
-        self.map.values().map(String::as_str).collect()
+        self.members.keys().map(String::as_str).collect()
     }
 
     /// Whether some parameter belongs to `group`.
     pub fn has_group(&self, group: &str) -> bool {
-        self.map.values().any(|g| g == group)
+        self.members.contains_key(group)
     }
 
     /// The parameters of `group`, sorted.
     pub fn params_of<'a>(&'a self, group: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.map
-            .iter()
-            .filter(move |(_, g)| g.as_str() == group)
-            .map(|(p, _)| p.as_str())
+        self.members
+            .get(group)
+            .into_iter()
+            .flat_map(|m| m.iter().map(String::as_str))
     }
 
     /// The block-index form of this assignment under `policy` for blocks named `block_names`
@@ -272,6 +284,22 @@ mod tests {
                 .sensitivity(std::iter::empty())
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_parameter_assigned_again_moves_to_its_new_group() {
+        let mut g = groups();
+        g.assign("c", "shared");
+        assert_eq!(g.group_of("c"), Some("shared"));
+        assert!(!g.has_group("e0"));
+        assert_eq!(g.params_of("shared").collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert_eq!(g.params_of("e0").count(), 0);
+        assert_eq!(g.group_names().into_iter().collect::<Vec<_>>(), ["shared"]);
+        let mut direct = ParamGroups::new();
+        for p in ["a", "b", "c"] {
+            direct.assign(p, "shared");
+        }
+        assert_eq!(g, direct);
     }
 
     #[test]

@@ -954,7 +954,11 @@ impl<'a> Trainer<'a> {
         let mut empty_experts = 0usize;
         let (clip_groups, policy) = phase.clipping();
         for (j, r) in phase.releases.iter().enumerate() {
-            let delta = phase.sensitivity(r)?;
+            let group_names: Vec<String> = r.groups.iter().map(ToString::to_string).collect();
+            let group_refs: Vec<&str> = group_names.iter().map(String::as_str).collect();
+            // Δ from the policy the sums were clipped under (every group a release names is
+            // the phase's: `Plan::check`).
+            let delta = policy.sensitivity(group_refs.iter().copied())?;
             let denom = PublicDenominator::new(r.denominator)?;
             if let Charge::Parallel(id) = r.charge
                 && owned
@@ -989,9 +993,6 @@ impl<'a> Trainer<'a> {
                 // to the sensitivity the clipping policy gives the release's groups; the release
                 // must hold every parameter of its groups and nothing else.
                 Some(pz) if phase.private => {
-                    let group_names: Vec<String> =
-                        r.groups.iter().map(ToString::to_string).collect();
-                    let group_refs: Vec<&str> = group_names.iter().map(String::as_str).collect();
                     let clipped = ClippedSum::new(
                         &clip_groups,
                         &policy,
