@@ -558,7 +558,7 @@ fn run_updates(
         }
         let done = trainer.update();
         let eps_now = if cx.privacy.private
-            && (done % 10 == 0 || done == total)
+            && (done.is_multiple_of(10) || done == total)
             && !trainer.ledger().is_empty()
         {
             trainer
@@ -575,7 +575,8 @@ fn run_updates(
             out.epsilon_curve.push((done, e));
         }
         let ev = cfg.train.eval_every;
-        if writer && ev > 0 && done % ev == 0 && done < total && !cx.validation.is_empty() {
+        if writer && ev > 0 && done.is_multiple_of(ev) && done < total && !cx.validation.is_empty()
+        {
             let t0 = Instant::now();
             let em = evaluate(
                 trainer.model(),
@@ -587,7 +588,7 @@ fn run_updates(
             out.eval_seconds += t0.elapsed().as_secs_f64();
             out.eval_curve.push((done, em));
         }
-        if writer && every > 0 && done % every == 0 && done < total {
+        if writer && every > 0 && done.is_multiple_of(every) && done < total {
             save_checkpoint(&files.dir, trainer, cx.resumed)?;
         }
     }
