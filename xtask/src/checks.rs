@@ -505,6 +505,46 @@ pub fn stream_name_parsing(text: &str) -> Vec<(usize, String)> {
         .collect()
 }
 
+/// The lines of `code` (1-based number, trimmed) outside comments that name the identifier
+/// `Method` (the config's method enum).
+pub fn names_method(code: &str) -> Vec<(usize, String)> {
+    code.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .filter(|(_, l)| {
+            l.match_indices("Method").any(|(i, _)| {
+                let before = l[..i].chars().next_back();
+                let after = l[i + "Method".len()..].chars().next();
+                let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                !ident(before) && !ident(after)
+            })
+        })
+        .map(|(i, l)| (i + 1, l.trim().to_string()))
+        .collect()
+}
+
+/// Fails when the trainer branches on the method: every method is a plan (phases of releases
+/// over clip groups) and `raptor-train/src/trainer.rs` runs any plan the same way, so it must
+/// not name the config's `Method`.
+pub fn methods_are_plans(root: &Path) -> anyhow::Result<()> {
+    eprintln!("\n==> methods are plans: the trainer does not name the config's Method");
+    let rel = "crates/raptor-train/src/trainer.rs";
+    let code = std::fs::read_to_string(root.join(rel)).with_context(|| format!("reading {rel}"))?;
+    let found = names_method(&code);
+    if !found.is_empty() {
+        let lines: Vec<String> = found
+            .iter()
+            .map(|(n, l)| format!("{rel}:{n}: {l}"))
+            .collect();
+        bail!(
+            "the trainer names the method (turn the difference into the plan instead):\n  {}",
+            lines.join("\n  ")
+        );
+    }
+    eprintln!("    {rel}: no");
+    Ok(())
+}
+
 /// Fails, naming every place, when Rust code of the workspace parses a stream, group or expert
 /// name back from a string.
 pub fn typed_streams(root: &Path) -> anyhow::Result<()> {
@@ -927,6 +967,14 @@ mod tests {
             architecture_problems("# x\n", &sources, &all),
             ["no `## Code map` section"]
         );
+    }
+
+    #[test]
+    fn naming_the_method_is_found_outside_comments_only() {
+        let code = "// Method is fine in a comment\nlet m = Method::Raptor;\nlet x = MethodFamily::A;\n\
+                    use crate::config::{Method, Scope};\nlet my_Method_name = 1;\n";
+        let found: Vec<usize> = names_method(code).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(found, [2, 4]);
     }
 
     fn member(name: &str, dir: &str) -> Member {

@@ -279,6 +279,7 @@ fn repository_checks(root: &Path) -> anyhow::Result<()> {
     checks::layout(root)?;
     checks::test_support_is_dev_only(root)?;
     checks::typed_streams(root)?;
+    checks::methods_are_plans(root)?;
     checks::used_dependencies(root)?;
     checks::crate_maps(root)?;
     checks::crate_architecture(root)?;
