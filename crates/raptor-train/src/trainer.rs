@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use rand::{RngCore, SeedableRng};
 use raptor_accountant::{Ledger, PoissonSampler, SamplingRate};
 use raptor_clip::tensor::{ClippedSum, TensorRelease};
-use raptor_clip::{Privatizer, PublicDenominator};
+use raptor_clip::{ClipPolicy, ParamGroups, Privatizer, PublicDenominator};
 use raptor_eval::audit::DiracTrace;
 use raptor_models::{Batch, ClippedStep, ForwardCtx, Model, Task};
 use serde::Serialize;
@@ -278,6 +278,9 @@ fn make_privatizers(
 pub struct Trainer<'a> {
     model: &'a mut dyn Model,
     plan: Plan,
+    /// Each phase's grouped clipping (`Phase::clipping`), built once: the engine clips with
+    /// it and each release's sensitivity comes from it.
+    clippings: Vec<Arc<(ParamGroups, ClipPolicy)>>,
     data: &'a [Example],
     owners: BTreeMap<usize, Vec<i64>>,
     vars: BTreeMap<String, Tensor>,
@@ -392,6 +395,11 @@ impl<'a> Trainer<'a> {
             None => PoissonSampler::new(rate, data.len())?,
         };
         let privatizers = make_privatizers(&plan, opts.insecure_seed, &|_| 1.0)?;
+        let clippings = plan
+            .phases
+            .iter()
+            .map(|ph| Arc::new(ph.clipping()))
+            .collect();
         let seed_rng = match opts.insecure_seed {
             Some(s) => rand_chacha::ChaCha20Rng::seed_from_u64(s.wrapping_add(17)),
             None => rand_chacha::ChaCha20Rng::from_os_rng(),
@@ -399,6 +407,7 @@ impl<'a> Trainer<'a> {
         Ok(Self {
             model,
             plan,
+            clippings,
             data,
             owners,
             vars,
@@ -893,9 +902,11 @@ impl<'a> Trainer<'a> {
     /// One micro-batch of a private phase: owner masks, residual weights, per-record clipping
     /// by the phase's groups. Returns the records' losses and the clipped sums with their clip
     /// factors; counts each owner expert's records into `owned`.
+    #[allow(clippy::too_many_arguments)]
     fn private_sums(
         &self,
         phase: &Phase,
+        clipping: &(ParamGroups, ClipPolicy),
         chunk: &[usize],
         batch: &Batch,
         step_seed: u64,
@@ -919,7 +930,7 @@ impl<'a> Trainer<'a> {
                 weights.insert(g.name.to_string(), w.shallow_clone());
             }
         }
-        let (groups, policy) = phase.clipping();
+        let (groups, policy) = clipping;
         let (losses, grads) = ClippedStep::new(&*self.model)?
             .with_dropout_seed(step_seed)
             .with_record_ids(ids)
@@ -932,7 +943,7 @@ impl<'a> Trainer<'a> {
             .filter_map(|p| groups.group_of(p).map(str::to_string))
             .collect();
         weights.retain(|g, _| present.contains(g));
-        let clip = grads.into_clip(&groups, &policy, &weights)?;
+        let clip = grads.into_clip(groups, policy, &weights)?;
         Ok((losses, clip))
     }
 
@@ -952,7 +963,8 @@ impl<'a> Trainer<'a> {
         let rank = self.comm.rank();
         let mut released: Vec<Released> = Vec::new();
         let mut empty_experts = 0usize;
-        let (clip_groups, policy) = phase.clipping();
+        let clipping = Arc::clone(&self.clippings[pi]);
+        let (clip_groups, policy) = &*clipping;
         for (j, r) in phase.releases.iter().enumerate() {
             let group_names: Vec<String> = r.groups.iter().map(ToString::to_string).collect();
             let group_refs: Vec<&str> = group_names.iter().map(String::as_str).collect();
@@ -994,8 +1006,8 @@ impl<'a> Trainer<'a> {
                 // must hold every parameter of its groups and nothing else.
                 Some(pz) if phase.private => {
                     let clipped = ClippedSum::new(
-                        &clip_groups,
-                        &policy,
+                        clip_groups,
+                        policy,
                         &group_refs,
                         names.iter().cloned().zip(parts).collect(),
                     )?;
@@ -1077,6 +1089,7 @@ impl<'a> Trainer<'a> {
             let part: BTreeMap<String, Tensor> = if phase.private {
                 let (losses, clip) = self.private_sums(
                     &phase,
+                    &self.clippings[pi],
                     chunk,
                     &batch,
                     step_seed,
