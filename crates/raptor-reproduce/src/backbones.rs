@@ -3,11 +3,15 @@
 //! machinery of the paper parts (keyed run folders reused when finished, parallel worker processes, tables with computed notes, plots).
 //!
 //! * **Upcycled MiniLM on Rotten Tomatoes.** all-MiniLM-L6-v2 (`cargo xtask setup --models`)
-//!   is upcycled to a MoE-BERT (every layer's FFN copied into E = 8 experts, top-1, a seeded
-//!   random router, frozen in training; what `raptor upcycle` does) and cached; RAPTOR and the
-//!   monolithic DP-Adam LoRA baseline fine-tune it privately on the `train` split of the Rotten
-//!   Tomatoes corpus (`cargo xtask setup --data`) and are scored on `validation`. RAPTOR's
-//!   layer choice and owner statistics read the `public` split only.
+//!   is upcycled to a MoE-BERT (every layer's FFN copied into E = 8 experts, top-1; what
+//!   `raptor upcycle` does) whose routers are trained on the task's **public** split with the
+//!   Switch load-balancing loss and then frozen; the upcycled model is trained further,
+//!   non-privately, on the public split of **another** corpus (CrowdFlower; the experts diverge
+//!   on the tokens their routers send them, the task head is dropped). Both steps are cached.
+//!   Then the paper part's evidence grid runs on it ([`crate::paper::run_cls_grid`]): every
+//!   method's learning rates chosen on a public proxy, the non-private positive control (LoRA
+//!   with and without expert adapters), DP-Adam LoRA, shared-only and RAPTOR on paired seeds
+//!   at ε = 1 and 8, and the decision rule's verdict per cell.
 //! * **SmolLM2-135M-Instruct on E2E.** The GGUF checkpoint (`cargo xtask setup --models`) is
 //!   fine-tuned on LoRA adapters with DP-Adam, DP-Muon and DP-MuonBC on the E2E-cleaned dev
 //!   file (private) and scored on test sources (NLL over their references, BLEU and ROUGE-L of
@@ -23,15 +27,19 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use raptor_report::{BarPlot, Estimate, Series, Table, bar_plot, estimate, ordering};
 use raptor_train::config::{
-    DataFormat, DeviceSpec, LayerSpec, Method, ModelKind, Pooling, RunConfig, Scope, TokenizerSpec,
+    DataFormat, DeviceSpec, Method, ModelKind, Pooling, RunConfig, Scope, StreamOptimizer,
+    TokenizerSpec,
 };
 use sha2::{Digest, Sha256};
 
 use crate::driver::Context;
+use crate::paper::report::{EvidenceNames, evidence};
 use crate::paper::runs::{Job, Runner, Summary, file_hash};
 use crate::paper::{
-    ClsTask, D2tTask, capped, fit_batch, label, read_d2t, read_lines, seeded, write_e2e_csv,
+    Backbone, ClsPrepared, ClsTask, D2tTask, Scale as PaperScale, capped, fit_batch, label,
+    pretrain, proxy_split, read_d2t, read_lines, run_cls_grid, seeded, write_e2e_csv,
 };
+use raptor_train::upcycle::RouterData;
 
 /// A checkpoint and the `model.tokenizer` it is read with.
 #[derive(Debug, Clone)]
@@ -49,6 +57,9 @@ pub struct Inputs {
     pub bert: Result<ModelInput, String>,
     /// The classification corpus (Rotten Tomatoes: `public`, `train`, `validation`).
     pub cls: Result<ClsTask, String>,
+    /// Another corpus whose **public** split the upcycled encoder is trained on further before
+    /// private fine-tuning (CrowdFlower; None: the task's own public split, head dropped).
+    pub cls_source: Option<ClsTask>,
     /// The Llama-style decoder (SmolLM2-135M-Instruct).
     pub llama: Result<ModelInput, String>,
     /// The data-to-text task (E2E-cleaned dev and test).
@@ -100,6 +111,17 @@ impl Inputs {
                 dir.display()
             ))
         };
+        let cf = raptor_data::cache::corpus_dir(cache, &raptor_data::cache::CROWDFLOWER);
+        let g = |s: &str| cf.join(format!("{s}.tsv"));
+        let cls_source = ["public", "train", "validation"]
+            .iter()
+            .all(|s| g(s).is_file())
+            .then(|| ClsTask {
+                name: "crowdflower".into(),
+                public: g("public"),
+                train: g("train"),
+                validation: g("validation"),
+            });
         let smol = models.join("smollm2-135m-instruct");
         let llama = match raptor_train::session::gguf_model_file(&smol) {
             Some(file) if smol.is_dir() => Ok(ModelInput {
@@ -131,6 +153,7 @@ impl Inputs {
         Self {
             bert,
             cls,
+            cls_source,
             llama,
             d2t,
             cache: cache.to_path_buf(),
@@ -142,20 +165,20 @@ impl Inputs {
 /// Sizes of one profile of the part.
 #[derive(Debug, Clone)]
 pub struct Scale {
-    /// Seeds per cell.
+    /// Seeds per cell (data-to-text).
     pub seeds: Vec<u64>,
-    /// Privacy targets.
+    /// Privacy targets (data-to-text).
     pub epsilons: Vec<f64>,
     /// Experts per upcycled layer and experts per token.
     pub experts: (i64, i64),
-    /// Tokens per classification record (`[CLS]` and `[SEP]` included).
-    pub cls_max_len: usize,
-    /// Private training, validation and public records of the classification task (evenly
-    /// strided fixed subsets; 0: all).
-    pub cls_records: (usize, usize, usize),
-    /// Fine-tuning updates, expected batch, learning rate (classification).
-    pub cls_finetune: (u64, f64, f64),
-    /// LoRA rank (both tasks; α = 2r).
+    /// Router training on the task's public split before the routers are frozen: Adam steps
+    /// per layer, learning rate, public records used at most (0: all).
+    pub router: (usize, f64, usize),
+    /// The classification grid on the upcycled encoder: the paper part's grid (public proxy,
+    /// paired seeds, positive control); its `pretrain` is the continued public training of the
+    /// upcycled model (steps, batch, learning rate), its `enc` and `cls_vocab` are unused.
+    pub cls: PaperScale,
+    /// LoRA rank of the decoder (α = 2r).
     pub lora_r: i64,
     /// Tokens per data-to-text record.
     pub d2t_max_len: usize,
@@ -171,13 +194,14 @@ pub struct Scale {
 impl Scale {
     /// The test profile: a few updates on tiny inputs.
     pub fn quick() -> Self {
+        let mut cls = PaperScale::quick();
+        cls.pretrain = (4, 16.0, 1e-3);
         Self {
             seeds: vec![0, 1],
             epsilons: vec![8.0],
             experts: (4, 1),
-            cls_max_len: 24,
-            cls_records: (0, 0, 0),
-            cls_finetune: (3, 32.0, 1e-2),
+            router: (5, 1e-2, 0),
+            cls,
             lora_r: 2,
             d2t_max_len: 40,
             d2t_finetune: (2, 8.0, 1e-3, 2e-2),
@@ -186,16 +210,27 @@ impl Scale {
         }
     }
 
-    /// `cargo xtask reproduce`: a few CPU-minutes per run on 2 cores (few updates, small
-    /// validation and test subsets, 2 seeds of the classifier and 1 of the decoder).
+    /// `cargo xtask reproduce`: 5 paired seeds at ε = 1 and 8 on 1,500 private records, a
+    /// few CPU-minutes per run on 2 cores; 1 seed of the decoder.
     pub fn standard() -> Self {
         Self {
             seeds: vec![0, 1],
             epsilons: vec![8.0],
             experts: (8, 1),
-            cls_max_len: 48,
-            cls_records: (1500, 300, 400),
-            cls_finetune: (16, 128.0, 1e-2),
+            router: (100, 1e-3, 2000),
+            cls: PaperScale {
+                seeds: vec![0, 1, 2, 3, 4],
+                epsilons: vec![1.0, 8.0],
+                cls_vocab: 0,
+                cls_max_len: 32,
+                enc: (0, 0, 0, 0, 0),
+                pretrain: (100, 32.0, 1e-4),
+                finetune: (40, 64.0, 3e-3),
+                max_validation: 400,
+                max_train: 1500,
+                proxy_lrs: vec![1e-3, 3e-3],
+                expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Adamw, 0.3)],
+            },
             lora_r: 8,
             d2t_max_len: 64,
             d2t_finetune: (6, 16.0, 1e-3, 2e-2),
@@ -210,9 +245,24 @@ impl Scale {
             seeds: vec![0, 1, 2],
             epsilons: vec![1.0, 4.0, 8.0],
             experts: (8, 1),
-            cls_max_len: 64,
-            cls_records: (0, 0, 0),
-            cls_finetune: (300, 512.0, 5e-3),
+            router: (200, 1e-3, 0),
+            cls: PaperScale {
+                seeds: vec![0, 1, 2, 3, 4],
+                epsilons: vec![1.0, 4.0, 8.0],
+                cls_vocab: 0,
+                cls_max_len: 64,
+                enc: (0, 0, 0, 0, 0),
+                pretrain: (500, 64.0, 1e-4),
+                finetune: (300, 512.0, 3e-3),
+                max_validation: 0,
+                max_train: 0,
+                proxy_lrs: vec![1e-3, 3e-3, 1e-2],
+                expert_grid: vec![
+                    (StreamOptimizer::Adamw, 1.0),
+                    (StreamOptimizer::Adamw, 0.3),
+                    (StreamOptimizer::Sgd, 10.0),
+                ],
+            },
             lora_r: 8,
             d2t_max_len: 96,
             d2t_finetune: (200, 64.0, 2e-3, 2e-2),
@@ -231,9 +281,6 @@ impl Scale {
         }
     }
 }
-
-/// The classification methods compared (RAPTOR against the monolithic baseline).
-pub const CLS_METHODS: [Method; 2] = [Method::DpAdamLora, Method::Raptor];
 
 /// The data-to-text methods compared.
 pub const D2T_METHODS: [Method; 3] = [Method::DpAdam, Method::DpMuon, Method::DpMuonbc];
@@ -289,15 +336,29 @@ fn short_hash(text: &str) -> String {
         .collect()
 }
 
-/// The upcycled MoE-BERT of `bert` with E experts, top-k, cached under
-/// `<cache>/reproduce/upcycled/` keyed by the dense checkpoint's bytes and the options.
-fn upcycled(cache: &Path, bert: &ModelInput, experts: (i64, i64)) -> anyhow::Result<PathBuf> {
+/// The upcycled MoE-BERT of `bert` with E experts, top-k, its routers trained on `router`'s
+/// public text (load-balancing loss) before they are frozen, cached under
+/// `<cache>/reproduce/upcycled/` keyed by the dense checkpoint's bytes, the options and the
+/// public file's bytes.
+fn upcycled(
+    cache: &Path,
+    bert: &ModelInput,
+    experts: (i64, i64),
+    router: &RouterData,
+) -> anyhow::Result<PathBuf> {
     let opts = raptor_models::upcycle::UpcycleOptions::new(experts.0, experts.1);
     let key = short_hash(&format!(
-        "{}|{}|{:?}",
+        "{}|{}|{:?}|{}|{}|{:?}|{}|{}|{}|{}",
         file_hash(&bert.path.join("config.json"))?,
         file_hash(&bert.path.join("model.safetensors"))?,
-        opts
+        opts,
+        file_hash(&router.file)?,
+        router.text_column,
+        router.tokenizer,
+        router.max_length,
+        router.max_records,
+        router.training.steps,
+        router.training.lr,
     ));
     let name = bert
         .path
@@ -311,118 +372,179 @@ fn upcycled(cache: &Path, bert: &ModelInput, experts: (i64, i64)) -> anyhow::Res
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     let tmp = root.join(format!(".{name}-{key}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    raptor_train::upcycle::upcycle_folder(&bert.path, &tmp, &opts, None)
+    let report = raptor_train::upcycle::upcycle_folder(&bert.path, &tmp, &opts, Some(router))
         .with_context(|| format!("upcycling {}", bert.path.display()))?;
+    if let Some((before, after)) = &report.router_loads {
+        let loads = serde_json::json!({
+            "public_file": router.file.display().to_string(),
+            "public_records": report.router_records,
+            "before": before,
+            "after": after,
+        });
+        raptor_train::run::write_atomic(
+            &tmp.join("router-training.json"),
+            &serde_json::to_vec_pretty(&loads)?,
+        )?;
+    }
     std::fs::rename(&tmp, &dir).with_context(|| format!("writing {}", dir.display()))?;
     Ok(dir)
 }
 
-/// The classification task with its splits capped by the profile, and its size note.
-struct ClsPrepared {
-    task: ClsTask,
-    model: PathBuf,
-    tokenizer: TokenizerSpec,
-    train_records: usize,
-    note: String,
+/// The mean coefficient of variation of the routers' loads on the public tokens before
+/// (random) and after router training, from the upcycled folder's record.
+fn router_cv(dir: &Path) -> Option<(f64, f64)> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("router-training.json")).ok()?).ok()?;
+    let mean = |k: &str| -> Option<f64> {
+        let a = v.get(k)?.as_array()?;
+        let cvs: Vec<f64> = a
+            .iter()
+            .filter_map(|l| l.get("load_cv")?.as_f64())
+            .collect();
+        (!cvs.is_empty()).then(|| cvs.iter().sum::<f64>() / cvs.len() as f64)
+    };
+    Some((mean("before")?, mean("after")?))
 }
 
+/// The `model.tokenizer` that reads `bert`'s text in a folder other than its own (`model`
+/// becomes the path of its `tokenizer.json`).
+fn portable_tokenizer(bert: &ModelInput) -> TokenizerSpec {
+    match &bert.tokenizer {
+        TokenizerSpec::Model => TokenizerSpec::from(bert.path.join("tokenizer.json").as_path()),
+        other => other.clone(),
+    }
+}
+
+/// The classification task on the upcycled encoder, ready for the paper part's grid:
+///
+/// 1. `bert` upcycled to E experts with routers trained on the task's **public** split
+///    (load balance), then frozen;
+/// 2. continued non-private full training of the upcycled model on `source`'s **public** split
+///    (another task when given: the experts diverge on public text, the task head is dropped,
+///    so private training has a new head to learn);
+/// 3. the task's public split cut in two: the public proxy on which every method's learning
+///    rates are chosen.
 fn prepare_cls(
     inputs: &Inputs,
     bert: &ModelInput,
     task: &ClsTask,
+    source: Option<&ClsTask>,
     s: &Scale,
 ) -> anyhow::Result<ClsPrepared> {
-    let model = upcycled(&inputs.cache, bert, s.experts)?;
-    let mut t = task.clone();
-    let (nt, nv, np) = s.cls_records;
-    let count = |p: &Path| read_lines(p, "text").map(|v| v.len());
-    let all = (count(&t.train)?, count(&t.validation)?, count(&t.public)?);
-    // (A cap of 0 keeps the file as it is: a public split may have no label column.)
-    let cap = |split: &str, file: &Path, n: usize| -> anyhow::Result<PathBuf> {
-        if n == 0 {
-            Ok(file.to_path_buf())
-        } else {
-            capped(&inputs.cache, &t.name, split, file, n)
-        }
+    let cs = &s.cls;
+    let tokenizer = portable_tokenizer(bert);
+    let router = RouterData {
+        file: task.public.clone(),
+        text_column: "text".into(),
+        tokenizer: bert.tokenizer.clone(),
+        max_length: cs.cls_max_len,
+        max_records: s.router.2,
+        training: raptor_models::upcycle::RouterTraining {
+            steps: s.router.0,
+            lr: s.router.1,
+        },
     };
-    let (train, validation, public) = (
-        cap("train", &t.train, nt)?,
-        cap("validation", &t.validation, nv)?,
-        cap("public", &t.public, np)?,
-    );
-    (t.train, t.validation, t.public) = (train, validation, public);
-    let used = (count(&t.train)?, count(&t.validation)?, count(&t.public)?);
+    let model = upcycled(&inputs.cache, bert, s.experts, &router)?;
+    let mut t = task.clone();
+    let count = |p: &Path| read_lines(p, "text").map(|v| v.len());
+    let all = (count(&t.train)?, count(&t.validation)?);
+    t.train = capped(&inputs.cache, &t.name, "train", &t.train, cs.max_train)?;
+    t.validation = capped(
+        &inputs.cache,
+        &t.name,
+        "validation",
+        &t.validation,
+        cs.max_validation,
+    )?;
+    let used = (count(&t.train)?, count(&t.validation)?);
+    let src = source.unwrap_or(task);
+    let transfer = src.name != t.name;
+    let src_valid = capped(
+        &inputs.cache,
+        &src.name,
+        "validation",
+        &src.validation,
+        cs.max_validation,
+    )?;
+    let src_records = count(&src.public)?;
+    // Continued public training: every parameter but the frozen routers, non-private, on the
+    // source's public split only.
+    let mut p = RunConfig::default();
+    p.data.train = src.public.clone();
+    p.data.validation = Some(src_valid);
+    p.data.max_length = cs.cls_max_len;
+    p.model.kind = ModelKind::MoeBert;
+    p.model.path = Some(model.clone());
+    p.model.tokenizer = tokenizer.clone();
+    p.model.pooling = Pooling::Mean;
+    p.method.name = Method::Full;
+    p.train.steps = Some(cs.pretrain.0);
+    p.train.batch_size = fit_batch(cs.pretrain.1, src_records);
+    p.train.lr = cs.pretrain.2;
+    p.train.micro_batch = 64;
+    p.train.checkpoint_every = 0;
+    p.train.insecure_seed = Some(7);
+    p.train.device = inputs.device;
     let name = bert
         .path
         .file_name()
-        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
-    let note = format!(
-        "{}: {name} upcycled to a MoE-BERT (every layer's FFN copied into E = {} experts, top-{}, a seeded random router, frozen); private fine-tuning on {} of {} training records, scored on {} of {} validation records; RAPTOR's layer choice and owner statistics read {} of {} public records{}.",
+        .map_or("bert".into(), |n| n.to_string_lossy().into_owned());
+    let mut pre = pretrain::Pretraining::plan(
+        &inputs.cache,
+        &format!("{name}-moe-{}-for-{}", src.name, t.name),
+        &p,
+        &pretrain::public_hash(&src.public)?,
+    )?;
+    pre.drop_head = true;
+    let proxy = proxy_split(&inputs.cache, &t.name, &t.public)?;
+    let routers = match router_cv(&model) {
+        Some((b, a)) => format!(
+            "routers trained on {}'s public split for {} steps (mean load CV over layers {b:.3} random → {a:.3} trained), then frozen",
+            t.name, s.router.0
+        ),
+        None => "routers trained on the public split, then frozen".into(),
+    };
+    let size_note = format!(
+        "{}: {name} upcycled to a MoE-BERT (every layer's FFN copied into E = {} experts, top-{}; {routers}), then trained further, non-privately and with the routers frozen, on the public split of {} ({src_records} records, {} updates at batch {}, lr {}{}) so that the experts diverge; private fine-tuning on {} of {} training records, scored on {} of {} validation records{}; hyperparameters chosen on {}'s public split ({} records to train, {} to score).",
         t.name,
         s.experts.0,
         s.experts.1,
+        src.name,
+        cs.pretrain.0,
+        p.train.batch_size,
+        cs.pretrain.2,
+        if transfer {
+            ", another task: the head is dropped and private training learns a new one"
+        } else {
+            ", the same task (no other corpus was given): the head is dropped"
+        },
         used.0,
         all.0,
         used.1,
         all.1,
-        used.2,
-        all.2,
         if used != all {
             " (evenly strided fixed subsets: the profile's size limits)"
         } else {
             ""
-        }
+        },
+        t.name,
+        proxy.2,
+        read_lines(&proxy.1, "text")?.len(),
     );
     Ok(ClsPrepared {
+        size_note,
         task: t,
-        model,
-        tokenizer: bert.tokenizer.clone(),
+        source: src.name.clone(),
+        backbone: Backbone {
+            kind: ModelKind::MoeBert,
+            tokenizer,
+            pooling: Some(Pooling::Mean),
+        },
+        pre,
+        public_records: src_records,
         train_records: used.0,
-        note,
+        proxy,
     })
-}
-
-fn cls_jobs(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> Vec<Job> {
-    let mut base = RunConfig::default();
-    base.train.device = device;
-    base.data.format = DataFormat::Table;
-    base.data.train = c.task.train.clone();
-    base.data.validation = Some(c.task.validation.clone());
-    base.data.public = Some(c.task.public.clone());
-    base.data.text_column = "text".into();
-    base.data.label_column = "label".into();
-    base.data.max_length = s.cls_max_len;
-    base.model.kind = ModelKind::MoeBert;
-    base.model.path = Some(c.model.clone());
-    base.model.tokenizer = c.tokenizer.clone();
-    base.model.pooling = Pooling::Mean;
-    base.method.layer = LayerSpec::Entropy;
-    base.lora.r = s.lora_r;
-    base.lora.alpha = 2.0 * s.lora_r as f64;
-    base.train.steps = Some(s.cls_finetune.0);
-    base.train.batch_size = fit_batch(s.cls_finetune.1, c.train_records);
-    base.train.lr = s.cls_finetune.2;
-    base.train.micro_batch = 64;
-    base.train.checkpoint_every = 0;
-    base.train.eval_every = 0;
-    base.train.clip = 1.0;
-    base.train.clip_expert = 1.0;
-    base.privacy.accuracy = 1e-3;
-    let mut jobs = Vec::new();
-    for &seed in &s.seeds {
-        for &eps in &s.epsilons {
-            for m in CLS_METHODS {
-                let mut cfg = base.clone();
-                cfg.method.name = m;
-                cfg.privacy.epsilon = eps;
-                jobs.push(Job {
-                    label: label(&c.task.name, m.name(), "", Some(eps), seed),
-                    cfg: seeded(cfg, seed),
-                });
-            }
-        }
-    }
-    jobs
 }
 
 /// The data-to-text task: the dev file is the private training set; the first sources of the
@@ -622,119 +744,14 @@ fn skipped(slug: &str, title: &str, why: &str) -> Table {
     }
 }
 
-const CLS_SLUG: &str = "backbones-minilm-moe";
-const CLS_TITLE: &str = "RAPTOR vs monolithic DP-Adam LoRA on an upcycled all-MiniLM-L6-v2";
+/// The upcycled MiniLM's evidence table.
+const MINILM_EVIDENCE: EvidenceNames = EvidenceNames {
+    slug: "backbones-minilm-moe",
+    title: "RAPTOR vs its baselines on an upcycled all-MiniLM-L6-v2 (routers trained and experts diverged on public text, tuned on public data, paired seeds)",
+    plot: "backbones-minilm-moe-paired-differences.png",
+};
 const D2T_SLUG: &str = "backbones-smollm2";
 const D2T_TITLE: &str = "DP-Adam vs DP-Muon vs DP-MuonBC fine-tuning SmolLM2-135M-Instruct (LoRA)";
-
-fn cls_table(
-    runs: &BTreeMap<String, Summary>,
-    c: &ClsPrepared,
-    s: &Scale,
-    out: &Path,
-) -> anyhow::Result<Table> {
-    let t = &c.task.name;
-    let mut rows = Vec::new();
-    for &e in &s.epsilons {
-        for m in CLS_METHODS {
-            let v = |f: fn(&Summary) -> Option<f64>| values(runs, &s.seeds, t, m, e, f);
-            rows.push(vec![
-                pretty(m).into(),
-                format!("{e}"),
-                cell(&v(|x| x.accuracy), 100.0, 1),
-                max_of(&v(|x| x.epsilon)),
-                cell(&v(|x| Some(x.seconds_per_update)), 1.0, 2),
-            ]);
-        }
-    }
-    let mut notes = vec![
-        format!(
-            "Validation accuracy (%) on {t}; LoRA r = {} (α = {}) on the attention projections and, for DP-Adam LoRA, on every expert, plus a new mean-pooled linear head; RAPTOR trains the shared stream (attention LoRA + head) and the expert LoRA of the entropy-selected sparse layer, with expert-wise clipping and noise. {} updates at expected batch {}, learning rate {}.",
-            s.lora_r,
-            2 * s.lora_r,
-            s.cls_finetune.0,
-            fit_batch(s.cls_finetune.1, c.train_records),
-            s.cls_finetune.2
-        ),
-        seeds_note(&s.seeds),
-        c.note.clone(),
-    ];
-    let pairs: Vec<(Estimate, Estimate)> = s
-        .epsilons
-        .iter()
-        .filter_map(|&e| {
-            let a = estimate(&values(runs, &s.seeds, t, Method::Raptor, e, |x| {
-                x.accuracy
-            }))
-            .ok()?;
-            let b = estimate(&values(runs, &s.seeds, t, Method::DpAdamLora, e, |x| {
-                x.accuracy
-            }))
-            .ok()?;
-            Some((a, b))
-        })
-        .collect();
-    let o = ordering(&pairs);
-    notes.push(o.sentence("RAPTOR", "DP-Adam LoRA (monolithic)"));
-    if o.cells > 0 {
-        notes.push(if o.a_significantly_better == o.cells {
-            "The paper's ordering (RAPTOR above the monolithic baseline) reproduced here in every cell, with disjoint intervals.".to_string()
-        } else if o.a_ge_b == o.cells {
-            "RAPTOR's mean is at least the baseline's in every cell, but not with disjoint intervals in all of them: the paper's ordering is not established here.".to_string()
-        } else {
-            format!(
-                "The paper's ordering (RAPTOR above the monolithic baseline) did NOT reproduce here: the baseline's mean is higher in {} of {} cell{}.",
-                o.cells - o.a_ge_b,
-                o.cells,
-                if o.cells == 1 { "" } else { "s" }
-            )
-        });
-    }
-    notes.extend(epsilon_notes(runs, t, &CLS_METHODS, &s.seeds, &s.epsilons));
-    let e = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
-    let time = |m| {
-        estimate(&values(runs, &s.seeds, t, m, e, |x| {
-            Some(x.seconds_per_update)
-        }))
-    };
-    if let (Ok(a), Ok(b)) = (time(Method::Raptor), time(Method::DpAdamLora))
-        && b.mean > 0.0
-    {
-        notes.push(format!(
-            "At ε = {e}, RAPTOR took {:.2}× the wall time per update of the monolithic baseline (training loop, evaluation excluded; worker processes with one libtorch thread each).",
-            a.mean / b.mean
-        ));
-    }
-    let groups = method_bars(&CLS_METHODS, &s.epsilons, 100.0, |m, eps| {
-        estimate(&values(runs, &s.seeds, t, m, eps, |x| x.accuracy)).ok()
-    });
-    let file = format!("{CLS_SLUG}-{t}.png");
-    bar_plot(
-        &out.join(&file),
-        &BarPlot {
-            title: format!("{t}: upcycled MiniLM, validation accuracy (95 % CI)"),
-            y_label: "accuracy (%)".into(),
-            categories: s.epsilons.iter().map(|e| format!("ε = {e}")).collect(),
-            groups,
-        },
-    )?;
-    notes.push(format!(
-        "Plot: validation accuracy by method and ε\n\n  ![{t}: accuracy by method]({file})"
-    ));
-    Ok(Table {
-        slug: CLS_SLUG.into(),
-        title: CLS_TITLE.into(),
-        columns: vec![
-            "method".into(),
-            "target ε".into(),
-            "validation accuracy (%)".into(),
-            "certified ε (max over seeds)".into(),
-            "s per update".into(),
-        ],
-        rows,
-        notes,
-    })
-}
 
 fn d2t_table(
     runs: &BTreeMap<String, Summary>,
@@ -871,7 +888,13 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         }
     };
     let cls = match (&inputs.bert, &inputs.cls) {
-        (Ok(b), Ok(t)) => Ok(prepare_cls(&inputs, b, t, &scale)?),
+        (Ok(b), Ok(t)) => Ok(prepare_cls(
+            &inputs,
+            b,
+            t,
+            inputs.cls_source.as_ref(),
+            &scale,
+        )?),
         (Err(a), Err(b)) => Err(format!("{a}; {b}")),
         (Err(e), _) | (_, Err(e)) => Err(e.clone()),
     };
@@ -881,21 +904,32 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         (Err(e), _) | (_, Err(e)) => Err(e.clone()),
     };
     let d2t_seeds = scale.d2t_seeds(standard);
-    let mut jobs = Vec::new();
-    if let Ok(c) = &cls {
-        jobs.extend(cls_jobs(c, &scale, inputs.device));
-    }
-    if let Ok(d) = &d2t {
-        jobs.extend(d2t_jobs(d, &scale, &d2t_seeds, inputs.device));
-    }
     let mut runner = Runner::new(&ctx.out.join("runs"), ctx.exe.clone(), ctx.workers)?;
-    let placed = runner.place(jobs)?;
-    let runs = runner.run_all(&placed)?;
-    runner.finish_all();
+    // Classification: the paper part's grid (continued public training, public proxy, paired
+    // seeds, positive control) on the upcycled encoder, without the ablations.
     let cls_t = match &cls {
-        Ok(c) => cls_table(&runs, c, &scale, &ctx.out)?,
-        Err(why) => skipped(CLS_SLUG, CLS_TITLE, why),
+        Ok(c) => {
+            let workers = if ctx.exe.is_some() { ctx.workers } else { 0 };
+            let r = run_cls_grid(
+                &mut runner,
+                std::slice::from_ref(c),
+                scale.cls.clone(),
+                inputs.device,
+                false,
+                workers,
+            )?;
+            let mut t = evidence(&r, &ctx.out, &MINILM_EVIDENCE)?;
+            t.notes.extend(r.notes.iter().cloned());
+            t
+        }
+        Err(why) => skipped(MINILM_EVIDENCE.slug, MINILM_EVIDENCE.title, why),
     };
+    let mut runs = BTreeMap::new();
+    if let Ok(d) = &d2t {
+        let placed = runner.place(d2t_jobs(d, &scale, &d2t_seeds, inputs.device))?;
+        runs = runner.run_all(&placed)?;
+    }
+    runner.finish_all();
     let d2t_t = match &d2t {
         Ok(d) => d2t_table(&runs, d, &scale, &d2t_seeds, &ctx.out)?,
         Err(why) => skipped(D2T_SLUG, D2T_TITLE, why),
@@ -916,17 +950,33 @@ mod tests {
             ("standard", Scale::standard(), true),
             ("full", Scale::full(), false),
         ] {
+            let pre = |p: &str| crate::paper::pretrain::Pretraining {
+                job: Job {
+                    label: "pretrain".into(),
+                    cfg: RunConfig::default(),
+                },
+                run: PathBuf::from(format!("/{p}/run")),
+                hf: PathBuf::from(format!("/{p}/hf")),
+                drop_head: true,
+            };
             let c = ClsPrepared {
+                size_note: String::new(),
                 task: ClsTask {
                     name: "rt".into(),
                     public: PathBuf::from("/p.tsv"),
                     train: PathBuf::from("/t.tsv"),
                     validation: PathBuf::from("/v.tsv"),
                 },
-                model: PathBuf::from("/moe"),
-                tokenizer: TokenizerSpec::Model,
+                source: "crowdflower".into(),
+                backbone: Backbone {
+                    kind: ModelKind::MoeBert,
+                    tokenizer: TokenizerSpec::from(Path::new("/tokenizer.json")),
+                    pooling: Some(Pooling::Mean),
+                },
+                pre: pre("moe"),
+                public_records: 2000,
                 train_records: 7000,
-                note: String::new(),
+                proxy: (PathBuf::from("/pt.tsv"), PathBuf::from("/pv.tsv"), 1600),
             };
             let d = D2tPrepared {
                 task: D2tTask {
@@ -945,12 +995,29 @@ mod tests {
                 note: String::new(),
             };
             let seeds = s.d2t_seeds(standard);
-            let mut jobs = cls_jobs(&c, &s, DeviceSpec::Cpu);
-            assert_eq!(jobs.len(), s.seeds.len() * s.epsilons.len() * 2, "{name}");
+            // The classification grid is the paper part's (checked there): here, that every
+            // run fine-tunes the upcycled encoder with its tokenizer and mean pooling, without
+            // the ablations.
+            let chosen = crate::paper::Chosen::new();
+            let mut jobs = crate::paper::proxy_jobs(&c, &s.cls, DeviceSpec::Cpu, false, &chosen);
+            let main = crate::paper::cls_jobs(&c, false, &s.cls, DeviceSpec::Cpu, &chosen);
+            assert_eq!(
+                main.len(),
+                s.cls.seeds.len()
+                    * (3 + s.cls.epsilons.len() * crate::paper::CLASSIFICATION_METHODS.len()),
+                "{name}"
+            );
+            jobs.extend(main);
+            for j in &jobs {
+                assert_eq!(j.cfg.model.kind, ModelKind::MoeBert, "{name}: {}", j.label);
+                assert_eq!(j.cfg.model.path, Some(PathBuf::from("/moe/hf")));
+                assert_eq!(j.cfg.model.pooling, Pooling::Mean);
+            }
+            let n_cls = jobs.len();
             jobs.extend(d2t_jobs(&d, &s, &seeds, DeviceSpec::Cpu));
             assert_eq!(
-                jobs.len(),
-                (2 * s.seeds.len() + 3 * seeds.len()) * s.epsilons.len(),
+                jobs.len() - n_cls,
+                3 * seeds.len() * s.epsilons.len(),
                 "{name}"
             );
             let mut keys = std::collections::BTreeSet::new();
@@ -959,7 +1026,6 @@ mod tests {
                 j.cfg
                     .validate()
                     .unwrap_or_else(|e| panic!("{name}: {}: {e}", j.label));
-                assert!(j.cfg.method.name.is_private(), "{name}: {}", j.label);
                 assert!(j.cfg.train.insecure_seed.is_some());
                 assert!(labels.insert(j.label.clone()), "{name}: {}", j.label);
                 assert!(

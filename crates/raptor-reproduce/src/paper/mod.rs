@@ -17,7 +17,7 @@
 //! not private releases.
 
 pub(crate) mod pretrain;
-mod report;
+pub(crate) mod report;
 pub(super) mod runs;
 
 use std::collections::BTreeMap;
@@ -278,31 +278,58 @@ pub fn label(task: &str, method: &str, variant: &str, eps: Option<f64>, seed: u6
     }
 }
 
-fn cls_base(task: &ClsTask, s: &Scale, tok: &Path, model: &Path, device: DeviceSpec) -> RunConfig {
-    let mut c = RunConfig::default();
-    c.train.device = device;
-    c.data.format = DataFormat::Table;
-    c.data.train = task.train.clone();
-    c.data.validation = Some(task.validation.clone());
-    c.data.public = Some(task.public.clone());
-    c.data.text_column = "text".into();
-    c.data.label_column = "label".into();
-    c.data.max_length = s.cls_max_len;
-    c.model.kind = ModelKind::Switch;
-    c.model.path = Some(model.to_path_buf());
-    c.model.tokenizer = TokenizerSpec::from(tok);
-    c.train.steps = Some(s.finetune.0);
-    c.train.batch_size = s.finetune.1;
-    c.train.lr = s.finetune.2;
-    c.train.micro_batch = 256;
-    c.train.checkpoint_every = 0;
-    c.train.eval_every = 0;
-    c.train.clip = 1.0;
-    c.train.clip_expert = 1.0;
-    c.lora.r = 8;
-    c.lora.alpha = 16.0;
-    c.privacy.accuracy = 1e-3;
-    c
+/// What a classification grid fine-tunes, besides the checkpoint: the model family, the
+/// tokenizer and the pooling of the head.
+#[derive(Debug, Clone)]
+pub(crate) struct Backbone {
+    /// `model.kind` of every run.
+    pub kind: ModelKind,
+    /// `model.tokenizer` of every run.
+    pub tokenizer: TokenizerSpec,
+    /// `model.pooling` (None: the family's default).
+    pub pooling: Option<raptor_train::config::Pooling>,
+}
+
+impl Backbone {
+    /// The from-scratch Switch encoder with the WordPiece tokenizer at `tok`.
+    fn switch(tok: &Path) -> Self {
+        Self {
+            kind: ModelKind::Switch,
+            tokenizer: TokenizerSpec::from(tok),
+            pooling: None,
+        }
+    }
+}
+
+fn cls_base(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
+    let task = &c.task;
+    let mut c2 = RunConfig::default();
+    c2.train.device = device;
+    c2.data.format = DataFormat::Table;
+    c2.data.train = task.train.clone();
+    c2.data.validation = Some(task.validation.clone());
+    c2.data.public = Some(task.public.clone());
+    c2.data.text_column = "text".into();
+    c2.data.label_column = "label".into();
+    c2.data.max_length = s.cls_max_len;
+    c2.model.kind = c.backbone.kind;
+    c2.model.path = Some(c.pre.hf.clone());
+    c2.model.tokenizer = c.backbone.tokenizer.clone();
+    if let Some(p) = c.backbone.pooling {
+        c2.model.pooling = p;
+    }
+    c2.train.steps = Some(s.finetune.0);
+    c2.train.batch_size = s.finetune.1;
+    c2.train.lr = s.finetune.2;
+    c2.train.micro_batch = 256;
+    c2.train.checkpoint_every = 0;
+    c2.train.eval_every = 0;
+    c2.train.clip = 1.0;
+    c2.train.clip_expert = 1.0;
+    c2.lora.r = 8;
+    c2.lora.alpha = 16.0;
+    c2.privacy.accuracy = 1e-3;
+    c2
 }
 
 /// The expected batch, capped at half the records (small inputs: q = B/N stays ≤ 1/2).
@@ -327,17 +354,19 @@ pub(super) fn read_lines(path: &Path, column: &str) -> anyhow::Result<Vec<String
 /// on **another** corpus's public split (the private task then has room to learn: a new head,
 /// features from another task), and its public proxy (the task's own public split, cut in two)
 /// on which every method's hyperparameters are chosen.
-struct ClsPrepared {
-    size_note: String,
-    task: ClsTask,
+pub(crate) struct ClsPrepared {
+    pub(crate) size_note: String,
+    pub(crate) task: ClsTask,
     /// The corpus the encoder was pretrained on (its public split).
-    source: String,
-    tok: PathBuf,
-    pre: pretrain::Pretraining,
-    public_records: usize,
-    train_records: usize,
+    pub(crate) source: String,
+    /// The model family, tokenizer and pooling of every run.
+    pub(crate) backbone: Backbone,
+    /// The (continued) public pretraining whose exported folder every run starts from.
+    pub(crate) pre: pretrain::Pretraining,
+    pub(crate) public_records: usize,
+    pub(crate) train_records: usize,
     /// The public proxy: training part, validation part, and the training part's size.
-    proxy: (PathBuf, PathBuf, usize),
+    pub(crate) proxy: (PathBuf, PathBuf, usize),
 }
 
 /// Tokenizer (trained now on public text only, cached), pretraining plan (on `source`'s public
@@ -441,7 +470,7 @@ fn prepare_cls(
         size_note,
         task,
         source: source.name.clone(),
-        tok,
+        backbone: Backbone::switch(&tok),
         pre,
         public_records: src_lines.len(),
         train_records,
@@ -452,7 +481,7 @@ fn prepare_cls(
 /// A task's public split cut in two (every fifth record to the validation part), cached as
 /// TSV: the public proxy on which hyperparameters are chosen. Returns (train, validation,
 /// training records).
-fn proxy_split(
+pub(crate) fn proxy_split(
     cache: &Path,
     task: &str,
     public: &Path,
@@ -525,14 +554,14 @@ impl Choice {
 /// The fine-tuning config every run of a task starts from (data.public is the task's public
 /// split: routing statistics, layer choice, clip bounds; SGD, where chosen, with momentum 0.9).
 fn base_for(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
-    let mut base = cls_base(&c.task, s, &c.tok, &c.pre.hf, device);
+    let mut base = cls_base(c, s, device);
     base.train.batch_size = fit_batch(base.train.batch_size, c.train_records);
     base.train.momentum = 0.9;
     base
 }
 
 /// Chosen hyperparameters per tuned cell (method, variant, ε bits), with the proxy accuracy.
-type Chosen = BTreeMap<(Method, &'static str, Option<u64>), (Choice, f64)>;
+pub(crate) type Chosen = BTreeMap<(Method, &'static str, Option<u64>), (Choice, f64)>;
 
 /// Sets a method's own settings: every private method takes its clip bounds from the public
 /// split (median gradient norm) and RAPTOR counts its budget per stream (each stream gets the
@@ -607,7 +636,7 @@ fn proxy_label(task: &str, m: Method, variant: &str, eps: Option<f64>, ch: &Choi
 /// `raptor`, after the others were chosen), trained on the training part of the task's public
 /// split at the private runs' sampling rate q, number of updates and δ (hence the same σ),
 /// scored on its validation part; one seed.
-fn proxy_jobs(
+pub(crate) fn proxy_jobs(
     c: &ClsPrepared,
     s: &Scale,
     device: DeviceSpec,
@@ -668,9 +697,9 @@ fn choose(c: &ClsPrepared, s: &Scale, runs: &BTreeMap<String, Summary>, chosen: 
 /// non-private references (LoRA on attention + experts + head; without the experts: the
 /// positive control), and every private method at every ε; ablations and layer choice on the
 /// first task at the largest ε.
-fn cls_jobs(
+pub(crate) fn cls_jobs(
     c: &ClsPrepared,
-    first: bool,
+    ablations: bool,
     s: &Scale,
     device: DeviceSpec,
     chosen: &Chosen,
@@ -717,7 +746,7 @@ fn cls_jobs(
             }
         }
     }
-    if first {
+    if ablations {
         for &seed in s.seeds.iter().take(report::ABLATION_SEEDS) {
             for (variant, f) in report::ABLATIONS {
                 let mut cfg = tuned(Method::Raptor, "", Some(max_eps));
@@ -787,14 +816,18 @@ fn pretrained_note(c: &ClsPrepared) -> Option<String> {
     let bytes = std::fs::read(c.pre.run.join("summary.json")).ok()?;
     let sm: Summary = serde_json::from_slice(&bytes).ok()?;
     Some(format!(
-        "{}: the encoder's pretraining on {}'s public split ({} records, {} updates) scores {:.1} % on {}'s own validation split (its task, not {}'s).",
+        "{}: the encoder's pretraining on {}'s public split ({} records, {} updates) scores {:.1} % on {}'s own validation split{}.",
         c.task.name,
         c.source,
         c.public_records,
         sm.updates,
         100.0 * sm.accuracy?,
         c.source,
-        c.task.name
+        if c.source == c.task.name {
+            String::new()
+        } else {
+            format!(" (its task, not {}'s)", c.task.name)
+        }
     ))
 }
 
@@ -848,6 +881,30 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         .enumerate()
         .map(|(i, t)| prepare_cls(&inputs, t, &inputs.cls[(i + 1) % n], &scale))
         .collect::<anyhow::Result<_>>()?;
+    let results = run_cls_grid(
+        &mut runner,
+        &cls,
+        scale,
+        inputs.device,
+        true,
+        if ctx.exe.is_some() { ctx.workers } else { 0 },
+    )?;
+    runner.finish_all();
+    report::classification_tables(&results, &ctx.out, inputs.cls_missing.as_deref())
+}
+
+/// Runs a classification grid on prepared tasks in three phases: public pretraining of every
+/// task (cached across results folders), learning rates chosen on each task's public proxy,
+/// then the private fine-tuning grid (with the ablations and layer choice on the first task
+/// when `ablations`). `workers` is recorded in the results (0: runs in this process).
+pub(crate) fn run_cls_grid(
+    runner: &mut Runner,
+    cls: &[ClsPrepared],
+    scale: Scale,
+    device: DeviceSpec,
+    ablations: bool,
+    workers: usize,
+) -> anyhow::Result<Results> {
     // Phase 1: public pretraining (cached across results folders).
     let mut pre: Vec<Placed> = Vec::new();
     for p in cls.iter().map(|c| &c.pre) {
@@ -868,7 +925,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     for raptor in [false, true] {
         let mut jobs = Vec::new();
         for (c, ch) in cls.iter().zip(&chosen) {
-            jobs.extend(proxy_jobs(c, &scale, inputs.device, raptor, ch));
+            jobs.extend(proxy_jobs(c, &scale, device, raptor, ch));
         }
         let placed = runner.place(jobs)?;
         proxy_runs.extend(runner.run_all(&placed)?);
@@ -879,11 +936,10 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     // Phase 3: private fine-tuning.
     let mut jobs = Vec::new();
     for (i, (c, ch)) in cls.iter().zip(&chosen).enumerate() {
-        jobs.extend(cls_jobs(c, i == 0, &scale, inputs.device, ch));
+        jobs.extend(cls_jobs(c, ablations && i == 0, &scale, device, ch));
     }
     let placed = runner.place(jobs)?;
     let out = runner.run_all(&placed)?;
-    runner.finish_all();
     let mut notes: Vec<String> = cls.iter().map(|c| c.size_note.clone()).collect();
     notes.extend(cls.iter().filter_map(pretrained_note));
     for (c, ch) in cls.iter().zip(&chosen) {
@@ -916,9 +972,9 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         scale,
         cls: cls.iter().map(|c| c.task.name.clone()).collect(),
         notes,
-        workers: if ctx.exe.is_some() { ctx.workers } else { 0 },
+        workers,
     };
-    report::classification_tables(&results, &ctx.out, inputs.cls_missing.as_deref())
+    Ok(results)
 }
 
 #[cfg(test)]
@@ -957,7 +1013,7 @@ mod tests {
                 size_note: String::new(),
                 task: task(n),
                 source: "other".into(),
-                tok: PathBuf::from("/tok.json"),
+                backbone: Backbone::switch(Path::new("/tok.json")),
                 pre: fake_pre("switch"),
                 public_records: 2000,
                 train_records: 20_000,

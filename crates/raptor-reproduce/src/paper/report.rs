@@ -136,7 +136,7 @@ pub fn classification_tables(
         }]);
     }
     let mut tables = vec![
-        evidence(r, out)?,
+        evidence(r, out, &PAPER_EVIDENCE)?,
         table1(r, out)?,
         ablation(r)?,
         layer_choice(r, out)?,
@@ -184,13 +184,30 @@ fn diff_cell(d: &[f64]) -> (String, Option<bool>) {
     }
 }
 
+/// Where an evidence table goes: its slug, title and the file of its paired-differences plot.
+pub(crate) struct EvidenceNames {
+    /// Table slug (file name without `.md`).
+    pub slug: &'static str,
+    /// Table title.
+    pub title: &'static str,
+    /// The plot's file name.
+    pub plot: &'static str,
+}
+
+/// The miniature's evidence table.
+const PAPER_EVIDENCE: EvidenceNames = EvidenceNames {
+    slug: "paper-evidence",
+    title: "RAPTOR vs its baselines, with room to learn (pretrained on another task, tuned on public data, paired seeds)",
+    plot: "raptor-paired-differences.png",
+};
+
 /// One cell's bars: label, RAPTOR − DP-Adam LoRA (mean, half-width), RAPTOR − shared only.
 type Bar = (String, f64, f64, f64, f64);
 
 /// The evidence table: per task and ε, the pretrained start, the non-private references (the
 /// positive control: LoRA with and without the experts), every private method, RAPTOR's paired
 /// differences against DP-Adam LoRA and shared-only, and the verdict of [`DECISION_RULE`].
-fn evidence(r: &Results, out: &Path) -> anyhow::Result<Table> {
+pub(crate) fn evidence(r: &Results, out: &Path, names: &EvidenceNames) -> anyhow::Result<Table> {
     let columns: Vec<String> = [
         "task",
         "ε",
@@ -320,7 +337,7 @@ fn evidence(r: &Results, out: &Path) -> anyhow::Result<Table> {
         }
     }
     if !bars.is_empty() {
-        let file = "raptor-paired-differences.png";
+        let file = names.plot;
         let series = |name: &str, pick: fn(&Bar) -> (f64, f64)| Series {
             name: name.into(),
             points: bars
@@ -356,8 +373,8 @@ fn evidence(r: &Results, out: &Path) -> anyhow::Result<Table> {
         notes.push(plot_note(file, "RAPTOR's paired differences per cell"));
     }
     Ok(Table {
-        slug: "paper-evidence".into(),
-        title: "RAPTOR vs its baselines, with room to learn (pretrained on another task, tuned on public data, paired seeds)".into(),
+        slug: names.slug.into(),
+        title: names.title.into(),
         columns,
         rows,
         notes,
