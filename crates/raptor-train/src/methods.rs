@@ -496,97 +496,151 @@ fn optimizer_of(inputs: &PlanInputs<'_>, name: &str) -> Optim {
     }
 }
 
-/// RAPTOR and its one-stream ablations: a shared stream (every trainable parameter outside the
-/// routed experts) and one stream per routed expert of `layer`, each its own clip group and
-/// release; the expert releases compose in parallel over the layer.
-fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyPlan> {
-    let cfg = inputs.cfg;
-    let method = cfg.method.name;
-    let (b, e, private) = (inputs.b, inputs.experts, inputs.private);
-    let clip = cfg.train.clip;
-    let l = layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
-    let residual = match cfg.method.residual {
-        ResidualWeight::Prob => Residual::Prob,
-        ResidualWeight::Margin => Residual::Margin,
-        ResidualWeight::None => Residual::None,
-    };
-    let d_e = match cfg.method.expert_denominator {
-        ExpertDenominator::Batch => b,
-        ExpertDenominator::ExpectedOwner => b / e as f64,
-    };
-    let global = match cfg.method.expert_clip {
-        ExpertClip::Global => true,
-        ExpertClip::Role => false,
-    };
-    let shared_group = ClipGroup {
-        name: GroupId::Shared,
-        params: inputs
-            .names
-            .iter()
-            .filter(|n| inputs.expert_of(n).is_none())
-            .cloned()
-            .collect(),
-        bound: clip,
-        weighted: false,
-        release: true,
-    };
-    let expert = |x: usize| ExpertId {
-        layer: l,
-        expert: x,
-    };
-    let expert_groups: Vec<ClipGroup> = (0..e)
-        .map(|x| ClipGroup {
-            name: GroupId::Expert(expert(x)),
-            params: inputs.roles.expert_params(expert(x)),
-            bound: if global { clip } else { cfg.train.clip_expert },
-            weighted: residual != Residual::None,
+/// The clip groups of RAPTOR's streams over one sparse layer, and the phases built from them.
+struct Streams {
+    /// RAPTOR's layer.
+    layer: usize,
+    /// Experts of the layer.
+    experts: usize,
+    /// Expected batch B (the shared stream's public denominator).
+    b: f64,
+    /// The expert streams' public denominator D_e.
+    d_e: f64,
+    /// The shared bound C (also the global bound when `global`).
+    clip: f64,
+    /// Global clipping (one factor over shared + expert gradients).
+    global: bool,
+    residual: Residual,
+    private: bool,
+    /// Every trainable parameter outside the routed experts.
+    shared: ClipGroup,
+    /// One group per routed expert of the layer.
+    expert_groups: Vec<ClipGroup>,
+    /// The layer's expert-module prefix (where the residual weight is disabled).
+    expert_modules: String,
+}
+
+impl Streams {
+    /// The streams of `inputs` at `layer`; every routed expert of it must have a trainable
+    /// parameter.
+    fn new(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<Self> {
+        let cfg = inputs.cfg;
+        let l = layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
+        let residual = match cfg.method.residual {
+            ResidualWeight::Prob => Residual::Prob,
+            ResidualWeight::Margin => Residual::Margin,
+            ResidualWeight::None => Residual::None,
+        };
+        let global = match cfg.method.expert_clip {
+            ExpertClip::Global => true,
+            ExpertClip::Role => false,
+        };
+        let clip = cfg.train.clip;
+        let shared = ClipGroup {
+            name: GroupId::Shared,
+            params: inputs
+                .names
+                .iter()
+                .filter(|n| inputs.expert_of(n).is_none())
+                .cloned()
+                .collect(),
+            bound: clip,
+            weighted: false,
             release: true,
+        };
+        let expert_groups: Vec<ClipGroup> = (0..inputs.experts)
+            .map(|x| {
+                let id = ExpertId {
+                    layer: l,
+                    expert: x,
+                };
+                ClipGroup {
+                    name: GroupId::Expert(id),
+                    params: inputs.roles.expert_params(id),
+                    bound: if global { clip } else { cfg.train.clip_expert },
+                    weighted: residual != Residual::None,
+                    release: true,
+                }
+            })
+            .collect();
+        if expert_groups.iter().any(|g| g.params.is_empty()) {
+            return Err(TrainError::Config(format!(
+                "layer {l}: some routed experts have no trainable parameter"
+            )));
+        }
+        Ok(Self {
+            layer: l,
+            experts: inputs.experts,
+            b: inputs.b,
+            d_e: match cfg.method.expert_denominator {
+                ExpertDenominator::Batch => inputs.b,
+                ExpertDenominator::ExpectedOwner => inputs.b / inputs.experts as f64,
+            },
+            clip,
+            global,
+            residual,
+            private: inputs.private,
+            shared,
+            expert_groups,
+            expert_modules: inputs.fam.expert_modules(l),
         })
-        .collect();
-    if expert_groups.iter().any(|g| g.params.is_empty()) {
-        return Err(TrainError::Config(format!(
-            "layer {l}: some routed experts have no trainable parameter"
-        )));
     }
-    let shared_release = |sigma: f64| ReleaseSpec {
-        name: GroupId::Shared.to_string(),
-        groups: vec![GroupId::Shared],
-        sigma,
-        denominator: b,
-        charge: Charge::Sequential,
-    };
-    let shared_phase = |sigma: f64| Phase {
-        name: "shared".into(),
-        groups: vec![shared_group.clone()],
-        global_clip: None,
-        releases: vec![shared_release(sigma)],
-        owner_layers: vec![],
-        residual: Residual::None,
-        residual_disable: vec![],
-        private,
-    };
-    // The expert releases at σ_e; with `shared_sigma`, the shared stream is released from the
-    // same sample too, at its own σ (one sample per update feeds both streams).
-    let expert_phase = |sigma: f64, shared_sigma: Option<f64>| -> Phase {
-        let mut groups = expert_groups.clone();
-        let mut releases: Vec<ReleaseSpec> = (0..e)
+
+    fn expert(&self, x: usize) -> ExpertId {
+        ExpertId {
+            layer: self.layer,
+            expert: x,
+        }
+    }
+
+    /// The shared stream's release at σ (denominator B, sequential composition).
+    fn shared_release(&self, sigma: f64) -> ReleaseSpec {
+        ReleaseSpec {
+            name: GroupId::Shared.to_string(),
+            groups: vec![GroupId::Shared],
+            sigma,
+            denominator: self.b,
+            charge: Charge::Sequential,
+        }
+    }
+
+    /// The shared stream alone.
+    fn shared_phase(&self, sigma: f64) -> Phase {
+        Phase {
+            name: "shared".into(),
+            groups: vec![self.shared.clone()],
+            global_clip: None,
+            releases: vec![self.shared_release(sigma)],
+            owner_layers: vec![],
+            residual: Residual::None,
+            residual_disable: vec![],
+            private: self.private,
+        }
+    }
+
+    /// The expert releases at σ_e (denominator D_e, parallel over the layer); with
+    /// `shared_sigma`, the shared stream is released from the same sample too, at its own σ
+    /// (one sample per update feeds both streams).
+    fn expert_phase(&self, sigma: f64, shared_sigma: Option<f64>) -> Phase {
+        let mut groups = self.expert_groups.clone();
+        let mut releases: Vec<ReleaseSpec> = (0..self.experts)
             .map(|x| ReleaseSpec {
-                name: expert(x).to_string(),
-                groups: vec![GroupId::Expert(expert(x))],
+                name: self.expert(x).to_string(),
+                groups: vec![GroupId::Expert(self.expert(x))],
                 sigma,
-                denominator: d_e,
-                charge: Charge::Parallel(expert(x)),
+                denominator: self.d_e,
+                charge: Charge::Parallel(self.expert(x)),
             })
             .collect();
         match shared_sigma {
             Some(s) => {
-                groups.push(shared_group.clone());
-                releases.insert(0, shared_release(s));
+                groups.push(self.shared.clone());
+                releases.insert(0, self.shared_release(s));
             }
-            None if global => {
+            None if self.global => {
                 // Global clipping: the factor is taken over shared + expert gradients, but
                 // only the expert sums are released in this phase.
-                let mut sg = shared_group.clone();
+                let mut sg = self.shared.clone();
                 sg.release = false;
                 groups.push(sg);
             }
@@ -599,41 +653,42 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
                 "experts".into()
             },
             groups,
-            global_clip: if global { Some(clip) } else { None },
+            global_clip: self.global.then_some(self.clip),
             releases,
-            owner_layers: vec![l],
-            residual,
-            residual_disable: vec![inputs.fam.expert_modules(l)],
-            private,
+            owner_layers: vec![self.layer],
+            residual: self.residual,
+            residual_disable: vec![self.expert_modules.clone()],
+            private: self.private,
         }
-    };
+    }
+}
+
+/// RAPTOR and its one-stream ablations: a shared stream (every trainable parameter outside the
+/// routed experts) and one stream per routed expert of `layer`, each its own clip group and
+/// release; the expert releases compose in parallel over the layer.
+fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyPlan> {
+    let streams = Streams::new(inputs, layer)?;
     let updates = inputs.updates;
-    match method {
+    let one_stream = |phase: Phase, stream: Stream, sigma: f64, pe: f64| FamilyPlan {
+        phases: vec![phase],
+        pattern: vec![0],
+        sigmas: Sigmas::One { stream, sigma },
+        planned_epsilon: pe,
+        split: "single".into(),
+    };
+    match inputs.cfg.method.name {
         Method::SharedOnly => {
             let (s, pe) = inputs.single_sigma(updates)?;
-            Ok(FamilyPlan {
-                phases: vec![shared_phase(s)],
-                pattern: vec![0],
-                sigmas: Sigmas::One {
-                    stream: Stream::Shared,
-                    sigma: s,
-                },
-                planned_epsilon: pe,
-                split: "single".into(),
-            })
+            Ok(one_stream(streams.shared_phase(s), Stream::Shared, s, pe))
         }
         Method::ExpertOnly => {
             let (s, pe) = inputs.single_sigma(updates)?;
-            Ok(FamilyPlan {
-                phases: vec![expert_phase(s, None)],
-                pattern: vec![0],
-                sigmas: Sigmas::One {
-                    stream: Stream::Experts,
-                    sigma: s,
-                },
-                planned_epsilon: pe,
-                split: "single".into(),
-            })
+            Ok(one_stream(
+                streams.expert_phase(s, None),
+                Stream::Experts,
+                s,
+                pe,
+            ))
         }
         Method::Raptor
         | Method::DpAdamLora
@@ -646,80 +701,85 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
         | Method::DpMuon
         | Method::DpMuonbc
         | Method::Muon
-        | Method::Adam => {
-            let alternate = cfg.method.alternate;
-            // Alternating: each phase draws its own samples; otherwise one sample per update
-            // feeds both streams (and both run every update).
-            let (pattern, ts, te) = if alternate {
-                let pattern =
-                    alternating_pattern(cfg.method.shared_steps, cfg.method.expert_steps, updates);
-                let counts = crate::streams::pattern_counts(&pattern, 2, updates);
-                (pattern, counts[0], counts[1])
-            } else {
-                (vec![0], updates, updates)
-            };
-            if ts == 0 || te == 0 {
-                return Err(TrainError::Config(format!(
-                    "train.steps = {updates} leaves a stream without updates (shared {ts}, expert {te})"
-                )));
-            }
-            let mut split = "single".to_string();
-            let mut planned_epsilon = f64::INFINITY;
-            let (ss, se) = if private {
-                let plans = plan_budget(
-                    &PlanRequest {
-                        epsilon: cfg.privacy.epsilon,
-                        delta: inputs.delta,
-                        rho: cfg.privacy.rho,
-                        shared: PlanStream {
-                            q: inputs.q,
-                            steps: ts,
-                        },
-                        expert: PlanStream {
-                            q: inputs.q,
-                            steps: te,
-                        },
-                        layers: 1,
-                        sampling: if alternate {
-                            StreamSampling::Alternating
-                        } else {
-                            StreamSampling::Simultaneous
-                        },
-                    },
-                    &inputs.acc,
-                )?;
-                split = if alternate {
-                    cfg.privacy.split.name().to_string()
-                } else {
-                    // One mechanism per update: no additive split exists.
-                    "joint (one sample per update)".to_string()
-                };
-                let p = match cfg.privacy.split {
-                    BudgetSplit::Joint => plans.joint,
-                    BudgetSplit::Additive => plans.additive,
-                };
-                planned_epsilon = p.epsilon_composed.upper;
-                (p.shared.sigma, p.expert.sigma)
-            } else {
-                (0.0, 0.0)
-            };
-            let phases = if alternate {
-                vec![shared_phase(ss), expert_phase(se, None)]
-            } else {
-                vec![expert_phase(se, Some(ss))]
-            };
-            Ok(FamilyPlan {
-                phases,
-                pattern,
-                sigmas: Sigmas::SharedAndExperts {
-                    shared: ss,
-                    experts: se,
-                },
-                planned_epsilon,
-                split,
-            })
-        }
+        | Method::Adam => two_streams_plan(inputs, &streams),
     }
+}
+
+/// RAPTOR's two streams: alternating phases (each draws its own sample) or, without
+/// alternation, one sample per update feeding both; both σ's calibrated together by the
+/// planner so that the composed mechanism meets the target.
+fn two_streams_plan(inputs: &PlanInputs<'_>, streams: &Streams) -> Result<FamilyPlan> {
+    let cfg = inputs.cfg;
+    let updates = inputs.updates;
+    let alternate = cfg.method.alternate;
+    let (pattern, ts, te) = if alternate {
+        let pattern =
+            alternating_pattern(cfg.method.shared_steps, cfg.method.expert_steps, updates);
+        let counts = crate::streams::pattern_counts(&pattern, 2, updates);
+        (pattern, counts[0], counts[1])
+    } else {
+        (vec![0], updates, updates)
+    };
+    if ts == 0 || te == 0 {
+        return Err(TrainError::Config(format!(
+            "train.steps = {updates} leaves a stream without updates (shared {ts}, expert {te})"
+        )));
+    }
+    let mut split = "single".to_string();
+    let mut planned_epsilon = f64::INFINITY;
+    let (ss, se) = if inputs.private {
+        let plans = plan_budget(
+            &PlanRequest {
+                epsilon: cfg.privacy.epsilon,
+                delta: inputs.delta,
+                rho: cfg.privacy.rho,
+                shared: PlanStream {
+                    q: inputs.q,
+                    steps: ts,
+                },
+                expert: PlanStream {
+                    q: inputs.q,
+                    steps: te,
+                },
+                layers: 1,
+                sampling: if alternate {
+                    StreamSampling::Alternating
+                } else {
+                    StreamSampling::Simultaneous
+                },
+            },
+            &inputs.acc,
+        )?;
+        split = if alternate {
+            cfg.privacy.split.name().to_string()
+        } else {
+            // One mechanism per update: no additive split exists.
+            "joint (one sample per update)".to_string()
+        };
+        let p = match cfg.privacy.split {
+            BudgetSplit::Joint => plans.joint,
+            BudgetSplit::Additive => plans.additive,
+        };
+        planned_epsilon = p.epsilon_composed.upper;
+        (p.shared.sigma, p.expert.sigma)
+    } else {
+        (0.0, 0.0)
+    };
+    let phases = if alternate {
+        vec![streams.shared_phase(ss), streams.expert_phase(se, None)]
+    } else {
+        vec![streams.expert_phase(se, Some(ss))]
+    };
+    Ok(FamilyPlan {
+        phases,
+        pattern,
+        sigmas: Sigmas::SharedAndExperts {
+            shared: ss,
+            experts: se,
+        },
+        planned_epsilon,
+        split,
+    })
 }
 
 /// One stream over the whole trainable scope, one release per update: a flat clip group, or
