@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod provision;
+mod quickstart;
 
 // The planted noise bugs are for the audit's tests and its measured table only: no build of
 // the program may contain them (cargo's feature unification could switch them on in the

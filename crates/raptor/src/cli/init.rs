@@ -30,6 +30,6 @@ pub fn run_init(a: InitArgs) -> anyhow::Result<()> {
     if let Some(v) = r.config.data.validation.clone() {
         r.config.data.validation = Some(abs(&v)?);
     }
-    print!("{}", raptor_train::quickstart::commented_toml(&r)?);
+    print!("{}", crate::quickstart::commented_toml(&r)?);
     Ok(())
 }

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 
+use crate::quickstart::{QuickStart, Resolved};
 use raptor_train::config::{Choice, DEFAULT_CONFIG, Method, MethodFamily, RunConfig, Scope};
-use raptor_train::quickstart::{QuickStart, Resolved};
 
 use super::progress::{Mode, Reporter};
 
@@ -98,19 +98,19 @@ impl QuickArgs {
             random_init: self.random_init,
         };
         // The columns first: a file that cannot be read fails before anything is fetched.
-        let first = raptor_train::quickstart::resolve(&q, Default::default())?;
+        let first = crate::quickstart::resolve(&q, Default::default())?;
         if self.random_init {
             return Ok(first);
         }
         let mut probe = first.config.clone();
-        raptor_train::provision::provide(&mut probe, quiet)?;
+        crate::provision::provide(&mut probe, quiet)?;
         let facts = probe
             .model
             .path
             .as_deref()
-            .map(raptor_train::provision::backbone_facts)
+            .map(crate::provision::backbone_facts)
             .unwrap_or_default();
-        Ok(raptor_train::quickstart::resolve(&q, facts)?)
+        Ok(crate::quickstart::resolve(&q, facts)?)
     }
 }
 
@@ -145,7 +145,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
             }
             let mut cfg = r.config;
             let cwd = std::env::current_dir().context("cannot read the current folder")?;
-            raptor_train::provision::provide(&mut cfg, args.quiet)?;
+            crate::provision::provide(&mut cfg, args.quiet)?;
             cfg.resolve_paths_against(&cwd);
             cfg
         }
@@ -321,7 +321,7 @@ pub(crate) fn load_config(path: &std::path::Path, quiet: bool) -> anyhow::Result
         .map(|t| t.contains_key("model"))
         .unwrap_or(true);
     if !has_model {
-        raptor_train::provision::apply_default_model(&mut cfg);
+        crate::provision::apply_default_model(&mut cfg);
         if !quiet {
             eprintln!(
                 "{}: no [model] table: using the pretrained {} (add a [model] table for another model or a random init)",
@@ -334,7 +334,7 @@ pub(crate) fn load_config(path: &std::path::Path, quiet: bool) -> anyhow::Result
             );
         }
     }
-    raptor_train::provision::provide(&mut cfg, quiet)?;
+    crate::provision::provide(&mut cfg, quiet)?;
     Ok(cfg)
 }
 

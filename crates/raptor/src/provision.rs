@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use raptor_data::pretrained::{ALL_MINILM_L6_V2, ensure_corpus, ensure_model};
 
-use crate::config::TokenizerSpec;
-use crate::error::{Result, TrainError};
-use crate::upcycle::{RouterData, upcycle_folder};
+use raptor_train::config::TokenizerSpec;
+use raptor_train::error::{Result, TrainError};
+use raptor_train::upcycle::{RouterData, upcycle_folder};
 
 /// Experts per layer of the upcycled backbone.
 pub const MOE_EXPERTS: i64 = 8;
@@ -90,9 +90,12 @@ pub fn ensure_moe_backbone(quiet: bool) -> Result<PathBuf> {
         "router_public_file": router.file.display().to_string(),
         "router_loads": report.router_loads.as_ref().map(|(b, a)| serde_json::json!({"before": b, "after": a})),
     });
-    crate::run::write_atomic(&tmp.join(DONE), &serde_json::to_vec_pretty(&marker)?)?;
+    raptor_train::run::write_atomic(&tmp.join(DONE), &serde_json::to_vec_pretty(&marker)?)?;
     let _ = std::fs::remove_dir_all(&out);
-    std::fs::rename(&tmp, &out).map_err(crate::error::io(&out))?;
+    std::fs::rename(&tmp, &out).map_err(|source| TrainError::Io {
+        path: out.clone(),
+        source,
+    })?;
     Ok(out)
 }
 
@@ -101,8 +104,8 @@ pub fn ensure_moe_backbone(quiet: bool) -> Result<PathBuf> {
 /// and its baselines (and the MoE LoRA methods) the upcycled one (`moe-bert`,
 /// [`crate::quickstart::MOE_BACKBONE`]) with the public Rotten Tomatoes split for the layer
 /// choice when the config gives no public file. Call [`provide`] next to fetch them.
-pub fn apply_default_model(cfg: &mut crate::config::RunConfig) {
-    use crate::config::{Method, ModelKind};
+pub fn apply_default_model(cfg: &mut raptor_train::config::RunConfig) {
+    use raptor_train::config::{Method, ModelKind};
     let m = cfg.method.name;
     let moe = m.needs_experts()
         || matches!(
@@ -133,7 +136,7 @@ pub fn apply_default_model(cfg: &mut crate::config::RunConfig) {
 ///
 /// # Errors
 /// As [`ensure_backbone`] / [`ensure_moe_backbone`], or a failed corpus fetch.
-pub fn provide(cfg: &mut crate::config::RunConfig, quiet: bool) -> Result<()> {
+pub fn provide(cfg: &mut raptor_train::config::RunConfig, quiet: bool) -> Result<()> {
     let cache = raptor_data::cache::default_cache_dir();
     // A bare name, the cache folder it resolves to, or (when the cache lacked it as the config
     // was read) the same name resolved next to the config file and missing there.

@@ -22,12 +22,12 @@
 //! N, the number of training records, is treated as public, as everywhere in raptor (q = B/N);
 //! the label set is read from the training file and so is revealed by the run.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use raptor_data::detect::{Detection, detect_columns};
+use raptor_data::detect::detect_columns;
 
-use crate::config::{Method, ModelKind, RunConfig, Scope, TokenizerSpec};
-use crate::error::{Result, TrainError};
+use raptor_train::config::{Method, ModelKind, RunConfig, Scope, TokenizerSpec};
+use raptor_train::error::{Result, TrainError};
 
 /// The pretrained backbone of a run with no model given (a model of
 /// `raptor_data::pretrained::MODELS`).
@@ -65,8 +65,6 @@ pub struct QuickStart {
 pub struct Resolved {
     /// The config (data paths as given; the model as a name of the cache).
     pub config: RunConfig,
-    /// The columns and label set found in the training file.
-    pub detection: Detection,
     /// Records in the training file (before any validation hold-out).
     pub records: usize,
     /// What was assumed or chosen and why, one sentence each (columns, backbone, B, T, lr).
@@ -75,27 +73,14 @@ pub struct Resolved {
 
 /// The expected batch of the default rule for `n` training records:
 /// `clamp(round(n / 8), 32, 256)`, at most `n`.
-///
-/// ```
-/// use raptor_train::quickstart::default_batch;
-/// assert_eq!(default_batch(2000), 250.0);
-/// assert_eq!(default_batch(100), 32.0);
-/// assert_eq!(default_batch(10), 10.0);
-/// assert_eq!(default_batch(1_000_000), 256.0);
-/// ```
+/// (2,000 records: 250; 100: 32; 10: 10; a million: 256.)
 pub fn default_batch(n: usize) -> f64 {
     let b = ((n as f64) / 8.0).round().clamp(32.0, 256.0);
     b.min(n.max(1) as f64)
 }
 
 /// The updates of the default rule: `clamp(ceil(EPOCHS · n / b), 20, 100)`.
-///
-/// ```
-/// use raptor_train::quickstart::default_updates;
-/// assert_eq!(default_updates(2000, 250.0), 48);
-/// assert_eq!(default_updates(100, 32.0), 20);
-/// assert_eq!(default_updates(1_000_000, 256.0), 100);
-/// ```
+/// (2,000 records at B 250: 48; 100 at 32: 20; a million at 256: 100.)
 pub fn default_updates(n: usize, b: f64) -> u64 {
     ((EPOCHS * n as f64 / b.max(1.0)).ceil() as u64).clamp(20, 100)
 }
@@ -115,12 +100,7 @@ pub struct Backbone {
 /// LoRA targets on the attention projections of the upper half of `layers` BERT layers
 /// (`layer.<i>.attention`, which matches `attention.self.{query,key,value}` and
 /// `attention.output.dense` of layer i).
-///
-/// ```
-/// assert_eq!(raptor_train::quickstart::upper_half_targets(6),
-///            ["layer.3.attention", "layer.4.attention", "layer.5.attention"]);
-/// assert_eq!(raptor_train::quickstart::upper_half_targets(1), ["layer.0.attention"]);
-/// ```
+/// (6 layers: `layer.3`, `layer.4`, `layer.5`; 1 layer: `layer.0`.)
 pub fn upper_half_targets(layers: usize) -> Vec<String> {
     (layers / 2..layers.max(1))
         .map(|i| format!("layer.{i}.attention"))
@@ -253,7 +233,6 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
     notes.extend(notes_early);
     Ok(Resolved {
         config: cfg,
-        detection,
         records: n,
         notes,
     })
@@ -279,16 +258,33 @@ pub fn commented_toml(r: &Resolved) -> Result<String> {
     Ok(out)
 }
 
-/// The data paths of `cfg` made absolute against `base` (what `RunConfig::from_file` does for
-/// a file in `base`), with bare model names resolved against the cache.
-pub fn resolve_against(cfg: &mut RunConfig, base: &Path) {
-    cfg.resolve_paths_against(base);
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
+    /// The rule's batch, updates and LoRA targets at the documented points.
+    #[test]
+    fn the_default_rule_at_documented_points() {
+        assert_eq!(default_batch(2000), 250.0);
+        assert_eq!(default_batch(100), 32.0);
+        assert_eq!(default_batch(10), 10.0);
+        assert_eq!(default_batch(1_000_000), 256.0);
+        assert_eq!(default_updates(2000, 250.0), 48);
+        assert_eq!(default_updates(100, 32.0), 20);
+        assert_eq!(default_updates(135, 32.0), 26);
+        assert_eq!(default_updates(1_000_000, 256.0), 100);
+        assert_eq!(
+            upper_half_targets(6),
+            [
+                "layer.3.attention",
+                "layer.4.attention",
+                "layer.5.attention"
+            ]
+        );
+        assert_eq!(upper_half_targets(1), ["layer.0.attention"]);
+    }
 
     fn table(rows: usize, classes: usize) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
