@@ -33,7 +33,7 @@ use raptor_train::config::{
 use sha2::{Digest, Sha256};
 
 use crate::driver::Context;
-use crate::paper::report::{EvidenceNames, evidence};
+use crate::paper::report::{DiagnosticsNames, EvidenceNames, diagnostics, evidence};
 use crate::paper::runs::{Job, Runner, Summary, file_hash};
 use crate::paper::{
     Backbone, ClsPrepared, ClsTask, D2tTask, Scale as PaperScale, capped, fit_batch, label,
@@ -744,6 +744,12 @@ fn skipped(slug: &str, title: &str, why: &str) -> Table {
     }
 }
 
+/// The upcycled MiniLM's diagnostics table.
+const MINILM_DIAGNOSTICS: DiagnosticsNames = DiagnosticsNames {
+    slug: "backbones-minilm-moe-diagnostics",
+    plot_prefix: "backbones-minilm-moe-snr-per-expert",
+};
+
 /// The upcycled MiniLM's evidence table.
 const MINILM_EVIDENCE: EvidenceNames = EvidenceNames {
     slug: "backbones-minilm-moe",
@@ -920,9 +926,9 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
             )?;
             let mut t = evidence(&r, &ctx.out, &MINILM_EVIDENCE)?;
             t.notes.extend(r.notes.iter().cloned());
-            t
+            vec![t, diagnostics(&r, &ctx.out, &MINILM_DIAGNOSTICS)?]
         }
-        Err(why) => skipped(MINILM_EVIDENCE.slug, MINILM_EVIDENCE.title, why),
+        Err(why) => vec![skipped(MINILM_EVIDENCE.slug, MINILM_EVIDENCE.title, why)],
     };
     let mut runs = BTreeMap::new();
     if let Ok(d) = &d2t {
@@ -934,7 +940,9 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         Ok(d) => d2t_table(&runs, d, &scale, &d2t_seeds, &ctx.out)?,
         Err(why) => skipped(D2T_SLUG, D2T_TITLE, why),
     };
-    Ok(vec![cls_t, d2t_t])
+    let mut tables = cls_t;
+    tables.push(d2t_t);
+    Ok(tables)
 }
 
 #[cfg(test)]

@@ -6,10 +6,14 @@
 //! - **M_role** = ½ Σ_r |norm_share_r − param_share_r| over the roles {attention, head,
 //!   experts of the trained layer}: the total-variation distance between where the per-record
 //!   gradient norm mass sits and where the trainable parameters sit.
-//! - **SNR_e** = ‖Σ_{owned rows} clip(g_i^{(e)})‖ / (σ_e C_e √d_e): the clip is role-wise for
-//!   RAPTOR and the method's own (global) clip for monolithic methods; σ_e C_e the noise std the
-//!   method adds to expert e's coordinates; d_e its trainable parameters. **SNR-CV** = population
-//!   std / mean over the layer's experts.
+//! - **Per-stream signal and noise** over a batch of the run's expected size B (at most 256
+//!   held-out records): the signal of a stream is the norm of its clipped sum, ‖Σ_i
+//!   clip(g_i)‖ over the stream's coordinates, clipped as the method clips (RAPTOR: the shared
+//!   group at C_s and each expert at C_e; a monolithic method: one global factor at C); its
+//!   noise is the norm the release's Gaussian noise has on those coordinates, σ·C·√d (d the
+//!   stream's trainable parameters). The shared stream is the attention adapters with the head;
+//!   the expert streams are the routed experts of the diagnosed layer. **SNR** = signal /
+//!   noise; **SNR-CV** = population std / mean of the experts' SNRs.
 //! - **Clip suppression**: fraction of owned rows whose global clip factor (over all roles) is
 //!   smaller than the factor of the expert gradient alone (a dense-dominated norm shrinking an
 //!   expert gradient that was within its bound).
@@ -66,8 +70,14 @@ pub struct Diagnostics {
     pub role_mismatch: f64,
     /// Per role: (gradient-norm share, parameter share).
     pub roles: BTreeMap<String, (f64, f64)>,
-    /// Per expert SNR.
+    /// Per expert SNR (signal / noise).
     pub snr: Vec<f64>,
+    /// Per expert: the norm of its clipped sum over the batch.
+    pub expert_signal_norms: Vec<f64>,
+    /// Per expert: the norm of its release's noise on its coordinates, σ_e·C_e·√d_e.
+    pub expert_noise_norms: Vec<f64>,
+    /// The shared stream (attention adapters and head): signal, noise and SNR.
+    pub shared: StreamSnr,
     /// SNR-CV.
     pub snr_cv: f64,
     /// Fraction of owned rows whose global factor suppresses the expert gradient.
@@ -76,23 +86,66 @@ pub struct Diagnostics {
     pub dilution: f64,
 }
 
-/// Computes the diagnostics of an MoE classifier on `data` (held-out records). `sigma_e`,
-/// `clip_e`: the noise multiplier and bound that expert coordinates receive under the method;
-/// `global`: whether the method clips globally; `d_e`: its expert denominator; `batch`: B.
-#[allow(clippy::too_many_arguments)]
+/// One stream's clipped signal against its release's noise.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct StreamSnr {
+    /// ‖Σ_i clip(g_i)‖ over the stream's coordinates.
+    pub signal_norm: f64,
+    /// σ·C·√d: the norm of the release's noise on those coordinates.
+    pub noise_norm: f64,
+    /// signal / noise (infinite without noise).
+    pub snr: f64,
+    /// d: the stream's trainable parameters.
+    pub params: i64,
+}
+
+impl StreamSnr {
+    fn new(signal_norm: f64, sigma: f64, bound: f64, params: i64) -> Self {
+        let noise_norm = sigma * bound * (params.max(1) as f64).sqrt();
+        Self {
+            signal_norm,
+            noise_norm,
+            snr: if noise_norm > 0.0 {
+                signal_norm / noise_norm
+            } else {
+                f64::INFINITY
+            },
+            params,
+        }
+    }
+}
+
+/// The noise a method gives the diagnosed coordinates: the release carrying the routed
+/// experts and the one carrying the shared stream (the same release for a monolithic method),
+/// and the expected batch B.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiagNoise {
+    /// The expert releases' σ_e, bound C_e (C for a global clip), denominator D_e.
+    pub expert: crate::streams::ReleaseNoiseSpec,
+    /// The shared release's σ_s and bound C_s.
+    pub shared: crate::streams::ReleaseNoiseSpec,
+    /// Expected batch B.
+    pub batch: f64,
+}
+
+/// Computes the diagnostics of an MoE classifier on `data` (held-out records; a batch of about
+/// the run's B) under the noise `noise` of the method.
 pub fn diagnostics(
     model: &dyn Model,
     naming: Naming,
     layer: usize,
     data: &[Example],
-    sigma_e: f64,
-    clip_e: f64,
-    global: bool,
-    d_e: f64,
-    batch: f64,
+    noise: &DiagNoise,
     pad_id: i64,
     device: Device,
 ) -> Result<Diagnostics> {
+    let (sigma_e, clip_e, d_e, batch) = (
+        noise.expert.sigma,
+        noise.expert.bound,
+        noise.expert.denominator,
+        noise.batch,
+    );
+    let global = noise.expert.global_clip;
     let e_count = model.num_experts();
     let vars = model.var_store().variables();
     let index = RoleIndex::of_model(model, naming);
@@ -168,28 +221,56 @@ pub fn diagnostics(
             m_role += 0.5 * (ns - ps).abs();
             roles.insert(r.clone(), (ns, ps));
         }
-        // Per-expert SNR from the clipped sums of the expert's parameters.
-        let chosen = if global { &global_clip } else { &role_clip };
-        let mut snr = Vec::new();
-        for x in 0..e_count {
-            let g = DiagRole::Expert(x as usize).to_string();
+        // Per-stream signal and noise, clipped as the method clips: RAPTOR's shared group at
+        // C_s and each expert at C_e, or one global factor at C.
+        let mut streams = ParamGroups::new();
+        let mut stream_params: BTreeMap<String, i64> = BTreeMap::new();
+        for (p, grp) in groups.iter() {
+            let s = match role_of_group.get(grp) {
+                Some(DiagRole::Expert(_)) => grp.to_string(),
+                Some(DiagRole::Attention | DiagRole::Head) => "shared".to_string(),
+                None => continue,
+            };
+            *stream_params.entry(s.clone()).or_default() += vars[p].numel() as i64;
+            streams.assign(p.to_string(), s);
+        }
+        let policy = if global {
+            ClipPolicy::Global(clip_e)
+        } else {
+            let mut b: BTreeMap<String, f64> =
+                stream_params.keys().map(|g| (g.clone(), clip_e)).collect();
+            b.insert("shared".into(), noise.shared.bound);
+            ClipPolicy::RoleWise(b)
+        };
+        let stream_clip = grads.clip(&streams, &policy, &BTreeMap::new())?;
+        let signal = |g: &str| -> Result<f64> {
             let mut sq = 0.0f64;
-            let mut d = 0i64;
-            for (p, grp) in groups.iter() {
-                if grp == g {
-                    d += vars[p].numel() as i64;
-                    if let Some(s) = chosen.sums.get(p) {
-                        sq += s.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
-                    }
+            for (p, grp) in streams.iter() {
+                if grp == g
+                    && let Some(s) = stream_clip.sums.get(p)
+                {
+                    sq += s.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
                 }
             }
-            let noise = sigma_e * clip_e * (d.max(1) as f64).sqrt();
-            snr.push(if noise > 0.0 {
-                sq.sqrt() / noise
-            } else {
-                f64::INFINITY
-            });
+            Ok(sq.sqrt())
+        };
+        let mut snr = Vec::new();
+        let mut expert_signal_norms = Vec::new();
+        let mut expert_noise_norms = Vec::new();
+        for x in 0..e_count {
+            let g = DiagRole::Expert(x as usize).to_string();
+            let d = stream_params.get(&g).copied().unwrap_or(0);
+            let st = StreamSnr::new(signal(&g)?, sigma_e, clip_e, d);
+            snr.push(st.snr);
+            expert_signal_norms.push(st.signal_norm);
+            expert_noise_norms.push(st.noise_norm);
         }
+        let shared = StreamSnr::new(
+            signal("shared")?,
+            noise.shared.sigma,
+            noise.shared.bound,
+            stream_params.get("shared").copied().unwrap_or(0),
+        );
         let mean = snr.iter().sum::<f64>() / snr.len().max(1) as f64;
         let var = snr.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / snr.len().max(1) as f64;
         // Clip suppression on owned rows.
@@ -215,6 +296,9 @@ pub fn diagnostics(
             role_mismatch: m_role,
             roles,
             snr,
+            expert_signal_norms,
+            expert_noise_norms,
+            shared,
             snr_cv: if mean > 0.0 {
                 var.sqrt() / mean
             } else {
@@ -238,4 +322,226 @@ pub fn diagnostics(
         let _ = t.f_set_requires_grad(rg)?;
     }
     result
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::config::{Method, ModelKind, RunConfig};
+    use crate::streams::ReleaseNoiseSpec;
+
+    /// A tiny Switch classifier with RAPTOR's scope (attention LoRA, head, expert LoRA of one
+    /// sparse layer) and a few records of random tokens.
+    fn toy() -> (Box<dyn Model>, usize, Vec<Example>) {
+        let mut cfg = RunConfig::default();
+        cfg.model.kind = ModelKind::Switch;
+        (
+            cfg.model.d_model,
+            cfg.model.layers,
+            cfg.model.heads,
+            cfg.model.d_ff,
+            cfg.model.experts,
+        ) = (16, 2, 2, 32, 3);
+        cfg.method.name = Method::Raptor;
+        cfg.lora.r = 2;
+        let mut model = crate::session::build_model(&cfg, 50, 2, Device::Cpu).unwrap();
+        let layer = *model.sparse_layers().last().unwrap();
+        raptor_models::rng::seeded(3, || {
+            crate::methods::setup_scope(&cfg, model.as_mut(), Some(layer))
+        })
+        .unwrap();
+        let data = (0..7u64)
+            .map(|i| Example {
+                id: i,
+                tokens: (0..(3 + i as i64 % 4))
+                    .map(|k| 2 + (i as i64 * 7 + k * 3) % 45)
+                    .collect(),
+                label: Some(i as i64 % 2),
+                prompt_len: 0,
+            })
+            .collect();
+        (model, layer, data)
+    }
+
+    fn spec(sigma: f64, bound: f64, global: bool) -> ReleaseNoiseSpec {
+        ReleaseNoiseSpec {
+            sigma,
+            bound,
+            denominator: 2.0,
+            global_clip: global,
+        }
+    }
+
+    /// The slow reference of a stream's signal: each record alone through the engine (a batch
+    /// of one), its raw gradient on the stream's coordinates, clipped by hand, then summed.
+    fn reference_signal(
+        model: &dyn Model,
+        layer: usize,
+        data: &[Example],
+        stream: &dyn Fn(&str) -> bool,
+        bound_of: &dyn Fn(&BTreeMap<String, Tensor>) -> f64,
+    ) -> f64 {
+        let mut total: BTreeMap<String, Tensor> = BTreeMap::new();
+        for ex in data {
+            let b = make_batch(&[ex], model.task(), 0, Device::Cpu).unwrap();
+            let maps = raptor_models::owner_tensors(
+                model,
+                [&b],
+                raptor_routing::OwnerRule::GateWeighted,
+                Device::Cpu,
+            )
+            .unwrap();
+            let mut owners = BTreeMap::new();
+            owners.insert(layer, maps[&layer].shallow_clone());
+            let (_, grads) = ClippedStep::new(model)
+                .unwrap()
+                .with_record_ids(vec![ex.id])
+                .per_sample(&b, &owners, false)
+                .unwrap();
+            let mut all = ParamGroups::new();
+            for p in grads.params() {
+                all.assign(p.clone(), "all".to_string());
+            }
+            let raw = grads
+                .clip(&all, &ClipPolicy::Global(f64::MAX), &BTreeMap::new())
+                .unwrap()
+                .sums;
+            let g: BTreeMap<String, Tensor> = raw.into_iter().filter(|(p, _)| stream(p)).collect();
+            let bound = bound_of(&g);
+            let norm = g
+                .values()
+                .map(|t| t.square().sum(Kind::Double).double_value(&[]))
+                .sum::<f64>()
+                .sqrt();
+            let f = if norm > bound { bound / norm } else { 1.0 };
+            for (p, t) in g {
+                let v = &t * f;
+                let acc = match total.remove(&p) {
+                    Some(a) => a + v,
+                    None => v,
+                };
+                total.insert(p, acc);
+            }
+        }
+        total
+            .values()
+            .map(|t| t.square().sum(Kind::Double).double_value(&[]))
+            .sum::<f64>()
+            .sqrt()
+    }
+
+    /// Role-wise (RAPTOR): the shared stream's and each expert's signal match the slow
+    /// reference (each record alone, clipped by hand at C_s or C_e), the noise norms are
+    /// σ·C·√d, SNR = signal / noise, and the records are the ones given.
+    #[test]
+    fn stream_signals_and_noise_match_a_slow_reference() {
+        tch::set_num_threads(1);
+        let (model, layer, data) = toy();
+        let naming = Naming::Switch;
+        let (c_s, c_e, s_s, s_e) = (0.05, 0.01, 0.7, 1.9);
+        let noise = DiagNoise {
+            expert: spec(s_e, c_e, false),
+            shared: spec(s_s, c_s, false),
+            batch: 6.0,
+        };
+        let d = diagnostics(model.as_ref(), naming, layer, &data, &noise, 0, Device::Cpu).unwrap();
+        assert_eq!(d.records, data.len());
+        let index = RoleIndex::of_model(model.as_ref(), naming);
+        let vars = model.var_store().variables();
+        let is_shared = |p: &str| {
+            vars[p].requires_grad()
+                && match index.role(p) {
+                    Role::Head => true,
+                    Role::Attention => p.contains("lora_"),
+                    _ => false,
+                }
+        };
+        let want = reference_signal(model.as_ref(), layer, &data, &is_shared, &|_| c_s);
+        assert!(
+            (d.shared.signal_norm - want).abs() <= 1e-6 * want.max(1e-12),
+            "shared signal {} vs reference {want}",
+            d.shared.signal_norm
+        );
+        assert!(d.shared.signal_norm > 0.0);
+        let d_s: i64 = vars
+            .iter()
+            .filter(|(p, _)| is_shared(p))
+            .map(|(_, t)| t.numel() as i64)
+            .sum();
+        assert_eq!(d.shared.params, d_s);
+        assert!((d.shared.noise_norm - s_s * c_s * (d_s as f64).sqrt()).abs() < 1e-12);
+        assert!((d.shared.snr - d.shared.signal_norm / d.shared.noise_norm).abs() < 1e-12);
+        assert_eq!(d.snr.len(), model.num_experts() as usize);
+        for x in 0..d.snr.len() {
+            let of_x = |p: &str| {
+                vars[p].requires_grad()
+                    && p.contains("lora_")
+                    && matches!(index.role(p), Role::RoutedExpert(id) if id.layer == layer && id.expert == x)
+            };
+            let want = reference_signal(model.as_ref(), layer, &data, &of_x, &|_| c_e);
+            assert!(
+                (d.expert_signal_norms[x] - want).abs() <= 1e-6 * want.max(1e-9),
+                "expert {x}: {} vs reference {want}",
+                d.expert_signal_norms[x]
+            );
+            let d_x: i64 = vars
+                .iter()
+                .filter(|(p, _)| of_x(p))
+                .map(|(_, t)| t.numel() as i64)
+                .sum();
+            let n = s_e * c_e * (d_x as f64).sqrt();
+            assert!((d.expert_noise_norms[x] - n).abs() < 1e-12);
+            assert!((d.snr[x] - d.expert_signal_norms[x] / n).abs() < 1e-9);
+        }
+        // Doubling σ halves every SNR; the signals do not move.
+        let loud = DiagNoise {
+            expert: spec(2.0 * s_e, c_e, false),
+            shared: spec(2.0 * s_s, c_s, false),
+            batch: 6.0,
+        };
+        let d2 = diagnostics(model.as_ref(), naming, layer, &data, &loud, 0, Device::Cpu).unwrap();
+        assert!((d2.shared.snr - d.shared.snr / 2.0).abs() < 1e-9);
+        assert_eq!(d2.expert_signal_norms, d.expert_signal_norms);
+    }
+
+    /// A monolithic method's global clip: one factor over every diagnosed coordinate, so the
+    /// shared and expert signals are pieces of one clipped sum whose norm is at most n·C.
+    #[test]
+    fn a_global_clip_bounds_the_whole_sum() {
+        tch::set_num_threads(1);
+        let (model, layer, data) = toy();
+        let c = 0.02;
+        let noise = DiagNoise {
+            expert: spec(1.0, c, true),
+            shared: spec(1.0, c, true),
+            batch: 6.0,
+        };
+        let d = diagnostics(
+            model.as_ref(),
+            Naming::Switch,
+            layer,
+            &data,
+            &noise,
+            0,
+            Device::Cpu,
+        )
+        .unwrap();
+        let total = (d.shared.signal_norm.powi(2)
+            + d.expert_signal_norms.iter().map(|s| s * s).sum::<f64>())
+        .sqrt();
+        assert!(total <= data.len() as f64 * c * (1.0 + 1e-9), "{total}");
+        assert!(total > 0.0);
+    }
+
+    /// The diagnostic batch is the run's expected size, within [32, 256] and the records held.
+    #[test]
+    fn the_diagnostic_batch_follows_the_run() {
+        use crate::run::diagnostic_records;
+        assert_eq!(diagnostic_records(64.0, 400), 64);
+        assert_eq!(diagnostic_records(8.0, 400), 32);
+        assert_eq!(diagnostic_records(1000.0, 4000), 256);
+        assert_eq!(diagnostic_records(64.0, 10), 10);
+        assert_eq!(diagnostic_records(f64::NAN, 100), 32);
+    }
 }

@@ -426,6 +426,38 @@ impl Plan {
             .transpose()
     }
 
+    /// The noise multiplier, clip bound and public denominator of the release that carries the
+    /// shared stream: RAPTOR's shared release, else (a monolithic method) the first private
+    /// release, as [`Self::expert_release_noise`]. None when no private phase releases anything.
+    pub fn shared_release_noise(&self) -> Result<Option<ReleaseNoiseSpec>, ClipError> {
+        let private = || self.phases.iter().filter(|p| p.private);
+        for ph in private() {
+            if let Some(r) = ph
+                .releases
+                .iter()
+                .find(|r| r.groups.contains(&GroupId::Shared))
+            {
+                return Ok(Some(ReleaseNoiseSpec {
+                    sigma: r.sigma,
+                    bound: ph.sensitivity(r)?,
+                    denominator: r.denominator,
+                    global_clip: ph.global_clip.is_some(),
+                }));
+            }
+        }
+        let first = private().find_map(|ph| ph.releases.first().map(|r| (ph, r)));
+        first
+            .map(|(ph, r)| {
+                Ok(ReleaseNoiseSpec {
+                    sigma: r.sigma,
+                    bound: ph.sensitivity(r)?,
+                    denominator: r.denominator,
+                    global_clip: ph.global_clip.is_some(),
+                })
+            })
+            .transpose()
+    }
+
     /// Every trainable parameter.
     pub fn params(&self) -> Vec<String> {
         let mut v: Vec<String> = self.phases.iter().flat_map(Phase::params).collect();

@@ -50,6 +50,19 @@ pub struct Summary {
     pub snr_cv: Option<f64>,
     /// Role mismatch M_role.
     pub role_mismatch: Option<f64>,
+    /// The shared stream's SNR (signal / noise norm) in the diagnostics; None in summaries
+    /// written before it was measured.
+    #[serde(default)]
+    pub shared_snr: Option<f64>,
+    /// Fraction of owned rows whose global clip factor suppresses the expert gradient.
+    #[serde(default)]
+    pub clip_suppressed: Option<f64>,
+    /// Least-loaded expert's expected owned records per batch / D_e.
+    #[serde(default)]
+    pub dilution: Option<f64>,
+    /// Held-out records the diagnostics read.
+    #[serde(default)]
+    pub diagnostic_records: Option<usize>,
 }
 
 impl Summary {
@@ -118,6 +131,19 @@ impl Summary {
                 .unwrap_or_default(),
             snr_cv: r.private.diagnostics.as_ref().map(|d| d.snr_cv),
             role_mismatch: r.private.diagnostics.as_ref().map(|d| d.role_mismatch),
+            shared_snr: r
+                .private
+                .diagnostics
+                .as_ref()
+                .map(|d| d.shared.snr)
+                .filter(|x| x.is_finite()),
+            clip_suppressed: r
+                .private
+                .diagnostics
+                .as_ref()
+                .map(|d| d.clip_suppressed_fraction),
+            dilution: r.private.diagnostics.as_ref().map(|d| d.dilution),
+            diagnostic_records: r.private.diagnostics.as_ref().map(|d| d.records),
         }
     }
 }

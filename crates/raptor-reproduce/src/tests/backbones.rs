@@ -114,7 +114,14 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     let only = vec!["backbones".to_string()];
     let tables = run(&c, &only).unwrap();
     let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
-    assert_eq!(slugs, ["backbones-minilm-moe", "backbones-smollm2"]);
+    assert_eq!(
+        slugs,
+        [
+            "backbones-minilm-moe",
+            "backbones-minilm-moe-diagnostics",
+            "backbones-smollm2"
+        ]
+    );
     for t in &tables {
         t.check().unwrap();
     }
@@ -183,8 +190,31 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     let hf = std::fs::read_to_string(pre[0].join("hf/config.json")).unwrap();
     assert!(hf.contains("raptor_moe"), "{hf}");
 
+    // Diagnostics at the largest ε: RAPTOR and the baseline, every cell measured at a batch of
+    // the run's size (quick: B = 32 of the 200 validation records), a per-expert SNR plot.
+    let dg = &tables[1];
+    assert_eq!(dg.rows.len(), 2);
+    for row in &dg.rows {
+        assert_eq!(row.len(), dg.columns.len());
+        for c in &row[2..8] {
+            assert!(c != "—", "{row:?}");
+        }
+        assert_eq!(row[8], "32", "{row:?}");
+    }
+    assert!(
+        dg.notes
+            .iter()
+            .any(|n| n.contains("RAPTOR's expert streams have")),
+        "{:?}",
+        dg.notes
+    );
+    assert!(
+        md(&out, "backbones-minilm-moe-diagnostics")
+            .contains("backbones-minilm-moe-snr-per-expert-toy.png")
+    );
+
     // Data-to-text: three private methods, NLL, BLEU and ROUGE-L present, ε within target.
-    let d = &tables[1];
+    let d = &tables[2];
     assert_eq!(d.rows.len(), 3);
     let methods: Vec<&str> = d.rows.iter().map(|r| r[0].as_str()).collect();
     assert_eq!(methods, ["DP-Adam", "DP-Muon", "DP-MuonBC"]);
@@ -226,7 +256,7 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         md(&out, "backbones-smollm2"),
     );
     let again = run(&ctx(&out, &d2t, c.backbones.clone().unwrap(), false), &only).unwrap();
-    assert_eq!(again.len(), 2);
+    assert_eq!(again.len(), 3);
     assert_eq!(
         (
             md(&out, "backbones-minilm-moe"),

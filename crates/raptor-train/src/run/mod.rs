@@ -241,11 +241,26 @@ fn final_epsilon(
     }))
 }
 
-/// RAPTOR's diagnostics of a private MoE classifier on (at most 32) validation records, with
-/// the noise, bound and denominator that the method gives the expert coordinates.
+/// The records RAPTOR's diagnostics read: a batch of about the run's expected size B (at least
+/// 32, at most 256 held-out records, fewer when the validation split is smaller).
+pub(crate) fn diagnostic_records(batch: f64, available: usize) -> usize {
+    let b = if batch.is_finite() {
+        batch.round()
+    } else {
+        0.0
+    };
+    (b.clamp(32.0, 256.0) as usize).min(available)
+}
+
+/// RAPTOR's diagnostics of a private MoE classifier on a batch of validation records of about
+/// the run's size, with the noise, bound and denominator that the method gives the expert
+/// coordinates and the shared ones.
 fn run_diagnostics(
     cfg: &RunConfig,
-    expert_noise: Option<crate::streams::ReleaseNoiseSpec>,
+    expert_noise: Option<(
+        crate::streams::ReleaseNoiseSpec,
+        crate::streams::ReleaseNoiseSpec,
+    )>,
     model: &dyn raptor_models::Model,
     layer: Option<&crate::methods::LayerChoice>,
     validation: &[crate::trainer::Example],
@@ -269,26 +284,21 @@ fn run_diagnostics(
     };
     // σ, bound and denominator of the releases that carry the experts, as the plan made them
     // (after any calibration of the bounds).
-    let Some(noise) = expert_noise else {
+    let Some((mut expert, shared)) = expert_noise else {
         return Ok(None);
     };
-    let (sigma_e, clip_e, d_e, global) = (
-        noise.sigma,
-        noise.bound,
-        noise.denominator,
-        noise.global_clip || !cfg.method.name.needs_experts(),
-    );
-    let n = validation.len().min(32);
+    expert.global_clip = expert.global_clip || !cfg.method.name.needs_experts();
+    let n = diagnostic_records(cfg.train.batch_size, validation.len());
     Ok(Some(crate::diagnostics::diagnostics(
         model,
         naming,
         layer_id,
         &validation[..n],
-        sigma_e,
-        clip_e,
-        global,
-        d_e,
-        cfg.train.batch_size,
+        &crate::diagnostics::DiagNoise {
+            expert,
+            shared,
+            batch: cfg.train.batch_size,
+        },
         pad_id,
         device,
     )?))
@@ -409,7 +419,10 @@ fn measure(
     train_set: &[crate::trainer::Example],
     validation: &[crate::trainer::Example],
     validation_sources: &[crate::session::SourceRefs],
-    expert_noise: Option<crate::streams::ReleaseNoiseSpec>,
+    expert_noise: Option<(
+        crate::streams::ReleaseNoiseSpec,
+        crate::streams::ReleaseNoiseSpec,
+    )>,
     layer: Option<&crate::methods::LayerChoice>,
     pad_id: i64,
     device: tch::Device,
@@ -718,7 +731,13 @@ pub(crate) fn train_session(
     }
     let updates = trainer.update();
     let comm_stats = comm.stats();
-    let expert_noise = trainer.plan().expert_release_noise()?;
+    let expert_noise = match (
+        trainer.plan().expert_release_noise()?,
+        trainer.plan().shared_release_noise()?,
+    ) {
+        (Some(e), Some(s)) => Some((e, s)),
+        _ => None,
+    };
     drop(trainer);
     if comm.size() > 1 {
         notes.push(format!(
