@@ -1,0 +1,269 @@
+//! The white-box Dirac audit: the canaries' coordinates, their placement in the releases,
+//! the expert stream's own ε, and the scores read from the released updates.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The parameters a Dirac audit may place canaries in, each with its canary value (the
+/// smallest bound of a clip group, or global clip, that holds it in any phase): every
+/// parameter a phase releases, or with `expert` only those of the clip group of that routed
+/// expert of `layer`.
+pub(super) fn dirac_params(
+    plan: &Plan,
+    layer: Option<usize>,
+    expert: Option<usize>,
+) -> Result<BTreeMap<String, f64>> {
+    let wanted: Option<GroupId> = match (expert, layer) {
+        (None, _) => None,
+        (Some(expert), Some(layer)) => Some(GroupId::Expert(ExpertId { layer, expert })),
+        (Some(_), None) => {
+            return Err(TrainError::Config(
+                "--expert: the method trains no expert stream (RAPTOR or expert-only)".into(),
+            ));
+        }
+    };
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for ph in &plan.phases {
+        for r in &ph.releases {
+            for g in r.groups.iter().filter_map(|g| ph.group(g)) {
+                if wanted.as_ref().is_some_and(|w| *w != g.name) {
+                    continue;
+                }
+                for p in &g.params {
+                    out.entry(p.clone()).or_insert(f64::INFINITY);
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(TrainError::Config(match (expert, layer) {
+            (Some(e), Some(l)) => format!(
+                "--expert {e}: layer {l} has no released expert {e} (experts are numbered from 0)"
+            ),
+            _ => "the plan releases no parameter to place canaries in".into(),
+        }));
+    }
+    // The value: within every bound that applies to the parameter, in any phase.
+    for ph in &plan.phases {
+        for g in &ph.groups {
+            let bound = ph.global_clip.unwrap_or(g.bound);
+            for p in &g.params {
+                if let Some(v) = out.get_mut(p) {
+                    *v = v.min(bound);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `m` canaries at distinct coordinates of `params` (name → value), drawn uniformly by the
+/// design seed among all their coordinates (`shapes`: each parameter's element count).
+pub(super) fn place_dirac(
+    params: &BTreeMap<String, f64>,
+    numel: &BTreeMap<String, usize>,
+    m: usize,
+    design_seed: u64,
+) -> Result<Vec<DiracCanary>> {
+    let mut starts = Vec::with_capacity(params.len());
+    let mut total = 0usize;
+    for p in params.keys() {
+        let n = numel
+            .get(p)
+            .copied()
+            .ok_or_else(|| TrainError::Config(format!("parameter {p} is not in the model")))?;
+        starts.push((total, p));
+        total += n;
+    }
+    if m > total {
+        return Err(TrainError::Config(format!(
+            "--canaries {m}: the audited parameters have {total} coordinates; a canary needs one of its own"
+        )));
+    }
+    let mut rng = ChaCha20Rng::seed_from_u64(design_seed);
+    let mut out = Vec::with_capacity(m);
+    for flat in sample(&mut rng, total, m).into_iter() {
+        // The last parameter whose first coordinate is ≤ flat.
+        let at = starts.partition_point(|(s, _)| *s <= flat) - 1;
+        let (start, p) = starts[at];
+        out.push(DiracCanary {
+            param: p.clone(),
+            index: (flat - start) as i64,
+            value: params[p],
+        });
+    }
+    Ok(out)
+}
+
+/// The certified ε of one expert stream alone: every update that releases expert `expert` of
+/// `layer`, at that release's σ, composed (None when it has no noise).
+pub(super) fn expert_stream_epsilon(
+    plan: &Plan,
+    layer: usize,
+    expert: usize,
+    delta: f64,
+    accuracy: f64,
+) -> Result<ExpertAudit> {
+    let counts = plan.phase_counts();
+    let mut comp = Composition::new();
+    let (mut updates, mut sigma, mut noiseless) = (0u64, f64::NAN, false);
+    for (ph, &count) in plan.phases.iter().zip(&counts) {
+        for r in &ph.releases {
+            if r.charge == Charge::Parallel(ExpertId { layer, expert }) && count > 0 {
+                updates += count;
+                sigma = r.sigma;
+                if ph.private && r.sigma > 0.0 {
+                    comp.push(SubsampledGaussian::new(plan.q, r.sigma)?, count)?;
+                } else {
+                    noiseless = true;
+                }
+            }
+        }
+    }
+    let epsilon_stream = if updates == 0 || noiseless {
+        None
+    } else {
+        let acc = PrvAccountant::new(Accuracy::relative(accuracy))?;
+        Some(acc.epsilon(&comp, delta)?.upper)
+    };
+    Ok(ExpertAudit {
+        layer,
+        expert,
+        stream_updates: updates,
+        sigma,
+        epsilon_stream,
+    })
+}
+
+/// The white-box audit (module docs) with the secret `coins` (one per canary).
+pub(super) fn audit_dirac(
+    cfg: &RunConfig,
+    opts: &AuditOptions,
+    runs_dir: &Path,
+    progress: Progress<'_>,
+    tamper: Tamper,
+    coins: Vec<bool>,
+) -> Result<AuditReport> {
+    let m = coins.len();
+    if m < 2 {
+        return Err(TrainError::Config(format!(
+            "--canaries {m}: an audit needs at least 2 canaries"
+        )));
+    }
+    let mut session: Session = prepare_counting(cfg, None, m.div_ceil(2))?;
+    apply_tamper(&mut session.plan, tamper);
+    let layer = session.layer.as_ref().map(|l| l.layer);
+    let params = dirac_params(&session.plan, layer, opts.expert)?;
+    let numel: BTreeMap<String, usize> = session
+        .model
+        .var_store()
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (n, t.numel()))
+        .collect();
+    let placed = place_dirac(&params, &numel, m, opts.design_seed)?;
+    let names: Vec<String> = params.keys().cloned().collect();
+    let param_of: Vec<usize> = placed
+        .iter()
+        .map(|c| names.binary_search(&c.param).unwrap_or(0))
+        .collect();
+    let index: Vec<i64> = placed.iter().map(|c| c.index).collect();
+    let value: Vec<f64> = placed.iter().map(|c| c.value).collect();
+    let real_records = session.train.len();
+    let plan_records = real_records + m.div_ceil(2);
+    let plan = session.plan.clone();
+    #[cfg_attr(not(any(test, feature = "planted-faults")), allow(unused_mut))]
+    let (mut canaries, traces) = DiracCanaries::new(placed, &coins)?;
+    #[cfg(any(test, feature = "planted-faults"))]
+    if let Tamper::Noise(f) = tamper {
+        canaries.fault = Some(f);
+    }
+    session.canaries = Some(canaries);
+    let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg)));
+    let (dir, mut record, _model) =
+        train_session(session, dir, false, progress, None, &crate::dist::Solo)?;
+    let traces: Vec<raptor_eval::audit::DiracTrace> = traces
+        .lock()
+        .map_err(|_| TrainError::Run("the canary traces are poisoned".into()))?
+        .clone();
+    let sum_scores: Vec<f64> = traces.iter().map(|t| t.sum_score()).collect();
+    let max_scores: Vec<f64> = traces.iter().map(|t| t.max_score()).collect();
+    let grid = default_grid(m);
+    let delta = record.privacy_plan.delta;
+    let (stat, search) = audit_search_many(
+        &[&sum_scores, &max_scores],
+        &coins,
+        delta,
+        opts.confidence,
+        &grid,
+    )
+    .map_err(eval_err)?;
+    let (statistic, scores) = if stat == 0 {
+        ("sum", sum_scores.clone())
+    } else {
+        ("max", max_scores.clone())
+    };
+    let mia = canary_mia(&scores, &coins)?;
+    let expert = match (opts.expert, layer) {
+        (Some(e), Some(l)) => Some(expert_stream_epsilon(
+            &plan,
+            l,
+            e,
+            delta,
+            cfg.privacy.accuracy,
+        )?),
+        _ => None,
+    };
+    let mut notes = Vec::new();
+    if cfg.train.insecure_seed.is_some() {
+        notes.push(
+            "NOT PRIVATE: train.insecure_seed seeds the coins, the sampling and the noise".into(),
+        );
+    }
+    if record.epsilon.is_none() && record.privacy_plan.epsilon.is_finite() {
+        notes.push("the ledger certifies no ε for this run (a release without noise)".into());
+    }
+    let included = coins.iter().filter(|c| **c).count();
+    let report = AuditReport {
+        notice: crate::run::PRIVATE_NOTICE.into(),
+        run: dir.clone(),
+        method: record.method.clone(),
+        kind: CanaryKind::Dirac,
+        canaries: m,
+        design_seed: opts.design_seed,
+        insecure_seeded: cfg.train.insecure_seed.is_some(),
+        real_records,
+        train_records: real_records + included,
+        sampling_rate: record.privacy_plan.q,
+        included,
+        canary_ids: Vec::new(),
+        source_ids: Vec::new(),
+        canary_labels: Vec::new(),
+        coins,
+        initial_losses: Vec::new(),
+        final_losses: Vec::new(),
+        scores,
+        grid,
+        epsilon_lower: search.epsilon_lower,
+        confidence: opts.confidence,
+        search,
+        epsilon_upper: record.epsilon.as_ref().map(|e| e.upper),
+        epsilon_target: record.privacy_plan.epsilon,
+        delta,
+        mia,
+        dirac: Some(DiracReport {
+            plan_records,
+            params: names,
+            param: param_of,
+            index,
+            value,
+            releases: traces.iter().map(|t| t.releases()).collect(),
+            sum_scores,
+            max_scores,
+            statistic: statistic.into(),
+        }),
+        expert,
+        notes,
+    };
+    finish(report, &dir, &mut record)
+}

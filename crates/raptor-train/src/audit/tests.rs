@@ -1,0 +1,595 @@
+//! The audit's tests: canaries, scores, reports, and the planted faults it must catch.
+
+use super::dirac::{dirac_params, place_dirac};
+use super::planted::{NoiseFault, toy_dir, toy_switch};
+use super::*;
+use crate::config::{Method, ModelKind};
+use crate::streams::Plan;
+use proptest::prelude::*;
+
+/// The broken mechanism: no noise, no clipping (test-only; see [`Tamper`]).
+pub(super) fn break_mechanism(plan: &mut Plan) {
+    for ph in &mut plan.phases {
+        ph.global_clip = ph.global_clip.map(|_| 1e30);
+        for g in &mut ph.groups {
+            g.bound = 1e30;
+        }
+        for r in &mut ph.releases {
+            r.sigma = 0.0;
+        }
+    }
+}
+
+/// A tiny GPT-2 language model on the toy text (16 byte tokens), DP-Adam over every
+/// parameter, 200 updates of B = 64 at a high learning rate: random-token canaries are
+/// memorized quickly once noise and clipping are off.
+fn small_cfg(epsilon: f64) -> RunConfig {
+    let (steps, lr) = (300, 0.02);
+    let mut c = RunConfig::default();
+    c.data.train = toy_dir().join("train.csv");
+    c.data.validation = None;
+    c.data.validation_fraction = 0.0;
+    c.data.text_column = "text".into();
+    c.data.label_column = "label".into();
+    c.data.max_length = 16;
+    c.model.kind = ModelKind::Gpt2;
+    c.model.tokenizer = crate::config::TokenizerSpec::Bytes;
+    c.model.d_model = 32;
+    c.model.layers = 2;
+    c.model.heads = 2;
+    c.model.d_ff = 64;
+    c.model.experts = 2;
+    c.method.name = Method::DpAdam;
+    c.privacy.epsilon = epsilon;
+    c.privacy.accuracy = 0.01;
+    // 2·m·δ enters the bound: δ = 1/N (10⁻³ here) would leave almost no power to 300
+    // canaries.
+    c.privacy.delta = Some(1e-5);
+    c.train.batch_size = 64.0;
+    c.train.micro_batch = 128;
+    c.train.steps = Some(steps);
+    c.train.lr = lr;
+    c.train.weight_decay = 0.0;
+    c.train.checkpoint_every = 0;
+    c.train.eval_every = 0;
+    c.train.insecure_seed = Some(7);
+    c
+}
+
+fn info(classifier: bool) -> DataInfo {
+    DataInfo {
+        classifier,
+        num_labels: if classifier { 3 } else { 0 },
+        vocab: 50,
+        pad_id: 0,
+        eos_id: 2,
+        max_length: 16,
+        max_id: 999,
+    }
+}
+
+fn records(n: usize) -> Vec<Example> {
+    (0..n)
+        .map(|i| Example {
+            id: i as u64 * 2,
+            tokens: vec![3 + (i % 40) as i64; 4 + i % 5],
+            label: Some((i % 3) as i64),
+            prompt_len: 0,
+        })
+        .collect()
+}
+
+#[test]
+fn mislabeled_canaries_leave_the_training_set_with_another_label_and_fresh_ids() {
+    let opts = AuditOptions::default();
+    let mut train = records(100);
+    let orig = train.clone();
+    let mut coins = ChaCha20Rng::seed_from_u64(1);
+    let c = insert_canaries(
+        &mut train,
+        &info(true),
+        &opts,
+        CanaryKind::Mislabel,
+        &mut coins,
+    )
+    .unwrap();
+    assert_eq!(c.examples.len(), 25); // N/4
+    assert_eq!(c.real_records, 75);
+    let included = c.coins.iter().filter(|b| **b).count();
+    assert!(included > 0 && included < 25);
+    assert_eq!(train.len(), 75 + included);
+    for (k, e) in c.examples.iter().enumerate() {
+        assert_eq!(e.id, 1000 + k as u64);
+        let src = orig.iter().find(|o| Some(o.id) == c.sources[k]).unwrap();
+        assert_eq!(src.tokens, e.tokens);
+        assert_ne!(src.label, e.label);
+        assert!((0..3).contains(&e.label.unwrap()));
+        // The source record left; the canary is in iff its coin says so.
+        assert!(!train.iter().any(|t| t.id == src.id));
+        assert_eq!(train.iter().any(|t| t.id == e.id), c.coins[k]);
+    }
+    // Deterministic design given the seed; the coins come from their own generator.
+    let mut again = records(100);
+    let c2 = insert_canaries(
+        &mut again,
+        &info(true),
+        &opts,
+        CanaryKind::Mislabel,
+        &mut ChaCha20Rng::seed_from_u64(2),
+    )
+    .unwrap();
+    assert_eq!(c.examples, c2.examples);
+    assert_ne!(c.coins, c2.coins);
+}
+
+#[test]
+fn random_canaries_have_the_median_length_and_no_special_token() {
+    let mut train = records(40);
+    let opts = AuditOptions {
+        canaries: Some(30),
+        ..AuditOptions::default()
+    };
+    let lm = info(false);
+    let c = insert_canaries(
+        &mut train,
+        &lm,
+        &opts,
+        CanaryKind::Random,
+        &mut ChaCha20Rng::seed_from_u64(3),
+    )
+    .unwrap();
+    assert_eq!(c.real_records, 40);
+    let med = typical_length(&records(40), 16);
+    for e in &c.examples {
+        assert_eq!(e.tokens.len(), med);
+        assert_eq!(e.tokens.last(), Some(&2)); // EOS ends LM text
+        assert!(e.tokens[..med - 1].iter().all(|&t| (3..50).contains(&t)));
+        assert_eq!(e.label, None);
+    }
+    // Too few records for the default count, too many mislabeled canaries: errors.
+    let few = AuditOptions::default();
+    assert!(canary_count(&few, CanaryKind::Random, 7).is_err());
+    let many = AuditOptions {
+        canaries: Some(51),
+        ..AuditOptions::default()
+    };
+    assert!(canary_count(&many, CanaryKind::Mislabel, 100).is_err());
+    assert_eq!(canary_count(&many, CanaryKind::Random, 100).unwrap(), 51);
+    let mut t = records(40);
+    assert!(
+        insert_canaries(
+            &mut t,
+            &lm,
+            &opts,
+            CanaryKind::Mislabel,
+            &mut ChaCha20Rng::seed_from_u64(3)
+        )
+        .is_err()
+    );
+}
+
+fn run(cfg: &RunConfig, opts: &AuditOptions, tamper: Tamper) -> AuditReport {
+    // One libtorch thread: the machine's cores may be busy (OpenMP spinning would stall).
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+    let r = audit_impl(cfg, opts, dir.path(), &mut quiet, tamper).unwrap();
+    let back = read_report(&r.run).unwrap();
+    assert_eq!(
+        (back.coins.as_slice(), back.search.correct),
+        (r.coins.as_slice(), r.search.correct)
+    );
+    assert!(r.run.join("record.json").exists());
+    let mean = |v: &[f64], want: bool| {
+        let x: Vec<f64> = v
+            .iter()
+            .zip(&r.coins)
+            .filter(|(_, c)| **c == want)
+            .map(|(a, _)| *a)
+            .collect();
+        x.iter().sum::<f64>() / x.len().max(1) as f64
+    };
+    eprintln!(
+        "members init {:.3} final {:.3}; non-members init {:.3} final {:.3}",
+        mean(&r.initial_losses, true),
+        mean(&r.final_losses, true),
+        mean(&r.initial_losses, false),
+        mean(&r.final_losses, false)
+    );
+    eprintln!(
+        "{:?} eps target {} lower {:.3} upper {:?} (k+ {}, k- {}, {}/{} correct, included {}/{}, N {}, mia {:?}) in {:.1}s",
+        tamper,
+        r.epsilon_target,
+        r.epsilon_lower,
+        r.epsilon_upper,
+        r.search.k_plus,
+        r.search.k_minus,
+        r.search.correct,
+        r.search.guesses,
+        r.included,
+        r.canaries,
+        r.train_records,
+        r.mia.map(|m| m.auc),
+        t.elapsed().as_secs_f64()
+    );
+    r
+}
+
+/// The audit can fail: without noise and clipping, the canaries are memorized and ε_lower
+/// lies far above the claimed ε = 1.
+#[test]
+fn audit_catches_a_mechanism_without_noise_or_clipping() {
+    let cfg = small_cfg(1.0);
+    let opts = AuditOptions {
+        canaries: Some(300),
+        kind: Some(CanaryKind::Random),
+        ..AuditOptions::default()
+    };
+    let r = run(&cfg, &opts, Tamper::BreakMechanism);
+    assert_eq!(r.epsilon_target, 1.0);
+    assert_eq!(r.epsilon_upper, None, "σ = 0 releases are not accounted");
+    assert!(
+        r.epsilon_lower > 2.0,
+        "ε_lower {} on a broken mechanism claimed at ε = 1",
+        r.epsilon_lower
+    );
+    assert!(r.mia.unwrap().auc > 0.9);
+}
+
+/// On correct runs (ε = 1 and ε = 8) the empirical lower bound stays below the certified
+/// upper bound.
+#[test]
+fn audit_lower_bound_is_below_the_certified_bound_on_correct_runs() {
+    let opts = AuditOptions {
+        canaries: Some(300),
+        kind: Some(CanaryKind::Random),
+        ..AuditOptions::default()
+    };
+    for eps in [1.0, 8.0] {
+        let r = run(&small_cfg(eps), &opts, Tamper::None);
+        let upper = r.epsilon_upper.unwrap();
+        assert!(
+            upper <= eps * (1.0 + 1e-9),
+            "certified {upper} above target {eps}"
+        );
+        assert!(
+            r.epsilon_lower <= upper,
+            "ε_lower {} > ε_upper {upper}",
+            r.epsilon_lower
+        );
+        assert_eq!(r.coins.len(), 300);
+        assert_eq!(r.train_records, r.real_records + r.included);
+    }
+}
+
+// ---- White-box (Dirac) canaries ----
+
+fn dirac_run(cfg: &RunConfig, opts: &AuditOptions, tamper: Tamper) -> AuditReport {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+    let r = audit_impl(cfg, opts, dir.path(), &mut quiet, tamper).unwrap();
+    let back = read_report(&r.run).unwrap();
+    assert_eq!(back.dirac, r.dirac);
+    assert_eq!(back.search, r.search);
+    eprintln!(
+        "{:?} {} eps target {} lower {:.3} upper {:?} stream {:?} ({} k+ {} k- {}, {}/{} correct, included {}/{}, q {:.4}) in {:.1}s",
+        tamper,
+        r.method,
+        r.epsilon_target,
+        r.epsilon_lower,
+        r.epsilon_upper,
+        r.expert.as_ref().map(|x| x.epsilon_stream),
+        r.dirac.as_ref().map_or("", |d| d.statistic.as_str()),
+        r.search.k_plus,
+        r.search.k_minus,
+        r.search.correct,
+        r.search.guesses,
+        r.included,
+        r.canaries,
+        r.sampling_rate,
+        t.elapsed().as_secs_f64()
+    );
+    r
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Canaries get distinct coordinates inside their parameters, their parameter's value,
+    /// and the design seed alone decides where.
+    #[test]
+    fn dirac_canaries_sit_at_distinct_coordinates(
+        sizes in prop::collection::vec(1usize..300, 1..6),
+        frac in 0.0f64..1.0,
+        seed in any::<u64>(),
+    ) {
+        let params: BTreeMap<String, f64> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, _)| (format!("p{i}"), 0.25 + i as f64))
+            .collect();
+        let numel: BTreeMap<String, usize> =
+            sizes.iter().enumerate().map(|(i, &n)| (format!("p{i}"), n)).collect();
+        let total: usize = sizes.iter().sum();
+        let m = ((frac * total as f64) as usize).clamp(1, total);
+        let c = place_dirac(&params, &numel, m, seed).unwrap();
+        prop_assert_eq!(c.len(), m);
+        let mut seen = std::collections::BTreeSet::new();
+        for d in &c {
+            prop_assert!(d.index >= 0 && (d.index as usize) < numel[&d.param]);
+            prop_assert_eq!(d.value, params[&d.param]);
+            prop_assert!(seen.insert((d.param.clone(), d.index)));
+        }
+        prop_assert_eq!(&c, &place_dirac(&params, &numel, m, seed).unwrap());
+        prop_assert!(place_dirac(&params, &numel, total + 1, seed).is_err());
+    }
+}
+
+/// The audited parameters and their values on real plans: every released parameter (the
+/// smallest bound that holds it), or one expert's, which a method without expert streams
+/// cannot give.
+#[test]
+fn dirac_parameters_follow_the_plan() {
+    let cfg = toy_switch(Method::Raptor, 4.0, 100, 4);
+    let mut s = prepare_counting(&cfg, None, 50).unwrap();
+    assert_eq!(s.plan.q, cfg.train.batch_size / 650.0);
+    let layer = s.layer.as_ref().map(|l| l.layer);
+    let all = dirac_params(&s.plan, layer, None).unwrap();
+    assert_eq!(all.keys().cloned().collect::<Vec<_>>(), s.plan.params());
+    let e2 = dirac_params(&s.plan, layer, Some(2)).unwrap();
+    assert!(!e2.is_empty());
+    for (p, v) in &e2 {
+        assert!(p.contains("expert_2."), "{p}");
+        assert_eq!(*v, cfg.train.clip_expert);
+    }
+    assert!(dirac_params(&s.plan, layer, Some(4)).is_err()); // 4 experts: 0..3
+    // A smaller bound anywhere lowers the value.
+    let g = &mut s.plan.phases[0].groups[0];
+    g.bound = 0.125;
+    let p0 = g.params[0].clone();
+    assert_eq!(dirac_params(&s.plan, layer, None).unwrap()[&p0], 0.125);
+    let mono = crate::session::prepare(&toy_switch(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
+    assert!(dirac_params(&mono.plan, None, Some(0)).is_err());
+}
+
+/// A drawn canary moves the release that carries its coordinate by exactly its value (in
+/// units of the planned noise std: v/(σΔ)), and nothing else: two runs that differ only in
+/// the coins (every canary in, every canary out; q = 1, the same seeds, so the same real
+/// records and the same noise) differ by exactly that at every canary, on every release
+/// that carries it, and the per-expert canaries appear only in expert updates.
+#[test]
+fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
+    for (method, expert) in [(Method::DpAdamLora, None), (Method::Raptor, Some(1))] {
+        let m = 40;
+        let mut cfg = toy_switch(method, 4.0, m, 3);
+        // 60 real records (q = 1 makes every update see all of them).
+        let data = tempfile::tempdir().unwrap();
+        let text = std::fs::read_to_string(&cfg.data.train).unwrap();
+        let head: Vec<&str> = text.lines().take(61).collect();
+        cfg.data.train = data.path().join("train.csv");
+        std::fs::write(&cfg.data.train, head.join("\n") + "\n").unwrap();
+        cfg.train.batch_size = (60 + m / 2) as f64; // q = 1
+        cfg.train.lr = 1e-12; // the parameters (hence the real gradients) stay put
+        let opts = AuditOptions {
+            canaries: Some(m),
+            kind: Some(CanaryKind::Dirac),
+            expert,
+            ..AuditOptions::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+        let mut go = |coins: Vec<bool>| {
+            audit_dirac(&cfg, &opts, dir.path(), &mut quiet, Tamper::None, coins).unwrap()
+        };
+        let inn = go(vec![true; m]);
+        let out = go(vec![false; m]);
+        assert_eq!(inn.sampling_rate, 1.0);
+        assert_eq!(inn.epsilon_upper, out.epsilon_upper);
+        let (a, b) = (inn.dirac.unwrap(), out.dirac.unwrap());
+        assert_eq!((&a.param, &a.index), (&b.param, &b.index));
+        let phases = crate::session::prepare_counting(&cfg, None, m / 2)
+            .unwrap()
+            .plan;
+        let sigma = |param: &str| {
+            phases
+                .phases
+                .iter()
+                .find_map(|ph| {
+                    ph.releases.iter().find_map(|r| {
+                        let g = ph.group(&r.groups[0])?;
+                        g.params
+                            .iter()
+                            .any(|p| p == param)
+                            .then(|| (r.sigma, ph.sensitivity(r).unwrap()))
+                    })
+                })
+                .unwrap()
+        };
+        for i in 0..m {
+            let p = &a.params[a.param[i]];
+            let (s, delta) = sigma(p);
+            let n = a.releases[i];
+            assert_eq!(n, b.releases[i]);
+            let want = match expert {
+                None => 3,
+                // alternating 1:1, ending on a shared update: 1 expert update of 3
+                Some(_) => 1,
+            };
+            assert_eq!(n, want, "canary {i} in {p}");
+            // Σ over n releases, reported as Σ/√n.
+            let diff = (a.sum_scores[i] - b.sum_scores[i]) * (n as f64).sqrt();
+            let exact = n as f64 * a.value[i] / (s * delta);
+            assert!(
+                (diff - exact).abs() <= 1e-3 * exact.max(1.0),
+                "canary {i} in {p}: moved {diff}, value/(σΔ) × {n} = {exact}"
+            );
+        }
+    }
+}
+
+/// The quick check, through the public path of the planted bugs: at m = 10,000 canaries and
+/// 30 updates, a run without noise charged at ε = 1 is caught (ε_lower above the certified
+/// ε), and the same run without the bug is not (ε_lower ≤ ε_upper). Its audit file sits
+/// under `private/`, marked, and nothing of it at the top of the run folder.
+#[test]
+fn a_planted_bug_is_caught_and_the_correct_run_is_not() {
+    tch::set_num_threads(1);
+    let m = 10_000;
+    let cfg = toy_switch(Method::DpAdamLora, 1.0, m, 30);
+    let opts = AuditOptions {
+        canaries: Some(m),
+        ..AuditOptions::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+    let bad =
+        planted::audit_with_fault(&cfg, &opts, dir.path(), &mut quiet, NoiseFault::Off).unwrap();
+    let good = audit(&cfg, &opts, dir.path(), &mut quiet).unwrap();
+    for r in [&bad, &good] {
+        assert_eq!(r.kind, CanaryKind::Dirac);
+        assert_eq!(r.notice, crate::run::PRIVATE_NOTICE);
+        assert_eq!(&read_report(&r.run).unwrap(), r);
+        assert!(r.run.join("private").join("audit.json").is_file());
+        assert!(!r.run.join("audit.json").exists());
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(r.run.join("record.json")).unwrap()).unwrap();
+        for key in ["coins", "scores", "mia", "dirac", "epsilon_lower"] {
+            assert!(record.get(key).is_none(), "record.json has {key}");
+        }
+        let notes = record["notes"].as_array().unwrap();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.as_str().unwrap().starts_with("audit run"))
+        );
+    }
+    let (upper_bad, upper_good) = (bad.epsilon_upper.unwrap(), good.epsilon_upper.unwrap());
+    eprintln!(
+        "no noise: ε_lower {:.3}; correct: ε_lower {:.3}; certified {:?}",
+        bad.epsilon_lower, good.epsilon_lower, good.epsilon_upper
+    );
+    // The ledger charges the plan either way: the bug is invisible to it.
+    assert_eq!(upper_bad, upper_good);
+    assert!(upper_good <= 1.0 + 1e-9);
+    assert!(
+        bad.epsilon_lower > upper_bad,
+        "planted bug not caught: ε_lower {} ≤ certified {upper_bad}",
+        bad.epsilon_lower
+    );
+    assert!(
+        good.epsilon_lower <= upper_good,
+        "correct run: ε_lower {} > certified {upper_good}",
+        good.epsilon_lower
+    );
+    // A planted bug needs white-box canaries.
+    let loss = AuditOptions {
+        kind: Some(CanaryKind::Random),
+        ..opts.clone()
+    };
+    assert!(
+        planted::audit_with_fault(&cfg, &loss, dir.path(), &mut quiet, NoiseFault::Half).is_err()
+    );
+}
+
+/// The audit catches each planted noise bug: ε_lower clearly above the ε the ledger
+/// certifies (the whole run's, and for the expert bug the expert stream's alone too).
+#[test]
+fn white_box_audit_catches_planted_noise_bugs() {
+    let m = 40_000;
+    let opts = |expert| AuditOptions {
+        canaries: Some(m),
+        kind: Some(CanaryKind::Dirac),
+        expert,
+        ..AuditOptions::default()
+    };
+    // No noise at all, charged at ε = 1.
+    let r = dirac_run(
+        &toy_switch(Method::DpAdamLora, 1.0, m, 100),
+        &opts(None),
+        Tamper::Noise(NoiseFault::Off),
+    );
+    let upper = r.epsilon_upper.unwrap();
+    assert!(upper <= 1.0 + 1e-9);
+    assert!(
+        r.epsilon_lower > 3.0 * upper,
+        "{} vs {upper}",
+        r.epsilon_lower
+    );
+    // Half the planned σ, charged at ε = 1.
+    let r = dirac_run(
+        &toy_switch(Method::DpAdamLora, 1.0, m, 100),
+        &opts(None),
+        Tamper::Noise(NoiseFault::Half),
+    );
+    let upper = r.epsilon_upper.unwrap();
+    assert!(
+        r.epsilon_lower > 1.3 * upper,
+        "{} vs {upper}",
+        r.epsilon_lower
+    );
+    // RAPTOR's expert stream at half its σ, canaries in expert 0, charged at ε = 1.
+    let r = dirac_run(
+        &toy_switch(Method::Raptor, 1.0, m, 200),
+        &opts(Some(0)),
+        Tamper::Noise(NoiseFault::HalfExperts),
+    );
+    let upper = r.epsilon_upper.unwrap();
+    let stream = r.expert.as_ref().unwrap().epsilon_stream.unwrap();
+    assert!(stream < upper);
+    assert!(
+        r.epsilon_lower > 1.5 * stream,
+        "{} vs {stream}",
+        r.epsilon_lower
+    );
+    assert!(
+        r.epsilon_lower > 1.2 * upper,
+        "{} vs {upper}",
+        r.epsilon_lower
+    );
+}
+
+/// On correct runs the white-box bound stays at or below the certified one: the whole run
+/// at ε = 1 and 8, and RAPTOR's expert stream against its own ε.
+#[test]
+fn white_box_audit_stays_below_the_certified_bound_on_correct_runs() {
+    let m = 40_000;
+    for eps in [1.0, 8.0] {
+        let opts = AuditOptions {
+            canaries: Some(m),
+            kind: Some(CanaryKind::Dirac),
+            ..AuditOptions::default()
+        };
+        let r = dirac_run(
+            &toy_switch(Method::DpAdamLora, eps, m, 100),
+            &opts,
+            Tamper::None,
+        );
+        let upper = r.epsilon_upper.unwrap();
+        assert!(upper <= eps * (1.0 + 1e-9));
+        assert!(r.epsilon_lower <= upper, "{} > {upper}", r.epsilon_lower);
+        assert_eq!(r.coins.len(), m);
+        assert_eq!(r.train_records, r.real_records + r.included);
+        let d = r.dirac.unwrap();
+        assert_eq!(d.plan_records, r.real_records + m / 2);
+        assert!(d.releases.iter().all(|&n| n == 100));
+    }
+    let opts = AuditOptions {
+        canaries: Some(m),
+        kind: Some(CanaryKind::Dirac),
+        expert: Some(0),
+        ..AuditOptions::default()
+    };
+    let r = dirac_run(
+        &toy_switch(Method::Raptor, 1.0, m, 200),
+        &opts,
+        Tamper::None,
+    );
+    let stream = r.expert.as_ref().unwrap().epsilon_stream.unwrap();
+    assert!(r.epsilon_lower <= stream, "{} > {stream}", r.epsilon_lower);
+    assert!(stream < r.epsilon_upper.unwrap());
+    let d = r.dirac.unwrap();
+    assert!(d.params.iter().all(|p| p.contains("expert_0.")));
+    assert!(d.releases.iter().all(|&n| n == 100)); // the expert half of 200 updates
+}
