@@ -835,7 +835,13 @@ mod tests {
             "let spec = TableSpec::new(\"text\", None);",
             "toml_datetime 0.7.5+spec-1.1.0",
             "Higham 2002, §24.1; the RAPTOR paper, §5.2",
-            "an issue with the tissue 3 times; no issue here",
+            // Assembled so that this file itself never reads like a citation.
+            concat!(
+                "an is",
+                "sue with the tis",
+                "sue 3 times; no is",
+                "sue here"
+            ),
             "issue a warning at 3 points",
             "research-grade code, research-notes.txt",
             "TRAINER DESIGN in words",
