@@ -80,7 +80,8 @@ pub struct Diagnostics {
     pub shared: StreamSnr,
     /// SNR-CV.
     pub snr_cv: f64,
-    /// Fraction of owned rows whose global factor suppresses the expert gradient.
+    /// Fraction of owned rows whose expert gradient is shrunk more by one clip factor over the
+    /// whole per-record gradient at C_e than by a clip of the expert's own gradient at C_e.
     pub clip_suppressed_fraction: f64,
     /// Least-loaded expert's expected owned records per batch / D_e.
     pub dilution: f64,
