@@ -119,9 +119,14 @@ enum Task {
     /// pretrain on public text, fine-tune privately and write the result tables (Markdown +
     /// JSON) and plots (PNG) under `results/`.
     Reproduce {
-        /// Smaller sizes and fewer repetitions.
-        #[arg(long, conflicts_with = "full")]
+        /// Tiny models and a few updates (a smoke test of every part).
+        #[arg(long, conflicts_with_all = ["full", "standard"])]
         quick: bool,
+        /// The evidence grids behind the README's tables (5 paired seeds; hours on 2 CPU
+        /// cores, resumable). Without a profile flag the same designs run at sizes that fit
+        /// about half an hour on 2 CPU cores.
+        #[arg(long, conflicts_with = "full")]
+        standard: bool,
         /// The paper-sized grid (a GPU or a long CPU run).
         #[arg(long)]
         full: bool,
@@ -200,6 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Task::Pytest => python::test(&root),
         Task::Reproduce {
             quick,
+            standard,
             full,
             only,
             device,
@@ -209,6 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &root,
             &ReproduceArgs {
                 quick,
+                standard,
                 full,
                 only,
                 device,
@@ -448,6 +455,7 @@ fn architecture_invariant() -> anyhow::Result<()> {
 /// Options of `cargo xtask reproduce`.
 struct ReproduceArgs {
     quick: bool,
+    standard: bool,
     full: bool,
     only: Vec<String>,
     device: String,
@@ -493,6 +501,9 @@ fn reproduce(root: &Path, a: &ReproduceArgs) -> anyhow::Result<()> {
     }
     if a.quick {
         cmd.arg("--quick");
+    }
+    if a.standard {
+        cmd.arg("--standard");
     }
     if a.full {
         cmd.arg("--full");

@@ -64,13 +64,13 @@ fn fmt(x: &str) -> String {
 
 /// The tables.
 pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
-    let rel = if ctx.quick { 0.01 } else { 0.003 };
+    let rel = if ctx.quick() { 0.01 } else { 0.003 };
     let acc = PrvAccountant::new(Accuracy::relative(rel))?;
     let golden = read_golden(ctx)?;
     let mut rows = Vec::new();
     let (mut within, mut compared, mut sound) = (0, 0, 0);
     for (i, g) in golden.iter().enumerate() {
-        if ctx.quick
+        if ctx.quick()
             && !(i % 4 == 0 || g.name.starts_with("trap") || g.name.starts_with("two-stream"))
         {
             continue;
@@ -148,7 +148,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
 
     // Budget plans.
     let mut plan_rows = Vec::new();
-    let epsilons: &[f64] = if ctx.quick {
+    let epsilons: &[f64] = if ctx.quick() {
         &[1.0, 8.0]
     } else {
         &[1.0, 4.0, 8.0]

@@ -32,7 +32,7 @@ use raptor_train::config::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::driver::Context;
+use crate::driver::{Context, Profile};
 use crate::paper::report::{DiagnosticsNames, EvidenceNames, diagnostics, evidence};
 use crate::paper::runs::{Job, Runner, Summary, file_hash};
 use crate::paper::{
@@ -192,6 +192,16 @@ pub struct Scale {
 }
 
 impl Scale {
+    /// The scale of `profile`.
+    pub fn for_profile(profile: Profile) -> Self {
+        match profile {
+            Profile::Quick => Self::quick(),
+            Profile::Small => Self::small(),
+            Profile::Standard => Self::standard(),
+            Profile::Full => Self::full(),
+        }
+    }
+
     /// The test profile: a few updates on tiny inputs.
     pub fn quick() -> Self {
         let mut cls = PaperScale::quick();
@@ -210,8 +220,38 @@ impl Scale {
         }
     }
 
-    /// `cargo xtask reproduce`: 5 paired seeds at ε = 1 and 8 on 1,500 private records, a
-    /// few CPU-minutes per run on 2 cores; 1 seed of the decoder.
+    /// `cargo xtask reproduce` (no profile flag): the MiniLM design of [`Scale::standard`]
+    /// with 2 paired seeds at ε = 8, 600 private records and 12 updates of B = 32 (a smoke of
+    /// the design, minutes on 2 CPU cores; its intervals are wide); 1 seed of the decoder.
+    pub fn small() -> Self {
+        Self {
+            seeds: vec![0],
+            epsilons: vec![8.0],
+            experts: (8, 1),
+            router: (50, 1e-3, 1000),
+            cls: PaperScale {
+                seeds: vec![0, 1],
+                epsilons: vec![8.0],
+                cls_vocab: 0,
+                cls_max_len: 32,
+                enc: (0, 0, 0, 0, 0),
+                pretrain: (40, 32.0, 1e-4),
+                finetune: (12, 32.0, 3e-3),
+                max_validation: 200,
+                max_train: 600,
+                proxy_lrs: vec![3e-3],
+                expert_grid: vec![(StreamOptimizer::Adamw, 1.0)],
+            },
+            lora_r: 8,
+            d2t_max_len: 64,
+            d2t_finetune: (4, 16.0, 1e-3, 2e-2),
+            d2t_sources: 3,
+            d2t_new_tokens: 12,
+        }
+    }
+
+    /// `cargo xtask reproduce --standard`: 5 paired seeds at ε = 1 and 8 on 1,500 private
+    /// records, a few CPU-minutes per run on 2 cores; 1 seed of the decoder.
     pub fn standard() -> Self {
         Self {
             seeds: vec![0, 1],
@@ -874,14 +914,8 @@ fn d2t_table(
 /// # Errors
 /// A failed run, upcycling or data file.
 pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
-    let scale = if ctx.quick {
-        Scale::quick()
-    } else if ctx.full {
-        Scale::full()
-    } else {
-        Scale::standard()
-    };
-    let standard = !ctx.quick && !ctx.full;
+    let scale = Scale::for_profile(ctx.profile);
+    let standard = matches!(ctx.profile, Profile::Small | Profile::Standard);
     let inputs = match &ctx.backbones {
         Some(i) => i.clone(),
         None => {
@@ -955,6 +989,7 @@ mod tests {
     fn every_profile_builds_a_valid_grid() {
         for (name, s, standard) in [
             ("quick", Scale::quick(), false),
+            ("small", Scale::small(), true),
             ("standard", Scale::standard(), true),
             ("full", Scale::full(), false),
         ] {

@@ -17,10 +17,8 @@ pub struct Context {
     pub root: PathBuf,
     /// Output folder (`results/` by default).
     pub out: PathBuf,
-    /// `--quick`: smaller sizes and fewer repetitions (used by the tests of this driver).
-    pub quick: bool,
-    /// `--full`: the paper-sized grid (more updates, seeds and larger models).
-    pub full: bool,
+    /// The sizes the parts run at.
+    pub profile: Profile,
     /// Per-user cache (prepared corpora, tokenizers, pretrained models); None: the default
     /// (`$RAPTOR_CACHE_DIR`, `$XDG_CACHE_HOME/raptor` or `~/.cache/raptor`).
     pub cache: Option<PathBuf>,
@@ -44,6 +42,52 @@ pub struct Context {
 }
 
 pub use raptor_report::Table;
+
+/// The sizes of a reproduction: each training part (`paper`, `dpmuon`, `backbones`) has a
+/// `Scale` per profile, the building-block parts a smaller and a larger setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `--quick`: tiny models and a few updates (the tests of this driver).
+    Quick,
+    /// The default: every part's design (public pretraining, public proxy, positive control,
+    /// paired seeds, diagnostics) at sizes that fit about half an hour on 2 CPU cores: fewer
+    /// seeds, records and updates, so its intervals are wide.
+    Small,
+    /// `--standard`: the evidence grids behind the README's tables (5 paired seeds; hours on
+    /// 2 CPU cores, resumable).
+    Standard,
+    /// `--full`: the paper-sized grid (larger models, every record; a GPU).
+    Full,
+}
+
+impl Profile {
+    /// The profile the flags name (`--quick`, `--standard`, `--full`; none: [`Profile::Small`]).
+    pub fn from_flags(quick: bool, standard: bool, full: bool) -> Self {
+        match (quick, standard, full) {
+            (true, _, _) => Self::Quick,
+            (_, _, true) => Self::Full,
+            (_, true, _) => Self::Standard,
+            _ => Self::Small,
+        }
+    }
+
+    /// The profile's name, as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Quick => "quick",
+            Self::Small => "default",
+            Self::Standard => "standard",
+            Self::Full => "full",
+        }
+    }
+}
+
+impl Context {
+    /// Whether this is the test profile (`--quick`).
+    pub fn quick(&self) -> bool {
+        self.profile == Profile::Quick
+    }
+}
 
 /// The parts, in the order they run. Each returns its tables.
 type Part = fn(&Context) -> anyhow::Result<Vec<Table>>;
@@ -77,8 +121,13 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
         if !only.is_empty() && !only.iter().any(|o| o == name) {
             continue;
         }
-        eprintln!("reproduce: {name} ...");
+        eprintln!("reproduce: {name} ({} profile) ...", ctx.profile.name());
+        let started = std::time::Instant::now();
         let tables = part(ctx)?;
+        eprintln!(
+            "reproduce: {name} done in {:.1} min",
+            started.elapsed().as_secs_f64() / 60.0
+        );
         for t in &tables {
             if !ctx.json {
                 println!("{}", t.to_markdown());
@@ -126,12 +175,13 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
 }
 
 /// The environment the results came from.
-fn environment(_ctx: &Context) -> anyhow::Result<Vec<Table>> {
+fn environment(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     let rows = vec![
         vec!["raptor".into(), env!("CARGO_PKG_VERSION").into()],
+        vec!["profile".into(), ctx.profile.name().into()],
         vec![
             "tch / libtorch (loaded)".into(),
             format!(

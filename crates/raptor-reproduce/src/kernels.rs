@@ -54,7 +54,7 @@ fn libtorch_two_pass(t: &Tensor, bound: f64) -> anyhow::Result<Tensor> {
 
 /// The "kernels" part: one table of GB/s and ratios for a few (B, P).
 pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
-    let sizes: &[(usize, usize)] = if ctx.quick {
+    let sizes: &[(usize, usize)] = if ctx.quick() {
         &[(64, 10_000), (64, 100_000)]
     } else {
         // the memory-bound sizes (≥ 100 MB) of the benchmark grid (B ∈ {64, 256, 1024} × P ∈
@@ -67,7 +67,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
             (256, 1_000_000),
         ]
     };
-    let reps = if ctx.quick { 3 } else { 7 };
+    let reps = if ctx.quick() { 3 } else { 7 };
     let mut rows = Vec::new();
     for &(b, p) in sizes {
         let data = synthetic_gradients(b * p, (b * p) as u64);

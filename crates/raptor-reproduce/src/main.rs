@@ -51,9 +51,14 @@ struct ReproduceArgs {
     /// Repository root (fixtures are read from `<root>/fixtures`).
     #[arg(long, default_value = ".")]
     root: PathBuf,
-    /// Smaller sizes and fewer repetitions.
-    #[arg(long, conflicts_with = "full")]
+    /// Tiny models and a few updates (a smoke test of every part).
+    #[arg(long, conflicts_with_all = ["full", "standard"])]
     quick: bool,
+    /// The evidence grids behind the README's tables: 5 paired seeds, more records and
+    /// updates (hours on 2 CPU cores; finished runs are reused). Without a profile flag the
+    /// same designs run at sizes that fit about half an hour on 2 CPU cores.
+    #[arg(long, conflicts_with = "full")]
+    standard: bool,
     /// The paper-sized grid (more updates, seeds and larger models; for a GPU or a long CPU
     /// run).
     #[arg(long)]
@@ -125,8 +130,7 @@ fn reproduce(a: ReproduceArgs) -> anyhow::Result<()> {
         &driver::Context {
             root: a.root,
             out: a.out,
-            quick: a.quick,
-            full: a.full,
+            profile: driver::Profile::from_flags(a.quick, a.standard, a.full),
             cache: a.cache,
             d2t_data,
             inputs: None,

@@ -12,7 +12,7 @@ use crate::driver::{Context, Table};
 
 fn bias_table(ctx: &Context) -> anyhow::Result<Table> {
     let (rows, cols) = (6usize, 10usize);
-    let draws = if ctx.quick { 300 } else { 3000 };
+    let draws = if ctx.quick() { 300 } else { 3000 };
     // singular values spread 8:1 (0.6 … 0.075), ‖M‖_F ≈ 0.8 (the matrix of the crate's bias test)
     let sv: Vec<f64> = (0..rows)
         .map(|i| 0.6 * (1.0f64 / 8.0).powf(i as f64 / (rows - 1) as f64))
@@ -94,12 +94,12 @@ fn best_of<F: FnMut() -> anyhow::Result<()>>(reps: usize, mut f: F) -> anyhow::R
 }
 
 fn timing_table(ctx: &Context) -> anyhow::Result<Table> {
-    let shapes: &[(usize, usize)] = if ctx.quick {
+    let shapes: &[(usize, usize)] = if ctx.quick() {
         &[(128, 128), (256, 512)]
     } else {
         &[(256, 256), (768, 768), (768, 3072)]
     };
-    let reps = if ctx.quick { 2 } else { 3 };
+    let reps = if ctx.quick() { 2 } else { 3 };
     let cfg = NsConfig::keller();
     let mut rows_out = Vec::new();
     for &(r, c) in shapes {

@@ -46,7 +46,11 @@ fn corpus(n: usize, seq_len: usize, seed: u64) -> anyhow::Result<PublicCorpus> {
 
 /// The tables of this part.
 pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
-    let (n, seq_len) = if ctx.quick { (2_000, 32) } else { (20_000, 64) };
+    let (n, seq_len) = if ctx.quick() {
+        (2_000, 32)
+    } else {
+        (20_000, 64)
+    };
     let layers = planted(8);
     let planted_h: Vec<f64> = layers.iter().map(|l| profile_entropy(&l.2)).collect();
     let best = (0..layers.len())
@@ -145,12 +149,12 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     };
 
     // Corpus-size sweep: how often the rule recovers the planted layer, and the warnings.
-    let sizes: &[usize] = if ctx.quick {
+    let sizes: &[usize] = if ctx.quick() {
         &[100, 1_000]
     } else {
         &[100, 300, 1_000, 3_000, 10_000]
     };
-    let seeds: u64 = if ctx.quick { 3 } else { 10 };
+    let seeds: u64 = if ctx.quick() { 3 } else { 10 };
     let mut sweep = Vec::new();
     for &size in sizes {
         let (mut hits, mut margins, mut warned) = (0usize, Vec::new(), 0usize);

@@ -39,7 +39,7 @@ use raptor_train::config::{
     DataFormat, DeviceSpec, Method, ModelKind, RunConfig, Scope, TokenizerSpec,
 };
 
-use crate::driver::{Context, Table};
+use crate::driver::{Context, Profile, Table};
 use crate::paper::runs::{Job, Placed, Runner, Summary};
 use crate::paper::{D2tTask, Inputs, fit_batch, label, pretrain, seeded};
 
@@ -96,6 +96,16 @@ pub struct Scale {
 }
 
 impl Scale {
+    /// The scale of `profile`.
+    pub fn for_profile(profile: Profile) -> Self {
+        match profile {
+            Profile::Quick => Self::quick(),
+            Profile::Small => Self::small(),
+            Profile::Standard => Self::standard(),
+            Profile::Full => Self::full(),
+        }
+    }
+
     /// The test profile: tiny models, a few updates.
     pub fn quick() -> Self {
         Self {
@@ -123,7 +133,35 @@ impl Scale {
         }
     }
 
-    /// `cargo xtask reproduce` on 2 CPU cores.
+    /// `cargo xtask reproduce` (no profile flag): the design of [`Scale::standard`] with 2
+    /// paired seeds, a smaller decoder and fewer updates (a few minutes on 2 CPU cores).
+    pub fn small() -> Self {
+        Self {
+            seeds: vec![0, 1],
+            epsilon: 8.0,
+            vocab: 800,
+            max_len: 64,
+            dec: (48, 2, 4, 192),
+            pretrain: (300, 32.0, 3e-3),
+            steps: 40,
+            batch: 64.0,
+            clip: 1.0,
+            adam_lrs: vec![1e-3, 3e-3],
+            muon_lrs: vec![3e-3, 1e-2],
+            sizes: data::Sizes {
+                test_sources: 20,
+                max_private: 0,
+                proxy_val_sources: 20,
+            },
+            new_tokens: 24,
+            tap_every: 10,
+            tap_matrices: 4,
+            bias_draws: 50,
+            curve_points: 2,
+        }
+    }
+
+    /// `cargo xtask reproduce --standard` on 2 CPU cores: the README's table.
     pub fn standard() -> Self {
         Self {
             seeds: vec![0, 1, 2],
@@ -528,13 +566,7 @@ pub struct TaskResults {
 /// Runs the part and returns its tables (plots are written beside them).
 pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let started = std::time::Instant::now();
-    let scale = if ctx.quick {
-        Scale::quick()
-    } else if ctx.full {
-        Scale::full()
-    } else {
-        Scale::standard()
-    };
+    let scale = Scale::for_profile(ctx.profile);
     let inputs = match &ctx.inputs {
         Some(i) => i.clone(),
         None => {
@@ -546,7 +578,7 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
             Inputs::real(&cache, &ctx.d2t_data, ctx.device)
         }
     };
-    let gpt2 = if ctx.full {
+    let gpt2 = if ctx.profile == Profile::Full {
         std::env::var_os(GPT2_ENV).map(PathBuf::from)
     } else {
         None

@@ -30,7 +30,7 @@ use raptor_train::config::{
     TokenizerSpec,
 };
 
-use crate::driver::{Context, Table};
+use crate::driver::{Context, Profile, Table};
 use runs::{Job, Placed, Runner, Summary};
 
 pub use runs::run_one;
@@ -67,6 +67,16 @@ pub struct Scale {
 }
 
 impl Scale {
+    /// The scale of `profile`.
+    pub fn for_profile(profile: Profile) -> Self {
+        match profile {
+            Profile::Quick => Self::quick(),
+            Profile::Small => Self::small(),
+            Profile::Standard => Self::standard(),
+            Profile::Full => Self::full(),
+        }
+    }
+
     /// The test profile: a few updates of tiny models.
     pub fn quick() -> Self {
         Self {
@@ -84,7 +94,27 @@ impl Scale {
         }
     }
 
-    /// `cargo xtask reproduce`: the whole report in about half an hour on 2 CPU cores.
+    /// `cargo xtask reproduce` (no profile flag): the design of [`Scale::standard`] at sizes
+    /// that leave the whole reproduction about half an hour on 2 CPU cores: 3 paired seeds,
+    /// fewer records and updates, a smaller proxy grid (no ablations: see [`tables`]).
+    pub fn small() -> Self {
+        Self {
+            seeds: vec![0, 1, 2],
+            epsilons: vec![1.0, 8.0],
+            cls_vocab: 2000,
+            cls_max_len: 32,
+            enc: (64, 2, 4, 128, 8),
+            pretrain: (200, 64.0, 3e-3),
+            finetune: (30, 128.0, 1e-2),
+            max_validation: 500,
+            max_train: 3000,
+            proxy_lrs: vec![3e-3, 1e-2],
+            expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
+        }
+    }
+
+    /// `cargo xtask reproduce --standard`: the evidence grid behind the README's tables
+    /// (5 paired seeds; about 85 minutes on 2 CPU cores).
     pub fn standard() -> Self {
         Self {
             seeds: vec![0, 1, 2, 3, 4],
@@ -853,13 +883,7 @@ pub(super) fn read_d2t(format: &str, path: &Path) -> anyhow::Result<raptor_data:
 /// written beside them). Three phases: public pretraining of every task (cached), learning
 /// rates chosen on each task's public proxy, then the private fine-tuning grid.
 pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
-    let scale = if ctx.quick {
-        Scale::quick()
-    } else if ctx.full {
-        Scale::full()
-    } else {
-        Scale::standard()
-    };
+    let scale = Scale::for_profile(ctx.profile);
     let inputs = match &ctx.inputs {
         Some(i) => i.clone(),
         None => {
@@ -886,7 +910,9 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         &cls,
         scale,
         inputs.device,
-        true,
+        // The ablations and layer choice cost as much as the main grid: not in the default
+        // profile, which must stay about half an hour.
+        ctx.profile != Profile::Small,
         if ctx.exe.is_some() { ctx.workers } else { 0 },
     )?;
     runner.finish_all();
@@ -1000,6 +1026,7 @@ mod tests {
     fn every_profile_builds_a_valid_grid() {
         for (name, s) in [
             ("quick", Scale::quick()),
+            ("small", Scale::small()),
             ("standard", Scale::standard()),
             ("full", Scale::full()),
         ] {

@@ -55,8 +55,7 @@ fn ctx(out: &Path, d2t: &Path, backbones: Inputs, exe: bool) -> Context {
     Context {
         root: root(),
         out: out.to_path_buf(),
-        quick: true,
-        full: false,
+        profile: crate::driver::Profile::Quick,
         cache: None,
         d2t_data: d2t.to_path_buf(),
         inputs: None,

@@ -128,8 +128,7 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
     let ctx = Context {
         root: root(),
         out: out.clone(),
-        quick: true,
-        full: false,
+        profile: crate::driver::Profile::Quick,
         cache: None,
         d2t_data: d.clone(),
         inputs: Some(inputs),

@@ -68,8 +68,7 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
     let ctx = Context {
         root: root(),
         out: out.clone(),
-        quick: true,
-        full: false,
+        profile: crate::driver::Profile::Quick,
         cache: None,
         d2t_data: d2t.clone(),
         inputs: Some(inputs),
@@ -205,8 +204,7 @@ fn missing_corpora_are_reported_not_fatal() {
     let ctx = Context {
         root: root(),
         out: out.clone(),
-        quick: true,
-        full: false,
+        profile: crate::driver::Profile::Quick,
         cache: None,
         d2t_data: tmp.path().to_path_buf(),
         inputs: Some(inputs),
