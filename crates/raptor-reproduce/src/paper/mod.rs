@@ -296,6 +296,8 @@ pub struct Results {
     /// Training runs that ran at once (worker processes, one libtorch thread each; 0: in
     /// this process).
     pub workers: usize,
+    /// Whether the ablations and the layer choice ran (on the first task).
+    pub ablations: bool,
 }
 
 /// The label of a run in the grid.
@@ -999,6 +1001,7 @@ pub(crate) fn run_cls_grid(
         cls: cls.iter().map(|c| c.task.name.clone()).collect(),
         notes,
         workers,
+        ablations,
     };
     Ok(results)
 }

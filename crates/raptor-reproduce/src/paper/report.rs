@@ -135,14 +135,14 @@ pub fn classification_tables(
             notes: vec![],
         }]);
     }
-    let mut tables = vec![
-        evidence(r, out, &PAPER_EVIDENCE)?,
-        table1(r, out)?,
-        ablation(r)?,
-        layer_choice(r, out)?,
-        diagnostics(r, out, &PAPER_DIAGNOSTICS)?,
-        cost(r)?,
-    ];
+    let mut tables = vec![evidence(r, out, &PAPER_EVIDENCE)?, table1(r, out)?];
+    // The ablations and the layer choice run outside the default profile only.
+    if r.ablations {
+        tables.push(ablation(r)?);
+        tables.push(layer_choice(r, out)?);
+    }
+    tables.push(diagnostics(r, out, &PAPER_DIAGNOSTICS)?);
+    tables.push(cost(r)?);
     if let Some(m) = missing {
         for t in &mut tables {
             t.notes.push(format!("Some corpora are missing: {m}"));
