@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::config::{
     Budget, BudgetSplit, ExpertClip, ExpertDenominator, LayerSpec, Method, MethodFamily,
-    ResidualWeight, RunConfig, Scope, StreamOptimizer,
+    ResidualWeight, RunConfig, StreamOptimizer,
 };
 use crate::error::{Result, TrainError};
 use crate::streams::{
@@ -204,30 +204,15 @@ fn lora_cfg(cfg: &RunConfig, targets: Vec<String>) -> LoraConfig {
 pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>) -> Result<()> {
     let method = cfg.method.name;
     let fam = cfg.model.kind.naming();
-    let att_targets = if cfg.lora.attention_targets.is_empty() {
+    let att_targets = if !cfg.lora.attention {
+        Vec::new()
+    } else if cfg.lora.attention_targets.is_empty() {
         fam.attention_targets()
     } else {
         cfg.lora.attention_targets.clone()
     };
     let sparse = model.sparse_layers();
-    let lora_scope = match method {
-        Method::Raptor
-        | Method::MatchedScope
-        | Method::SharedOnly
-        | Method::ExpertOnly
-        | Method::DpAdamLora
-        | Method::Lora => true,
-        Method::DpAdamFull | Method::Full => false,
-        Method::DpSgd
-        | Method::DpAdam
-        | Method::DpMuon
-        | Method::DpMuonbc
-        | Method::Muon
-        | Method::Adam => match cfg.method.scope {
-            Scope::Lora => true,
-            Scope::Full => false,
-        },
-    };
+    let lora_scope = cfg.lora_scope();
     let mut expert_layers: Vec<usize> = Vec::new();
     if method.needs_experts() {
         let l = layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
@@ -241,7 +226,10 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
         for &l in &expert_layers {
             targets.extend(fam.expert_targets(l));
         }
-        attach_lora(model, &lora_cfg(cfg, targets))?;
+        // Nothing to adapt (attention frozen, no experts): the head alone trains.
+        if !targets.is_empty() {
+            attach_lora(model, &lora_cfg(cfg, targets))?;
+        }
         if cfg.lora.freeze_a {
             // FFA-LoRA: A stays at its random initialization; only B (zero at start) trains.
             set_trainable(model, &["lora_A"], false)?;

@@ -259,6 +259,51 @@ fn sigma_zero_and_no_clipping_give_the_plain_gradient_of_each_scope() {
     }
 }
 
+/// `lora.attention = false`: no attention adapter anywhere; RAPTOR's shared stream is the head
+/// alone and its expert stream unchanged; monolithic LoRA without experts trains the head only.
+#[test]
+fn frozen_attention_leaves_the_head_and_the_experts() {
+    let n = 10;
+    let trainable = |c: &RunConfig| -> Vec<String> {
+        let mut m = model();
+        let (plan, _) = build_plan(c, &mut m, n, Some(SPARSE)).unwrap();
+        let mut names: Vec<String> = plan.phases.iter().flat_map(|ph| ph.params()).collect();
+        names.sort();
+        names.dedup();
+        names
+    };
+    let is_attention = |p: &String| p.contains("attention") || p.contains(".SelfAttention.");
+    let is_expert = |p: &String| p.contains(".experts.");
+    for method in [Method::Raptor, Method::DpAdamLora] {
+        let with = trainable(&cfg(method, n));
+        let mut c = cfg(method, n);
+        c.lora.attention = false;
+        assert!(
+            !c.issues().iter().any(|i| i.setting.starts_with("lora.")),
+            "{:?}",
+            c.issues()
+        );
+        let without = trainable(&c);
+        assert!(
+            with.iter().any(|p| is_attention(p) && p.contains("lora")),
+            "{method:?}: {with:?}"
+        );
+        assert!(!without.iter().any(is_attention), "{method:?}: {without:?}");
+        // Everything else is the same: the experts' adapters and the head.
+        let rest: Vec<&String> = with.iter().filter(|p| !is_attention(p)).collect();
+        assert_eq!(rest, without.iter().collect::<Vec<_>>(), "{method:?}");
+        assert!(without.iter().any(is_expert), "{method:?}: {without:?}");
+    }
+    let mut c = cfg(Method::DpAdamLora, n);
+    c.lora.attention = false;
+    c.lora.experts = false;
+    let head = trainable(&c);
+    assert!(
+        !head.is_empty() && !head.iter().any(|p| p.contains("lora")),
+        "{head:?}"
+    );
+}
+
 /// A record owned by expert e changes no other expert's adapter (σ = 0).
 #[test]
 fn owner_isolation_no_other_expert_moves() {

@@ -366,6 +366,20 @@ impl RunConfig {
         if name != Method::DpMuonbc && m.bc_probe_pairs != dm.bc_probe_pairs {
             out.unused("method.bc_probe_pairs", m.bc_probe_pairs, self, "dp-muonbc");
         }
+        if !self.lora_scope() && self.lora.attention != def.lora.attention {
+            out.unused(
+                "lora.attention",
+                self.lora.attention,
+                self,
+                "the LoRA-scope methods",
+            );
+        }
+        if !self.lora.attention && !self.lora.attention_targets.is_empty() {
+            out.add(
+                "lora.attention_targets",
+                "set, but lora.attention = false leaves every attention projection frozen",
+            );
+        }
         if !matches!(name, Method::DpAdamLora | Method::Lora)
             && self.lora.experts != def.lora.experts
         {
@@ -516,6 +530,14 @@ mod tests {
         c.lora.experts = false;
         c.train.expert_lr = Some(1e-3);
         assert_eq!(settings(&c), ["train.expert_lr"]);
+        // Frozen attention on a full-scope method; targets with attention frozen.
+        let mut c = plain(Method::DpAdamFull);
+        c.lora.attention = false;
+        assert_eq!(settings(&c), ["lora.attention"]);
+        let mut c = plain(Method::Raptor);
+        c.lora.attention = false;
+        c.lora.attention_targets = vec!["query".into()];
+        assert_eq!(settings(&c), ["lora.attention_targets"]);
     }
 
     /// The same knobs on the methods that use them are fine.
@@ -533,6 +555,7 @@ mod tests {
         c.train.expert_optimizer = crate::config::StreamOptimizer::Sgd;
         c.train.clip_expert = 0.5;
         c.method.layer = crate::config::LayerSpec::Last;
+        c.lora.attention = false;
         assert_eq!(c.issues(), Vec::new());
         let mut c = plain(Method::DpMuonbc);
         c.method.muon_momentum = MuonMomentum::Ema;

@@ -384,6 +384,10 @@ pub struct LoraSettings {
     /// experts of every sparse layer (default) or the attention projections and the head only
     /// (a reference without expert adaptation).
     pub experts: bool,
+    /// Whether the LoRA methods adapt the attention projections (default), or leave attention
+    /// frozen so that the head and, where adapted, the routed experts carry all of the
+    /// fine-tuning (a setting where expert adaptation has to matter).
+    pub attention: bool,
 }
 
 impl Default for LoraSettings {
@@ -395,6 +399,7 @@ impl Default for LoraSettings {
             attention_targets: Vec::new(),
             freeze_a: false,
             experts: true,
+            attention: true,
         }
     }
 }
@@ -430,6 +435,26 @@ pub fn resolve_model_path(path: &Path, base: &Path, cache: Option<&Path>) -> Pat
 }
 
 impl RunConfig {
+    /// Whether the method trains LoRA adapters (with the head) rather than full weights:
+    /// RAPTOR and its ablations, the LoRA methods, and the others at `method.scope = "lora"`.
+    pub fn lora_scope(&self) -> bool {
+        match self.method.name {
+            Method::Raptor
+            | Method::MatchedScope
+            | Method::SharedOnly
+            | Method::ExpertOnly
+            | Method::DpAdamLora
+            | Method::Lora => true,
+            Method::DpAdamFull | Method::Full => false,
+            Method::DpSgd
+            | Method::DpAdam
+            | Method::DpMuon
+            | Method::DpMuonbc
+            | Method::Muon
+            | Method::Adam => self.method.scope == Scope::Lora,
+        }
+    }
+
     /// Reads a config file; relative data paths become relative to the file's folder, and
     /// `cache:` paths relative to the per-user cache ([`resolve_cache_path`]).
     pub fn from_file(path: &Path) -> Result<Self> {
