@@ -171,7 +171,15 @@
 //!      cancel to a second difference. The end edges (with the clamped masses) obey the same
 //!      with one-sided windows `[ε − y_1, ∞)`, `[ε − y_n, ∞)`; at the switch from lower to upper
 //!      tails the two values also create mass (`F + S = 1` up to `rel`), costing at most
-//!      `(2|m| + e^{y}|m_Q|)·P(R ≥ ε − y_{sw+1})`.
+//!      `(2|m| + e^{y}|m_Q|)·P(R ≥ ε − y_{sw+1})`. Where P's switch (its median) lies far
+//!      above Q's median (a large per-step loss: `SEPARATE_Q_SWITCH_ABOVE`), Q's tails switch
+//!      at an edge of their own, Q's median: the edges between take P's lower and Q's upper
+//!      tail at the same computed point (the lemma holds for each value separately: `α` and
+//!      `β` enter linearly, and the bounds take absolute values). P's switch then creates
+//!      P-mass only (`2|m|`; its Q-tail term is `e^{y}·rel·Q(Y > y) ≤ rel·e^{d}·P(Y > y)`),
+//!      Q's switch Q-mass only (`e^{y_{qsw}}|m_Q|`, through `|∂/∂Q_k| ≤ e^{y}P` of (d)), and
+//!      both windows lie inside `[ε − y_{sw+1}, ∞)`; `e^{y_sw}` in the charges below is
+//!      replaced by `e^{y_{qsw}} + 2.02`, which covers both switches' terms.
 //!    - *(c) Summing over edges.* The common point's shift (`ŷ` instead of the edge) gives
 //!      `|e^{y}(β − e^{−y}α)| ≤ (e^d − 1)·P(Y ∈ [y − d, y + d])`; these intervals are disjoint
 //!      and a loss in one of them with R in the edge's window has `Ỹ + R ≥ ε − 3h` (`Ỹ ≥ Y − h`):
@@ -712,7 +720,24 @@ impl Loss {
             Direction::Add => -self.g(0.0),
         }
     }
+
+    /// Rough median of Y under Q (where Q's tails switch from F to S where that is apart
+    /// from P's median, see [`SEPARATE_Q_SWITCH_ABOVE`]).
+    fn q_median_guess(&self) -> f64 {
+        match self.dir {
+            Direction::Remove => self.g(0.0),
+            Direction::Add => -self.g(self.q),
+        }
+    }
 }
+
+/// Where P's switch from lower to upper tails (its median) lies above this loss, Q's tails
+/// switch on their own, at Q's median (below P's): between the two medians Q's lower tail is
+/// close to 1, so bin Q-masses taken as its differences would carry an absolute error of
+/// about `u`, and the split multiplies a Q-mass by `e^{y}` (up to `e^{30}` for one step of
+/// σ = 0.13 without subsampling; the round-off bound then refused such a pmf). Below it the
+/// switches coincide (`e^{y}` is small at P's median and the pmfs stay as they were).
+const SEPARATE_Q_SWITCH_ABOVE: f64 = 4.0;
 
 /// The P- and Q-tails of the loss at one bin edge, as computed, with their error bounds
 /// (module docs, round-off, 5).
@@ -743,7 +768,11 @@ struct PmfRoundoff {
     r_up: f64,
     /// The largest `rel·(F + e^{y}G)` of the lower-tail edges below the switch.
     x_low: f64,
-    /// The relative error at the switch between lower and upper tails, and `e^{y}` there.
+    /// The relative error at the switch between lower and upper tails, and `e^{y}` there
+    /// (where Q's tails switch at an edge of their own below P's switch: the largest relative
+    /// error of both switch edges, and `e^{y}` at Q's switch plus 2.02, which covers the
+    /// Q-tail term `e^{y}·rel·Q(Y > y) ≤ 1.01·rel` at P's switch; module docs, round-off,
+    /// 5(b)).
     r_sw: f64,
     e_sw: f64,
     /// A lower bound on `P(Ỹ ≥ y_m)` (the exact pmf's mass above an edge m at most 3 below
@@ -948,29 +977,64 @@ fn build_pmf_inner(
     // the upper tails (the switch at most at edge nbins − 2, see `pi_sw`).
     let med = loss.median_guess();
     let switch = ((med / h).floor() as i64 - a_idx).clamp(0, nbins as i64 - 2) as usize;
+    // Q's tails switch at Q's median where P's switch lies far above it (edges in
+    // [q_switch, switch) take P's lower tail and Q's upper tail at the same computed point);
+    // elsewhere at P's switch.
+    let q_switch = if edge(switch) > SEPARATE_Q_SWITCH_ABOVE {
+        let qmed = loss.q_median_guess();
+        ((qmed / h).floor() as i64 - a_idx).clamp(0, switch as i64) as usize
+    } else {
+        switch
+    };
+    let mixed = |e: usize| -> EdgeTails {
+        let lo = tails(edge(e), false);
+        let up = tails(edge(e), true);
+        EdgeTails {
+            p: lo.p,
+            q: up.q,
+            rel: lo.rel.max(up.rel),
+            abs: lo.abs.max(up.abs),
+            d: lo.d.max(up.d),
+        }
+    };
     // (P, Q) tails at every bin edge with their error bounds, computed once and shared by the
     // two bins meeting there; the switch edge also in lower tails (for the bin below it, or the
-    // clamped mass at the bottom if it is the bottom edge).
+    // clamped mass at the bottom if it is the bottom edge), and so is Q's switch edge where it
+    // is apart.
     let edge_vals: Vec<EdgeTails> = (0..=nbins)
         .into_par_iter()
-        .map(|e| tails(edge(e), e >= switch))
+        .map(|e| {
+            if e >= q_switch && e < switch {
+                mixed(e)
+            } else {
+                tails(edge(e), e >= switch)
+            }
+        })
         .collect();
     let low_sw = tails(edge(switch), false);
+    // (At the bottom edge there is no bin below: Q takes upper tails throughout.)
+    let low_qsw = (0 < q_switch && q_switch < switch).then(|| tails(edge(q_switch), false));
     let omeh = -(-h).exp_m1();
-    // (p⁻, p⁺, rounding bound m) per bin.
+    // (p⁻, p⁺, rounding bound m) per bin: P-masses from lower tails below `switch`, Q-masses
+    // from lower tails below `q_switch` (upper tails above each).
     let bins: Vec<(f64, f64, f64)> = (0..nbins)
         .into_par_iter()
         .map(|j| {
             let t0 = &edge_vals[j];
-            let t1 = if j + 1 == switch {
-                &low_sw
+            let t1 = &edge_vals[j + 1];
+            let pm = if j >= switch {
+                t0.p - t1.p
+            } else if j + 1 == switch {
+                low_sw.p - t0.p
             } else {
-                &edge_vals[j + 1]
+                t1.p - t0.p
             };
-            let (pm, qm) = if j >= switch {
-                (t0.p - t1.p, t0.q - t1.q)
+            let qm = if j >= q_switch {
+                t0.q - t1.q
+            } else if j + 1 == q_switch {
+                low_qsw.as_ref().map_or(low_sw.q, |l| l.q) - t0.q
             } else {
-                (t1.p - t0.p, t1.q - t0.q)
+                t1.q - t0.q
             };
             split_bin(edge(j), pm, qm, omeh)
         })
@@ -1014,8 +1078,30 @@ fn build_pmf_inner(
         edge_term(e, t);
     }
     edge_term(switch, &low_sw);
-    let r_sw = low_sw.rel.max(edge_vals[switch].rel);
-    let e_sw = edge(switch).exp() * (1.0 + 1e-12);
+    let (r_sw, e_sw) = match &low_qsw {
+        None if q_switch < switch => (
+            low_sw
+                .rel
+                .max(edge_vals[switch].rel)
+                .max(edge_vals[q_switch].rel),
+            2.02,
+        ),
+        None => (
+            low_sw.rel.max(edge_vals[switch].rel),
+            edge(switch).exp() * (1.0 + 1e-12),
+        ),
+        Some(l) => {
+            edge_term(q_switch, l);
+            (
+                low_sw
+                    .rel
+                    .max(edge_vals[switch].rel)
+                    .max(l.rel)
+                    .max(edge_vals[q_switch].rel),
+                edge(q_switch).exp() * (1.0 + 1e-12) + 2.02,
+            )
+        }
+    };
     // π ≤ P(Ỹ ≥ y_m) for the best m ∈ [sw − 2, sw + 1] (then P(R ≥ ε − y_{sw+1}) ≤
     // P(Ỹ + R ≥ ε − 3h)/π): 1 at m = 0, else from the exact tails at edge m + 1, whose common
     // point's loss lies above y_m (d < h).
@@ -3529,13 +3615,18 @@ mod tests {
     /// others (direct non-negative convolution) by at most `tail_coef·τ(ε − 3h)` at every ε,
     /// with τ the exact tail of the composition; and the bound is not loose by more than a
     /// factor 100 somewhere (the worst cases reach 5–8 % of it).
+    ///
+    /// The last two cases (one step of σ = 0.3 without subsampling: P's median loss 5.6) have
+    /// Q's tails switch at Q's median, apart from P's switch (`SEPARATE_Q_SWITCH_ABOVE`).
     #[test]
     fn pmf_round_off_bound_covers_injected_tail_errors() {
         let r = 1e-7;
-        for &(q, s, h, dir) in &[
-            (0.1, 1.0, 0.02, Direction::Remove),
-            (0.1, 1.0, 0.02, Direction::Add),
-            (0.5, 0.8, 0.05, Direction::Remove),
+        for &(q, s, h, dir, eps_max, eps_step) in &[
+            (0.1, 1.0, 0.02, Direction::Remove, 6.0, 0.25),
+            (0.1, 1.0, 0.02, Direction::Add, 6.0, 0.25),
+            (0.5, 0.8, 0.05, Direction::Remove, 6.0, 0.25),
+            (1.0, 0.3, 0.1, Direction::Remove, 160.0, 2.0),
+            (1.0, 0.3, 0.1, Direction::Add, 160.0, 2.0),
         ] {
             let loss = Loss { q, sigma: s, dir };
             let exact = build_pmf(loss, h, 1e-16, 1 << 20, 0.01).unwrap();
@@ -3545,9 +3636,14 @@ mod tests {
                 rw = direct_conv(&rw, &exact.p);
             }
             let r_off = exact.offset * 12;
-            let delta_of = |p: &[f64], off: i64, eps: f64| -> (f64, f64) {
-                // (δ at ε, P(S ≥ ε)) of p * R.
-                let w = direct_conv(p, &rw);
+            // Q's switch apart from P's exactly in the cases without subsampling (e_sw is
+            // e^{y} at Q's switch, ≈ e^{−5.6}, plus 2.02 there; e^{y} at P's switch, below 2,
+            // otherwise).
+            let e_sw = exact.roundoff.e_sw;
+            assert_eq!((2.02..2.1).contains(&e_sw), q == 1.0, "{:?}", exact.roundoff);
+            let exact_w = direct_conv(&exact.p, &rw);
+            let delta_of = |w: &[f64], off: i64, eps: f64| -> (f64, f64) {
+                // (δ at ε, P(S ≥ ε)) of p * R (w = p * R).
                 let (mut d, mut t) = (0.0, 0.0);
                 for (k, &v) in w.iter().enumerate() {
                     let y = (off + r_off + k as i64) as f64 * h;
@@ -3578,12 +3674,13 @@ mod tests {
                 assert_eq!(pert.offset, exact.offset);
                 let coef = pert.roundoff.tail_coef;
                 assert!(pert.roundoff.abs.is_empty(), "{:?}", pert.roundoff.abs);
+                let pert_w = direct_conv(&pert.p, &rw);
                 let mut eps = 0.0;
-                while eps < 6.0 {
-                    let (de, te) = delta_of(&exact.p, exact.offset, eps);
-                    let (dp, tp) = delta_of(&pert.p, pert.offset, eps);
-                    let (_, te3) = delta_of(&exact.p, exact.offset, eps - 3.0 * h);
-                    let (_, tp3) = delta_of(&pert.p, pert.offset, eps - 3.0 * h);
+                while eps < eps_max {
+                    let (de, te) = delta_of(&exact_w, exact.offset, eps);
+                    let (dp, tp) = delta_of(&pert_w, pert.offset, eps);
+                    let (_, te3) = delta_of(&exact_w, exact.offset, eps - 3.0 * h);
+                    let (_, tp3) = delta_of(&pert_w, pert.offset, eps - 3.0 * h);
                     // The native round-off of both pmfs (bounded with `exact`'s coefficient).
                     let native = exact.roundoff.tail_coef * te3.max(tp3);
                     let bound = coef * te3.max(tp3) + native;
@@ -3595,7 +3692,7 @@ mod tests {
                     if de > 1e-30 {
                         worst_ratio = worst_ratio.max(err / bound);
                     }
-                    eps += 0.25;
+                    eps += eps_step;
                 }
             }
             assert!(
