@@ -24,7 +24,11 @@ struct Row {
 
 impl Row {
     fn comp(&self) -> Composition {
-        Composition::single(SubsampledGaussian::gaussian(self.sigma).unwrap(), self.steps).unwrap()
+        Composition::single(
+            SubsampledGaussian::gaussian(self.sigma).unwrap(),
+            self.steps,
+        )
+        .unwrap()
     }
 
     /// Whether one step's loss reaches beyond about 700 inside the pmf's support (mean

@@ -3640,7 +3640,12 @@ mod tests {
             // e^{y} at Q's switch, ≈ e^{−5.6}, plus 2.02 there; e^{y} at P's switch, below 2,
             // otherwise).
             let e_sw = exact.roundoff.e_sw;
-            assert_eq!((2.02..2.1).contains(&e_sw), q == 1.0, "{:?}", exact.roundoff);
+            assert_eq!(
+                (2.02..2.1).contains(&e_sw),
+                q == 1.0,
+                "{:?}",
+                exact.roundoff
+            );
             let exact_w = direct_conv(&exact.p, &rw);
             let delta_of = |w: &[f64], off: i64, eps: f64| -> (f64, f64) {
                 // (δ at ε, P(S ≥ ε)) of p * R (w = p * R).
