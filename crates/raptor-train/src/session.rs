@@ -618,6 +618,16 @@ fn owner_maps(
     Ok(owners)
 }
 
+/// At most `cap` of `records`, evenly strided (every record at `cap` = 0 or ≥ their number);
+/// public records only, so the choice may depend on their count.
+fn strided<T: Clone>(records: &[T], cap: usize) -> Vec<T> {
+    let n = records.len();
+    if cap == 0 || cap >= n {
+        return records.to_vec();
+    }
+    (0..cap).map(|i| records[i * n / cap].clone()).collect()
+}
+
 /// Clip bounds from the public file `public_file` (quantile `q` of the public records'
 /// gradient norms, labelled with the run's label set and routed one by one), written into
 /// `plan`; what was chosen, for the record.
@@ -634,7 +644,8 @@ fn public_clip_bounds(
     device: Device,
 ) -> Result<crate::public_clip::PublicClip> {
     let ds = read_records(cfg, public_file, is_classifier(cfg))?;
-    let public = to_examples(cfg, tokenizer, &ds.records, labels, model.vocab_size())?;
+    let records = strided(&ds.records, cfg.train.clip_public_records);
+    let public = to_examples(cfg, tokenizer, &records, labels, model.vocab_size())?;
     let layers: Vec<usize> = plan
         .phases
         .iter()
@@ -865,4 +876,21 @@ fn prepare_d2t(
         validation_sources,
         canaries: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strided;
+
+    /// The cap takes evenly spaced records, every one when it is 0 or not below their number.
+    #[test]
+    fn strided_takes_evenly_spaced_records() {
+        let v: Vec<usize> = (0..10).collect();
+        assert_eq!(strided(&v, 0), v);
+        assert_eq!(strided(&v, 10), v);
+        assert_eq!(strided(&v, 25), v);
+        assert_eq!(strided(&v, 5), [0, 2, 4, 6, 8]);
+        assert_eq!(strided(&v, 3), [0, 3, 6]);
+        assert_eq!(strided(&v, 1), [0]);
+    }
 }

@@ -64,6 +64,9 @@ pub struct Scale {
     /// RAPTOR's expert-stream settings tried on the public proxy: optimizer and expert learning
     /// rate as a multiple of the shared one.
     pub expert_grid: Vec<(StreamOptimizer, f64)>,
+    /// Public records the clip calibration of a private run reads at most (evenly strided;
+    /// 0: all of the public split).
+    pub clip_public_records: usize,
 }
 
 impl Scale {
@@ -91,6 +94,7 @@ impl Scale {
             max_train: 0,
             proxy_lrs: vec![1e-2],
             expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
+            clip_public_records: 0,
         }
     }
 
@@ -110,6 +114,7 @@ impl Scale {
             max_train: 3000,
             proxy_lrs: vec![3e-3, 1e-2],
             expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
+            clip_public_records: 256,
         }
     }
 
@@ -133,6 +138,7 @@ impl Scale {
                 (StreamOptimizer::Sgd, 10.0),
                 (StreamOptimizer::Sgd, 50.0),
             ],
+            clip_public_records: 0,
         }
     }
 
@@ -156,6 +162,7 @@ impl Scale {
                 (StreamOptimizer::Sgd, 10.0),
                 (StreamOptimizer::Sgd, 50.0),
             ],
+            clip_public_records: 0,
         }
     }
 }
@@ -589,6 +596,8 @@ fn base_for(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
     let mut base = cls_base(c, s, device);
     base.train.batch_size = fit_batch(base.train.batch_size, c.train_records);
     base.train.momentum = 0.9;
+    // The public records the clip calibration reads (private methods only: `method_cfg`).
+    base.train.clip_public_records = s.clip_public_records;
     base
 }
 
@@ -608,6 +617,8 @@ fn method_cfg(mut c: RunConfig, m: Method, variant: &str, eps: Option<f64>) -> R
     }
     if m.is_private() {
         c.train.clip_from_public = Some(0.5);
+    } else {
+        c.train.clip_public_records = 0;
     }
     if m == Method::Raptor {
         c.train.budget = Budget::StreamUpdates;

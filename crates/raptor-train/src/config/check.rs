@@ -215,6 +215,12 @@ impl RunConfig {
         {
             out.add("train.expert_lr", format!("{v} must be finite and > 0"));
         }
+        if t.clip_from_public.is_none() && t.clip_public_records != 0 {
+            out.add(
+                "train.clip_public_records",
+                "set, but train.clip_from_public is not (it caps the records that calibration reads)",
+            );
+        }
         if let Some(q) = t.clip_from_public {
             if !(q.is_finite() && q > 0.0 && q < 1.0) {
                 out.add("train.clip_from_public", format!("{q} must be in (0, 1)"));

@@ -323,6 +323,11 @@ pub struct TrainConfig {
     /// norms over the labelled public records of `data.public` (privacy-free; the chosen
     /// values go to the record). Omitted: the configured bounds.
     pub clip_from_public: Option<f64>,
+    /// Public records `clip_from_public` reads at most, evenly strided over `data.public`
+    /// (0: every one). A quantile needs a few hundred records, and each costs a per-record
+    /// gradient. Left out of a written config at 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub clip_public_records: usize,
     /// Records per forward pass (memory only; results do not depend on it).
     pub micro_batch: usize,
     /// Seed of model initialization.
@@ -355,6 +360,7 @@ impl Default for TrainConfig {
             clip: 1.0,
             clip_expert: 1.0,
             clip_from_public: None,
+            clip_public_records: 0,
             micro_batch: 64,
             seed: 0,
             insecure_seed: None,
@@ -386,7 +392,9 @@ pub struct LoraSettings {
     pub experts: bool,
     /// Whether the LoRA methods adapt the attention projections (default), or leave attention
     /// frozen so that the head and, where adapted, the routed experts carry all of the
-    /// fine-tuning (a setting where expert adaptation has to matter).
+    /// fine-tuning (a setting where expert adaptation has to matter). Left out of a written
+    /// config when true.
+    #[serde(skip_serializing_if = "is_true")]
     pub attention: bool,
 }
 
@@ -432,6 +440,18 @@ pub fn resolve_model_path(path: &Path, base: &Path, cache: Option<&Path>) -> Pat
         Some(cached) if cached.exists() => cached,
         _ => local,
     }
+}
+
+/// A setting added after configs were first written is left out of a written config at its
+/// default, so that a config's text (and the key a cached run is filed under) stays what it
+/// was before the setting existed.
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
+
+/// See [`is_zero`].
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 impl RunConfig {
@@ -627,6 +647,25 @@ mod tests {
     fn default_config_text_parses_to_the_defaults() {
         let parsed = RunConfig::from_toml(DEFAULT_CONFIG).unwrap();
         assert_eq!(parsed, RunConfig::default());
+    }
+
+    /// Settings added after configs were first written are left out of the text at their
+    /// defaults (a cached run's key is the config text's hash), written and read back
+    /// otherwise.
+    #[test]
+    fn later_settings_at_their_defaults_leave_the_text_unchanged() {
+        let d = RunConfig::default().to_toml().unwrap();
+        assert!(
+            !d.contains("attention =") && !d.contains("clip_public_records"),
+            "{d}"
+        );
+        let mut c = RunConfig::default();
+        c.lora.attention = false;
+        c.train.clip_from_public = Some(0.5);
+        c.train.clip_public_records = 256;
+        let t = c.to_toml().unwrap();
+        assert!(t.contains("attention = false") && t.contains("clip_public_records = 256"));
+        assert_eq!(RunConfig::from_toml(&t).unwrap(), c);
     }
 
     #[test]
