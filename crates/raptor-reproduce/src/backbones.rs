@@ -221,7 +221,7 @@ impl Scale {
     }
 
     /// `cargo xtask reproduce` (no profile flag): the MiniLM design of [`Scale::standard`]
-    /// with 2 paired seeds at ε = 8, 600 private records and 12 updates of B = 32 (a smoke of
+    /// with 2 paired seeds at ε = 8, 600 private records and 12 updates of B = 16 (a smoke of
     /// the design, minutes on 2 CPU cores; its intervals are wide); 1 seed of the decoder.
     pub fn small() -> Self {
         Self {
@@ -236,8 +236,8 @@ impl Scale {
                 cls_max_len: 32,
                 enc: (0, 0, 0, 0, 0),
                 pretrain: (40, 32.0, 1e-4),
-                finetune: (12, 32.0, 3e-3),
-                max_validation: 200,
+                finetune: (12, 16.0, 3e-3),
+                max_validation: 150,
                 max_train: 600,
                 proxy_lrs: vec![3e-3],
                 expert_grid: vec![(StreamOptimizer::Adamw, 1.0)],

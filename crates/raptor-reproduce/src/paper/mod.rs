@@ -110,9 +110,9 @@ impl Scale {
             enc: (64, 2, 4, 128, 8),
             pretrain: (200, 64.0, 3e-3),
             finetune: (30, 128.0, 1e-2),
-            max_validation: 500,
-            max_train: 3000,
-            proxy_lrs: vec![3e-3, 1e-2],
+            max_validation: 300,
+            max_train: 2000,
+            proxy_lrs: vec![1e-2],
             expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
             clip_public_records: 256,
         }
