@@ -81,7 +81,8 @@ pub struct Diagnostics {
     /// SNR-CV.
     pub snr_cv: f64,
     /// Fraction of owned rows whose expert gradient is shrunk more by one clip factor over the
-    /// whole per-record gradient at C_e than by a clip of the expert's own gradient at C_e.
+    /// whole per-record gradient at the method's expert bound (RAPTOR's C_e, a monolithic
+    /// method's C) than by a clip of the expert's own gradient at that bound.
     pub clip_suppressed_fraction: f64,
     /// Least-loaded expert's expected owned records per batch / D_e.
     pub dilution: f64,
