@@ -6,6 +6,9 @@
 //! overflows or underflows). Double-precision references (dp_accounting's PLD) come out about
 //! 0.97 too high above ε ≈ 745; this one is exact up to its 15 written digits.
 
+mod common;
+
+use common::Golden;
 use raptor_accountant::{Accuracy, Composition, Method, PrvAccountant, SubsampledGaussian};
 
 struct Row {
@@ -41,39 +44,28 @@ impl Row {
 }
 
 fn rows() -> Vec<Row> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/accountant-large-eps/golden.csv"
-    );
-    let mut rdr = csv::ReaderBuilder::new()
-        .comment(Some(b'#'))
-        .from_path(path)
-        .unwrap();
-    let head = rdr.headers().unwrap().clone();
-    let col = |name: &str| head.iter().position(|h| h == name).unwrap();
+    let g = Golden::read("accountant-large-eps");
     let (c_case, c_sigma, c_steps, c_mu, c_delta, c_eps, c_d, c_dm) = (
-        col("case"),
-        col("sigma"),
-        col("steps"),
-        col("mu"),
-        col("delta"),
-        col("epsilon"),
-        col("delta_at_eps"),
-        col("delta_at_eps_minus"),
+        g.col("case"),
+        g.col("sigma"),
+        g.col("steps"),
+        g.col("mu"),
+        g.col("delta"),
+        g.col("epsilon"),
+        g.col("delta_at_eps"),
+        g.col("delta_at_eps_minus"),
     );
-    rdr.records()
-        .map(|r| {
-            let r = r.unwrap();
-            Row {
-                name: r[c_case].to_string(),
-                sigma: r[c_sigma].parse().unwrap(),
-                steps: r[c_steps].parse().unwrap(),
-                mu: r[c_mu].parse().unwrap(),
-                delta: r[c_delta].parse().unwrap(),
-                eps: r[c_eps].parse().unwrap(),
-                delta_at_eps: r[c_d].parse().unwrap(),
-                delta_at_eps_minus: r[c_dm].parse().unwrap(),
-            }
+    g.rows
+        .iter()
+        .map(|r| Row {
+            name: r[c_case].to_string(),
+            sigma: r[c_sigma].parse().unwrap(),
+            steps: r[c_steps].parse().unwrap(),
+            mu: r[c_mu].parse().unwrap(),
+            delta: r[c_delta].parse().unwrap(),
+            eps: r[c_eps].parse().unwrap(),
+            delta_at_eps: r[c_d].parse().unwrap(),
+            delta_at_eps_minus: r[c_dm].parse().unwrap(),
         })
         .collect()
 }

@@ -7,6 +7,9 @@
 //! reference of fixtures/accountant-tiny-q/golden.csv (fixtures/accountant-tiny-q/generate.py),
 //! two-sided too.
 
+mod common;
+
+use common::Golden;
 use raptor_accountant::{
     Accuracy, Composition, EpsilonBounds, Method, PrvAccountant, RELATIVE_FLOOR, SubsampledGaussian,
 };
@@ -26,17 +29,10 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/accountant-tails/golden.csv"
-    );
-    let mut rdr = csv::ReaderBuilder::new()
-        .comment(Some(b'#'))
-        .from_path(path)
-        .unwrap();
-    rdr.records()
+    Golden::read("accountant-tails")
+        .rows
+        .iter()
         .map(|r| {
-            let r = r.unwrap();
             let v: Vec<&str> = r[1].split(':').collect();
             let comp = Composition::single(
                 SubsampledGaussian::new(v[0].parse().unwrap(), v[1].parse().unwrap()).unwrap(),
@@ -212,29 +208,20 @@ struct TinyQ {
 }
 
 fn tiny_q_rows() -> Vec<TinyQ> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/accountant-tiny-q/golden.csv"
-    );
-    let mut rdr = csv::ReaderBuilder::new()
-        .comment(Some(b'#'))
-        .from_path(path)
-        .unwrap();
-    let head = rdr.headers().unwrap().clone();
-    let col = |name: &str| head.iter().position(|h| h == name).unwrap();
+    let g = Golden::read("accountant-tiny-q");
     let c = [
-        col("case"),
-        col("mechanisms"),
-        col("delta"),
-        col("epsilon"),
-        col("eps_remove"),
-        col("eps_add"),
-        col("trunc_eps"),
-        col("num_eps"),
+        g.col("case"),
+        g.col("mechanisms"),
+        g.col("delta"),
+        g.col("epsilon"),
+        g.col("eps_remove"),
+        g.col("eps_add"),
+        g.col("trunc_eps"),
+        g.col("num_eps"),
     ];
-    rdr.records()
+    g.rows
+        .iter()
         .map(|r| {
-            let r = r.unwrap();
             let v: Vec<&str> = r[c[1]].split(':').collect();
             let comp = Composition::single(
                 SubsampledGaussian::new(v[0].parse().unwrap(), v[1].parse().unwrap()).unwrap(),
