@@ -32,7 +32,7 @@ use raptor_train::config::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::driver::{Context, Profile};
+use crate::driver::{Context, Profile, ProfileScale};
 use crate::paper::report::{DiagnosticsNames, EvidenceNames, diagnostics, evidence};
 use crate::paper::runs::{Job, Runner, Summary, file_hash};
 use crate::paper::{
@@ -191,19 +191,9 @@ pub struct Scale {
     pub d2t_new_tokens: usize,
 }
 
-impl Scale {
-    /// The scale of `profile`.
-    pub fn for_profile(profile: Profile) -> Self {
-        match profile {
-            Profile::Quick => Self::quick(),
-            Profile::Small => Self::small(),
-            Profile::Standard => Self::standard(),
-            Profile::Full => Self::full(),
-        }
-    }
-
+impl ProfileScale for Scale {
     /// The test profile: a few updates on tiny inputs.
-    pub fn quick() -> Self {
+    fn quick() -> Self {
         let mut cls = PaperScale::quick();
         cls.pretrain = (4, 16.0, 1e-3);
         Self {
@@ -223,7 +213,7 @@ impl Scale {
     /// `cargo xtask reproduce` (no profile flag): the MiniLM design of [`Scale::standard`]
     /// with 2 paired seeds at ε = 8, 600 private records and 12 updates of B = 16 (a smoke of
     /// the design, minutes on 2 CPU cores; its intervals are wide); 1 seed of the decoder.
-    pub fn small() -> Self {
+    fn small() -> Self {
         Self {
             seeds: vec![0],
             epsilons: vec![8.0],
@@ -253,7 +243,7 @@ impl Scale {
 
     /// `cargo xtask reproduce --standard`: 5 paired seeds at ε = 1 and 8 on 1,500 private
     /// records, a few CPU-minutes per run on 2 cores; 1 seed of the decoder.
-    pub fn standard() -> Self {
+    fn standard() -> Self {
         Self {
             seeds: vec![0, 1],
             epsilons: vec![8.0],
@@ -282,7 +272,7 @@ impl Scale {
     }
 
     /// `--full`: paper-like sizes (every record, several ε and seeds; a GPU or a long CPU run).
-    pub fn full() -> Self {
+    fn full() -> Self {
         Self {
             seeds: vec![0, 1, 2],
             epsilons: vec![1.0, 4.0, 8.0],
@@ -313,7 +303,9 @@ impl Scale {
             d2t_new_tokens: 64,
         }
     }
+}
 
+impl Scale {
     /// Seeds of the decoder grid: the first seed only in the default profile (each SmolLM2
     /// run costs minutes on a CPU), every seed otherwise.
     fn d2t_seeds(&self, standard: bool) -> Vec<u64> {

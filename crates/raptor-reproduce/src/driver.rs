@@ -82,6 +82,30 @@ impl Profile {
     }
 }
 
+/// The sizes of one part under each [`Profile`]: a constructor per profile, and the choice
+/// between them ([`ProfileScale::for_profile`]), so that every part reads its profile the same
+/// way.
+pub trait ProfileScale: Sized {
+    /// `--quick`: tiny models and a few updates (the tests of this driver).
+    fn quick() -> Self;
+    /// No profile flag: the part's design at sizes that fit the default reproduction's budget.
+    fn small() -> Self;
+    /// `--standard`: the evidence grid behind the README's tables.
+    fn standard() -> Self;
+    /// `--full`: the paper-sized setting (a GPU or a long CPU run).
+    fn full() -> Self;
+
+    /// The sizes of `profile`.
+    fn for_profile(profile: Profile) -> Self {
+        match profile {
+            Profile::Quick => Self::quick(),
+            Profile::Small => Self::small(),
+            Profile::Standard => Self::standard(),
+            Profile::Full => Self::full(),
+        }
+    }
+}
+
 impl Context {
     /// Whether this is the test profile (`--quick`).
     pub fn quick(&self) -> bool {

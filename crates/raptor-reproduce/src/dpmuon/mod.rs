@@ -39,7 +39,7 @@ use raptor_train::config::{
     DataFormat, DeviceSpec, Method, ModelKind, RunConfig, Scope, TokenizerSpec,
 };
 
-use crate::driver::{Context, Profile, Table};
+use crate::driver::{Context, Profile, ProfileScale, Table};
 use crate::paper::runs::{Job, Placed, Runner, Summary};
 use crate::paper::{D2tTask, Inputs, fit_batch, label, pretrain, seeded};
 
@@ -95,19 +95,9 @@ pub struct Scale {
     pub curve_points: u64,
 }
 
-impl Scale {
-    /// The scale of `profile`.
-    pub fn for_profile(profile: Profile) -> Self {
-        match profile {
-            Profile::Quick => Self::quick(),
-            Profile::Small => Self::small(),
-            Profile::Standard => Self::standard(),
-            Profile::Full => Self::full(),
-        }
-    }
-
+impl ProfileScale for Scale {
     /// The test profile: tiny models, a few updates.
-    pub fn quick() -> Self {
+    fn quick() -> Self {
         Self {
             seeds: vec![0, 1],
             epsilon: 8.0,
@@ -135,7 +125,7 @@ impl Scale {
 
     /// `cargo xtask reproduce` (no profile flag): the design of [`Scale::standard`] with 2
     /// paired seeds, a smaller decoder and fewer updates (a few minutes on 2 CPU cores).
-    pub fn small() -> Self {
+    fn small() -> Self {
         Self {
             seeds: vec![0, 1],
             epsilon: 8.0,
@@ -162,7 +152,7 @@ impl Scale {
     }
 
     /// `cargo xtask reproduce --standard` on 2 CPU cores: the README's table.
-    pub fn standard() -> Self {
+    fn standard() -> Self {
         Self {
             seeds: vec![0, 1, 2],
             epsilon: 8.0,
@@ -190,7 +180,7 @@ impl Scale {
 
     /// `--full`: the paper-sized setting for a GPU (a GPT-2 small checkpoint through
     /// [`GPT2_ENV`], else a larger decoder pretrained here), every test source.
-    pub fn full() -> Self {
+    fn full() -> Self {
         Self {
             seeds: vec![0, 1, 2, 3, 4],
             epsilon: 8.0,
