@@ -129,7 +129,7 @@ models-owners | models-engine | trainer | trainer-mpi)
         # The trainer's release and accounting path: one update (sampling, clipping groups,
         # releases, noise, denominators, ledger charges) and the plan's sensitivities.
         cargo mutants "${lib[@]}" -o "$out/trainer" -p raptor-train \
-            -f crates/raptor-train/src/trainer.rs -f crates/raptor-train/src/streams.rs \
+            -f crates/raptor-train/src/trainer/mod.rs -f crates/raptor-train/src/streams.rs \
             --re 'Trainer<.*>::(new|draw_sample|private_sums|release_and_charge)|Phase::sensitivity|Plan::(phase_at|phase_counts|check)' \
             "$@" -- --lib --test trainer_core
         ;;
@@ -140,7 +140,7 @@ models-owners | models-engine | trainer | trainer-mpi)
         # whole function is left to the `trainer` target: the MPI tests compare two ranks
         # with one process, which the replacement changes alike.
         cargo mutants "${lib[@]}" -o "$out/trainer-mpi" -p raptor-train --features mpi \
-            -f crates/raptor-train/src/trainer.rs --re 'Trainer<.*>::draw_sample' \
+            -f crates/raptor-train/src/trainer/mod.rs --re 'Trainer<.*>::draw_sample' \
             --exclude-re 'draw_sample -> ' \
             "$@" -- --test mpi
         ;;

@@ -532,24 +532,39 @@ pub fn names_method(code: &str) -> Vec<(usize, String)> {
 }
 
 /// Fails when the trainer branches on the method: every method is a plan (phases of releases
-/// over clip groups) and `raptor-train/src/trainer.rs` runs any plan the same way, so it must
-/// not name the config's `Method`.
+/// over clip groups) and the trainer (`raptor-train/src/trainer/`, every file of it) runs any
+/// plan the same way, so it must not name the config's `Method`.
 pub fn methods_are_plans(root: &Path) -> anyhow::Result<()> {
     eprintln!("\n==> methods are plans: the trainer does not name the config's Method");
-    let rel = "crates/raptor-train/src/trainer.rs";
-    let code = std::fs::read_to_string(root.join(rel)).with_context(|| format!("reading {rel}"))?;
-    let found = names_method(&code);
-    if !found.is_empty() {
-        let lines: Vec<String> = found
-            .iter()
-            .map(|(n, l)| format!("{rel}:{n}: {l}"))
-            .collect();
+    let dir = "crates/raptor-train/src/trainer";
+    let mut files: Vec<String> = std::fs::read_dir(root.join(dir))
+        .with_context(|| format!("reading {dir}"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".rs"))
+        .map(|n| format!("{dir}/{n}"))
+        .collect();
+    files.sort();
+    if !files.iter().any(|f| f.ends_with("/mod.rs")) {
+        bail!("{dir}/mod.rs is missing: the check must read the trainer");
+    }
+    let mut lines = Vec::new();
+    for rel in &files {
+        let code =
+            std::fs::read_to_string(root.join(rel)).with_context(|| format!("reading {rel}"))?;
+        lines.extend(
+            names_method(&code)
+                .iter()
+                .map(|(n, l)| format!("{rel}:{n}: {l}")),
+        );
+    }
+    if !lines.is_empty() {
         bail!(
             "the trainer names the method (turn the difference into the plan instead):\n  {}",
             lines.join("\n  ")
         );
     }
-    eprintln!("    {rel}: no");
+    eprintln!("    {dir}/ ({} files): no", files.len());
     Ok(())
 }
 

@@ -15,27 +15,17 @@
 //! the number of updates come from the plan; an expert whose owner group is empty still takes a
 //! noise-only step.
 //!
-//! **The audit hook** (`DiracCanaries`, crate-only: `raptor audit --kind dirac` is the one
-//! caller). A white-box audit run adds *Dirac canaries*: records whose clipped gradient is a
-//! fixed coordinate direction `v·e_k` of one trainable parameter (v at most the bound of every
-//! clip group that holds the parameter: a record the sensitivity analysis admits). The included
-//! canaries are records of the run past the real ones: the Poisson sampler draws every record,
-//! real or canary, at the plan's q; a drawn canary skips the forward pass and adds `v` at its
-//! coordinate to the clipped sums of the phase that releases its parameter (nothing elsewhere).
-//! After the noise, each release that carries watched coordinates reports the released
-//! component there to the canary's [`DiracTrace`] (in units of the release's planned noise
-//! std). Release events, denominators, σ's and charges are untouched: the ledger charges what
-//! it charges without canaries.
+//! The white-box audit's hook (Dirac canaries) is in `canaries`, data-parallel training's
+//! all-reduce in `collective`, records, batches and evaluation in `batch`.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use rand::{RngCore, SeedableRng};
 use raptor_accountant::{Ledger, PoissonSampler, SamplingRate};
 use raptor_clip::tensor::{ClippedSum, TensorRelease};
 use raptor_clip::{ClipPolicy, ParamGroups, Privatizer, PublicDenominator};
-use raptor_eval::audit::DiracTrace;
-use raptor_models::{Batch, ClippedStep, ForwardCtx, Model, Task};
+use raptor_models::{Batch, ClippedStep, ForwardCtx, Model};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -44,42 +34,14 @@ use crate::error::{Result, TrainError};
 use crate::optim::{Optimizers, ReleaseNoise, lr_scale};
 use crate::streams::{Charge, Phase, PhaseCharge, Plan, ReleaseSpec, Residual};
 
-/// One training record, already tokenized.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Example {
-    /// Stable id of the record in its dataset (keys its dropout masks).
-    pub id: u64,
-    /// Token ids (non-empty).
-    pub tokens: Vec<i64>,
-    /// Class index (classification).
-    pub label: Option<i64>,
-    /// Language modelling: the first `prompt_len` tokens are context, not targets (the
-    /// meaning representation of a data-to-text record); 0 for plain text.
-    pub prompt_len: usize,
-}
+mod batch;
+mod canaries;
+mod collective;
 
-/// A right-padded batch of `examples` (labels for classifiers, prompt masks for prompts).
-pub fn make_batch(examples: &[&Example], task: Task, pad_id: i64, device: Device) -> Result<Batch> {
-    let toks: Vec<Vec<i64>> = examples.iter().map(|e| e.tokens.clone()).collect();
-    let labels: Option<Vec<i64>> = if task == Task::Classification {
-        let mut v = Vec::with_capacity(examples.len());
-        for e in examples {
-            v.push(
-                e.label
-                    .ok_or_else(|| TrainError::Data(format!("record {} has no label", e.id)))?,
-            );
-        }
-        Some(v)
-    } else {
-        None
-    };
-    let b = Batch::from_records(&toks, pad_id, labels.as_deref(), device)?;
-    if task == Task::LanguageModel && examples.iter().any(|e| e.prompt_len > 0) {
-        let pl: Vec<usize> = examples.iter().map(|e| e.prompt_len).collect();
-        return Ok(b.with_prompt_lengths(&pl)?);
-    }
-    Ok(b)
-}
+pub use batch::{EvalMetrics, Example, evaluate, make_batch, per_record_losses};
+#[cfg(any(test, feature = "planted-faults"))]
+pub use canaries::NoiseFault;
+pub(crate) use canaries::{DiracCanaries, DiracCanary};
 
 /// What the trainer needs besides the plan.
 #[derive(Debug, Clone)]
@@ -141,92 +103,6 @@ pub struct UpdateMetrics {
     /// within their bound, and the run goes on (an error would be an event that depends on
     /// private data). Counted over this process's share of the sample.
     pub nonfinite_residual_weights: u64,
-}
-
-/// One white-box (Dirac) canary: a record whose clipped gradient is `value` at flat index
-/// `index` of parameter `param` and zero everywhere else.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct DiracCanary {
-    /// The parameter (a trainable one of the plan).
-    pub param: String,
-    /// Flat (row-major) index into the parameter.
-    pub index: i64,
-    /// The canary's gradient there (0 < value ≤ every bound of a group holding `param`).
-    pub value: f64,
-}
-
-/// The Dirac canaries of a white-box audit run (module docs, "The audit hook"). Only
-/// `raptor audit` builds them; a run without them is untouched.
-#[derive(Debug)]
-pub(crate) struct DiracCanaries {
-    /// Every canary, in or out (each coordinate is watched).
-    canaries: Vec<DiracCanary>,
-    /// The included canaries (secret coins = true), in order: record `N + j` of the run is
-    /// canary `included[j]` (N real records).
-    included: Vec<usize>,
-    /// What each canary's coordinate showed, shared with the audit.
-    traces: Arc<Mutex<Vec<DiracTrace>>>,
-    /// Per watched parameter: flat indices and canary numbers (filled by the trainer).
-    watch: BTreeMap<String, (Tensor, Vec<usize>)>,
-    /// A planted bug (tests and the `planted-faults` feature only).
-    #[cfg(any(test, feature = "planted-faults"))]
-    pub fault: Option<NoiseFault>,
-}
-
-impl DiracCanaries {
-    /// Canaries `canaries`, of which those with `coins[i]` are records of the run; returns them
-    /// with the handle on which their traces can be read after training.
-    pub(crate) fn new(
-        canaries: Vec<DiracCanary>,
-        coins: &[bool],
-    ) -> Result<(Self, Arc<Mutex<Vec<DiracTrace>>>)> {
-        if coins.len() != canaries.len() {
-            return Err(TrainError::Run(format!(
-                "{} coins for {} canaries",
-                coins.len(),
-                canaries.len()
-            )));
-        }
-        let traces = Arc::new(Mutex::new(vec![DiracTrace::default(); canaries.len()]));
-        let included = (0..canaries.len()).filter(|&i| coins[i]).collect();
-        Ok((
-            Self {
-                canaries,
-                included,
-                traces: Arc::clone(&traces),
-                watch: BTreeMap::new(),
-                #[cfg(any(test, feature = "planted-faults"))]
-                fault: None,
-            },
-            traces,
-        ))
-    }
-}
-
-/// A planted bug of the mechanism, for the audit's tests and its measured table: the releases'
-/// noise is not what the plan says, while the ledger still charges the planned σ. It exists
-/// only in tests and under the cargo feature `planted-faults` (test/audit-only, off by default;
-/// the `raptor` program refuses to build with it), and only a white-box audit can plant it
-/// ([`crate::audit::planted`]).
-#[cfg(any(test, feature = "planted-faults"))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoiseFault {
-    /// No noise at all.
-    Off,
-    /// Every release's noise at half its planned σ.
-    Half,
-    /// The expert releases' (parallel group members') noise at half their σ.
-    HalfExperts,
-}
-
-#[cfg(any(test, feature = "planted-faults"))]
-fn fault_scale(fault: NoiseFault, release: &ReleaseSpec) -> f64 {
-    match fault {
-        NoiseFault::Off => 0.0,
-        NoiseFault::Half => 0.5,
-        NoiseFault::HalfExperts if matches!(release.charge, Charge::Parallel(_)) => 0.5,
-        NoiseFault::HalfExperts => 1.0,
-    }
 }
 
 /// Checks that `release` is the mechanism the ledger charges for `spec`: its noise multiplier
@@ -426,270 +302,6 @@ impl<'a> Trainer<'a> {
         })
     }
 
-    /// Adds the Dirac canaries of a white-box audit run (module docs, "The audit hook"): the
-    /// sampler then draws the real records and the included canaries at the plan's q. Before
-    /// the first update, on one process only. Each canary must name a coordinate of a planned
-    /// parameter, no two the same, with 0 < value ≤ the bound of every private clip group (or
-    /// global clip) that holds its parameter.
-    pub(crate) fn with_dirac_canaries(mut self, mut canaries: DiracCanaries) -> Result<Self> {
-        if self.update != 0 || self.comm.size() > 1 {
-            return Err(TrainError::Run(
-                "Dirac canaries join a fresh single-process run only".into(),
-            ));
-        }
-        let planned: BTreeSet<String> = self.plan.params().into_iter().collect();
-        let mut seen = BTreeSet::new();
-        let mut watch: BTreeMap<String, (Vec<i64>, Vec<usize>)> = BTreeMap::new();
-        for (i, c) in canaries.canaries.iter().enumerate() {
-            let numel = match self.vars.get(&c.param) {
-                Some(v) if planned.contains(&c.param) => v.numel() as i64,
-                _ => {
-                    return Err(TrainError::Config(format!(
-                        "canary {i}: {} is not a trainable parameter of the plan",
-                        c.param
-                    )));
-                }
-            };
-            if !(0..numel).contains(&c.index) || !seen.insert((c.param.as_str(), c.index)) {
-                return Err(TrainError::Config(format!(
-                    "canary {i}: index {} of {} is out of range or taken",
-                    c.index, c.param
-                )));
-            }
-            for ph in self.plan.phases.iter().filter(|p| p.private) {
-                for g in ph.groups.iter().filter(|g| g.params.contains(&c.param)) {
-                    let bound = ph.global_clip.unwrap_or(g.bound);
-                    if !(c.value > 0.0 && c.value <= bound) {
-                        return Err(TrainError::Config(format!(
-                            "canary {i}: value {} is not in (0, {bound}] (group {} of phase {})",
-                            c.value, g.name, ph.name
-                        )));
-                    }
-                }
-            }
-            let w = watch.entry(c.param.clone()).or_default();
-            w.0.push(c.index);
-            w.1.push(i);
-        }
-        for (p, (idx, ids)) in watch {
-            let t = Tensor::f_from_slice(&idx)?.f_to(self.opts.device)?;
-            canaries.watch.insert(p, (t, ids));
-        }
-        let rate = SamplingRate::new(self.plan.q)?;
-        let population = self.data.len() + canaries.included.len();
-        self.sampler = match self.opts.insecure_seed {
-            Some(s) => PoissonSampler::seeded_insecure(rate, population, s)?,
-            None => PoissonSampler::new(rate, population)?,
-        };
-        #[cfg(any(test, feature = "planted-faults"))]
-        if let Some(f) = canaries.fault {
-            self.privatizers =
-                make_privatizers(&self.plan, self.opts.insecure_seed, &|r| fault_scale(f, r))?;
-        }
-        self.canaries = Some(canaries);
-        Ok(self)
-    }
-
-    /// Adds the drawn canaries (record numbers `drawn`, past the real records) to the clipped
-    /// sums of the parameters `phase` releases: `value` at each one's coordinate.
-    fn add_canaries(
-        &self,
-        phase: &Phase,
-        drawn: &[usize],
-        sums: &mut BTreeMap<String, Tensor>,
-    ) -> Result<()> {
-        let Some(c) = &self.canaries else {
-            return Ok(());
-        };
-        let released: BTreeSet<&str> = phase
-            .releases
-            .iter()
-            .flat_map(|r| r.groups.iter())
-            .filter_map(|g| phase.group(g))
-            .flat_map(|g| g.params.iter().map(String::as_str))
-            .collect();
-        let mut per: BTreeMap<&str, (Vec<i64>, Vec<f64>)> = BTreeMap::new();
-        for &i in drawn {
-            let k = i
-                .checked_sub(self.data.len())
-                .and_then(|j| c.included.get(j))
-                .ok_or_else(|| TrainError::Run(format!("record {i} is no canary")))?;
-            let d = &c.canaries[*k];
-            if released.contains(d.param.as_str()) {
-                let e = per.entry(d.param.as_str()).or_default();
-                e.0.push(d.index);
-                e.1.push(d.value);
-            }
-        }
-        for (p, (idx, val)) in per {
-            let base = match sums.remove(p) {
-                Some(s) => s,
-                None => self.vars[p].f_zeros_like()?.f_detach()?,
-            };
-            let idx = Tensor::f_from_slice(&idx)?.f_to(base.device())?;
-            let val = Tensor::f_from_slice(&val)?
-                .f_to_kind(base.kind())?
-                .f_to(base.device())?;
-            let out = base
-                .f_reshape([-1])?
-                .f_index_add(0, &idx, &val)?
-                .f_reshape(base.size())?;
-            sums.insert(p.to_string(), out);
-        }
-        Ok(())
-    }
-
-    /// Reports a release's components at the watched coordinates to the canaries' traces:
-    /// `x·D/(σΔ)` (planned σ) for a noised release, `x·D/value` for one without noise.
-    fn observe_canaries(
-        &self,
-        phase: &Phase,
-        release: &ReleaseSpec,
-        sensitivity: f64,
-        names: &[String],
-        outs: &[Tensor],
-    ) -> Result<()> {
-        let Some(c) = &self.canaries else {
-            return Ok(());
-        };
-        let noise_std = if phase.private {
-            release.sigma * sensitivity
-        } else {
-            0.0
-        };
-        let mut traces = c
-            .traces
-            .lock()
-            .map_err(|_| TrainError::Run("the canary traces are poisoned".into()))?;
-        for (p, out) in names.iter().zip(outs) {
-            let Some((idx, ids)) = c.watch.get(p) else {
-                continue;
-            };
-            let got: Vec<f64> = Vec::try_from(
-                out.f_reshape([-1])?
-                    .f_index_select(0, idx)?
-                    .f_to_kind(Kind::Double)?
-                    .f_to(Device::Cpu)?,
-            )?;
-            for (&i, x) in ids.iter().zip(got) {
-                let unit = if noise_std > 0.0 {
-                    noise_std
-                } else {
-                    c.canaries[i].value
-                };
-                traces[i].observe(x * release.denominator / unit);
-            }
-        }
-        Ok(())
-    }
-
-    /// Train data-parallel over the ranks of `comm` (see [`crate::dist`]): every rank builds the
-    /// same trainer, then calls this, which makes the trainable parameters rank 0's (one
-    /// broadcast), so all ranks start from the same point whatever their initialization did.
-    pub fn with_collective(mut self, comm: &'a dyn Collective) -> Result<Self> {
-        self.comm = comm;
-        if comm.size() > 1 {
-            // The frozen weights are not broadcast: check that every rank built the same model
-            // (a sum and a sum of squares over every variable, compared with rank 0's).
-            let (mut sum, mut sq) = (0.0f64, 0.0f64);
-            for (name, t) in &self.vars {
-                if self.scope.binary_search(name).is_ok() {
-                    continue; // broadcast below
-                }
-                let d = t.f_detach()?.f_to_kind(Kind::Double)?;
-                sum += d.f_sum(Kind::Double)?.f_double_value(&[])?;
-                sq += d.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
-            }
-            let mut mine = vec![sum.to_bits(), sq.to_bits()];
-            comm.broadcast_u64(&mut mine)?;
-            let (s0, q0) = (f64::from_bits(mine[0]), f64::from_bits(mine[1]));
-            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
-            if !(close(s0, sum) && close(q0, sq)) {
-                return Err(TrainError::Run(format!(
-                    "rank {} built a different model than rank 0 (parameter sums {sum} vs {s0}): every rank must load the same weights with the same config",
-                    comm.rank()
-                )));
-            }
-            let vars: Vec<Tensor> = self
-                .scope
-                .iter()
-                .map(|n| self.vars[n].shallow_clone())
-                .collect();
-            let mut buf = crate::dist::flatten(&vars)?;
-            comm.broadcast_f32(&mut buf)?;
-            let synced = crate::dist::unflatten(&buf, &vars)?;
-            tch::no_grad(|| -> Result<()> {
-                for (mut v, s) in vars.into_iter().zip(synced) {
-                    v.f_copy_(&s)?;
-                }
-                Ok(())
-            })?;
-        }
-        Ok(self)
-    }
-
-    /// Sum this rank's clipped sums and diagnostics with the other ranks' (one all-reduce of
-    /// every released parameter's sum in one buffer, one of the diagnostics).
-    fn all_reduce_sums(
-        &self,
-        phase: &Phase,
-        sums: &mut BTreeMap<String, Tensor>,
-        loss_sum: &mut f64,
-        clipped: &mut BTreeMap<String, f64>,
-        owned: &mut BTreeMap<(usize, i64), usize>,
-    ) -> Result<()> {
-        let mut names: Vec<String> = Vec::new();
-        for r in &phase.releases {
-            for gname in &r.groups {
-                if let Some(g) = phase.group(gname) {
-                    names.extend(g.params.iter().cloned());
-                }
-            }
-        }
-        let mut local = Vec::with_capacity(names.len());
-        for p in &names {
-            local.push(match sums.remove(p) {
-                Some(s) => s,
-                None => self.vars[p].f_zeros_like()?.f_detach()?,
-            });
-        }
-        let mut buf = crate::dist::flatten(&local)?;
-        self.comm.all_reduce_sum_f32(&mut buf)?;
-        for (p, t) in names.into_iter().zip(crate::dist::unflatten(&buf, &local)?) {
-            sums.insert(p, t);
-        }
-        // Diagnostics: loss sum, clip counts per group, owner counts per (layer, expert).
-        let experts = self.model.num_experts().max(1);
-        let mut diag = vec![*loss_sum];
-        diag.extend(
-            phase
-                .groups
-                .iter()
-                .map(|g| clipped.get(&g.name.to_string()).copied().unwrap_or(0.0)),
-        );
-        for &l in &phase.owner_layers {
-            diag.extend((0..experts).map(|e| owned.get(&(l, e)).copied().unwrap_or(0) as f64));
-        }
-        self.comm.all_reduce_sum_f64(&mut diag)?;
-        *loss_sum = diag[0];
-        let mut at = 1;
-        for g in &phase.groups {
-            clipped.insert(g.name.to_string(), diag[at]);
-            at += 1;
-        }
-        owned.clear();
-        for &l in &phase.owner_layers {
-            for e in 0..experts {
-                let n = diag[at].round() as usize;
-                if n > 0 {
-                    owned.insert((l, e), n);
-                }
-                at += 1;
-            }
-        }
-        Ok(())
-    }
-
     /// Continue from a checkpoint: the ledger (which may hold more releases than `update`
     /// applied updates after a crash: it only over-counts) and the update counter.
     ///
@@ -764,19 +376,6 @@ impl<'a> Trainer<'a> {
     /// The optimizers (to restore a checkpoint).
     pub fn optimizers_mut(&mut self) -> &mut Optimizers {
         &mut self.optim
-    }
-
-    /// Whether an audit's test planted a noise fault (never outside tests and the
-    /// `planted-faults` feature).
-    fn fault_planted(&self) -> bool {
-        #[cfg(any(test, feature = "planted-faults"))]
-        {
-            self.canaries.as_ref().is_some_and(|c| c.fault.is_some())
-        }
-        #[cfg(not(any(test, feature = "planted-faults")))]
-        {
-            false
-        }
     }
 
     fn set_phase_trainable(&self, phase: &Phase) -> Result<()> {
@@ -1185,101 +784,6 @@ impl<'a> Trainer<'a> {
             nonfinite_residual_weights: nonfinite,
         })
     }
-}
-
-/// Each record's loss under `model` (no gradient, no dropout), in order.
-pub fn per_record_losses(
-    model: &dyn Model,
-    data: &[Example],
-    micro_batch: usize,
-    pad_id: i64,
-    device: Device,
-) -> Result<Vec<f64>> {
-    let mut out = Vec::with_capacity(data.len());
-    for chunk in data.chunks(micro_batch.max(1)) {
-        let refs: Vec<&Example> = chunk.iter().collect();
-        let batch = make_batch(&refs, model.task(), pad_id, device)?;
-        let mut ctx = ForwardCtx::new(false);
-        let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
-        let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
-        let l: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
-        out.extend(l);
-    }
-    Ok(out)
-}
-
-/// Evaluation metrics.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct EvalMetrics {
-    /// Records evaluated.
-    pub records: usize,
-    /// Mean per-record loss (cross-entropy; for language models the mean token NLL).
-    pub loss: f64,
-    /// Accuracy (classification).
-    pub accuracy: Option<f64>,
-    /// Correct predictions (classification).
-    pub correct: Option<usize>,
-    /// exp(mean token NLL) (language models).
-    pub perplexity: Option<f64>,
-}
-
-/// Evaluates `model` on `data` (no dropout, natural routing, no owner masks).
-pub fn evaluate(
-    model: &dyn Model,
-    data: &[Example],
-    micro_batch: usize,
-    pad_id: i64,
-    device: Device,
-) -> Result<EvalMetrics> {
-    if data.is_empty() {
-        return Err(TrainError::Data(
-            "nothing to evaluate: the set is empty".into(),
-        ));
-    }
-    let classify = model.task() == Task::Classification;
-    let (mut loss, mut correct, mut tokens_nll, mut tokens) = (0.0f64, 0usize, 0.0f64, 0.0f64);
-    for chunk in data.chunks(micro_batch.max(1)) {
-        let refs: Vec<&Example> = chunk.iter().collect();
-        let batch = make_batch(&refs, model.task(), pad_id, device)?;
-        let mut ctx = ForwardCtx::new(false);
-        let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
-        let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
-        loss += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
-        if classify {
-            let pred = logits.f_argmax(-1, false)?;
-            let y = batch
-                .labels
-                .as_ref()
-                .ok_or_else(|| TrainError::Data("labels".into()))?;
-            correct += pred
-                .f_eq_tensor(y)?
-                .f_sum(Kind::Int64)?
-                .f_int64_value(&[])? as usize;
-        } else {
-            // Token-weighted NLL: per-record mean × its number of targets.
-            let n: Vec<f64> = chunk
-                .iter()
-                .map(|e| e.tokens.len().saturating_sub(e.prompt_len.max(1)) as f64)
-                .collect();
-            let l: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
-            for (a, b) in l.iter().zip(&n) {
-                tokens_nll += a * b;
-                tokens += b;
-            }
-        }
-    }
-    let records = data.len();
-    Ok(EvalMetrics {
-        records,
-        loss: if classify {
-            loss / records as f64
-        } else {
-            tokens_nll / tokens.max(1.0)
-        },
-        accuracy: classify.then(|| correct as f64 / records as f64),
-        correct: classify.then_some(correct),
-        perplexity: (!classify).then(|| (tokens_nll / tokens.max(1.0)).exp()),
-    })
 }
 
 #[cfg(test)]

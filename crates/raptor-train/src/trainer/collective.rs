@@ -1,0 +1,121 @@
+//! Data-parallel training's side of the loop (see [`crate::dist`]): one broadcast of the
+//! trainable parameters at the start, one all-reduce of the clipped sums and diagnostics per
+//! update.
+
+use std::collections::BTreeMap;
+
+use tch::{Kind, Tensor};
+
+use super::Trainer;
+use crate::dist::Collective;
+use crate::error::{Result, TrainError};
+use crate::streams::Phase;
+
+impl<'a> Trainer<'a> {
+    /// Train data-parallel over the ranks of `comm` (see [`crate::dist`]): every rank builds the
+    /// same trainer, then calls this, which makes the trainable parameters rank 0's (one
+    /// broadcast), so all ranks start from the same point whatever their initialization did.
+    pub fn with_collective(mut self, comm: &'a dyn Collective) -> Result<Self> {
+        self.comm = comm;
+        if comm.size() > 1 {
+            // The frozen weights are not broadcast: check that every rank built the same model
+            // (a sum and a sum of squares over every variable, compared with rank 0's).
+            let (mut sum, mut sq) = (0.0f64, 0.0f64);
+            for (name, t) in &self.vars {
+                if self.scope.binary_search(name).is_ok() {
+                    continue; // broadcast below
+                }
+                let d = t.f_detach()?.f_to_kind(Kind::Double)?;
+                sum += d.f_sum(Kind::Double)?.f_double_value(&[])?;
+                sq += d.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
+            }
+            let mut mine = vec![sum.to_bits(), sq.to_bits()];
+            comm.broadcast_u64(&mut mine)?;
+            let (s0, q0) = (f64::from_bits(mine[0]), f64::from_bits(mine[1]));
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+            if !(close(s0, sum) && close(q0, sq)) {
+                return Err(TrainError::Run(format!(
+                    "rank {} built a different model than rank 0 (parameter sums {sum} vs {s0}): every rank must load the same weights with the same config",
+                    comm.rank()
+                )));
+            }
+            let vars: Vec<Tensor> = self
+                .scope
+                .iter()
+                .map(|n| self.vars[n].shallow_clone())
+                .collect();
+            let mut buf = crate::dist::flatten(&vars)?;
+            comm.broadcast_f32(&mut buf)?;
+            let synced = crate::dist::unflatten(&buf, &vars)?;
+            tch::no_grad(|| -> Result<()> {
+                for (mut v, s) in vars.into_iter().zip(synced) {
+                    v.f_copy_(&s)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(self)
+    }
+
+    /// Sum this rank's clipped sums and diagnostics with the other ranks' (one all-reduce of
+    /// every released parameter's sum in one buffer, one of the diagnostics).
+    pub(super) fn all_reduce_sums(
+        &self,
+        phase: &Phase,
+        sums: &mut BTreeMap<String, Tensor>,
+        loss_sum: &mut f64,
+        clipped: &mut BTreeMap<String, f64>,
+        owned: &mut BTreeMap<(usize, i64), usize>,
+    ) -> Result<()> {
+        let mut names: Vec<String> = Vec::new();
+        for r in &phase.releases {
+            for gname in &r.groups {
+                if let Some(g) = phase.group(gname) {
+                    names.extend(g.params.iter().cloned());
+                }
+            }
+        }
+        let mut local = Vec::with_capacity(names.len());
+        for p in &names {
+            local.push(match sums.remove(p) {
+                Some(s) => s,
+                None => self.vars[p].f_zeros_like()?.f_detach()?,
+            });
+        }
+        let mut buf = crate::dist::flatten(&local)?;
+        self.comm.all_reduce_sum_f32(&mut buf)?;
+        for (p, t) in names.into_iter().zip(crate::dist::unflatten(&buf, &local)?) {
+            sums.insert(p, t);
+        }
+        // Diagnostics: loss sum, clip counts per group, owner counts per (layer, expert).
+        let experts = self.model.num_experts().max(1);
+        let mut diag = vec![*loss_sum];
+        diag.extend(
+            phase
+                .groups
+                .iter()
+                .map(|g| clipped.get(&g.name.to_string()).copied().unwrap_or(0.0)),
+        );
+        for &l in &phase.owner_layers {
+            diag.extend((0..experts).map(|e| owned.get(&(l, e)).copied().unwrap_or(0) as f64));
+        }
+        self.comm.all_reduce_sum_f64(&mut diag)?;
+        *loss_sum = diag[0];
+        let mut at = 1;
+        for g in &phase.groups {
+            clipped.insert(g.name.to_string(), diag[at]);
+            at += 1;
+        }
+        owned.clear();
+        for &l in &phase.owner_layers {
+            for e in 0..experts {
+                let n = diag[at].round() as usize;
+                if n > 0 {
+                    owned.insert((l, e), n);
+                }
+                at += 1;
+            }
+        }
+        Ok(())
+    }
+}
