@@ -451,11 +451,11 @@ pub(super) fn fit_window(
 }
 
 /// A forward and an inverse real FFT plan of one length.
-type FftPlans = (Arc<dyn RealToComplex<f64>>, Arc<dyn ComplexToReal<f64>>);
+pub(super) type FftPlans = (Arc<dyn RealToComplex<f64>>, Arc<dyn ComplexToReal<f64>>);
 
 /// The forward and inverse real FFTs of size `n` (plans, i.e. twiddle tables, cached across
 /// calls: planning costs more than a transform).
-fn fft_plans(n: usize) -> Result<FftPlans> {
+pub(super) fn fft_plans(n: usize) -> Result<FftPlans> {
     static PLANNER: OnceLock<Mutex<RealFftPlanner<f64>>> = OnceLock::new();
     let mut planner = PLANNER
         .get_or_init(|| Mutex::new(RealFftPlanner::new()))

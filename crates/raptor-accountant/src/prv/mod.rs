@@ -2125,8 +2125,18 @@ fn split_direction(
 ) -> Result<Option<(ComposedDirection, f64)>> {
     let h = plan.h;
     let n_all: f64 = parts.iter().map(|(_, t)| *t as f64).sum();
-    let target = plan.tau.sqrt() / n_all;
-    if !(target > 0.0 && target < 1e-3) {
+    // The cut's Σ T_i π_i: √τ where k ≥ 2 is bounded as a whole; with the k = 2 term counted
+    // (one part with a tail, T ≥ 2; split module docs) the smaller of (3τ)^{1/3} and
+    // τ/(3T·η) (η of a window of about 2^20 points: only the tightness depends on it), not
+    // below √τ.
+    let eta_est = FFT_LEVEL_C * 20.0 * UNIT_ROUNDOFF;
+    let target_pair = (3.0 * plan.tau)
+        .cbrt()
+        .min(plan.tau / (3.0 * n_all * eta_est))
+        .max(plan.tau.sqrt())
+        / n_all;
+    let target_single = plan.tau.sqrt() / n_all;
+    if !(target_single > 0.0 && target_single < 1e-3) {
         return Ok(None);
     }
     let logp: Vec<(LogPmf, f64)> = pmfs.iter().map(|(p, t)| (log_pmf(p), *t)).collect();
@@ -2147,62 +2157,85 @@ fn split_direction(
     if !(lambda0 > 0.0 && lambda0.is_finite()) {
         return Ok(None);
     }
-    let mut cuts: Vec<Option<i64>> = Vec::with_capacity(parts.len());
-    let mut tilted_tail = 0.0_f64;
-    for ((m, _), ((p, t), (lp, _))) in parts.iter().zip(pmfs.iter().zip(&logp)) {
-        let loss = Loss {
-            q: m.q(),
-            sigma: m.sigma(),
-            dir,
-        };
-        let len = p.p.len();
-        if m.q() >= 1.0 || len < 8 {
-            cuts.push(None);
-            continue;
-        }
-        // The smallest k with Σ_{j > k} p_j ≤ target/2, then up until the exact tail holds.
-        let mut mass = 0.0_f64;
-        let mut k = p.offset + len as i64 - 1;
-        for idx in (0..len).rev() {
-            if mass + p.p[idx] > 0.5 * target {
-                break;
+    let find_cuts = |target: f64| -> (Vec<Option<i64>>, f64) {
+        let mut cuts: Vec<Option<i64>> = Vec::with_capacity(parts.len());
+        let mut tilted_tail = 0.0_f64;
+        for ((m, _), ((p, t), (lp, _))) in parts.iter().zip(pmfs.iter().zip(&logp)) {
+            let loss = Loss {
+                q: m.q(),
+                sigma: m.sigma(),
+                dir,
+            };
+            let len = p.p.len();
+            if m.q() >= 1.0 || len < 8 {
+                cuts.push(None);
+                continue;
             }
-            mass += p.p[idx];
-            k = p.offset + idx as i64 - 1;
-        }
-        let top = p.offset + len as i64 - 1;
-        let mut ok = false;
-        for _ in 0..64 {
-            if k >= top - 2 {
-                break;
-            }
-            match split::tail_above(&loss, k as f64 * h, h) {
-                Some(v) if v <= target => {
-                    ok = true;
+            // The smallest k with Σ_{j > k} p_j ≤ target/2, then up until the exact tail holds.
+            let mut mass = 0.0_f64;
+            let mut k = p.offset + len as i64 - 1;
+            for idx in (0..len).rev() {
+                if mass + p.p[idx] > 0.5 * target {
                     break;
                 }
-                Some(_) => k += 1 + (k - p.offset).max(0) / 64,
-                None => break,
+                mass += p.p[idx];
+                k = p.offset + idx as i64 - 1;
             }
+            let top = p.offset + len as i64 - 1;
+            let mut ok = false;
+            for _ in 0..64 {
+                if k >= top - 2 {
+                    break;
+                }
+                match split::tail_above(&loss, k as f64 * h, h) {
+                    Some(v) if v <= target => {
+                        ok = true;
+                        break;
+                    }
+                    Some(_) => k += 1 + (k - p.offset).max(0) / 64,
+                    None => break,
+                }
+            }
+            if !ok || k < p.offset + 3 {
+                cuts.push(None);
+                continue;
+            }
+            let ln_m = log_mgf(lp, lambda0).0;
+            let first = (k + 1 - p.offset) as usize;
+            let tt: f64 = p.p[first..]
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| **v > 0.0)
+                .map(|(i, v)| (v.ln() + lambda0 * (k + 1 + i as i64) as f64 - ln_m).exp())
+                .sum();
+            tilted_tail += t * tt;
+            cuts.push(Some(k));
         }
-        if !ok || k < p.offset + 3 {
-            cuts.push(None);
-            continue;
-        }
-        let ln_m = log_mgf(lp, lambda0).0;
-        let first = (k + 1 - p.offset) as usize;
-        let tt: f64 = p.p[first..]
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| **v > 0.0)
-            .map(|(i, v)| (v.ln() + lambda0 * (k + 1 + i as i64) as f64 - ln_m).exp())
-            .sum();
-        tilted_tail += t * tt;
-        cuts.push(Some(k));
+        (cuts, tilted_tail)
+    };
+    // The k = 2 term is counted where exactly one part has a cut and T ≥ 2 steps of it.
+    let pair_ok = |cuts: &[Option<i64>]| {
+        cuts.iter().filter(|c| c.is_some()).count() == 1
+            && cuts
+                .iter()
+                .zip(parts)
+                .any(|(c, (_, t))| c.is_some() && *t >= 2)
+    };
+    let (mut cuts, mut tilted_tail) = (Vec::new(), 0.0_f64);
+    let mut pair = false;
+    if target_pair > target_single && target_pair < 1e-3 {
+        (cuts, tilted_tail) = find_cuts(target_pair);
+        pair = pair_ok(&cuts);
+    }
+    if !pair {
+        (cuts, tilted_tail) = find_cuts(target_single);
+        pair = target_pair <= target_single && pair_ok(&cuts);
     }
     let trace = std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some();
     if trace {
-        eprintln!("{dir:?}: split cuts {cuts:?}, tilted mass above them {tilted_tail:.3e}");
+        eprintln!(
+            "{dir:?}: split cuts {cuts:?} (k = 2 counted: {pair}), tilted mass above them {tilted_tail:.3e}"
+        );
     }
     // (Several parts with tails would need the shifted bound of the k = 1 term, which costs
     // about q in ε: not tried.)
@@ -2273,7 +2306,12 @@ fn split_direction(
         let Some(brackets) = brackets else {
             return Ok(None);
         };
-        let vals = split::tail_suffix(&brackets, k, h);
+        let (vals, masses) = split::tail_suffix(&brackets, k, h);
+        let pair_tails = if pair {
+            split::pair_suffix(&masses, vals.last().copied().unwrap_or(1.0), hi)?
+        } else {
+            Vec::new()
+        };
         mass += *t as f64 * hi;
         // The loss is above ln(1 − q): any s ≥ −ln(1 − q) will do.
         let s = -(-m.q()).ln_1p() * (1.0 + 1e-9) + 1e-300;
@@ -2284,9 +2322,15 @@ fn split_direction(
             s,
             inv_m,
             tails: vals,
+            pair: pair_tails,
         });
     }
-    let rho2 = (0.5 * mass * mass + atom_err) * (1.0 + 1e-12);
+    // P(N ≥ 2) ≤ (Σ T_i π_i)²/2, or P(N ≥ 3) ≤ (Σ T_i π_i)³/6 with the k = 2 term counted.
+    let rho2 = if pair {
+        (mass * mass * mass / 6.0 + atom_err) * (1.0 + 1e-12)
+    } else {
+        (0.5 * mass * mass + atom_err) * (1.0 + 1e-12)
+    };
     let less_one = cuts.iter().filter(|c| c.is_some()).count() == 1;
     let mut body = compose_pmfs(&capped, dir, plan, acc.max_points, hint, t0)?;
     // The k = 1 term reads the body at ε less a tail step's loss, far below the window's
@@ -3448,11 +3492,14 @@ mod tests {
     /// The split composition (method 8) against an exact reference: T = 64 steps of the same
     /// grid pmf composed by direct non-negative convolution. Its certified δ is never below
     /// the reference's δ (the expansion by the number of tail steps is exact for the grid pmf;
-    /// the tail's masses are bracketed upward and the k ≥ 2 term is bounded), and within
-    /// 1e-3 of it from δ ≈ 1e-2 down to 1e-13 (plus the constant k ≥ 2 term) above the
-    /// window's usable values (the tilt is centred at ε = 2, δ ≈ 1e-11).
-    #[test]
-    fn split_bound_covers_the_direct_convolution_and_is_tight() {
+    /// the tail's masses are bracketed upward, the k = 2 term bounded through the body less
+    /// one step, k ≥ 3 bounded), and within 1e-3 of it from δ ≈ 1e-2 down to max(1e-13, 10τ)
+    /// (plus the constant k ≥ 3 term and the body's truncation and wrap-around charge) above
+    /// the window's usable values (the tilt is centred at
+    /// ε = 2, δ ≈ 1e-11). Returns the constant term, the length of the k = 2 table, T·π and
+    /// the number of checked points where the k ≥ 2 bound (Tπ)²/2 of a cut at T·π = √τ would
+    /// have exceeded ten times the tolerance.
+    fn check_split_against_direct(tau: f64) -> (f64, usize, f64, usize) {
         let steps = 64u64;
         let m = SubsampledGaussian::new(1e-3, 0.8).unwrap();
         let h = 2e-3;
@@ -3469,7 +3516,7 @@ mod tests {
             delta_hint: f64::NAN,
             eta: 1e-30,
             tail_mass: 1e-32,
-            tau: 1e-20,
+            tau,
         };
         let pmf = build_pmf(loss, h, plan.tail_mass, acc.max_points, 1e-3).unwrap();
         let mut w = pmf.p.clone();
@@ -3501,7 +3548,12 @@ mod tests {
         .expect("the split applies");
         assert!(share >= SPLIT_TRIGGER);
         let rho2 = d.split.as_ref().map_or(f64::NAN, |sp| sp.rho2);
-        assert!(rho2 < 1e-20, "{rho2:e}");
+        assert!(rho2 < tau, "{rho2:e}");
+        let (pair_len, t_pi) = d.split.as_ref().map_or((0, f64::NAN), |sp| {
+            (sp.parts[0].pair.len(), sp.parts[0].t * sp.parts[0].tails[0])
+        });
+        // The k ≥ 2 bound of the √τ cut, (Tπ)²/2, against the tolerance checked below.
+        let mut old_bound_exceeds = 0usize;
         let mut eps = 0.5;
         let mut checked = 0;
         while eps < 30.0 {
@@ -3510,16 +3562,41 @@ mod tests {
                 up >= exact * (1.0 - 1e-9),
                 "eps={eps}: split {up:e} below the exact {exact:e}"
             );
-            if eps >= d.lowest && (1e-13..1e-2).contains(&exact) {
+            if eps >= d.lowest && (1e-13_f64.max(10.0 * tau)..1e-2).contains(&exact) {
+                // (Plus the body's constant charge: truncation and wrap-around, 2τ.)
                 assert!(
-                    up <= exact * (1.0 + 1e-3) + rho2,
+                    up <= exact * (1.0 + 1e-3) + rho2 + d.extra_up,
                     "eps={eps}: split {up:e} vs exact {exact:e}"
                 );
                 checked += 1;
+                if 0.5 * t_pi * t_pi > 10.0 * (1e-3 * exact + rho2 + d.extra_up) {
+                    old_bound_exceeds += 1;
+                }
             }
             eps += 0.02;
         }
         assert!(checked >= 20, "{checked} points above {}", d.lowest);
+        (rho2, pair_len, t_pi, old_bound_exceeds)
+    }
+
+    /// [`check_split_against_direct`] at a small δ budget (τ = 1e-20: the cut lies far out).
+    #[test]
+    fn split_bound_covers_the_direct_convolution_and_is_tight() {
+        let (_, pair_len, _, _) = check_split_against_direct(1e-20);
+        assert!(pair_len > 0);
+    }
+
+    /// [`check_split_against_direct`] with τ = 1e-12: the cut at T·π = (3τ)^{1/3} ≈ 1.4e-4
+    /// (not √τ = 1e-6), where bounding k ≥ 2 as a whole, (Tπ)²/2 ≈ 1e-8, would exceed the
+    /// tolerance below δ ≈ 1e-5: the k = 2 term counted through the pair masses keeps the
+    /// bound sound and within 1e-3 of the exact composition there.
+    #[test]
+    fn split_with_the_pair_term_covers_the_direct_convolution_and_is_tight() {
+        let (rho2, pair_len, t_pi, old_exceeds) = check_split_against_direct(1e-12);
+        assert!(pair_len > 0);
+        assert!(t_pi > 1e-5, "T·π {t_pi:e}");
+        assert!(rho2 <= 1e-12, "{rho2:e}");
+        assert!(old_exceeds >= 10, "{old_exceeds}");
     }
 
     /// The FFT's normwise error, measured against the exact DFT (by direct summation in
