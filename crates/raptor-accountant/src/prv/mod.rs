@@ -74,7 +74,10 @@
 //!    `split` module: the losses at most `c` (the body, a sub-probability) by the tilted FFT,
 //!    the steps above `c` counted — at most one (the body with one step fewer, untilted, read
 //!    at ε less that step's loss, which is discretized pessimistically from bracketed exact
-//!    tails), two or more bounded by `(T·P(Y > c))²/2`. Both compositions certify the
+//!    tails), two or more bounded by `(T·P(Y > c))²/2`; with one heavy-tailed part and
+//!    `T ≥ 2`, exactly two counted too (the tail masses' self-convolution read through the
+//!    body less one step) and three or more bounded by `(T·P(Y > c))³/6`, so that the cut
+//!    can lie lower and the body stays light. Both compositions certify the
 //!    direction; the tighter at the expected query point is kept. The lower bound is the
 //!    body's (clamping only lowers the losses).
 //!
