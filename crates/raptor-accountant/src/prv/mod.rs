@@ -78,7 +78,11 @@
 //!    `T ≥ 2`, exactly two counted too (the tail masses' self-convolution read through the
 //!    body less one step) and three or more bounded by `(T·P(Y > c))³/6`, so that the cut
 //!    can lie lower and the body stays light. Both compositions certify the
-//!    direction; the tighter at the expected query point is kept. The lower bound is the
+//!    direction; the tighter at the expected query point is kept. The fine pass centres a
+//!    split direction on its coarse certified ε, which can lie far above the answer; where
+//!    the FFT's charge at the answer then moves ε by more than a tenth of the grid's
+//!    tolerance, the direction is composed again centred halfway down to its answer, and the
+//!    tighter kept (`PrvAccountant::recentre_split`). The lower bound is the
 //!    body's (clamping only lowers the losses).
 //!
 //! The estimate (not certified) removes the discretization's expected effect from the upper
@@ -2108,6 +2112,11 @@ fn compose_direction(
 /// which a split is tried (method 8).
 const SPLIT_CHARGE: f64 = 1e-5;
 
+/// The share of the grid's ε tolerance that the round-off charge at a split direction's answer
+/// may move ε before the fine pass composes that direction again centred lower (see
+/// `PrvAccountant::recentre_split`).
+const RECENTRE_SHARE: f64 = 0.1;
+
 /// The share of the saddle-tilted sum carried by the steps' tails above the cuts from which a
 /// split is tried (method 8).
 const SPLIT_TRIGGER: f64 = 1e-2;
@@ -2768,7 +2777,11 @@ impl PrvAccountant {
                 eprintln!("fine pass at eps_error {grid_tol:.3e}: {e}");
             }
             match fine {
-                Ok(prv) => return prv.epsilon(delta),
+                Ok(prv) => {
+                    let prv =
+                        self.recentre_split(&flats, prv, grid_tol, &measured, delta_error, delta)?;
+                    return prv.epsilon(delta);
+                }
                 Err(AccountantError::GridTooLarge {
                     suggested_eps_error,
                     ..
@@ -2949,6 +2962,79 @@ impl PrvAccountant {
                 } else {
                     break;
                 }
+            }
+        }
+        Ok(prv)
+    }
+
+    /// A split direction (method 8) of the fine pass is centred on its coarse pass's certified
+    /// ε, which can lie far above the answer where the coarse grid is loose (q 1e-6, δ 1e-8:
+    /// 0.00120 against 0.000797); the answer then lies far below the tilt's reference index and
+    /// the FFT's round-off charge there, growing as `e^{λ(k_ref − k0)}` below it, can take
+    /// much of the tolerance (8e-4·δ there, 1.07 tight tolerances). Where the charge at the
+    /// answer moves ε by more than [`RECENTRE_SHARE`] of the grid's tolerance and the answer
+    /// lies below the reference index, that direction is composed again on the same grid step,
+    /// centred halfway between its answer and the old centre (centred on the answer itself, the
+    /// tail steps' share of the tilted sum can fall below the split's trigger, and the unsplit
+    /// composition answers, far looser); the new composition replaces the old only where its
+    /// certified bound is smaller (each is certified), so this changes the tightness only.
+    fn recentre_split(
+        &self,
+        flats: &[Vec<(SubsampledGaussian, u64)>],
+        mut prv: ComposedPrv,
+        eps_error: f64,
+        curv: &[f64],
+        delta_error: f64,
+        delta: f64,
+    ) -> Result<ComposedPrv> {
+        for j in 0..prv.dirs.len() {
+            let Some(flat) = flats.get(j / 2) else {
+                return Err(AccountantError::NumericalFailure("direction index"));
+            };
+            let d = &prv.dirs[j];
+            if d.split.is_none() || d.lambda <= 0.0 {
+                continue;
+            }
+            let Ok(e) = d.eps_upper(delta) else { continue };
+            // The charge moves ε by about charge/(δ·μ), μ = λ/h the tilt per unit of ε.
+            let charge = (1.0 + d.rel) * d.charge(e);
+            let moves = charge / (delta * d.lambda / d.h);
+            if !(e < d.k_ref * d.h && moves > RECENTRE_SHARE * eps_error) {
+                continue;
+            }
+            // On the same grid step (the fine pass may have used a coarser one that keeps the
+            // tilt).
+            let mut plan = plan_for(
+                flat,
+                eps_error,
+                curv.get(j / 2).copied().unwrap_or(0.0),
+                delta_error,
+                Tilt::Eps(0.5 * (e + d.k_ref * d.h)),
+                delta,
+            );
+            plan.h = d.h;
+            let dir = if j % 2 == 0 {
+                Direction::Remove
+            } else {
+                Direction::Add
+            };
+            let Ok(new) = compose_direction(flat, dir, &plan, &self.accuracy, None) else {
+                continue;
+            };
+            if std::env::var_os("RAPTOR_ACCOUNTANT_TRACE").is_some() {
+                eprintln!(
+                    "direction {j}: recentred on {e:.9e} (charge {:.3e}·δ, h {:.3e}, centre {:.6e}, tilt {:.3e}): {:?}",
+                    charge / delta,
+                    d.h,
+                    d.k_ref * d.h,
+                    d.lambda,
+                    new.eps_upper(delta)
+                );
+            }
+            if let Ok(v) = new.eps_upper(delta)
+                && v < e
+            {
+                prv.dirs[j] = new;
             }
         }
         Ok(prv)
