@@ -333,9 +333,9 @@ fn delta_of_epsilon_is_sound_and_tight_at_small_q() {
 /// it, each direction too) and within its 0.001 % (1e-5 of max(ε, 0.01)) where it reaches it:
 /// q 1e-6 at δ 1e-8, 1e-10 and 1e-12, q 1e-5 at δ 1e-12 (0.38, 0.35, 0.68 and 0.77 of the
 /// tolerance when measured; q 1e-6, δ 1e-8 was at 1.07 before the fine pass recentred split
-/// directions). Not in the other two rows (crate README, Limits: q 1e-5, δ 1e-8 at 3.3
-/// tolerances, answered from the default's grid; q 1e-5, δ 1e-10 at 1.12), which are left out
-/// here (40–60 s each).
+/// directions). Not in the other two rows (crate README, Limits: q 1e-5 at δ 1e-8, 3.3
+/// tolerances, and δ 1e-10, 1.12: a floor of about 3e-7 above the reference that finer grids
+/// do not lower), which are left out here (40–60 s each).
 #[test]
 fn tight_preset_is_sound_and_within_0_001_percent_of_the_inversion_reference_where_it_reaches_it() {
     let acc = PrvAccountant::new(Accuracy::tight()).unwrap();
