@@ -1,7 +1,7 @@
 //! Records, batches and evaluation: what the loop feeds the model, and how a trained model is
 //! scored (no gradient, no dropout, natural routing).
 
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 use raptor_models::{Batch, ForwardCtx, Model, Task};
 use serde::Serialize;
@@ -45,6 +45,27 @@ pub fn make_batch(examples: &[&Example], task: Task, pad_id: i64, device: Device
     Ok(b)
 }
 
+/// Runs `model` over `data` in micro-batches (no gradient, no dropout, natural routing) and
+/// hands each chunk, its batch, the logits and the per-record losses to `each`.
+fn forward_chunks(
+    model: &dyn Model,
+    data: &[Example],
+    micro_batch: usize,
+    pad_id: i64,
+    device: Device,
+    mut each: impl FnMut(&[Example], &Batch, &Tensor, &Tensor) -> Result<()>,
+) -> Result<()> {
+    for chunk in data.chunks(micro_batch.max(1)) {
+        let refs: Vec<&Example> = chunk.iter().collect();
+        let batch = make_batch(&refs, model.task(), pad_id, device)?;
+        let mut ctx = ForwardCtx::new(false);
+        let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
+        let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
+        each(chunk, &batch, &logits, &losses)?;
+    }
+    Ok(())
+}
+
 /// Each record's loss under `model` (no gradient, no dropout), in order.
 pub fn per_record_losses(
     model: &dyn Model,
@@ -54,15 +75,18 @@ pub fn per_record_losses(
     device: Device,
 ) -> Result<Vec<f64>> {
     let mut out = Vec::with_capacity(data.len());
-    for chunk in data.chunks(micro_batch.max(1)) {
-        let refs: Vec<&Example> = chunk.iter().collect();
-        let batch = make_batch(&refs, model.task(), pad_id, device)?;
-        let mut ctx = ForwardCtx::new(false);
-        let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
-        let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
-        let l: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
-        out.extend(l);
-    }
+    forward_chunks(
+        model,
+        data,
+        micro_batch,
+        pad_id,
+        device,
+        |_, _, _, losses| {
+            let l: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
+            out.extend(l);
+            Ok(())
+        },
+    )?;
     Ok(out)
 }
 
@@ -96,36 +120,40 @@ pub fn evaluate(
     }
     let classify = model.task() == Task::Classification;
     let (mut loss, mut correct, mut tokens_nll, mut tokens) = (0.0f64, 0usize, 0.0f64, 0.0f64);
-    for chunk in data.chunks(micro_batch.max(1)) {
-        let refs: Vec<&Example> = chunk.iter().collect();
-        let batch = make_batch(&refs, model.task(), pad_id, device)?;
-        let mut ctx = ForwardCtx::new(false);
-        let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
-        let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
-        loss += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
-        if classify {
-            let pred = logits.f_argmax(-1, false)?;
-            let y = batch
-                .labels
-                .as_ref()
-                .ok_or_else(|| TrainError::Data("labels".into()))?;
-            correct += pred
-                .f_eq_tensor(y)?
-                .f_sum(Kind::Int64)?
-                .f_int64_value(&[])? as usize;
-        } else {
-            // Token-weighted NLL: per-record mean × its number of targets.
-            let n: Vec<f64> = chunk
-                .iter()
-                .map(|e| e.tokens.len().saturating_sub(e.prompt_len.max(1)) as f64)
-                .collect();
-            let l: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
-            for (a, b) in l.iter().zip(&n) {
-                tokens_nll += a * b;
-                tokens += b;
+    forward_chunks(
+        model,
+        data,
+        micro_batch,
+        pad_id,
+        device,
+        |chunk, batch, logits, losses| {
+            loss += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
+            if classify {
+                let pred = logits.f_argmax(-1, false)?;
+                let y = batch
+                    .labels
+                    .as_ref()
+                    .ok_or_else(|| TrainError::Data("labels".into()))?;
+                correct += pred
+                    .f_eq_tensor(y)?
+                    .f_sum(Kind::Int64)?
+                    .f_int64_value(&[])? as usize;
+            } else {
+                // Token-weighted NLL: per-record mean × its number of targets.
+                let n: Vec<f64> = chunk
+                    .iter()
+                    .map(|e| e.tokens.len().saturating_sub(e.prompt_len.max(1)) as f64)
+                    .collect();
+                let l: Vec<f64> =
+                    Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
+                for (a, b) in l.iter().zip(&n) {
+                    tokens_nll += a * b;
+                    tokens += b;
+                }
             }
-        }
-    }
+            Ok(())
+        },
+    )?;
     let records = data.len();
     Ok(EvalMetrics {
         records,
