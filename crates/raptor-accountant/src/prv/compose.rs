@@ -699,6 +699,29 @@ fn mirror(i: usize, n: usize) -> f64 {
     }
 }
 
+/// The unnormalized inverse real FFT of `spec`, the spectrum of a real sequence of length `n`:
+/// its DC and Nyquist terms are real (so are their powers), so the round-off imaginary parts
+/// the inverse transform would reject are dropped first (this moves them towards the exact
+/// values).
+pub(super) fn inverse_real(
+    c2r: &dyn ComplexToReal<f64>,
+    spec: &mut [Complex64],
+    n: usize,
+) -> std::result::Result<Vec<f64>, realfft::FftError> {
+    if let Some(z) = spec.first_mut() {
+        z.im = 0.0;
+    }
+    if n.is_multiple_of(2)
+        && let Some(z) = spec.last_mut()
+    {
+        z.im = 0.0;
+    }
+    let mut out = c2r.make_output_vec();
+    let mut scratch = c2r.make_scratch_vec();
+    c2r.process_with_scratch(spec, &mut out, &mut scratch)?;
+    Ok(out)
+}
+
 /// Stage 6: the composed spectrum's norms, then the inverse transform, rotated so that
 /// position i holds the grid point `k_lo + i` (index r of the circular result holds
 /// `k_lo + ((r − k_lo) mod n)`) and scaled by 1/n. A non-finite result is an error.
@@ -727,21 +750,7 @@ pub(super) fn inverse(
         cw_l1 += m * e;
         cw_l2sq += m * e * e;
     }
-    // The DC and Nyquist terms of a real sequence's spectrum are real (so are their powers);
-    // drop the round-off imaginary parts the inverse transform would reject (this moves them
-    // towards the exact values).
-    if let Some(z) = spec.first_mut() {
-        z.im = 0.0;
-    }
-    if n.is_multiple_of(2)
-        && let Some(z) = spec.last_mut()
-    {
-        z.im = 0.0;
-    }
-    let mut out = c2r.make_output_vec();
-    let mut scratch = c2r.make_scratch_vec();
-    c2r.process_with_scratch(&mut spec, &mut out, &mut scratch)
-        .map_err(fft_err)?;
+    let out = inverse_real(c2r, &mut spec, n).map_err(fft_err)?;
     let scale = 1.0 / n as f64;
     let mut w = out;
     w.rotate_left(k_lo.rem_euclid(n as i64) as usize);

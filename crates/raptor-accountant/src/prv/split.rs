@@ -344,19 +344,7 @@ pub(super) fn pair_masses(m: &[f64]) -> crate::error::Result<(Vec<f64>, f64)> {
     for z in spec.iter_mut() {
         *z = *z * *z;
     }
-    // Real at DC and Nyquist (a real sequence's transform; the exact values are real).
-    if let Some(z) = spec.first_mut() {
-        z.im = 0.0;
-    }
-    if n.is_multiple_of(2)
-        && let Some(z) = spec.last_mut()
-    {
-        z.im = 0.0;
-    }
-    let mut out = c2r.make_output_vec();
-    let mut scratch = c2r.make_scratch_vec();
-    c2r.process_with_scratch(&mut spec, &mut out, &mut scratch)
-        .map_err(|_| fail())?;
+    let mut out = super::compose::inverse_real(&*c2r, &mut spec, n).map_err(|_| fail())?;
     let eta = super::compose::fft_eta(n);
     let g2 = (1.0 + eta) * (1.0 + eta) * mu * mu;
     let e_c = 1.01
