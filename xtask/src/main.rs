@@ -334,6 +334,14 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
                 .args(&features)
                 .args(["--", "-D", "warnings"]),
         )?;
+        // The audit's planted noise bugs (test/audit-only feature, never in the workspace build
+        // above: the `raptor` program refuses it) are linted in a build of their own.
+        run_step(
+            "cargo clippy (raptor-audit, planted-faults)",
+            cargo()
+                .args(["clippy", "-p", "raptor-audit", "--all-targets"])
+                .args(["--features", "planted-faults", "--", "-D", "warnings"]),
+        )?;
         // Every public item is documented and its links resolve: rustdoc's warnings (broken
         // intra-doc links, private items linked from public docs) are errors too.
         run_step(
@@ -388,6 +396,29 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
                 "--no-fail-fast",
             ])
             .args(&features),
+        )?;
+    }
+    // The audit's tests that plant noise bugs in the trainer need raptor-train's test/audit-only
+    // feature `planted-faults`: a build of its own (one crate and its dependencies), so that
+    // the feature never reaches the workspace build, whose `raptor` program refuses it.
+    {
+        let mut cmd = cargo();
+        one_thread(&mut cmd);
+        if has_nextest() {
+            cmd.args(["nextest", "run", "--no-fail-fast"]);
+        } else {
+            cmd.arg("test");
+        }
+        run_step(
+            "the audit's planted-bug tests (raptor-audit --features planted-faults)",
+            cmd.args([
+                "-p",
+                "raptor-audit",
+                "--lib",
+                "--features",
+                "planted-faults",
+                "planted",
+            ]),
         )?;
     }
     // rustdoc links doc tests in a temporary folder, out of reach of the `$ORIGIN` rpath.

@@ -1,5 +1,5 @@
-//! raptor-train: the trainer core (one loop for every method), privacy plans, run folders, the
-//! audit and upcycling: the library of the `raptor` program.
+//! raptor-train: the trainer core (one loop for every method), privacy plans, run folders and
+//! upcycling: the library of the `raptor` program.
 //!
 //! - [`config`]: the run configuration (`run.toml`), every field documented with a default.
 //! - [`streams`]: the one description every method is made of (phases of releases over clip
@@ -9,18 +9,20 @@
 //!   as [`optim`]) on released gradients.
 //! - [`session`] and [`run`]: data and model preparation, run folders, checkpoints, resume,
 //!   evaluation.
-//! - [`audit`]: `raptor audit`, the one-run canary audit (an empirical ε lower bound beside the
-//!   certified upper bound).
 //! - [`dist`]: data-parallel private training over MPI (cargo feature `mpi`): rank 0 samples
 //!   and adds the noise once, the clipped sums are all-reduced.
 //! - [`upcycle`]: sparse upcycling of a dense checkpoint folder (`raptor upcycle`, and the
 //!   `backbones` part of the `raptor-reproduce` program).
 //!
+//! The one-run canary audit (`raptor audit`) is crate `raptor-audit`, above this one: it adds
+//! its canaries to a prepared [`session::Session`] (records through
+//! [`session::prepare_with`]'s hook, or the trainer's white-box hook [`trainer::DiracCanaries`]
+//! through [`run::train_prepared_with_canaries`]).
+//!
 //! The `raptor` program (crate `raptor`) parses the command line and calls these modules; the
 //! experiment driver is the separate `raptor-reproduce` program (crate `raptor-reproduce`),
 //! both built on this library.
 
-pub mod audit;
 pub mod config;
 pub mod device;
 pub mod diagnostics;
@@ -41,8 +43,8 @@ pub use error::{Result, TrainError};
 pub use raptor_optim as optim;
 
 /// Whether this build of the library holds the planted noise bugs of the audit's tests (the
-/// test/audit-only cargo feature `planted-faults`); the `raptor` program refuses to build when
-/// it does.
+/// test/audit-only cargo feature `planted-faults`, turned on through crate `raptor-audit`'s
+/// feature of the same name); the `raptor` program refuses to build when it does.
 pub const PLANTED_FAULTS: bool = cfg!(feature = "planted-faults");
 
 /// The `tch` version this program was built with (read from the workspace's `Cargo.lock` at

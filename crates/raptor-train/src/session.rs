@@ -45,7 +45,8 @@ pub struct Session {
     pub pad_id: i64,
     /// Data-to-text validation sources (prompt tokens, references) for generation metrics.
     pub validation_sources: Vec<SourceRefs>,
-    /// A white-box audit run's Dirac canaries (`raptor audit` only; None for every other run).
+    /// A white-box audit run's Dirac canaries (set only by
+    /// [`crate::run::train_prepared_with_canaries`]; None for every other run).
     pub(crate) canaries: Option<crate::trainer::DiracCanaries>,
 }
 
@@ -662,7 +663,7 @@ fn public_clip_bounds(
 
 /// [`prepare_with`], the plan made for `extra_records` records beside the training records
 /// (a white-box audit's canaries: records without tokens).
-pub(crate) fn prepare_counting(
+pub fn prepare_counting(
     cfg: &RunConfig,
     hook: Option<TrainHook<'_>>,
     extra_records: usize,

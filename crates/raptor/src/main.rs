@@ -15,7 +15,7 @@ const _: () = assert!(
     !raptor_train::PLANTED_FAULTS,
     "the raptor program is never built with raptor-train's `planted-faults` feature \
      (test/audit-only); run the audit table with \
-     `cargo run -p raptor-train --example audit_table --features planted-faults`"
+     `cargo run -p raptor-audit --example audit_table --features planted-faults`"
 );
 
 /// Differentially private fine-tuning of Mixture-of-Experts and dense transformers.

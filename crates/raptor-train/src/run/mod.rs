@@ -608,9 +608,35 @@ fn run_updates(
     Ok(out)
 }
 
+/// Trains a prepared session (from [`crate::session::prepare_with`] or
+/// [`crate::session::prepare_counting`]) as a new single-process run in the folder `dir`, and
+/// returns the folder, the record and the trained model (`raptor audit`, crate `raptor-audit`,
+/// scores its loss canaries with it).
+pub fn train_prepared(
+    session: Session,
+    dir: PathBuf,
+    progress: Progress<'_>,
+) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
+    train_session(session, dir, false, progress, None, &crate::dist::Solo)
+}
+
+/// [`train_prepared`] with the white-box audit's Dirac canaries in the run (crate
+/// `raptor-audit` is the one caller; see [`crate::trainer::DiracCanaries`]): the one way
+/// canaries enter a run. The session must have been prepared by
+/// [`crate::session::prepare_counting`] with room for the canaries in its plan; each canary is
+/// checked against the plan before the first update.
+pub fn train_prepared_with_canaries(
+    mut session: Session,
+    canaries: crate::trainer::DiracCanaries,
+    dir: PathBuf,
+    progress: Progress<'_>,
+) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
+    session.canaries = Some(canaries);
+    train_prepared(session, dir, progress)
+}
+
 /// Trains a prepared session into the run folder `dir` (a new run, or a resume when `resuming`)
-/// and returns the folder, the record and the trained model (for `raptor audit`, which scores
-/// its canaries with it).
+/// and returns the folder, the record and the trained model.
 pub(crate) fn train_session(
     session: Session,
     dir: PathBuf,

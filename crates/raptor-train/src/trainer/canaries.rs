@@ -1,5 +1,5 @@
-//! The white-box audit's hook in the loop (`DiracCanaries`, crate-only: `raptor audit --kind
-//! dirac` is the one caller).
+//! The white-box audit's hook in the loop (`DiracCanaries`: crate `raptor-audit`, behind
+//! `raptor audit --kind dirac`, is the one caller).
 //!
 //! A white-box audit run adds *Dirac canaries*: records whose clipped gradient is a fixed
 //! coordinate direction `v·e_k` of one trainable parameter (v at most the bound of every clip
@@ -19,17 +19,17 @@ use raptor_eval::audit::DiracTrace;
 use tch::{Device, Kind, Tensor};
 
 use super::Trainer;
-#[cfg(any(test, feature = "planted-faults"))]
+#[cfg(feature = "planted-faults")]
 use super::make_privatizers;
 use crate::error::{Result, TrainError};
-#[cfg(any(test, feature = "planted-faults"))]
+#[cfg(feature = "planted-faults")]
 use crate::streams::Charge;
 use crate::streams::{Phase, ReleaseSpec};
 
 /// One white-box (Dirac) canary: a record whose clipped gradient is `value` at flat index
 /// `index` of parameter `param` and zero everywhere else.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct DiracCanary {
+pub struct DiracCanary {
     /// The parameter (a trainable one of the plan).
     pub param: String,
     /// Flat (row-major) index into the parameter.
@@ -38,10 +38,13 @@ pub(crate) struct DiracCanary {
     pub value: f64,
 }
 
-/// The Dirac canaries of a white-box audit run (module docs). Only
-/// `raptor audit` builds them; a run without them is untouched.
+/// The Dirac canaries of a white-box audit run (module docs). Only the audit (crate
+/// `raptor-audit`) builds them, and they enter a run only through
+/// [`crate::run::train_prepared_with_canaries`]; a run without them is untouched. Each canary is checked against the plan before the first update (a coordinate
+/// of a released parameter, no two the same, a value within every bound that holds it), so a
+/// canary is always a record the sensitivity analysis admits.
 #[derive(Debug)]
-pub(crate) struct DiracCanaries {
+pub struct DiracCanaries {
     /// Every canary, in or out (each coordinate is watched).
     canaries: Vec<DiracCanary>,
     /// The included canaries (secret coins = true), in order: record `N + j` of the run is
@@ -51,15 +54,15 @@ pub(crate) struct DiracCanaries {
     traces: Arc<Mutex<Vec<DiracTrace>>>,
     /// Per watched parameter: flat indices and canary numbers (filled by the trainer).
     watch: BTreeMap<String, (Tensor, Vec<usize>)>,
-    /// A planted bug (tests and the `planted-faults` feature only).
-    #[cfg(any(test, feature = "planted-faults"))]
+    /// A planted bug (the test/audit-only `planted-faults` feature only).
+    #[cfg(feature = "planted-faults")]
     pub fault: Option<NoiseFault>,
 }
 
 impl DiracCanaries {
     /// Canaries `canaries`, of which those with `coins[i]` are records of the run; returns them
     /// with the handle on which their traces can be read after training.
-    pub(crate) fn new(
+    pub fn new(
         canaries: Vec<DiracCanary>,
         coins: &[bool],
     ) -> Result<(Self, Arc<Mutex<Vec<DiracTrace>>>)> {
@@ -78,7 +81,7 @@ impl DiracCanaries {
                 included,
                 traces: Arc::clone(&traces),
                 watch: BTreeMap::new(),
-                #[cfg(any(test, feature = "planted-faults"))]
+                #[cfg(feature = "planted-faults")]
                 fault: None,
             },
             traces,
@@ -88,10 +91,10 @@ impl DiracCanaries {
 
 /// A planted bug of the mechanism, for the audit's tests and its measured table: the releases'
 /// noise is not what the plan says, while the ledger still charges the planned σ. It exists
-/// only in tests and under the cargo feature `planted-faults` (test/audit-only, off by default;
-/// the `raptor` program refuses to build with it), and only a white-box audit can plant it
-/// ([`crate::audit::planted`]).
-#[cfg(any(test, feature = "planted-faults"))]
+/// only under the cargo feature `planted-faults` (test/audit-only, off by default; the `raptor`
+/// program refuses to build with it), and only a white-box audit can plant it (crate
+/// `raptor-audit`, its `planted` module).
+#[cfg(feature = "planted-faults")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoiseFault {
     /// No noise at all.
@@ -102,7 +105,7 @@ pub enum NoiseFault {
     HalfExperts,
 }
 
-#[cfg(any(test, feature = "planted-faults"))]
+#[cfg(feature = "planted-faults")]
 fn fault_scale(fault: NoiseFault, release: &ReleaseSpec) -> f64 {
     match fault {
         NoiseFault::Off => 0.0,
@@ -168,7 +171,7 @@ impl Trainer<'_> {
             Some(s) => PoissonSampler::seeded_insecure(rate, population, s)?,
             None => PoissonSampler::new(rate, population)?,
         };
-        #[cfg(any(test, feature = "planted-faults"))]
+        #[cfg(feature = "planted-faults")]
         if let Some(f) = canaries.fault {
             self.privatizers =
                 make_privatizers(&self.plan, self.opts.insecure_seed, &|r| fault_scale(f, r))?;
@@ -270,14 +273,14 @@ impl Trainer<'_> {
         Ok(())
     }
 
-    /// Whether an audit's test planted a noise fault (never outside tests and the
-    /// `planted-faults` feature).
+    /// Whether an audit's test planted a noise fault (never outside the `planted-faults`
+    /// feature).
     pub(super) fn fault_planted(&self) -> bool {
-        #[cfg(any(test, feature = "planted-faults"))]
+        #[cfg(feature = "planted-faults")]
         {
             self.canaries.as_ref().is_some_and(|c| c.fault.is_some())
         }
-        #[cfg(not(any(test, feature = "planted-faults")))]
+        #[cfg(not(feature = "planted-faults"))]
         {
             false
         }

@@ -39,9 +39,9 @@ mod canaries;
 mod collective;
 
 pub use batch::{EvalMetrics, Example, evaluate, make_batch, per_record_losses};
-#[cfg(any(test, feature = "planted-faults"))]
+#[cfg(feature = "planted-faults")]
 pub use canaries::NoiseFault;
-pub(crate) use canaries::{DiracCanaries, DiracCanary};
+pub use canaries::{DiracCanaries, DiracCanary};
 
 /// What the trainer needs besides the plan.
 #[derive(Debug, Clone)]

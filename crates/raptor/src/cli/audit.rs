@@ -1,9 +1,9 @@
 //! `raptor audit`: the one-run canary audit of a run config (an empirical ε lower bound beside
-//! the certified upper bound; see [`raptor_train::audit`]).
+//! the certified upper bound; see crate [`raptor_audit`]).
 
 use std::path::PathBuf;
 
-use raptor_train::audit::{AuditOptions, CanaryKind, audit};
+use raptor_audit::{AuditOptions, CanaryKind, audit};
 
 /// Audit a run config empirically: train once with secret canaries and bound ε from below.
 #[derive(Debug, Clone, clap::Args)]
@@ -64,7 +64,7 @@ pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
     println!(
         "run folder: {}  ({}: the secret coins and the scores, not differentially private)",
         r.run.display(),
-        raptor_train::audit::AUDIT_FILE
+        raptor_audit::AUDIT_FILE
     );
     println!(
         "canaries: {} ({}), {} included by secret coins; trained on N = {} records ({} real), q = {:.4}",

@@ -1,21 +1,21 @@
 //! The white-box audit table of the READMEs (`scripts/audit-table.sh` runs it): every row is one
-//! white-box audit of the tiny Switch of `raptor_train::audit::planted::toy_switch` on the toy
+//! white-box audit of the tiny Switch of `raptor_audit::planted::toy_switch` on the toy
 //! data (m canaries, q = 0.01, δ = 10⁻⁶, 95 % confidence) for each insecure seed, of a correct
 //! run or of one with a planted noise bug. Prints Markdown rows; measured, not asserted (the
-//! assertions are the audit's tests in `raptor_train::audit`).
+//! assertions are the audit's tests in crate `raptor-audit`).
 //!
 //! Test/audit-only: needs the `planted-faults` feature, which no real run is built with.
 //!
 //! ```sh
-//! cargo run -p raptor-train --example audit_table --features planted-faults \
+//! cargo run -p raptor-audit --example audit_table --features planted-faults \
 //!     [-- --canaries 40000 --seeds 11,12,13]
 //! ```
 
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use raptor_train::audit::planted::{NoiseFault, audit_with_fault, toy_switch};
-use raptor_train::audit::{AuditOptions, AuditReport, CanaryKind, audit};
+use raptor_audit::planted::{NoiseFault, audit_with_fault, toy_switch};
+use raptor_audit::{AuditOptions, AuditReport, CanaryKind, audit};
 use raptor_train::config::Method;
 use raptor_train::trainer::UpdateMetrics;
 

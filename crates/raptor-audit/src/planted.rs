@@ -1,14 +1,19 @@
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "planted-faults")]
 use super::{AuditOptions, AuditReport, CanaryKind, Tamper, audit_impl};
-use crate::config::{Method, ModelKind, RunConfig};
-use crate::error::{Result, TrainError};
-use crate::run::Progress;
-pub use crate::trainer::NoiseFault;
+#[cfg(feature = "planted-faults")]
+use crate::error::{AuditError, Result};
+use raptor_train::config::{LayerSpec, Method, ModelKind, RunConfig, TokenizerSpec};
+#[cfg(feature = "planted-faults")]
+use raptor_train::run::Progress;
+#[cfg(feature = "planted-faults")]
+pub use raptor_train::trainer::NoiseFault;
 
 /// A white-box audit as [`super::audit`] runs it, with `fault` planted in the trainer: the
 /// releases' noise differs from the plan while the ledger charges the planned σ. Dirac
-/// canaries only (`opts.kind` None or `Some(Dirac)`).
+/// canaries only (`opts.kind` None or `Some(Dirac)`). Under the feature `planted-faults` only.
+#[cfg(feature = "planted-faults")]
 pub fn audit_with_fault(
     cfg: &RunConfig,
     opts: &AuditOptions,
@@ -17,7 +22,7 @@ pub fn audit_with_fault(
     fault: NoiseFault,
 ) -> Result<AuditReport> {
     if opts.kind.is_some_and(|k| k != CanaryKind::Dirac) {
-        return Err(TrainError::Config(
+        return Err(AuditError::Config(
             "planted noise bugs are for white-box (dirac) audits".into(),
         ));
     }
@@ -49,7 +54,7 @@ pub fn toy_switch(method: Method, epsilon: f64, m: usize, steps: u64) -> RunConf
     c.data.label_column = "label".into();
     c.data.max_length = 16;
     c.model.kind = ModelKind::Switch;
-    c.model.tokenizer = crate::config::TokenizerSpec::Bytes;
+    c.model.tokenizer = TokenizerSpec::Bytes;
     c.model.d_model = 64;
     c.model.layers = 2;
     c.model.heads = 2;
@@ -60,7 +65,7 @@ pub fn toy_switch(method: Method, epsilon: f64, m: usize, steps: u64) -> RunConf
     c.method.name = method;
     // RAPTOR's knobs only where they apply (the validator reports them elsewhere).
     if method == Method::Raptor {
-        c.method.layer = crate::config::LayerSpec::Last;
+        c.method.layer = LayerSpec::Last;
         c.privacy.rho = 0.5;
     }
     c.privacy.epsilon = epsilon;

@@ -1,11 +1,13 @@
 //! The audit's tests: canaries, scores, reports, and the planted faults it must catch.
 
 use super::dirac::{dirac_params, place_dirac};
-use super::planted::{NoiseFault, toy_dir, toy_switch};
+#[cfg(feature = "planted-faults")]
+use super::planted::NoiseFault;
+use super::planted::{toy_dir, toy_switch};
 use super::*;
-use crate::config::{Method, ModelKind};
-use crate::streams::Plan;
 use proptest::prelude::*;
+use raptor_train::config::{Method, ModelKind, TokenizerSpec};
+use raptor_train::trainer::UpdateMetrics;
 
 /// The broken mechanism: no noise, no clipping (test-only; see [`Tamper`]).
 pub(super) fn break_mechanism(plan: &mut Plan) {
@@ -33,7 +35,7 @@ fn small_cfg(epsilon: f64) -> RunConfig {
     c.data.label_column = "label".into();
     c.data.max_length = 16;
     c.model.kind = ModelKind::Gpt2;
-    c.model.tokenizer = crate::config::TokenizerSpec::Bytes;
+    c.model.tokenizer = TokenizerSpec::Bytes;
     c.model.d_model = 32;
     c.model.layers = 2;
     c.model.heads = 2;
@@ -173,7 +175,7 @@ fn run(cfg: &RunConfig, opts: &AuditOptions, tamper: Tamper) -> AuditReport {
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
     let t = std::time::Instant::now();
-    let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+    let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
     let r = audit_impl(cfg, opts, dir.path(), &mut quiet, tamper).unwrap();
     let back = read_report(&r.run).unwrap();
     assert_eq!(
@@ -269,7 +271,7 @@ fn dirac_run(cfg: &RunConfig, opts: &AuditOptions, tamper: Tamper) -> AuditRepor
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
     let t = std::time::Instant::now();
-    let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+    let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
     let r = audit_impl(cfg, opts, dir.path(), &mut quiet, tamper).unwrap();
     let back = read_report(&r.run).unwrap();
     assert_eq!(back.dirac, r.dirac);
@@ -350,7 +352,8 @@ fn dirac_parameters_follow_the_plan() {
     g.bound = 0.125;
     let p0 = g.params[0].clone();
     assert_eq!(dirac_params(&s.plan, layer, None).unwrap()[&p0], 0.125);
-    let mono = crate::session::prepare(&toy_switch(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
+    let mono =
+        raptor_train::session::prepare(&toy_switch(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
     assert!(dirac_params(&mono.plan, None, Some(0)).is_err());
 }
 
@@ -379,7 +382,7 @@ fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
             ..AuditOptions::default()
         };
         let dir = tempfile::tempdir().unwrap();
-        let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+        let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
         let mut go = |coins: Vec<bool>| {
             audit_dirac(&cfg, &opts, dir.path(), &mut quiet, Tamper::None, coins).unwrap()
         };
@@ -389,7 +392,7 @@ fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
         assert_eq!(inn.epsilon_upper, out.epsilon_upper);
         let (a, b) = (inn.dirac.unwrap(), out.dirac.unwrap());
         assert_eq!((&a.param, &a.index), (&b.param, &b.index));
-        let phases = crate::session::prepare_counting(&cfg, None, m / 2)
+        let phases = raptor_train::session::prepare_counting(&cfg, None, m / 2)
             .unwrap()
             .plan;
         let sigma = |param: &str| {
@@ -433,6 +436,7 @@ fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
 /// 30 updates, a run without noise charged at ε = 1 is caught (ε_lower above the certified
 /// ε), and the same run without the bug is not (ε_lower ≤ ε_upper). Its audit file sits
 /// under `private/`, marked, and nothing of it at the top of the run folder.
+#[cfg(feature = "planted-faults")]
 #[test]
 fn a_planted_bug_is_caught_and_the_correct_run_is_not() {
     tch::set_num_threads(1);
@@ -443,13 +447,13 @@ fn a_planted_bug_is_caught_and_the_correct_run_is_not() {
         ..AuditOptions::default()
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut quiet = |_: u64, _: u64, _: &crate::trainer::UpdateMetrics, _: Option<f64>| {};
+    let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
     let bad =
         planted::audit_with_fault(&cfg, &opts, dir.path(), &mut quiet, NoiseFault::Off).unwrap();
     let good = audit(&cfg, &opts, dir.path(), &mut quiet).unwrap();
     for r in [&bad, &good] {
         assert_eq!(r.kind, CanaryKind::Dirac);
-        assert_eq!(r.notice, crate::run::PRIVATE_NOTICE);
+        assert_eq!(r.notice, PRIVATE_NOTICE);
         assert_eq!(&read_report(&r.run).unwrap(), r);
         assert!(r.run.join("private").join("audit.json").is_file());
         assert!(!r.run.join("audit.json").exists());
@@ -495,6 +499,7 @@ fn a_planted_bug_is_caught_and_the_correct_run_is_not() {
 
 /// The audit catches each planted noise bug: ε_lower clearly above the ε the ledger
 /// certifies (the whole run's, and for the expert bug the expert stream's alone too).
+#[cfg(feature = "planted-faults")]
 #[test]
 fn white_box_audit_catches_planted_noise_bugs() {
     let m = 40_000;

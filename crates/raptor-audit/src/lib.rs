@@ -49,7 +49,7 @@
 //! scores are also reported as a membership-inference attack on the canaries (AUC, TPR at 1 %
 //! and 0.1 % FPR). The coins, the scores and that report are not differentially private (loss
 //! canaries are made from, and scored beside, private records), so the file lives under
-//! `private/` with [`crate::run::PRIVATE_NOTICE`], like everything else a run computes from
+//! `private/` with [`raptor_train::run::PRIVATE_NOTICE`], like everything else a run computes from
 //! private records without noise; the run's publishable `record.json` only notes that the run
 //! was an audit, with m and the kind.
 //!
@@ -71,15 +71,21 @@ use raptor_models::roles::ExpertId;
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
-use crate::config::RunConfig;
-use crate::error::{Result, TrainError, io};
-use crate::run::{Progress, new_run_id, train_session, write_atomic};
-use crate::session::{DataInfo, Session, is_classifier, prepare_counting, prepare_with};
-use crate::streams::{Charge, GroupId, Plan};
-use crate::trainer::{DiracCanaries, DiracCanary, Example};
+use raptor_train::config::RunConfig;
+use raptor_train::run::{
+    PRIVATE_NOTICE, Progress, Record, new_run_id, train_prepared, train_prepared_with_canaries,
+    write_atomic,
+};
+use raptor_train::session::{DataInfo, Session, is_classifier, prepare_counting, prepare_with};
+use raptor_train::streams::{Charge, GroupId, Plan};
+use raptor_train::trainer::{DiracCanaries, DiracCanary, Example};
 
 mod dirac;
+pub mod error;
+
 use dirac::audit_dirac;
+use error::io;
+pub use error::{AuditError, Result};
 
 /// The default number of loss canaries (fewer when the training set is small: at most N/4).
 pub const DEFAULT_CANARIES: usize = 200;
@@ -149,7 +155,7 @@ pub const AUDIT_FILE: &str = "private/audit.json";
 /// Everything an audit reports (the audit file, [`AUDIT_FILE`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AuditReport {
-    /// [`crate::run::PRIVATE_NOTICE`]: the coins, the scores and the membership-inference report
+    /// [`raptor_train::run::PRIVATE_NOTICE`]: the coins, the scores and the membership-inference report
     /// are not differentially private.
     #[serde(default)]
     pub notice: String,
@@ -272,17 +278,17 @@ enum Tamper {
     BreakMechanism,
     /// A planted noise bug in the trainer (Dirac audits): the releases' noise differs from the
     /// plan while the ledger charges the planned σ (tests and the `planted-faults` feature).
-    #[cfg(any(test, feature = "planted-faults"))]
-    Noise(crate::trainer::NoiseFault),
+    #[cfg(feature = "planted-faults")]
+    Noise(raptor_train::trainer::NoiseFault),
 }
 
 #[cfg_attr(not(test), allow(unused_variables))]
-fn apply_tamper(plan: &mut crate::streams::Plan, tamper: Tamper) {
+fn apply_tamper(plan: &mut Plan, tamper: Tamper) {
     match tamper {
         Tamper::None => {}
         #[cfg(test)]
         Tamper::BreakMechanism => tests::break_mechanism(plan),
-        #[cfg(any(test, feature = "planted-faults"))]
+        #[cfg(feature = "planted-faults")]
         Tamper::Noise(_) => {}
     }
 }
@@ -296,17 +302,13 @@ struct Canaries {
     real_records: usize,
 }
 
-fn eval_err(e: raptor_eval::EvalError) -> TrainError {
-    TrainError::Data(format!("audit: {e}"))
-}
-
 /// The number of canaries for `n` real records.
 fn canary_count(opts: &AuditOptions, kind: CanaryKind, n: usize) -> Result<usize> {
     let m = match opts.canaries {
         None => DEFAULT_CANARIES.min(n / 4),
         Some(m) => {
             if kind == CanaryKind::Mislabel && m > n / 2 {
-                return Err(TrainError::Config(format!(
+                return Err(AuditError::Config(format!(
                     "--canaries {m}: mislabeled canaries are drawn from the {n} training records; at most {} (N/2)",
                     n / 2
                 )));
@@ -315,7 +317,7 @@ fn canary_count(opts: &AuditOptions, kind: CanaryKind, n: usize) -> Result<usize
         }
     };
     if m < 2 {
-        return Err(TrainError::Config(format!(
+        return Err(AuditError::Config(format!(
             "an audit needs at least 2 canaries; the training set of {n} records gives {m} (N/4 by default)"
         )));
     }
@@ -347,13 +349,13 @@ fn insert_canaries(
     let mut sources = Vec::with_capacity(m);
     match kind {
         CanaryKind::Dirac => {
-            return Err(TrainError::Config(
+            return Err(AuditError::Config(
                 "Dirac canaries are not records of the data set".into(),
             ));
         }
         CanaryKind::Mislabel => {
             if !info.classifier || info.num_labels < 2 {
-                return Err(TrainError::Config(
+                return Err(AuditError::Config(
                     "mislabeled canaries need a classifier with at least two classes; use --kind random".into(),
                 ));
             }
@@ -362,7 +364,7 @@ fn insert_canaries(
                 let src = &train[j];
                 let label = src
                     .label
-                    .ok_or_else(|| TrainError::Data(format!("record {} has no label", src.id)))?;
+                    .ok_or_else(|| AuditError::Data(format!("record {} has no label", src.id)))?;
                 let shift = rng.random_range(1..info.num_labels as i64);
                 examples.push(Example {
                     id: fresh(i),
@@ -384,7 +386,7 @@ fn insert_canaries(
             // Special ids (padding, EOS, the byte tokenizer's 0..3) are never drawn.
             let lo = 3i64.min(info.vocab - 1);
             if info.vocab - lo < 2 {
-                return Err(TrainError::Config(format!(
+                return Err(AuditError::Config(format!(
                     "random canaries need a vocabulary of more than 4 tokens, the model has {}",
                     info.vocab
                 )));
@@ -440,9 +442,9 @@ pub fn per_record_losses(
     pad_id: i64,
     device: Device,
 ) -> Result<Vec<f64>> {
-    let out = crate::trainer::per_record_losses(model, data, micro_batch, pad_id, device)?;
+    let out = raptor_train::trainer::per_record_losses(model, data, micro_batch, pad_id, device)?;
     if let Some(i) = out.iter().position(|l| !l.is_finite()) {
-        return Err(TrainError::Data(format!(
+        return Err(AuditError::Data(format!(
             "audit: canary {i} has a non-finite loss"
         )));
     }
@@ -469,7 +471,7 @@ fn audit_impl(
     tamper: Tamper,
 ) -> Result<AuditReport> {
     if !(opts.confidence.is_finite() && opts.confidence > 0.0 && opts.confidence < 1.0) {
-        return Err(TrainError::Config(format!(
+        return Err(AuditError::Config(format!(
             "--confidence {}: need 0 < confidence < 1",
             opts.confidence
         )));
@@ -492,24 +494,40 @@ fn audit_impl(
         return audit_dirac(cfg, opts, runs_dir, progress, tamper, coins);
     }
     if opts.expert.is_some() {
-        return Err(TrainError::Config(
+        return Err(AuditError::Config(
             "--expert audits with white-box canaries: use --kind dirac".into(),
         ));
     }
-    #[cfg(any(test, feature = "planted-faults"))]
+    #[cfg(feature = "planted-faults")]
     if matches!(tamper, Tamper::Noise(_)) {
-        return Err(TrainError::Config(
+        return Err(AuditError::Config(
             "planted noise bugs are for Dirac audits".into(),
         ));
     }
     let mut canaries: Option<Canaries> = None;
-    let mut hook = |train: &mut Vec<Example>, info: &DataInfo| -> Result<()> {
-        canaries = Some(insert_canaries(train, info, opts, kind, &mut coin_rng)?);
-        Ok(())
+    // The hook speaks raptor-train's error type; the audit's own error is kept aside and
+    // returned as it is.
+    let mut failed: Option<AuditError> = None;
+    let mut hook = |train: &mut Vec<Example>, info: &DataInfo| -> raptor_train::Result<()> {
+        match insert_canaries(train, info, opts, kind, &mut coin_rng) {
+            Ok(c) => {
+                canaries = Some(c);
+                Ok(())
+            }
+            Err(e) => {
+                let message = e.to_string();
+                failed = Some(e);
+                Err(raptor_train::TrainError::Config(message))
+            }
+        }
     };
-    let mut session = prepare_with(cfg, Some(&mut hook))?;
+    let prepared = prepare_with(cfg, Some(&mut hook));
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let mut session = prepared?;
     let canaries =
-        canaries.ok_or_else(|| TrainError::Run("audit: the canaries were not built".into()))?;
+        canaries.ok_or_else(|| AuditError::Run("audit: the canaries were not built".into()))?;
     apply_tamper(&mut session.plan, tamper);
     let (micro, pad, device) = (
         session.cfg.train.micro_batch,
@@ -524,15 +542,13 @@ fn audit_impl(
         device,
     )?;
     let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg)));
-    let (dir, mut record, model) =
-        train_session(session, dir, false, progress, None, &crate::dist::Solo)?;
+    let (dir, mut record, model) = train_prepared(session, dir, progress)?;
     let fin = per_record_losses(model.as_ref(), &canaries.examples, micro, pad, device)?;
     let scores: Vec<f64> = initial.iter().zip(&fin).map(|(a, b)| a - b).collect();
     let m = canaries.examples.len();
     let grid = default_grid(m);
     let delta = record.privacy_plan.delta;
-    let search =
-        audit_search(&scores, &canaries.coins, delta, opts.confidence, &grid).map_err(eval_err)?;
+    let search = audit_search(&scores, &canaries.coins, delta, opts.confidence, &grid)?;
     let mia = canary_mia(&scores, &canaries.coins)?;
     let included = canaries.coins.iter().filter(|c| **c).count();
     let mut notes = Vec::new();
@@ -545,7 +561,7 @@ fn audit_impl(
         notes.push("the ledger certifies no ε for this run (a release without noise)".into());
     }
     let report = AuditReport {
-        notice: crate::run::PRIVATE_NOTICE.into(),
+        notice: raptor_train::run::PRIVATE_NOTICE.into(),
         run: dir.clone(),
         method: record.method.clone(),
         kind,
@@ -580,7 +596,7 @@ fn audit_impl(
 
 /// Writes the audit file under the run's `private/` folder and notes the audit in the run's
 /// `record.json` (m and the kind only: the coins stay in the private file).
-fn finish(report: AuditReport, dir: &Path, record: &mut crate::run::Record) -> Result<AuditReport> {
+fn finish(report: AuditReport, dir: &Path, record: &mut Record) -> Result<AuditReport> {
     let path = dir.join(AUDIT_FILE);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io(parent))?;
@@ -613,7 +629,7 @@ fn canary_mia(scores: &[f64], coins: &[bool]) -> Result<Option<MiaReport>> {
     if members.is_empty() || non_members.is_empty() {
         return Ok(None);
     }
-    Ok(Some(mia_report(&members, &non_members).map_err(eval_err)?))
+    Ok(Some(mia_report(&members, &non_members)?))
 }
 
 /// Reads the audit file ([`AUDIT_FILE`]) of a run folder.
@@ -625,14 +641,19 @@ pub fn read_report(run: &Path) -> Result<AuditReport> {
 /// Planted bugs of the mechanism, to show that the white-box audit can fail: the audit's own
 /// tests and its measured table (`examples/audit_table.rs`, `scripts/audit-table.sh`) use them.
 ///
-/// Compiled only in tests and under the cargo feature `planted-faults`, which is for tests and
-/// audits of the auditor only: it is off by default, no crate of the workspace turns it on, and
-/// the `raptor` program refuses to build with it. A run made through
-/// [`audit_with_fault`](crate::audit::planted::audit_with_fault) is **not private** (its noise
-/// is not what its ledger charges).
+/// Compiled only in tests (the toy setting) and under the cargo feature `planted-faults` (the
+/// faults themselves, forwarded to raptor-train's feature of the same name), which is for tests
+/// and audits of the auditor only: it is off by default, no crate of the workspace turns it on,
+/// and the `raptor` program refuses to build with it. A run made through `audit_with_fault` is
+/// **not private** (its noise is not what its ledger charges).
 #[cfg(any(test, feature = "planted-faults"))]
 pub mod planted;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests;
+
+/// The README's examples, compiled (and run where not `no_run`) as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

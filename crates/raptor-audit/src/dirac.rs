@@ -17,7 +17,7 @@ pub(super) fn dirac_params(
         (None, _) => None,
         (Some(expert), Some(layer)) => Some(GroupId::Expert(ExpertId { layer, expert })),
         (Some(_), None) => {
-            return Err(TrainError::Config(
+            return Err(AuditError::Config(
                 "--expert: the method trains no expert stream (RAPTOR or expert-only)".into(),
             ));
         }
@@ -36,7 +36,7 @@ pub(super) fn dirac_params(
         }
     }
     if out.is_empty() {
-        return Err(TrainError::Config(match (expert, layer) {
+        return Err(AuditError::Config(match (expert, layer) {
             (Some(e), Some(l)) => format!(
                 "--expert {e}: layer {l} has no released expert {e} (experts are numbered from 0)"
             ),
@@ -71,12 +71,12 @@ pub(super) fn place_dirac(
         let n = numel
             .get(p)
             .copied()
-            .ok_or_else(|| TrainError::Config(format!("parameter {p} is not in the model")))?;
+            .ok_or_else(|| AuditError::Config(format!("parameter {p} is not in the model")))?;
         starts.push((total, p));
         total += n;
     }
     if m > total {
-        return Err(TrainError::Config(format!(
+        return Err(AuditError::Config(format!(
             "--canaries {m}: the audited parameters have {total} coordinates; a canary needs one of its own"
         )));
     }
@@ -146,7 +146,7 @@ pub(super) fn audit_dirac(
 ) -> Result<AuditReport> {
     let m = coins.len();
     if m < 2 {
-        return Err(TrainError::Config(format!(
+        return Err(AuditError::Config(format!(
             "--canaries {m}: an audit needs at least 2 canaries"
         )));
     }
@@ -172,19 +172,17 @@ pub(super) fn audit_dirac(
     let real_records = session.train.len();
     let plan_records = real_records + m.div_ceil(2);
     let plan = session.plan.clone();
-    #[cfg_attr(not(any(test, feature = "planted-faults")), allow(unused_mut))]
+    #[cfg_attr(not(feature = "planted-faults"), allow(unused_mut))]
     let (mut canaries, traces) = DiracCanaries::new(placed, &coins)?;
-    #[cfg(any(test, feature = "planted-faults"))]
+    #[cfg(feature = "planted-faults")]
     if let Tamper::Noise(f) = tamper {
         canaries.fault = Some(f);
     }
-    session.canaries = Some(canaries);
     let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg)));
-    let (dir, mut record, _model) =
-        train_session(session, dir, false, progress, None, &crate::dist::Solo)?;
+    let (dir, mut record, _model) = train_prepared_with_canaries(session, canaries, dir, progress)?;
     let traces: Vec<raptor_eval::audit::DiracTrace> = traces
         .lock()
-        .map_err(|_| TrainError::Run("the canary traces are poisoned".into()))?
+        .map_err(|_| AuditError::Run("the canary traces are poisoned".into()))?
         .clone();
     let sum_scores: Vec<f64> = traces.iter().map(|t| t.sum_score()).collect();
     let max_scores: Vec<f64> = traces.iter().map(|t| t.max_score()).collect();
@@ -196,8 +194,7 @@ pub(super) fn audit_dirac(
         delta,
         opts.confidence,
         &grid,
-    )
-    .map_err(eval_err)?;
+    )?;
     let (statistic, scores) = if stat == 0 {
         ("sum", sum_scores.clone())
     } else {
@@ -225,7 +222,7 @@ pub(super) fn audit_dirac(
     }
     let included = coins.iter().filter(|c| **c).count();
     let report = AuditReport {
-        notice: crate::run::PRIVATE_NOTICE.into(),
+        notice: PRIVATE_NOTICE.into(),
         run: dir.clone(),
         method: record.method.clone(),
         kind: CanaryKind::Dirac,
