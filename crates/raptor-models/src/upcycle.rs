@@ -2,7 +2,9 @@
 //! [`Decoder`] becomes a Mixtral-style MoE [`Decoder`] whose experts are copies of each layer's
 //! dense SwiGLU MLP, with a new router drawn at random (seeded) and frozen like every router;
 //! a dense [`Bert`] becomes a MoE-BERT ([`upcycle_bert`], raptor's own layout described in
-//! [`crate::BertMoeConfig`]) the same way.
+//! [`crate::BertMoeConfig`]) the same way. [`upcycle_folder`] does it from a checkpoint folder
+//! to a checkpoint folder (the library form of `raptor upcycle`), optionally training the new
+//! routers of a MoE-BERT on public tokens first ([`train_bert_routers`]).
 //!
 //! Tensor names: `model.layers.{i}.mlp.{gate,up,down}_proj.weight` →
 //! `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight` for every expert `e`;
@@ -24,6 +26,9 @@
 //! assert_eq!(moe.config().family, DecoderFamily::Mixtral);
 //! # Ok::<(), raptor_models::ModelError>(())
 //! ```
+
+mod folder;
+pub use folder::{RouterTokens, UpcycleReport, UpcycledLayout, upcycle_folder};
 
 use crate::bert::{Bert, BertMoeConfig};
 use crate::decoder::{Decoder, DecoderFamily, MoeConfig};

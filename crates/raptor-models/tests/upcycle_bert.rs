@@ -11,7 +11,9 @@ mod common;
 use common::*;
 use raptor_models::checkpoint::{LoadOptions, load_bert, save_pretrained};
 use raptor_models::hf_config::HfConfig;
-use raptor_models::upcycle::{UpcycleOptions, upcycle_bert};
+use raptor_models::upcycle::{
+    RouterTokens, RouterTraining, UpcycleOptions, UpcycledLayout, upcycle_bert, upcycle_folder,
+};
 use raptor_models::{
     Batch, Bert, BertConfig, BertPooling, ForwardCtx, LoraConfig, Model, attach_lora, freeze_all,
     set_trainable,
@@ -157,6 +159,59 @@ fn upcycled_bert_exports_and_loads_back() {
     bad.layers = Some(vec![2]);
     assert!(upcycle_bert(&d, &bad).is_err());
     assert!(upcycle_bert(&m, &UpcycleOptions::new(2, 1)).is_err());
+}
+
+/// Folder to folder: a dense BERT folder becomes a MoE-BERT folder with its side files, the
+/// routers trained on public tokens spread them more evenly than before (the loads reported
+/// are the model's own), and bad requests are typed errors with nothing trained.
+#[test]
+fn a_bert_folder_upcycles_into_a_moe_bert_folder_with_trained_routers() {
+    let d = dense(BertPooling::Pooler);
+    let base = std::env::temp_dir().join(format!("raptor-upcycle-folder-{}", std::process::id()));
+    let (src, out) = (base.join("dense"), base.join("moe"));
+    save_pretrained(&d, &src).unwrap();
+    std::fs::write(src.join("vocab.txt"), "[PAD]\n[UNK]\n").unwrap();
+    let mut opts = UpcycleOptions::new(4, 1);
+    opts.seed = 5;
+    let records: Vec<Vec<i64>> = (0..40)
+        .map(|i| (0..8).map(|j| 1 + (i * 7 + j * 3) % 39).collect())
+        .collect();
+    let training = RouterTraining {
+        steps: 60,
+        lr: 0.05,
+    };
+    let tokens = RouterTokens {
+        records: &records,
+        training: &training,
+    };
+    let report = upcycle_folder(&src, &out, &opts, Some(tokens)).unwrap();
+    assert_eq!(report.layout, UpcycledLayout::MoeBert);
+    assert_eq!(report.layout.name(), "moe-bert");
+    assert_eq!(report.router_records, 40);
+    let (before, after) = report.router_loads.unwrap();
+    assert_eq!(before.len(), after.len());
+    let cv = |l: &[raptor_models::upcycle::RouterLoad]| l.iter().map(|x| x.load_cv).sum::<f64>();
+    assert!(cv(&after) < cv(&before), "{before:?} -> {after:?}");
+    assert!(out.join("vocab.txt").is_file());
+    let HfConfig::Bert(c) = HfConfig::from_file(&out).unwrap() else {
+        panic!("not a BERT config")
+    };
+    assert_eq!(c.moe.unwrap().num_experts, 4);
+    // No public record, a token outside the vocabulary, or bad options: errors.
+    let far = [vec![1, 2, 40]];
+    let outside = RouterTokens {
+        records: &far,
+        training: &training,
+    };
+    assert!(upcycle_folder(&src, &base.join("w"), &opts, Some(outside)).is_err());
+    let none = RouterTokens {
+        records: &[],
+        training: &training,
+    };
+    assert!(upcycle_folder(&src, &base.join("x"), &opts, Some(none)).is_err());
+    assert!(upcycle_folder(&src, &base.join("y"), &UpcycleOptions::new(2, 3), None).is_err());
+    assert!(upcycle_folder(&base.join("missing"), &base.join("z"), &opts, None).is_err());
+    std::fs::remove_dir_all(&base).ok();
 }
 
 /// Every record's squared gradient norm on every parameter of an expert it does not own is

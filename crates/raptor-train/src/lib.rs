@@ -12,7 +12,8 @@
 //! - [`dist`]: data-parallel private training over MPI (cargo feature `mpi`): rank 0 samples
 //!   and adds the noise once, the clipped sums are all-reduced.
 //! - [`upcycle`]: sparse upcycling of a dense checkpoint folder (`raptor upcycle`, and the
-//!   `backbones` part of the `raptor-reproduce` program).
+//!   `backbones` part of the `raptor-reproduce` program) with routers trained on public text
+//!   read as a run reads it; the folder work is `raptor_models::upcycle::upcycle_folder`.
 //!
 //! The one-run canary audit (`raptor audit`) is crate `raptor-audit`, above this one: it adds
 //! its canaries to a prepared [`session::Session`] (records through
