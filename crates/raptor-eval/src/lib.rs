@@ -9,7 +9,9 @@
 //!   and [`corpus_rouge_l`] (rouge-score's `rougeL` F-measure, no stemming, best reference);
 //! - [`audit`]: the one-run canary ε lower bound of Steinke, Nasr & Jagielski (2023), with a
 //!   Bonferroni-corrected search over abstention thresholds;
-//! - [`mia`]: membership-inference ROC AUC and TPR at low FPR (ties handled).
+//! - [`mia`]: membership-inference ROC AUC and TPR at low FPR (ties handled);
+//! - [`moe`]: RAPTOR's diagnostics of a private MoE run from per-record numbers (role mismatch,
+//!   per-stream SNR and its CV, clip suppression, dilution).
 //!
 //! Golden files made by `fixtures/eval/generate.py` with sacrebleu, rouge-score and scipy check
 //! these against independent implementations.
@@ -29,6 +31,7 @@ pub mod audit;
 mod bleu;
 mod error;
 pub mod mia;
+pub mod moe;
 mod rouge;
 mod stats;
 

@@ -428,3 +428,36 @@ fn dirac_statistics_are_sound_on_a_gaussian_mechanism() {
     let (_, a) = audit::audit_search_many(&[&leaky, &leaky], &included, 1e-6, 0.95, &grid).unwrap();
     assert!(a.epsilon_lower > 5.0, "{a:?}");
 }
+
+proptest! {
+    /// M_role is a total-variation distance: in [0, 1], 0 when the norm shares equal the
+    /// parameter shares; each kind of share sums to 1 when there is mass; the SNRs' CV does not
+    /// change with their scale.
+    #[test]
+    fn moe_diagnostics_are_distances_and_scale_free(
+        masses in prop::collection::vec((0.0f64..10.0, 1.0f64..1e6), 1..6),
+        scale in 0.01f64..100.0,
+    ) {
+        use raptor_eval::moe::{coefficient_of_variation, role_mismatch};
+        use std::collections::BTreeMap;
+        let norms: BTreeMap<String, f64> =
+            masses.iter().enumerate().map(|(i, m)| (format!("r{i}"), m.0)).collect();
+        let params: BTreeMap<String, f64> =
+            masses.iter().enumerate().map(|(i, m)| (format!("r{i}"), m.1)).collect();
+        let (m, shares) = role_mismatch(&norms, &params);
+        prop_assert!((-1e-12..=1.0 + 1e-12).contains(&m), "{m}");
+        let ps: f64 = shares.values().map(|s| s.1).sum();
+        prop_assert!((ps - 1.0).abs() < 1e-9);
+        if norms.values().sum::<f64>() > 0.0 {
+            let ns: f64 = shares.values().map(|s| s.0).sum();
+            prop_assert!((ns - 1.0).abs() < 1e-9);
+        }
+        // Norm mass proportional to the parameters: no mismatch.
+        let (same, _) = role_mismatch(&params, &params);
+        prop_assert!(same.abs() < 1e-12);
+        let snr: Vec<f64> = masses.iter().map(|m| m.1).collect();
+        let scaled: Vec<f64> = snr.iter().map(|s| s * scale).collect();
+        let (a, b) = (coefficient_of_variation(&snr), coefficient_of_variation(&scaled));
+        prop_assert!((a - b).abs() <= 1e-9 * a.max(1.0), "{a} vs {b}");
+    }
+}

@@ -1,31 +1,30 @@
 //! RAPTOR's diagnostics (defined as the public Python implementation of RAPTOR, GitHub
 //! `leduckhai/RAPTOR`, computes them), computed after training on a few held-out records (never
-//! on training records): role mismatch M_role, per-expert SNR and its CV, clip
-//! suppression and dilution.
+//! on training records): this module gathers the per-record numbers from the model (clipped
+//! gradient norms per role, per-stream clipped sums, clip factors, owner maps) and
+//! [`raptor_eval::moe`] turns them into role mismatch M_role, per-stream SNR and its CV, clip
+//! suppression and dilution (its docs define each).
 //!
-//! - **M_role** = ½ Σ_r |norm_share_r − param_share_r| over the roles {attention, head,
-//!   experts of the trained layer}: the total-variation distance between where the per-record
-//!   gradient norm mass sits and where the trainable parameters sit.
-//! - **Per-stream signal and noise** over a batch of the run's expected size B (at most 256
-//!   held-out records): the signal of a stream is the norm of its clipped sum, ‖Σ_i
-//!   clip(g_i)‖ over the stream's coordinates, clipped as the method clips (RAPTOR: the shared
-//!   group at C_s and each expert at C_e; a monolithic method: one global factor at C); its
-//!   noise is the norm the release's Gaussian noise has on those coordinates, σ·C·√d (d the
-//!   stream's trainable parameters). The shared stream is the attention adapters with the head;
-//!   the expert streams are the routed experts of the diagnosed layer. **SNR** = signal /
-//!   noise; **SNR-CV** = population std / mean of the experts' SNRs.
-//! - **Clip suppression**: fraction of owned rows whose global clip factor (over all roles) is
-//!   smaller than the factor of the expert gradient alone (a dense-dominated norm shrinking an
-//!   expert gradient that was within its bound).
-//! - **Dilution** = (owned records per expert on average in a batch of B) / D_e.
+//! - **Roles** are {attention, head, experts of the trained layer}; each role's norm mass is the
+//!   mean per-record norm of its clipped gradient (every role clipped at the expert bound).
+//! - **Streams** are clipped as the method clips, over a batch of the run's expected size B (at
+//!   most 256 held-out records): RAPTOR's shared group (attention adapters with the head) at C_s
+//!   and each routed expert of the diagnosed layer at C_e, or one global factor at C for a
+//!   monolithic method; the noise is that of the release carrying them (σ_e, C_e, D_e; σ_s, C_s).
+//! - **Clip suppression** compares, on owned records, the global clip factor with the factor of
+//!   the owned expert's gradient alone, both at the expert bound.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use raptor_models::roles::{Naming, Role, RoleIndex};
 use raptor_models::{ClipPolicy, ClippedStep, Model, ParamGroups};
-use serde::Serialize;
 use tch::{Device, Kind, Tensor};
+
+pub use raptor_eval::moe::{Diagnostics, StreamSnr};
+use raptor_eval::moe::{
+    clip_suppressed_fraction, coefficient_of_variation, dilution, role_mismatch,
+};
 
 use crate::error::Result;
 use crate::trainer::{Example, make_batch};
@@ -55,64 +54,6 @@ impl fmt::Display for DiagRole {
         match self {
             DiagRole::Expert(x) => write!(f, "expert[{x}]"),
             DiagRole::Attention | DiagRole::Head => f.write_str(self.mass_role()),
-        }
-    }
-}
-
-/// The diagnostics of one run.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Diagnostics {
-    /// Records used (held-out).
-    pub records: usize,
-    /// The trained sparse layer.
-    pub layer: usize,
-    /// Role mismatch M_role.
-    pub role_mismatch: f64,
-    /// Per role: (gradient-norm share, parameter share).
-    pub roles: BTreeMap<String, (f64, f64)>,
-    /// Per expert SNR (signal / noise).
-    pub snr: Vec<f64>,
-    /// Per expert: the norm of its clipped sum over the batch.
-    pub expert_signal_norms: Vec<f64>,
-    /// Per expert: the norm of its release's noise on its coordinates, σ_e·C_e·√d_e.
-    pub expert_noise_norms: Vec<f64>,
-    /// The shared stream (attention adapters and head): signal, noise and SNR.
-    pub shared: StreamSnr,
-    /// SNR-CV.
-    pub snr_cv: f64,
-    /// Fraction of owned rows whose expert gradient is shrunk more by one clip factor over the
-    /// whole per-record gradient at the method's expert bound (RAPTOR's C_e, a monolithic
-    /// method's C) than by a clip of the expert's own gradient at that bound.
-    pub clip_suppressed_fraction: f64,
-    /// Least-loaded expert's expected owned records per batch / D_e.
-    pub dilution: f64,
-}
-
-/// One stream's clipped signal against its release's noise.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct StreamSnr {
-    /// ‖Σ_i clip(g_i)‖ over the stream's coordinates.
-    pub signal_norm: f64,
-    /// σ·C·√d: the norm of the release's noise on those coordinates.
-    pub noise_norm: f64,
-    /// signal / noise (infinite without noise).
-    pub snr: f64,
-    /// d: the stream's trainable parameters.
-    pub params: i64,
-}
-
-impl StreamSnr {
-    fn new(signal_norm: f64, sigma: f64, bound: f64, params: i64) -> Self {
-        let noise_norm = sigma * bound * (params.max(1) as f64).sqrt();
-        Self {
-            signal_norm,
-            noise_norm,
-            snr: if noise_norm > 0.0 {
-                signal_norm / noise_norm
-            } else {
-                f64::INFINITY
-            },
-            params,
         }
     }
 }
@@ -214,15 +155,7 @@ pub fn diagnostics(
             *param_mass.entry(role).or_default() +=
                 params_per_group.get(&r).copied().unwrap_or(0) as f64;
         }
-        let (tn, tp): (f64, f64) = (norm_mass.values().sum(), param_mass.values().sum());
-        let mut roles = BTreeMap::new();
-        let mut m_role = 0.0;
-        for (r, nm) in &norm_mass {
-            let ns = if tn > 0.0 { nm / tn } else { 0.0 };
-            let ps = param_mass[r] / tp.max(1.0);
-            m_role += 0.5 * (ns - ps).abs();
-            roles.insert(r.clone(), (ns, ps));
-        }
+        let (m_role, roles) = role_mismatch(&norm_mass, &param_mass);
         // Per-stream signal and noise, clipped as the method clips: RAPTOR's shared group at
         // C_s and each expert at C_e, or one global factor at C.
         let mut streams = ParamGroups::new();
@@ -273,25 +206,21 @@ pub fn diagnostics(
             noise.shared.bound,
             stream_params.get("shared").copied().unwrap_or(0),
         );
-        let mean = snr.iter().sum::<f64>() / snr.len().max(1) as f64;
-        let var = snr.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / snr.len().max(1) as f64;
         // Clip suppression on owned rows.
-        let mut suppressed = 0usize;
-        let mut owned_rows = 0usize;
+        // Clip suppression on owned rows: (global factor, own expert's factor).
         let gf: Vec<f64> = match global_clip.clip_factors.values().next() {
             Some(f) => Vec::try_from(f.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?,
             None => vec![1.0; data.len()],
         };
+        let mut owned_rows: Vec<(f64, f64)> = Vec::new();
         for (i, &o) in owners_v.iter().enumerate() {
             let own_group = usize::try_from(o).map(|x| DiagRole::Expert(x).to_string());
             if let Some(f) = own_group.ok().and_then(|g| role_clip.clip_factors.get(&g)) {
                 let own = f.f_to_kind(Kind::Double)?.f_double_value(&[i as i64])?;
-                owned_rows += 1;
-                if gf[i] < own - 1e-12 {
-                    suppressed += 1;
-                }
+                owned_rows.push((gf[i], own));
             }
         }
+        let snr_cv = coefficient_of_variation(&snr);
         Ok(Diagnostics {
             records: data.len(),
             layer,
@@ -301,23 +230,9 @@ pub fn diagnostics(
             expert_signal_norms,
             expert_noise_norms,
             shared,
-            snr_cv: if mean > 0.0 {
-                var.sqrt() / mean
-            } else {
-                f64::NAN
-            },
-            clip_suppressed_fraction: suppressed as f64 / owned_rows.max(1) as f64,
-            dilution: {
-                // The least-loaded expert's expected owned records per batch over D_e.
-                let mut counts = vec![0usize; e_count.max(1) as usize];
-                for &o in &owners_v {
-                    if let Some(c) = counts.get_mut(o as usize) {
-                        *c += 1;
-                    }
-                }
-                let min = counts.iter().copied().min().unwrap_or(0) as f64;
-                batch * (min / n) / d_e
-            },
+            snr_cv,
+            clip_suppressed_fraction: clip_suppressed_fraction(&owned_rows),
+            dilution: dilution(&owners_v, e_count.max(0) as usize, batch, d_e),
         })
     })();
     for (t, rg) in saved {
