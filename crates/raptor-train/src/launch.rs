@@ -84,7 +84,8 @@ pub struct StartInfo {
     /// private training records **without noise**: a diagnostic for the data owner, not part of
     /// the release. None for tokenizers without an unknown token.
     pub unknown_token_fraction: Option<f64>,
-    /// Why the run may not learn (empty when nothing was found), one sentence each.
+    /// Why the run may not learn, and settings it ignores ([`RunConfig::ignored_settings`])
+    /// (empty when nothing was found), one sentence each.
     pub warnings: Vec<String>,
 }
 
@@ -159,11 +160,12 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         }
     });
     let estimate = probe(session).ok();
-    let warnings = learnability_warnings(&Learnability::of(
+    let mut warnings = learnability_warnings(&Learnability::of(
         cfg,
         &session.privacy,
         unknown_token_fraction,
     ));
+    warnings.extend(cfg.ignored_settings());
     StartInfo {
         dir: dir.to_path_buf(),
         resuming,

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::{Method, MethodFamily, NsPolynomial, RunConfig, Scope};
+use super::{Method, MethodFamily, ModelConfig, NsPolynomial, RunConfig, Scope};
 use crate::error::{Result, TrainError};
 
 /// One problem of a config: the setting (`section.field`, or several joined by ` / `) and why.
@@ -128,6 +128,35 @@ impl RunConfig {
         self.check_values(&mut out);
         self.check_unused(&mut out);
         out.0
+    }
+
+    /// Settings this run ignores, one sentence each (warnings, not errors: the run is still
+    /// what the rest of the config says). The `[model]` sizes (`d_model`, `layers`, `heads`,
+    /// `d_ff`, `experts`) are those of a from-scratch model: with `model.path` the checkpoint's
+    /// own config sets them, so a size set away from its default says something the run will not
+    /// do.
+    pub fn ignored_settings(&self) -> Vec<String> {
+        let Some(path) = &self.model.path else {
+            return Vec::new();
+        };
+        let (m, d) = (&self.model, ModelConfig::default());
+        [
+            ("d_model", m.d_model, d.d_model),
+            ("layers", m.layers, d.layers),
+            ("heads", m.heads, d.heads),
+            ("d_ff", m.d_ff, d.d_ff),
+            ("experts", m.experts, d.experts),
+        ]
+        .into_iter()
+        .filter(|(_, set, default)| set != default)
+        .map(|(name, set, _)| {
+            format!(
+                "model.{name} = {set} is ignored: model.path ({}) names a checkpoint, whose own \
+                 config sets the sizes (the [model] sizes are those of a from-scratch model)",
+                path.display()
+            )
+        })
+        .collect()
     }
 
     /// Ranges and combinations of values.
@@ -419,6 +448,25 @@ mod tests {
             c.model.kind = ModelKind::Gpt2;
         }
         c
+    }
+
+    #[test]
+    fn model_sizes_beside_a_checkpoint_are_said_to_be_ignored() {
+        let mut c = RunConfig::default();
+        c.model.d_model = 128;
+        c.model.experts = 8;
+        // From scratch: the sizes are the model's.
+        assert!(c.ignored_settings().is_empty());
+        c.model.path = Some("ckpt".into());
+        let w = c.ignored_settings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].starts_with("model.d_model = 128 is ignored"), "{w:?}");
+        assert!(w[1].starts_with("model.experts = 8 is ignored"), "{w:?}");
+        // Defaults beside a path say nothing; the config stays valid either way.
+        let mut p = RunConfig::default();
+        p.model.path = Some("ckpt".into());
+        assert!(p.ignored_settings().is_empty());
+        assert!(c.issues().is_empty(), "{:?}", c.issues());
     }
 
     #[test]
