@@ -211,15 +211,7 @@ pub(super) fn audit_dirac(
         )?),
         _ => None,
     };
-    let mut notes = Vec::new();
-    if cfg.train.insecure_seed.is_some() {
-        notes.push(
-            "NOT PRIVATE: train.insecure_seed seeds the coins, the sampling and the noise".into(),
-        );
-    }
-    if record.epsilon.is_none() && record.privacy_plan.epsilon.is_finite() {
-        notes.push("the ledger certifies no ε for this run (a release without noise)".into());
-    }
+    let notes = run_notes(cfg, &record);
     let included = coins.iter().filter(|c| **c).count();
     let report = AuditReport {
         notice: PRIVATE_NOTICE.into(),

@@ -551,15 +551,7 @@ fn audit_impl(
     let search = audit_search(&scores, &canaries.coins, delta, opts.confidence, &grid)?;
     let mia = canary_mia(&scores, &canaries.coins)?;
     let included = canaries.coins.iter().filter(|c| **c).count();
-    let mut notes = Vec::new();
-    if cfg.train.insecure_seed.is_some() {
-        notes.push(
-            "NOT PRIVATE: train.insecure_seed seeds the coins, the sampling and the noise".into(),
-        );
-    }
-    if record.epsilon.is_none() && record.privacy_plan.epsilon.is_finite() {
-        notes.push("the ledger certifies no ε for this run (a release without noise)".into());
-    }
+    let notes = run_notes(cfg, &record);
     let report = AuditReport {
         notice: raptor_train::run::PRIVATE_NOTICE.into(),
         run: dir.clone(),
@@ -592,6 +584,21 @@ fn audit_impl(
         notes,
     };
     finish(report, &dir, &mut record)
+}
+
+/// The notes every audit report carries about its run: seeded (not private) coins, sampling and
+/// noise; a run whose ledger certifies no ε.
+fn run_notes(cfg: &RunConfig, record: &Record) -> Vec<String> {
+    let mut notes = Vec::new();
+    if cfg.train.insecure_seed.is_some() {
+        notes.push(
+            "NOT PRIVATE: train.insecure_seed seeds the coins, the sampling and the noise".into(),
+        );
+    }
+    if record.epsilon.is_none() && record.privacy_plan.epsilon.is_finite() {
+        notes.push("the ledger certifies no ε for this run (a release without noise)".into());
+    }
+    notes
 }
 
 /// Writes the audit file under the run's `private/` folder and notes the audit in the run's

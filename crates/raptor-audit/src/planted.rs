@@ -38,6 +38,20 @@ pub fn toy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/toy")
 }
 
+/// The default config on the toy data (`train.csv`, all for training, columns `text` and
+/// `label`, 16 byte tokens per record).
+pub fn toy_data() -> RunConfig {
+    let mut c = RunConfig::default();
+    c.data.train = toy_dir().join("train.csv");
+    c.data.validation = None;
+    c.data.validation_fraction = 0.0;
+    c.data.text_column = "text".into();
+    c.data.label_column = "label".into();
+    c.data.max_length = 16;
+    c.model.tokenizer = TokenizerSpec::Bytes;
+    c
+}
+
 /// The setting of the white-box audit's tests and table: a tiny Switch classifier on the
 /// toy sentiment data (600 records; d 64, 2 blocks, the second sparse with 4 experts of
 /// d_ff 640), LoRA r = 32 on the attention and on the experts (45,056 coordinates per
@@ -46,15 +60,8 @@ pub fn toy_dir() -> PathBuf {
 /// private). Few real records per update (about 6): the canaries need no forward pass, so m
 /// is cheap.
 pub fn toy_switch(method: Method, epsilon: f64, m: usize, steps: u64) -> RunConfig {
-    let mut c = RunConfig::default();
-    c.data.train = toy_dir().join("train.csv");
-    c.data.validation = None;
-    c.data.validation_fraction = 0.0;
-    c.data.text_column = "text".into();
-    c.data.label_column = "label".into();
-    c.data.max_length = 16;
+    let mut c = toy_data();
     c.model.kind = ModelKind::Switch;
-    c.model.tokenizer = TokenizerSpec::Bytes;
     c.model.d_model = 64;
     c.model.layers = 2;
     c.model.heads = 2;

@@ -3,10 +3,10 @@
 use super::dirac::{dirac_params, place_dirac};
 #[cfg(feature = "planted-faults")]
 use super::planted::NoiseFault;
-use super::planted::{toy_dir, toy_switch};
+use super::planted::{toy_data, toy_switch};
 use super::*;
 use proptest::prelude::*;
-use raptor_train::config::{Method, ModelKind, TokenizerSpec};
+use raptor_train::config::{Method, ModelKind};
 use raptor_train::trainer::UpdateMetrics;
 
 /// The broken mechanism: no noise, no clipping (test-only; see [`Tamper`]).
@@ -27,15 +27,8 @@ pub(super) fn break_mechanism(plan: &mut Plan) {
 /// memorized quickly once noise and clipping are off.
 fn small_cfg(epsilon: f64) -> RunConfig {
     let (steps, lr) = (300, 0.02);
-    let mut c = RunConfig::default();
-    c.data.train = toy_dir().join("train.csv");
-    c.data.validation = None;
-    c.data.validation_fraction = 0.0;
-    c.data.text_column = "text".into();
-    c.data.label_column = "label".into();
-    c.data.max_length = 16;
+    let mut c = toy_data();
     c.model.kind = ModelKind::Gpt2;
-    c.model.tokenizer = TokenizerSpec::Bytes;
     c.model.d_model = 32;
     c.model.layers = 2;
     c.model.heads = 2;
