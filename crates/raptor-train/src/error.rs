@@ -40,6 +40,9 @@ pub enum TrainError {
     /// From the optimizers.
     #[error(transparent)]
     Optim(#[from] raptor_optim::OptimError),
+    /// From a collective operation of data-parallel training.
+    #[error(transparent)]
+    Dist(#[from] raptor_dist::DistError),
     /// From the routing crate.
     #[error(transparent)]
     Routing(#[from] raptor_routing::RoutingError),

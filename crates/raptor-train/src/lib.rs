@@ -9,8 +9,9 @@
 //!   as [`optim`]) on released gradients.
 //! - [`session`] and [`run`]: data and model preparation, run folders, checkpoints, resume,
 //!   evaluation.
-//! - [`dist`]: data-parallel private training over MPI (cargo feature `mpi`): rank 0 samples
-//!   and adds the noise once, the clipped sums are all-reduced.
+//! - [`dist`] (crate `raptor-dist`, re-exported): data-parallel private training over MPI
+//!   (cargo feature `mpi`): rank 0 samples and adds the noise once, the clipped sums are
+//!   all-reduced (the trainer's side is `trainer/collective.rs`).
 //! - [`upcycle`]: sparse upcycling of a dense checkpoint folder (`raptor upcycle`, and the
 //!   `backbones` part of the `raptor-reproduce` program) with routers trained on public text
 //!   read as a run reads it; the folder work is `raptor_models::upcycle::upcycle_folder`.
@@ -27,7 +28,6 @@
 pub mod config;
 pub mod device;
 pub mod diagnostics;
-pub mod dist;
 pub mod error;
 pub mod launch;
 pub mod methods;
@@ -42,6 +42,10 @@ pub use error::{Result, TrainError};
 
 /// The optimizers on released gradients (crate `raptor-optim`).
 pub use raptor_optim as optim;
+
+/// The collective operations of data-parallel training (crate `raptor-dist`: one process, or
+/// MPI under the cargo feature `mpi`).
+pub use raptor_dist as dist;
 
 /// Whether this build of the library holds the planted noise bugs of the audit's tests (the
 /// test/audit-only cargo feature `planted-faults`, turned on through crate `raptor-audit`'s

@@ -44,9 +44,9 @@ impl<'a> Trainer<'a> {
                 .iter()
                 .map(|n| self.vars[n].shallow_clone())
                 .collect();
-            let mut buf = crate::dist::flatten(&vars)?;
+            let mut buf = flatten(&vars)?;
             comm.broadcast_f32(&mut buf)?;
-            let synced = crate::dist::unflatten(&buf, &vars)?;
+            let synced = unflatten(&buf, &vars)?;
             tch::no_grad(|| -> Result<()> {
                 for (mut v, s) in vars.into_iter().zip(synced) {
                     v.f_copy_(&s)?;
@@ -82,9 +82,9 @@ impl<'a> Trainer<'a> {
                 None => self.vars[p].f_zeros_like()?.f_detach()?,
             });
         }
-        let mut buf = crate::dist::flatten(&local)?;
+        let mut buf = flatten(&local)?;
         self.comm.all_reduce_sum_f32(&mut buf)?;
-        for (p, t) in names.into_iter().zip(crate::dist::unflatten(&buf, &local)?) {
+        for (p, t) in names.into_iter().zip(unflatten(&buf, &local)?) {
             sums.insert(p, t);
         }
         // Diagnostics: loss sum, clip counts per group, owner counts per (layer, expert).
@@ -117,5 +117,65 @@ impl<'a> Trainer<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// Flatten tensors (any float kind, any device) into one `f32` buffer, in order.
+pub(super) fn flatten(tensors: &[tch::Tensor]) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
+    for t in tensors {
+        let c = t
+            .f_detach()?
+            .f_to_kind(tch::Kind::Float)?
+            .f_to(tch::Device::Cpu)?
+            .f_contiguous()?
+            .f_view([-1])?;
+        let v: Vec<f32> = Vec::<f32>::try_from(&c).map_err(TrainError::Torch)?;
+        out.extend_from_slice(&v);
+    }
+    Ok(out)
+}
+
+/// The inverse of [`flatten`]: tensors shaped, typed and placed like `like`.
+pub(super) fn unflatten(buf: &[f32], like: &[tch::Tensor]) -> Result<Vec<tch::Tensor>> {
+    let need: usize = like.iter().map(|t| t.numel()).sum();
+    if need != buf.len() {
+        return Err(TrainError::Run(format!(
+            "a collective buffer has {} values for tensors of {need}: the ranks disagree on the parameters",
+            buf.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(like.len());
+    let mut at = 0usize;
+    for t in like {
+        let n = t.numel();
+        let v = tch::Tensor::f_from_slice(&buf[at..at + n])?
+            .f_view(t.size().as_slice())?
+            .f_to_kind(t.kind())?
+            .f_to(t.device())?;
+        out.push(v);
+        at += n;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flatten_unflatten_round_trips_shapes_and_kinds() {
+        let a = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).view([2, 3]);
+        let b = tch::Tensor::from_slice(&[7.0f64, 8.0]);
+        let flat = flatten(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
+        assert_eq!(flat, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        let back = unflatten(&flat, &[a.shallow_clone(), b.shallow_clone()]).unwrap();
+        assert_eq!(back[0].size(), vec![2, 3]);
+        assert_eq!(back[1].kind(), tch::Kind::Double);
+        assert!(back[0].equal(&a) && back[1].equal(&b));
+        // A buffer of the wrong length is an error naming the disagreement, not a panic.
+        let err = unflatten(&flat[..7], &[a, b]).unwrap_err().to_string();
+        assert!(err.contains("ranks disagree"), "{err}");
     }
 }

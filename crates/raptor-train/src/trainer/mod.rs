@@ -741,9 +741,9 @@ impl<'a> Trainer<'a> {
         let (mut released, empty_experts) = self.release_and_charge(pi, &phase, t, sums, &owned)?;
         if ranks > 1 {
             let outs: Vec<Tensor> = released.iter().map(|r| r.1.shallow_clone()).collect();
-            let mut buf = crate::dist::flatten(&outs)?;
+            let mut buf = collective::flatten(&outs)?;
             self.comm.broadcast_f32(&mut buf)?;
-            let got = crate::dist::unflatten(&buf, &outs)?;
+            let got = collective::unflatten(&buf, &outs)?;
             for (r, g) in released.iter_mut().zip(got) {
                 r.1 = g;
             }

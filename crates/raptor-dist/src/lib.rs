@@ -1,7 +1,12 @@
-//! Data-parallel private training: the collective operations the trainer needs, on one process
-//! ([`Solo`]) or over MPI (`Mpi`, cargo feature `mpi`).
+//! # raptor-dist
 //!
-//! One private update over K ranks (see `ARCHITECTURE.md`, "one private step"):
+//! Data-parallel private training: the collective operations raptor's trainer needs, on one
+//! process ([`Solo`]) or over MPI (`Mpi`, cargo feature `mpi`), with what an MPI launcher's
+//! environment says (rank, size) and fault injection for the tests of the failure path. No
+//! libtorch: buffers are plain `f32` / `f64` / `u64` slices (raptor-train flattens its tensors
+//! into them).
+//!
+//! One private update over K ranks, as raptor-train's trainer runs it:
 //!
 //! 1. rank 0 draws the Poisson sample with its (secure) sampler and the step's dropout seed, and
 //!    broadcasts both (record ids and one `u64`);
@@ -20,7 +25,8 @@
 //! records are sampled with the same probability, each clipped to the same bound, and one
 //! Gaussian noise is added per release.
 
-use crate::{Result, TrainError};
+mod error;
+pub use error::{DistError, Result};
 
 /// Counts of what crossed the wire (for the per-step cost report).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -271,63 +277,10 @@ mod mpi_impl {
     }
 }
 
-/// Flatten tensors (any float kind, any device) into one `f32` buffer, in order.
-pub(crate) fn flatten(tensors: &[tch::Tensor]) -> Result<Vec<f32>> {
-    let mut out = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
-    for t in tensors {
-        let c = t
-            .f_detach()?
-            .f_to_kind(tch::Kind::Float)?
-            .f_to(tch::Device::Cpu)?
-            .f_contiguous()?
-            .f_view([-1])?;
-        let v: Vec<f32> = Vec::<f32>::try_from(&c).map_err(TrainError::Torch)?;
-        out.extend_from_slice(&v);
-    }
-    Ok(out)
-}
-
-/// The inverse of [`flatten`]: tensors shaped, typed and placed like `like`.
-pub(crate) fn unflatten(buf: &[f32], like: &[tch::Tensor]) -> Result<Vec<tch::Tensor>> {
-    let need: usize = like.iter().map(|t| t.numel()).sum();
-    if need != buf.len() {
-        return Err(TrainError::Run(format!(
-            "a collective buffer has {} values for tensors of {need}: the ranks disagree on the parameters",
-            buf.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(like.len());
-    let mut at = 0usize;
-    for t in like {
-        let n = t.numel();
-        let v = tch::Tensor::f_from_slice(&buf[at..at + n])?
-            .f_view(t.size().as_slice())?
-            .f_to_kind(t.kind())?
-            .f_to(t.device())?;
-        out.push(v);
-        at += n;
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flatten_unflatten_round_trips_shapes_and_kinds() {
-        let a = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).view([2, 3]);
-        let b = tch::Tensor::from_slice(&[7.0f64, 8.0]);
-        let flat = flatten(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
-        assert_eq!(flat, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
-        let back = unflatten(&flat, &[a.shallow_clone(), b.shallow_clone()]).unwrap();
-        assert_eq!(back[0].size(), vec![2, 3]);
-        assert_eq!(back[1].kind(), tch::Kind::Double);
-        assert!(back[0].equal(&a) && back[1].equal(&b));
-        // A buffer of the wrong length is an error naming the disagreement, not a panic.
-        let err = unflatten(&flat[..7], &[a, b]).unwrap_err().to_string();
-        assert!(err.contains("ranks disagree"), "{err}");
-    }
 
     #[test]
     fn solo_is_the_identity() {
@@ -336,9 +289,43 @@ mod tests {
         s.broadcast_u64(&mut v).unwrap();
         let mut f = vec![1.5f32];
         s.all_reduce_sum_f32(&mut f).unwrap();
+        let mut g = vec![2.5f64, -1.0];
+        s.all_reduce_sum_f64(&mut g).unwrap();
+        let mut h = vec![0.25f32];
+        s.broadcast_f32(&mut h).unwrap();
         assert_eq!(
-            (v, f, s.rank(), s.size(), s.is_writer()),
-            (vec![1, 2, 3], vec![1.5], 0, 1, true)
+            (v, f, g, h, s.rank(), s.size(), s.is_writer()),
+            (
+                vec![1, 2, 3],
+                vec![1.5],
+                vec![2.5, -1.0],
+                vec![0.25],
+                0,
+                1,
+                true
+            )
         );
+        assert_eq!(s.stats(), CommStats::default());
+    }
+
+    #[test]
+    fn the_launcher_environment_is_read_not_guessed() {
+        // Under `cargo test` no MPI launcher started this process (CI never runs the unit tests
+        // under mpirun); each reader falls back to one process.
+        if !launched_by_mpi() {
+            assert_eq!(
+                launcher_size(),
+                std::env::var("SLURM_NTASKS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1)
+            );
+            assert_eq!(launcher_rank(), None);
+        }
     }
 }
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
