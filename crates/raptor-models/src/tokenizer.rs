@@ -208,6 +208,43 @@ impl Default for CorpusTokenizerConfig {
     }
 }
 
+/// The continuation pieces (`##c`) of every character that a word of `lines` holds after its
+/// first one, as the WordPiece trainer would form them (BERT normalizer with `lowercase`, BERT
+/// pre-tokenizer), in character order.
+fn continuation_pieces(lines: &[String], lowercase: bool) -> Result<Vec<String>> {
+    use tokenizers::{
+        NormalizedString, Normalizer, OffsetReferential, OffsetType, PreTokenizedString,
+        PreTokenizer,
+    };
+    let normalizer = BertNormalizer::new(true, true, None, lowercase);
+    let mut chars = std::collections::BTreeSet::new();
+    for line in lines {
+        let mut n = NormalizedString::from(line.as_str());
+        normalizer.normalize(&mut n).map_err(tok_err)?;
+        let mut pre = PreTokenizedString::from(n);
+        BertPreTokenizer.pre_tokenize(&mut pre).map_err(tok_err)?;
+        for (word, _, _) in pre.get_splits(OffsetReferential::Original, OffsetType::Byte) {
+            chars.extend(word.chars().skip(1));
+        }
+    }
+    Ok(chars.into_iter().map(|c| format!("##{c}")).collect())
+}
+
+/// Removes the `##c` pieces that [`CorpusTokenizer::train`] registered as special tokens from
+/// the added tokens of `tok` (they stay in the WordPiece vocabulary under their ids, as ordinary
+/// pieces).
+fn unregister_pieces(tok: &Tokenizer, pieces: &[String]) -> Result<Tokenizer> {
+    let json = tok.to_string(false).map_err(tok_err)?;
+    let mut v: serde_json::Value =
+        serde_json::from_str(&json).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let pieces: std::collections::BTreeSet<&str> = pieces.iter().map(String::as_str).collect();
+    if let Some(added) = v["added_tokens"].as_array_mut() {
+        added.retain(|t| !t["content"].as_str().is_some_and(|c| pieces.contains(c)));
+    }
+    let out = serde_json::to_string(&v).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    out.parse::<Tokenizer>().map_err(tok_err)
+}
+
 /// A Hugging Face `tokenizers` tokenizer trained on the user's corpus or read from
 /// `tokenizer.json`.
 #[derive(Debug, Clone)]
@@ -236,9 +273,20 @@ impl CorpusTokenizer {
                 Self::SPECIAL_TOKENS.len()
             )));
         }
+        let lines: Vec<String> = lines.into_iter().map(|l| l.as_ref().to_string()).collect();
+        // WordPiece: the trainer adds each continuation piece `##c` when it first meets it while
+        // walking a hash map of the corpus's words, whose order changes from process to
+        // process; the pieces' ids, the merges' tie-breaks (by id) and so the vocabulary would
+        // change with it. Registered first, in character order, they get the same ids every
+        // time (and are ordinary pieces again after training).
+        let pieces = match cfg.model {
+            CorpusModel::WordPiece => continuation_pieces(&lines, cfg.lowercase)?,
+            CorpusModel::ByteLevelBpe => Vec::new(),
+        };
         let specials: Vec<AddedToken> = Self::SPECIAL_TOKENS
             .iter()
             .map(|s| AddedToken::from(*s, true))
+            .chain(pieces.iter().map(|p| AddedToken::from(p.as_str(), true)))
             .collect();
         type Builder = TokenizerBuilder<
             ModelWrapper,
@@ -287,9 +335,12 @@ impl CorpusTokenizer {
                 (tok, trainer.into())
             }
         };
-        tok.train(&mut trainer, lines.into_iter())
+        tok.train(&mut trainer, lines.iter().map(String::as_str))
             .map_err(tok_err)?;
-        let tok = Tokenizer::from(tok);
+        let mut tok = Tokenizer::from(tok);
+        if !pieces.is_empty() {
+            tok = unregister_pieces(&tok, &pieces)?;
+        }
         let pad_id = tok
             .token_to_id("[PAD]")
             .ok_or_else(|| ModelError::Tokenizer("trained tokenizer lacks [PAD]".into()))?;

@@ -307,3 +307,41 @@ fn bert_wordpiece_tokenizer_json_matches_hf_with_padding_and_truncation_off() {
     let long = "the ".repeat(300);
     assert_eq!(tok.encode_with_special_tokens(&long).unwrap().len(), 302);
 }
+
+/// The same corpus trains the same WordPiece tokenizer, ids and vocabulary, every time. The
+/// trainer would add the `##`-continuation pieces in a hash map's order (another in every
+/// instance and process), and break ties between equally frequent merges by those ids: with
+/// many distinct characters and a vocabulary cut among tied merges, as here, two trainings
+/// then differ almost surely (in ids and in which merges make the cut). `train` registers the
+/// pieces first, in character order.
+#[test]
+fn a_corpus_trains_the_same_wordpiece_ids_every_time() {
+    let words: Vec<String> = (0..400)
+        .map(|i| {
+            let a = char::from(b'a' + (i % 26) as u8);
+            let b = char::from(b'a' + (i * 7 % 26) as u8);
+            let c = char::from_u32(0x3b1 + (i % 20) as u32).unwrap(); // α, β, …
+            let d = char::from(b'0' + (i % 10) as u8);
+            format!("{a}{b}{c}{d}{a} {b}{a}{d}{c}")
+        })
+        .collect();
+    let cfg = CorpusTokenizerConfig {
+        vocab_size: 300,
+        ..CorpusTokenizerConfig::default()
+    };
+    let train = || CorpusTokenizer::train(words.iter().map(String::as_str), &cfg).unwrap();
+    let json = |t: &CorpusTokenizer| t.inner().to_string(false).unwrap();
+    let first = train();
+    for _ in 0..4 {
+        assert_eq!(json(&train()), json(&first));
+    }
+    for (i, s) in CorpusTokenizer::SPECIAL_TOKENS.iter().enumerate() {
+        assert_eq!(first.token_to_id(s), Some(i as u32));
+    }
+    let text = "abα0a zqβ9 hello";
+    assert_eq!(first.encode(text).unwrap(), train().encode(text).unwrap());
+    // The continuation pieces are ordinary vocabulary again: only the four specials are added
+    // tokens, and `##a` inside a word is the piece.
+    assert_eq!(first.inner().get_added_tokens_decoder().len(), 4);
+    assert!(first.token_to_id("##a").is_some() && first.token_to_id("a").is_some());
+}
