@@ -157,13 +157,61 @@ pub struct Job {
     pub cfg: RunConfig,
 }
 
-/// The folder name of a config: the first 16 hex digits of the SHA-256 of its TOML, after the
-/// method name (so `results/runs/` can be browsed).
+/// The folder name of a config: the first 16 hex digits of the SHA-256 of its TOML and of the
+/// contents of the files it names ([`input_files`]), after the method name (so `results/runs/`
+/// can be browsed). The contents count because a file can change under the same path: a
+/// pretrained model or tokenizer made again by a newer version, a corpus fetched again; a run
+/// cached under the old contents is then not reused.
 pub fn run_key(cfg: &RunConfig) -> anyhow::Result<String> {
-    let text = cfg.to_toml()?;
+    let mut text = cfg.to_toml()?;
+    for f in input_files(cfg) {
+        if f.is_file() {
+            text.push_str(&format!("\n{}={}", f.display(), cached_file_hash(&f)?));
+        }
+    }
     let digest = Sha256::digest(text.as_bytes());
     let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
     Ok(format!("{}-{hex}", cfg.method.name.name()))
+}
+
+/// The files a run reads, by its config: the data files, the tokenizer file and, for
+/// `model.path`, the checkpoint (a file, or a folder's `config.json`, weights and tokenizer).
+pub fn input_files(cfg: &RunConfig) -> Vec<PathBuf> {
+    let mut out = vec![cfg.data.train.clone()];
+    out.extend(cfg.data.validation.clone());
+    out.extend(cfg.data.public.clone());
+    if let raptor_train::config::TokenizerSpec::File(p) = &cfg.model.tokenizer {
+        out.push(p.clone());
+    }
+    if let Some(m) = &cfg.model.path {
+        if m.is_dir() {
+            for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+                out.push(m.join(f));
+            }
+        } else {
+            out.push(m.clone());
+        }
+    }
+    out
+}
+
+/// [`file_hash`], computed once per process for a file of the same length and modification
+/// time (a grid's runs share their inputs).
+fn cached_file_hash(path: &Path) -> anyhow::Result<String> {
+    use std::sync::{Mutex, OnceLock};
+    type Seen = std::collections::HashMap<(PathBuf, u64, Option<std::time::SystemTime>), String>;
+    static SEEN: OnceLock<Mutex<Seen>> = OnceLock::new();
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    let key = (path.to_path_buf(), meta.len(), meta.modified().ok());
+    let seen = SEEN.get_or_init(|| Mutex::new(Seen::new()));
+    if let Some(h) = seen.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return Ok(h);
+    }
+    let h = file_hash(path)?;
+    if let Ok(mut m) = seen.lock() {
+        m.insert(key, h.clone());
+    }
+    Ok(h)
 }
 
 /// SHA-256 (hex) of a file, for cache keys that depend on data.
@@ -457,5 +505,41 @@ impl Runner {
     /// Ends the overall bar.
     pub fn finish_all(&self) {
         self.overall.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A run's key follows the contents of the files its config names, not only their paths:
+    /// a pretrained model or tokenizer made again under the same path gets new runs.
+    #[test]
+    fn the_run_key_follows_the_contents_of_the_named_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, tok) = (dir.path().join("train.csv"), dir.path().join("tok.json"));
+        std::fs::write(&data, "text,label\na,0\n").unwrap();
+        std::fs::write(&tok, "{\"v\": 1}").unwrap();
+        let mut cfg = RunConfig::default();
+        cfg.data.train = data.clone();
+        cfg.model.tokenizer = raptor_train::config::TokenizerSpec::File(tok.clone());
+        let first = run_key(&cfg).unwrap();
+        assert_eq!(run_key(&cfg).unwrap(), first);
+        assert!(first.starts_with("raptor-"), "{first}");
+        // Another tokenizer under the same path (another length: another memo entry).
+        std::fs::write(&tok, "{\"v\": 22}").unwrap();
+        let second = run_key(&cfg).unwrap();
+        assert_ne!(second, first);
+        // Another model folder's weights, and another data file, move it too.
+        let model = dir.path().join("model");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("model.safetensors"), [1u8; 8]).unwrap();
+        cfg.model.path = Some(model.clone());
+        let third = run_key(&cfg).unwrap();
+        assert_ne!(third, second);
+        std::fs::write(model.join("model.safetensors"), [2u8; 9]).unwrap();
+        assert_ne!(run_key(&cfg).unwrap(), third);
+        assert!(input_files(&cfg).contains(&data));
     }
 }
