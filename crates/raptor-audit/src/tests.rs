@@ -163,19 +163,30 @@ fn random_canaries_have_the_median_length_and_no_special_token() {
     );
 }
 
-fn run(cfg: &RunConfig, opts: &AuditOptions, tamper: Tamper) -> AuditReport {
+/// One audit into a temporary runs folder: its report, the report read back from its audit
+/// file (before the folder goes), and when it started.
+fn audited(
+    cfg: &RunConfig,
+    opts: &AuditOptions,
+    tamper: Tamper,
+) -> (AuditReport, AuditReport, std::time::Instant) {
     // One libtorch thread: the machine's cores may be busy (OpenMP spinning would stall).
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
     let t = std::time::Instant::now();
     let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
     let r = audit_impl(cfg, opts, dir.path(), &mut quiet, tamper).unwrap();
+    assert!(r.run.join("record.json").exists());
     let back = read_report(&r.run).unwrap();
+    (r, back, t)
+}
+
+fn run(cfg: &RunConfig, opts: &AuditOptions, tamper: Tamper) -> AuditReport {
+    let (r, back, t) = audited(cfg, opts, tamper);
     assert_eq!(
         (back.coins.as_slice(), back.search.correct),
         (r.coins.as_slice(), r.search.correct)
     );
-    assert!(r.run.join("record.json").exists());
     let mean = |v: &[f64], want: bool| {
         let x: Vec<f64> = v
             .iter()
@@ -261,12 +272,7 @@ fn audit_lower_bound_is_below_the_certified_bound_on_correct_runs() {
 // ---- White-box (Dirac) canaries ----
 
 fn dirac_run(cfg: &RunConfig, opts: &AuditOptions, tamper: Tamper) -> AuditReport {
-    tch::set_num_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let t = std::time::Instant::now();
-    let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
-    let r = audit_impl(cfg, opts, dir.path(), &mut quiet, tamper).unwrap();
-    let back = read_report(&r.run).unwrap();
+    let (r, back, t) = audited(cfg, opts, tamper);
     assert_eq!(back.dirac, r.dirac);
     assert_eq!(back.search, r.search);
     eprintln!(
