@@ -8,6 +8,10 @@ use crate::prv::{EpsilonBounds, PrvAccountant};
 use crate::rdp::RdpAccountant;
 use crate::types::{Composition, Delta, Epsilon, SamplingRate, Steps, SubsampledGaussian};
 
+/// The most trained sparse layers a budget plan takes (a bound on the work of folding an expert
+/// update's layers into one mechanism; models have tens).
+pub const MAX_LAYERS: u64 = 4096;
+
 /// Relative tolerance of the σ bisection: the returned σ is at most `(1 + SIGMA_TOLERANCE)`
 /// times the smallest σ whose certified upper bound meets the target.
 pub const SIGMA_TOLERANCE: f64 = 1e-3;
@@ -217,7 +221,9 @@ pub struct Stream {
 pub enum StreamSampling {
     /// Each stream's updates draw their own Poisson samples (RAPTOR's alternation: a shared
     /// update, then an expert update, each with a sample of its own). The streams compose as
-    /// independent mechanisms.
+    /// independent mechanisms. An expert update draws ONE sample and releases every trained
+    /// layer's experts from it, so it costs the one mechanism of [`SampleCharge`] over the L
+    /// layers (1/σ_eff² = L/σ_e²), not L independent ones.
     #[default]
     Alternating,
     /// Every update draws one sample that both streams release from (no alternation): the
@@ -270,12 +276,13 @@ pub struct StreamPlan {
 pub struct BudgetPlan {
     /// Shared stream.
     pub shared: StreamPlan,
-    /// Expert stream (one σ for every expert of every trained layer).
+    /// Expert stream (one σ for every expert of every trained layer; `epsilon_alone` is the
+    /// expert updates' whole cost, every layer included).
     pub expert: StreamPlan,
-    /// ε as the plan claims it: for the additive plan ε_s + L·ε_e (sum of the streams' certified
-    /// upper bounds); for the joint plan the composed upper bound.
+    /// ε as the plan claims it: for the additive plan ε_s + ε_e (sum of the two streams'
+    /// certified upper bounds); for the joint plan the composed upper bound.
     pub epsilon_claimed: f64,
-    /// ε of the whole run (shared ∘ L expert streams) composed in one PRV at the total δ.
+    /// ε of the whole run ([`run_composition`]) composed in one PRV at the total δ.
     pub epsilon_composed: EpsilonBounds,
 }
 
@@ -294,17 +301,18 @@ pub struct BudgetPlans {
 
 /// The whole run's composition for given σ's.
 ///
-/// - [`StreamSampling::Alternating`]: the shared stream's T_s steps, then L layers each a
-///   parallel group of experts (one member suffices: members are identical) of T_e steps.
+/// - [`StreamSampling::Alternating`]: the shared stream's T_s steps, then T_e expert updates,
+///   each one Poisson sample from which every trained layer's experts release (L parallel
+///   groups of one [`SampleCharge`]: one subsampled Gaussian with 1/σ_eff² = L/σ_e², one member
+///   standing for each group since the members are identical).
 /// - [`StreamSampling::Simultaneous`]: T steps of the one mechanism each update costs, a
 ///   [`SampleCharge`] of the shared release and L parallel groups of expert releases
 ///   (1/σ_eff² = 1/σ_s² + L/σ_e²); the streams must share q and T.
+///
+/// Reading the L layers of an expert update as L independent samples (L·T_e steps of σ_e)
+/// would under-report ε: a record is in every layer's release of the update or in none.
 pub fn run_composition(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<Composition> {
-    let layers = if req.layers == 0 {
-        return Err(AccountantError::InvalidLayers(0));
-    } else {
-        req.layers
-    };
+    check_layers(req.layers)?;
     if req.sampling == StreamSampling::Simultaneous {
         return Composition::single(
             update_charge(req, sigma_s, sigma_e)?,
@@ -315,16 +323,27 @@ pub fn run_composition(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<
         SubsampledGaussian::new(req.shared.q, sigma_s)?,
         req.shared.steps,
     )?
-    .with(
-        SubsampledGaussian::new(req.expert.q, sigma_e)?,
-        req.expert
-            .steps
-            .checked_mul(layers)
-            .ok_or(AccountantError::TooManySteps(
-                u128::from(req.expert.steps) * u128::from(layers),
-                crate::types::MAX_TOTAL_STEPS,
-            ))?,
-    )
+    .with(expert_update_charge(req, sigma_e)?, req.expert.steps)
+}
+
+/// The one mechanism an expert update of an alternating plan costs: its one sample releases
+/// every trained layer's parallel group of experts ([`SampleCharge`] over L groups).
+pub fn expert_update_charge(req: &PlanRequest, sigma_e: f64) -> Result<SubsampledGaussian> {
+    check_layers(req.layers)?;
+    let mut charge = SampleCharge::new(req.expert.q)?;
+    for l in 0..req.layers {
+        // One member stands for the group: its members are identical.
+        charge.member_release(&format!("layer {l}"), 0, sigma_e)?;
+    }
+    charge.mechanism()
+}
+
+/// An error unless 1 ≤ `layers` ≤ [`MAX_LAYERS`].
+fn check_layers(layers: u64) -> Result<()> {
+    if layers == 0 || layers > MAX_LAYERS {
+        return Err(AccountantError::InvalidLayers(layers));
+    }
+    Ok(())
 }
 
 /// The steps of a simultaneous plan (an error unless both streams have the same q and T).
@@ -352,16 +371,37 @@ fn update_charge(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<Subsam
     charge.mechanism()
 }
 
+/// The per-layer σ_e whose expert update ([`expert_update_charge`], 1/σ_eff² = L/σ_e²) has a
+/// noise multiplier of at least `sigma_eff`: σ_eff·√L, raised by a few ulps until the folded
+/// mechanism (rounded toward more privacy loss) is no noisier than the calibrated one.
+fn layer_sigma(req: &PlanRequest, sigma_eff: f64) -> Result<f64> {
+    let mut sigma = sigma_eff * (req.layers as f64).sqrt();
+    for _ in 0..64 {
+        if expert_update_charge(req, sigma)?.sigma() >= sigma_eff {
+            return Ok(sigma);
+        }
+        sigma = sigma.next_up();
+    }
+    Err(AccountantError::NumericalFailure(
+        "per-layer noise multiplier of the expert update",
+    ))
+}
+
 /// RAPTOR's budget plans.
 ///
-/// 1. **Additive** (the paper's): ε_s = ρε, δ_s = ρδ for the shared stream; ε_e = (1−ρ)ε/L,
-///    δ_e = (1−ρ)δ/L for each trained layer's expert stream (experts of a layer compose in
-///    parallel); each σ calibrated alone on its stream.
+/// 1. **Additive** (the paper's split, charged for one sample per expert update): ε_s = ρε,
+///    δ_s = ρδ for the shared stream; ε_e = (1−ρ)ε, δ_e = (1−ρ)δ for the expert updates, each
+///    of which draws one sample and releases every trained layer's experts from it (experts of
+///    a layer compose in parallel; the L layers of one update are one mechanism of σ_e/√L, see
+///    [`run_composition`]); each calibrated alone, the claim ε_s + ε_e by basic composition of
+///    the two streams' independent samples. (The paper's per-layer split ε_e = (1−ρ)ε/L,
+///    summed L times, holds only if every layer drew a sample of its own; raptor's expert
+///    update does not.)
 /// 2. **Joint**: σ_e² / σ_s² = r fixed by ρ so that, to first order in the small-q Gaussian
 ///    approximation (privacy cost of a stream ∝ T·q²/σ²), the shared stream carries the share ρ
 ///    of the total cost: r = ρ·L·T_e·q_e² / ((1−ρ)·T_s·q_s²). The common scale is calibrated so
-///    that the composition of the shared stream and the L expert streams in one PRV meets
-///    (ε, δ) on its certified upper bound.
+///    that the composition of the shared stream and the expert updates (each one mechanism over
+///    the L layers) in one PRV meets (ε, δ) on its certified upper bound.
 ///
 /// Both plans report their σ's and the ε they actually spend (composed in one PRV).
 ///
@@ -401,9 +441,7 @@ pub fn plan_budget(req: &PlanRequest, accountant: &PrvAccountant) -> Result<Budg
     if !(rho.is_finite() && rho > 0.0 && rho < 1.0) {
         return Err(AccountantError::InvalidRho(rho));
     }
-    if req.layers == 0 {
-        return Err(AccountantError::InvalidLayers(0));
-    }
+    check_layers(req.layers)?;
     let (qs, qe) = (
         SamplingRate::new(req.shared.q)?.get(),
         SamplingRate::new(req.expert.q)?.get(),
@@ -434,10 +472,7 @@ pub fn plan_budget(req: &PlanRequest, accountant: &PrvAccountant) -> Result<Budg
         delta,
     )?;
     let alone_e = accountant.epsilon(
-        &Composition::single(
-            SubsampledGaussian::new(qe, ej)?,
-            te.saturating_mul(req.layers),
-        )?,
+        &Composition::single(expert_update_charge(req, ej)?, te)?,
         delta,
     )?;
     let joint = BudgetPlan {
@@ -469,12 +504,18 @@ pub fn plan_budget(req: &PlanRequest, accountant: &PrvAccountant) -> Result<Budg
         });
     }
 
-    // (i) additive
+    // (i) additive: the shared stream on its share, the expert updates (one sample releasing
+    // every layer: one mechanism of σ_e/√L) on the rest.
     let (eps_s, delta_s) = (rho * eps, rho * delta);
-    let (eps_e, delta_e) = ((1.0 - rho) * eps / l, (1.0 - rho) * delta / l);
+    let (eps_e, delta_e) = ((1.0 - rho) * eps, (1.0 - rho) * delta);
     let cs = calibrate_sigma(eps_s, delta_s, qs, ts, accountant)?;
     let ce = calibrate_sigma(eps_e, delta_e, qe, te, accountant)?;
-    let composed_add = accountant.epsilon(&run_composition(req, cs.sigma, ce.sigma)?, delta)?;
+    let sigma_e = layer_sigma(req, ce.sigma)?;
+    let expert_alone = accountant.epsilon(
+        &Composition::single(expert_update_charge(req, sigma_e)?, te)?,
+        delta_e,
+    )?;
+    let composed_add = accountant.epsilon(&run_composition(req, cs.sigma, sigma_e)?, delta)?;
     let additive = BudgetPlan {
         shared: StreamPlan {
             q: qs,
@@ -487,12 +528,12 @@ pub fn plan_budget(req: &PlanRequest, accountant: &PrvAccountant) -> Result<Budg
         expert: StreamPlan {
             q: qe,
             steps: te,
-            sigma: ce.sigma,
+            sigma: sigma_e,
             epsilon_target: eps_e,
             delta_target: delta_e,
-            epsilon_alone: ce.epsilon.upper,
+            epsilon_alone: expert_alone.upper,
         },
-        epsilon_claimed: cs.epsilon.upper + l * ce.epsilon.upper,
+        epsilon_claimed: cs.epsilon.upper + expert_alone.upper,
         epsilon_composed: composed_add,
     };
 

@@ -34,8 +34,8 @@ mod special;
 pub mod types;
 
 pub use calibrate::{
-    BudgetPlan, BudgetPlans, Calibration, PlanRequest, SIGMA_TOLERANCE, Stream, StreamPlan,
-    StreamSampling, calibrate_sigma, plan_budget,
+    BudgetPlan, BudgetPlans, Calibration, MAX_LAYERS, PlanRequest, SIGMA_TOLERANCE, Stream,
+    StreamPlan, StreamSampling, calibrate_sigma, expert_update_charge, plan_budget,
 };
 pub use charge::SampleCharge;
 pub use error::{AccountantError, Result};

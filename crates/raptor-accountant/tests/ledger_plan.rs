@@ -2,7 +2,8 @@
 //! The ledger and RAPTOR's budget plans.
 
 use raptor_accountant::{
-    AccountantError, Accuracy, Composition, Ledger, MAX_TOTAL_STEPS, PlanRequest, PrvAccountant,
+    AccountantError, Accuracy, Composition, Ledger, MAX_LAYERS, MAX_TOTAL_STEPS, PlanRequest,
+    PrvAccountant,
     SampleCharge, Stream, StreamSampling, SubsampledGaussian, plan_budget,
 };
 
@@ -53,9 +54,10 @@ fn budget_plans_meet_the_budget_and_joint_needs_less_noise() {
         sampling: StreamSampling::Alternating,
     };
     let p = plan_budget(&req, &acc).unwrap();
-    // additive: each stream meets its share; the sum of shares meets ε
+    // additive: each stream meets its share (the expert updates' share covers both layers,
+    // which release from one sample per update); the sum of shares meets ε
     assert!(p.additive.shared.epsilon_alone <= 0.9 * 4.0);
-    assert!(p.additive.expert.epsilon_alone <= 0.1 * 4.0 / 2.0);
+    assert!(p.additive.expert.epsilon_alone <= 0.1 * 4.0);
     assert!(p.additive.epsilon_claimed <= 4.0);
     // composing the additive plan's σ's in one PRV spends less than claimed
     assert!(p.additive.epsilon_composed.upper <= p.additive.epsilon_claimed);
@@ -306,46 +308,57 @@ fn budget_plan_figures_are_what_they_claim() {
             .unwrap()
             .upper
     };
+    // An expert update: one sample releasing L layers, one mechanism of σ_e/√L (rounded toward
+    // more privacy loss, as `SampleCharge` folds it).
+    let expert = |se: f64| {
+        let mut c = SampleCharge::new(qe).unwrap();
+        for layer in 0..l {
+            c.member_release(&format!("layer {layer}"), 0, se).unwrap();
+        }
+        let m = c.mechanism().unwrap();
+        assert!(close(m.sigma(), se / (l as f64).sqrt()), "{m:?}");
+        m
+    };
     let whole = |ss: f64, se: f64| {
         let c = Composition::single(mech(qs, ss), ts)
             .unwrap()
-            .with(mech(qe, se), te * l)
+            .with(expert(se), te)
             .unwrap();
         acc.epsilon(&c, delta).unwrap()
     };
+    let expert_alone = |se: f64, d: f64| {
+        acc.epsilon(&Composition::single(expert(se), te).unwrap(), d)
+            .unwrap()
+            .upper
+    };
 
-    // Additive: ε_s = ρε, δ_s = ρδ; ε_e = (1 − ρ)ε/L, δ_e = (1 − ρ)δ/L; each σ meets its own
-    // target and 1 % less noise would not.
+    // Additive: ε_s = ρε, δ_s = ρδ for the shared stream; ε_e = (1 − ρ)ε, δ_e = (1 − ρ)δ for the
+    // expert updates (all L layers); each σ meets its own target and 1 % less noise would not.
     let a = &p.additive;
-    let targets = [
-        (&a.shared, rho * eps, rho * delta, ts),
-        (
-            &a.expert,
-            (1.0 - rho) * eps / 3.0,
-            (1.0 - rho) * delta / 3.0,
-            te,
-        ),
-    ];
-    for (s, e_t, d_t, t) in targets {
-        assert!(close(s.epsilon_target, e_t), "{s:?}");
-        assert!(close(s.delta_target, d_t), "{s:?}");
-        assert_eq!(s.steps, t);
-        assert_eq!(
-            s.epsilon_alone,
-            alone(s.q, s.sigma, t, s.delta_target),
-            "{s:?}"
-        );
-        assert!(s.epsilon_alone <= s.epsilon_target, "{s:?}");
-        assert!(
-            alone(s.q, s.sigma * 0.99, t, s.delta_target) > s.epsilon_target,
-            "{s:?}"
-        );
-    }
+    let s = &a.shared;
+    assert!(close(s.epsilon_target, rho * eps), "{s:?}");
+    assert!(close(s.delta_target, rho * delta), "{s:?}");
+    assert_eq!(s.steps, ts);
+    assert_eq!(
+        s.epsilon_alone,
+        alone(s.q, s.sigma, ts, s.delta_target),
+        "{s:?}"
+    );
+    assert!(s.epsilon_alone <= s.epsilon_target, "{s:?}");
+    assert!(alone(s.q, s.sigma * 0.99, ts, s.delta_target) > s.epsilon_target);
+    let e = &a.expert;
+    assert!(close(e.epsilon_target, (1.0 - rho) * eps), "{e:?}");
+    assert!(close(e.delta_target, (1.0 - rho) * delta), "{e:?}");
+    assert_eq!(e.steps, te);
+    assert_eq!(e.epsilon_alone, expert_alone(e.sigma, e.delta_target), "{e:?}");
+    assert!(e.epsilon_alone <= e.epsilon_target, "{e:?}");
+    assert!(expert_alone(e.sigma * 0.99, e.delta_target) > e.epsilon_target);
     assert_eq!((a.shared.q, a.expert.q), (qs, qe));
     assert!(close(
         a.epsilon_claimed,
-        a.shared.epsilon_alone + 3.0 * a.expert.epsilon_alone
+        a.shared.epsilon_alone + a.expert.epsilon_alone
     ));
+    assert!(a.epsilon_claimed <= eps);
     assert_eq!(a.epsilon_composed, whole(a.shared.sigma, a.expert.sigma));
 
     // Joint: σ_e²/σ_s² = ρ·L·T_e·q_e² / ((1 − ρ)·T_s·q_s²), the whole run certified at (ε, δ)
@@ -372,12 +385,12 @@ fn budget_plan_figures_are_what_they_claim() {
     );
     assert_eq!(
         j.expert.epsilon_alone,
-        alone(qe, j.expert.sigma, te * l, delta),
+        expert_alone(j.expert.sigma, delta),
         "{j:?}"
     );
     assert!(j.shared.epsilon_target.is_nan() && j.expert.delta_target.is_nan());
 
-    // The run's composition: the shared stream's T_s steps, then T_e·L expert steps.
+    // The run's composition: the shared stream's T_s steps, then T_e expert updates of L layers.
     let c = raptor_accountant::calibrate::run_composition(&req, 1.3, 2.1).unwrap();
     assert_eq!(acc.epsilon(&c, delta).unwrap(), whole(1.3, 2.1));
 }
@@ -409,10 +422,10 @@ fn rho_must_be_strictly_inside_the_unit_interval() {
     }
 }
 
-/// The expert stream's total T_e·L is checked: beyond the cap it is an error, and when the
-/// product overflows 64 bits the error reports the exact product.
+/// The expert stream's steps and the number of layers are checked: beyond the caps they are
+/// errors (an expert update of L layers is one mechanism: T_e steps, not T_e·L).
 #[test]
-fn run_composition_rejects_too_many_expert_steps() {
+fn run_composition_rejects_too_many_steps_or_layers() {
     let req = |steps: u64, layers: u64| PlanRequest {
         epsilon: 1.0,
         delta: 1e-5,
@@ -424,22 +437,27 @@ fn run_composition_rejects_too_many_expert_steps() {
     };
     let run = raptor_accountant::calibrate::run_composition;
     assert_eq!(
-        run(&req(1 << 40, 1 << 30), 1.0, 1.0).unwrap_err(),
-        AccountantError::TooManySteps(1u128 << 70, MAX_TOTAL_STEPS)
+        run(&req(10, 1 << 30), 1.0, 1.0).unwrap_err(),
+        AccountantError::InvalidLayers(1 << 30)
     );
     assert_eq!(
-        run(&req(3 << 62, 5), 1.0, 1.0).unwrap_err(),
-        AccountantError::TooManySteps((3u128 << 62) * 5, MAX_TOTAL_STEPS)
+        run(&req(10, MAX_LAYERS + 1), 1.0, 1.0).unwrap_err(),
+        AccountantError::InvalidLayers(MAX_LAYERS + 1)
     );
-    assert!(matches!(
-        run(&req(MAX_TOTAL_STEPS, 2), 1.0, 1.0),
-        Err(AccountantError::TooManySteps(..))
-    ));
     assert_eq!(
         run(&req(10, 0), 1.0, 1.0).unwrap_err(),
         AccountantError::InvalidLayers(0)
     );
-    assert!(run(&req(MAX_TOTAL_STEPS / 2 - 10, 2), 1.0, 1.0).is_ok());
+    assert!(matches!(
+        run(&req(MAX_TOTAL_STEPS + 1, 2), 1.0, 1.0),
+        Err(AccountantError::TooManySteps(..))
+    ));
+    // The shared and expert steps together are capped too.
+    assert!(matches!(
+        run(&req(MAX_TOTAL_STEPS - 5, 2), 1.0, 1.0),
+        Err(AccountantError::TooManySteps(..))
+    ));
+    assert!(run(&req(MAX_TOTAL_STEPS / 2, MAX_LAYERS), 1.0, 1.0).is_ok());
 }
 
 /// A plan whose streams share one sample per update is calibrated on the one mechanism each
