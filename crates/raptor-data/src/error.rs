@@ -151,6 +151,9 @@ pub enum DataError {
         /// What to do.
         message: String,
     },
+    /// A multi-domain task's rules or records are invalid ([`crate::domains`]).
+    #[error("multi-domain task: {0}")]
+    InvalidDomains(String),
     /// An input is larger than the limit this crate reads.
     #[error("{}: larger than the limit of {limit} bytes", path.display())]
     TooLarge {
