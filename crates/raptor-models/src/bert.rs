@@ -31,7 +31,7 @@ use crate::blocks::{attend, masked_mean, split_heads};
 use crate::error::{ModelError, Result};
 use crate::layers::RowSpec;
 use crate::layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, mask_min};
-use crate::model::Model;
+use crate::model::{FrozenPrefix, Model};
 use crate::moe::{dispatch, routing_and_owners};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -181,6 +181,22 @@ struct Layer {
     out_ln: LayerNorm,
 }
 
+impl Layer {
+    /// Whether any linear map of the layer carries a LoRA adapter.
+    fn has_lora(&self) -> bool {
+        let ffn: Vec<&Linear> = match &self.ffn {
+            LayerFfn::Dense(f) => vec![&f.inter, &f.out],
+            LayerFfn::Moe { router, experts } => std::iter::once(router)
+                .chain(experts.iter().flat_map(|f| [&f.inter, &f.out]))
+                .collect(),
+        };
+        [&self.query, &self.key, &self.value, &self.attn_out]
+            .into_iter()
+            .chain(ffn)
+            .any(|l| l.lora.is_some())
+    }
+}
+
 /// BERT encoder classifier.
 #[derive(Debug)]
 pub struct Bert {
@@ -298,12 +314,26 @@ impl Bert {
     }
 
     /// Last hidden state `[B, T, d]`. `token_type_ids` `[B, T]` (i64, each in
-    /// `[0, type_vocab_size)`); None: all 0 (single-segment input).
+    /// `[0, type_vocab_size)`); None: all 0 (single-segment input). A context holding
+    /// [`ForwardCtx::prefix`] `(k, h)` starts from `h` at block `k` (the embeddings and the
+    /// first `k` blocks skipped; `token_type_ids` are then those `h` was computed with).
     pub fn encode(
         &self,
         batch: &Batch,
         token_type_ids: Option<&Tensor>,
         ctx: &mut ForwardCtx,
+    ) -> Result<Tensor> {
+        self.encode_layers(batch, token_type_ids, ctx, self.layers.len())
+    }
+
+    /// The hidden state after the embeddings and blocks up to `stop` (exclusive), starting
+    /// from the context's prefix when it holds one (see [`Bert::encode`]).
+    fn encode_layers(
+        &self,
+        batch: &Batch,
+        token_type_ids: Option<&Tensor>,
+        ctx: &mut ForwardCtx,
+        stop: usize,
     ) -> Result<Tensor> {
         batch.validate(self.cfg.vocab_size, None)?;
         let (b, t) = (batch.batch_size(), batch.seq_len());
@@ -317,6 +347,72 @@ impl Bert {
                 got: vec![b, t],
             });
         }
+        let device = batch.input_ids.device();
+        let d = self.cfg.hidden_size;
+        let (first, mut h) = match ctx.prefix.take() {
+            Some((k, hidden)) => {
+                if k > stop {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "a forward pass from the hidden states after {k} blocks cannot stop at block {stop}"
+                    )));
+                }
+                if hidden.size() != [b, t, d] {
+                    return Err(ModelError::ShapeMismatch {
+                        what: format!("cached hidden states after {k} blocks"),
+                        expected: vec![b, t, d],
+                        got: hidden.size(),
+                    });
+                }
+                let skipped_router = self.sparse_layers().iter().any(|&l| l < k);
+                if skipped_router && (ctx.collect_routing || ctx.router_inputs.is_some()) {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "a forward pass from the hidden states after {k} blocks skips a sparse \
+                         layer's router, so it cannot collect routing"
+                    )));
+                }
+                let kind = self.word.weight.kind();
+                (k, hidden.f_to_kind(kind)?.f_to(device)?)
+            }
+            None => (0, self.embed(batch, token_type_ids, ctx)?),
+        };
+        let kind = h.kind();
+        // Key-padding mask [B, 1, 1, T] (bidirectional attention).
+        let keys = batch.attention_mask.f_gt(0)?.f_reshape([b, 1, 1, t])?;
+        let zero = Tensor::f_zeros([1], (kind, device))?;
+        let neg = Tensor::f_full([1], mask_min(kind), (kind, device))?;
+        let mask = zero.f_where_self(&keys, &neg)?;
+        let (nh, hd) = (
+            self.cfg.num_attention_heads,
+            self.cfg.hidden_size / self.cfg.num_attention_heads,
+        );
+        for (i, l) in self.layers.iter().enumerate().take(stop).skip(first) {
+            let q = split_heads(&l.query.forward(&h, ctx)?, nh, hd)?;
+            let k = split_heads(&l.key.forward(&h, ctx)?, nh, hd)?;
+            let v = split_heads(&l.value.forward(&h, ctx)?, nh, hd)?;
+            let a = attend(&q, &k, &v, &mask, Some((hd as f64).powf(-0.5)))?;
+            let a = l.attn_out.forward(&a, ctx)?;
+            h = l.attn_ln.forward(&h.f_add(&a)?, ctx)?;
+            let f = match &l.ffn {
+                LayerFfn::Dense(f) => {
+                    f.forward_rows(self.cfg.hidden_act, &h, ctx, RowSpec::Dense, None)?
+                }
+                LayerFfn::Moe { router, experts } => {
+                    self.moe_ffn(i, router, experts, &h, &batch.attention_mask, ctx)?
+                }
+            };
+            h = l.out_ln.forward(&h.f_add(&f)?, ctx)?;
+        }
+        Ok(h)
+    }
+
+    /// The embeddings' output `[B, T, d]` (word + position + token type, then LayerNorm).
+    fn embed(
+        &self,
+        batch: &Batch,
+        token_type_ids: Option<&Tensor>,
+        ctx: &mut ForwardCtx,
+    ) -> Result<Tensor> {
+        let (b, t) = (batch.batch_size(), batch.seq_len());
         let device = batch.input_ids.device();
         let types = match token_type_ids {
             Some(tt) => {
@@ -350,35 +446,7 @@ impl Bert {
             .forward(&batch.input_ids, ctx)?
             .f_add(&self.position.forward(&pos, ctx)?)?
             .f_add(&self.token_type.forward(&types, ctx)?)?;
-        let mut h = self.emb_ln.forward(&h, ctx)?;
-        let kind = h.kind();
-        // Key-padding mask [B, 1, 1, T] (bidirectional attention).
-        let keys = batch.attention_mask.f_gt(0)?.f_reshape([b, 1, 1, t])?;
-        let zero = Tensor::f_zeros([1], (kind, device))?;
-        let neg = Tensor::f_full([1], mask_min(kind), (kind, device))?;
-        let mask = zero.f_where_self(&keys, &neg)?;
-        let (nh, hd) = (
-            self.cfg.num_attention_heads,
-            self.cfg.hidden_size / self.cfg.num_attention_heads,
-        );
-        for (i, l) in self.layers.iter().enumerate() {
-            let q = split_heads(&l.query.forward(&h, ctx)?, nh, hd)?;
-            let k = split_heads(&l.key.forward(&h, ctx)?, nh, hd)?;
-            let v = split_heads(&l.value.forward(&h, ctx)?, nh, hd)?;
-            let a = attend(&q, &k, &v, &mask, Some((hd as f64).powf(-0.5)))?;
-            let a = l.attn_out.forward(&a, ctx)?;
-            h = l.attn_ln.forward(&h.f_add(&a)?, ctx)?;
-            let f = match &l.ffn {
-                LayerFfn::Dense(f) => {
-                    f.forward_rows(self.cfg.hidden_act, &h, ctx, RowSpec::Dense, None)?
-                }
-                LayerFfn::Moe { router, experts } => {
-                    self.moe_ffn(i, router, experts, &h, &batch.attention_mask, ctx)?
-                }
-            };
-            h = l.out_ln.forward(&h.f_add(&f)?, ctx)?;
-        }
-        Ok(h)
+        self.emb_ln.forward(&h, ctx)
     }
 
     /// A sparse layer's FFN: top-k of the frozen router's softmax, renormalized, over
@@ -551,5 +619,42 @@ impl Model for Bert {
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
         self.forward_with_token_types(batch, None, ctx)
+    }
+
+    fn frozen_prefix(&self, trainable: &[String]) -> Option<FrozenPrefix> {
+        let trains = |prefix: &str| {
+            trainable.iter().any(|n| n.starts_with(prefix))
+                || self
+                    .vs
+                    .variables()
+                    .iter()
+                    .any(|(n, v)| n.starts_with(prefix) && v.requires_grad())
+        };
+        if trains("bert.embeddings.") {
+            return None;
+        }
+        let mut layers = self.layers.len();
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.has_lora() || trains(&format!("bert.encoder.layer.{i}.")) {
+                layers = i;
+                break;
+            }
+        }
+        (layers > 0).then_some(FrozenPrefix {
+            layers,
+            width: self.cfg.hidden_size,
+            of: self.layers.len(),
+        })
+    }
+
+    fn prefix_hidden(&self, batch: &Batch, layers: usize) -> Result<Tensor> {
+        if layers > self.layers.len() {
+            return Err(ModelError::InvalidConfig(format!(
+                "a prefix of {layers} blocks of a BERT with {}",
+                self.layers.len()
+            )));
+        }
+        let mut ctx = ForwardCtx::new(false);
+        tch::no_grad(|| self.encode_layers(batch, None, &mut ctx, layers))
     }
 }

@@ -38,6 +38,14 @@ pub struct ForwardCtx {
     /// When `Some`, each sparse layer of a MoE-BERT appends (layer, the hidden states `[B, T,
     /// d]` its router reads) here: what [`crate::upcycle::train_bert_routers`] trains on.
     pub router_inputs: Option<Vec<(usize, Tensor)>>,
+    /// Start the forward pass from cached hidden states instead of the token ids: `(k, h)`,
+    /// `h` `[B, T, d]` the output of the embeddings and the first `k` blocks for this batch
+    /// (what [`crate::Model::prefix_hidden`] returns, e.g. from a [`crate::PrefixCache`];
+    /// rows past a record's length may hold anything finite, zeros in a cache). A model takes
+    /// it at the start of its forward pass (the context then holds `None`). Only models whose
+    /// [`crate::Model::frozen_prefix`] can return a prefix read it; the others compute from
+    /// the token ids as usual.
+    pub prefix: Option<(usize, Tensor)>,
 }
 
 impl ForwardCtx {

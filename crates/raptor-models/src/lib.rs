@@ -29,6 +29,7 @@ mod layers;
 mod model;
 mod moe;
 mod olmoe;
+mod prefix;
 pub mod rng;
 pub mod roles;
 mod switch;
@@ -45,10 +46,11 @@ pub use gpt2::{Gpt2, Gpt2Config};
 pub use grad::{ClipOutput, ClipPolicy, EngineLimits, ParamGroups, PerSampleGrads, clip_factors};
 pub use layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, Lora, RmsNorm, name_matches};
 pub use model::{
-    ClippedStep, ClippedStepOutput, LoraConfig, Model, attach_lora, freeze_all, set_trainable,
-    trainable_params,
+    ClippedStep, ClippedStepOutput, FrozenPrefix, LoraConfig, Model, attach_lora, freeze_all,
+    set_trainable, trainable_params,
 };
 pub use moe::{RouterOutput, collect_routing, owner_tensors, owners_per_record};
 pub use olmoe::{DecoderHead, OlmoeConfig, OlmoeDecoder};
+pub use prefix::{PrefixCache, PrefixPrecision, PrefixStore, precision_error};
 pub use switch::{SwitchConfig, SwitchEncoder};
 pub use tape::Tape;

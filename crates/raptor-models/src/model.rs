@@ -50,12 +50,46 @@ pub trait Model {
     /// Logits: `[B, C]` for classification, `[B, T, V]` for language modelling.
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor>;
 
+    /// The frozen prefix of this model while the parameters named in `trainable` train: the
+    /// embeddings and the first `layers` blocks when none of their parameters is in
+    /// `trainable` or requires a gradient, none of them carries a LoRA adapter (whose dropout
+    /// or switching off would make their output vary) and they hold no other randomness, so
+    /// that each record's hidden states after them are a fixed function of its tokens, the
+    /// same at every update. `None` when no block is frozen, or when the model cannot start a
+    /// forward pass from cached hidden states (the default; [`Bert`](crate::Bert) can).
+    fn frozen_prefix(&self, trainable: &[String]) -> Option<FrozenPrefix> {
+        let _ = trainable;
+        None
+    }
+
+    /// Hidden states `[B, T, d]` after the embeddings and the first `layers` blocks (no
+    /// gradient, no dropout, natural routing): what a forward pass started with
+    /// [`ForwardCtx::prefix`] `= (layers, h)` continues from. Errors for models without a
+    /// [`Model::frozen_prefix`] and for `layers` beyond the model's blocks.
+    fn prefix_hidden(&self, batch: &Batch, layers: usize) -> Result<Tensor> {
+        let _ = batch;
+        Err(ModelError::InvalidConfig(format!(
+            "this model cannot start a forward pass from cached hidden states (asked for {layers} blocks)"
+        )))
+    }
+
     /// Per-record losses `[B]` (see [`per_record_loss`]).
     fn per_record_loss(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
         batch.validate(self.vocab_size(), self.num_labels())?;
         let logits = self.forward(batch, ctx)?;
         per_record_loss(&logits, batch, self.task())
     }
+}
+
+/// A model's frozen prefix ([`Model::frozen_prefix`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FrozenPrefix {
+    /// Blocks after the embeddings whose output is fixed (≥ 1).
+    pub layers: usize,
+    /// Width d of the hidden states after them (`[B, T, d]`).
+    pub width: i64,
+    /// Blocks of the model in all (a prefix of all of them leaves only the pooling and head).
+    pub of: usize,
 }
 
 /// LoRA settings.
@@ -161,6 +195,7 @@ pub struct ClippedStep<'m, M: Model + ?Sized> {
     model: &'m M,
     dropout_seed: Option<u64>,
     record_ids: Option<Vec<u64>>,
+    prefix: Option<(usize, Tensor)>,
 }
 
 /// What one [`ClippedStep`] computed (clipped, not yet noised).
@@ -182,7 +217,17 @@ impl<'m, M: Model + ?Sized> ClippedStep<'m, M> {
             model,
             dropout_seed: None,
             record_ids: None,
+            prefix: None,
         })
+    }
+
+    /// Starts the forward pass from the batch's cached hidden states after the model's first
+    /// `layers` blocks ([`ForwardCtx::prefix`]; `hidden` `[B, T, d]`). The per-sample results
+    /// equal those of the full forward pass up to float round-off, provided the prefix is
+    /// frozen ([`Model::frozen_prefix`]): nothing below it is recorded either way.
+    pub fn with_prefix(mut self, layers: usize, hidden: Tensor) -> Self {
+        self.prefix = Some((layers, hidden));
+        self
     }
 
     /// Seeds this step's LoRA dropout masks ([`ForwardCtx::dropout_seed`]): record r's mask
@@ -212,6 +257,7 @@ impl<'m, M: Model + ?Sized> ClippedStep<'m, M> {
         let mut ctx = ForwardCtx::private(train);
         ctx.dropout_seed = self.dropout_seed;
         ctx.record_ids = self.record_ids.clone();
+        ctx.prefix = self.prefix.as_ref().map(|(k, h)| (*k, h.shallow_clone()));
         for (l, o) in owners {
             ctx.owners.insert(*l, o.shallow_clone());
         }
