@@ -792,7 +792,7 @@ const MINILM_EVIDENCE: EvidenceNames = EvidenceNames {
     plot: "backbones-minilm-moe-paired-differences.png",
 };
 const D2T_SLUG: &str = "backbones-smollm2";
-const D2T_TITLE: &str = "DP-Adam vs DP-Muon vs DP-MuonBC fine-tuning SmolLM2-135M-Instruct (LoRA)";
+const D2T_TITLE: &str = "Smoke test: DP-Adam, DP-Muon and DP-MuonBC fine-tuning SmolLM2-135M-Instruct (LoRA; fixed learning rates, not evidence)";
 
 fn d2t_table(
     runs: &BTreeMap<String, Summary>,
@@ -838,6 +838,11 @@ fn d2t_table(
             s.d2t_finetune.3
         ),
         seeds_note(seeds),
+        format!(
+            "This table is a smoke test, not evidence: {} seed{} and fixed learning rates, not chosen on a public proxy at the runs' expected batch and σ, so its rows show that the DP-Muon family trains a real 135M-parameter checkpoint, at what cost per update and certified ε, and do not rank the methods (the ranking, with public-proxy learning rates and paired seeds, is the `dpmuon` part's).",
+            seeds.len(),
+            if seeds.len() == 1 { "" } else { "s" }
+        ),
         d.note.clone(),
     ];
     let nll = |m: Method, e: f64| estimate(&values(runs, seeds, t, m, e, |x| x.loss)).ok();
@@ -856,7 +861,7 @@ fn d2t_table(
             continue;
         }
         notes.push(format!(
-            "{t}: {}'s test NLL ≤ {}'s in {} of {} cell{} (CIs overlap in {}; significantly lower in {}, higher in {}{}).",
+            "{t} (smoke test): {}'s test NLL ≤ {}'s in {} of {} cell{} (CIs overlap in {}; significantly lower in {}, higher in {}{}).",
             pretty(a),
             pretty(b),
             o.a_ge_b,
@@ -919,7 +924,15 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
                 None => raptor_data::cache::default_cache_dir()
                     .context("no cache folder: set RAPTOR_CACHE_DIR (or HOME) or pass --cache")?,
             };
-            Inputs::real(&cache, &ctx.d2t_data, ctx.device)
+            let mut i = Inputs::real(&cache, &ctx.d2t_data, ctx.device);
+            // E2E from the per-user cache, fetched there first (pinned, SHA-256 checked).
+            i.d2t = crate::dpmuon::d2t_task(
+                &raptor_data::d2t_sources::E2E_CLEANED,
+                &cache,
+                &crate::dpmuon::d2t_folders(ctx),
+            )
+            .map(|(t, _)| t);
+            i
         }
     };
     let cls = match (&inputs.bert, &inputs.cls) {

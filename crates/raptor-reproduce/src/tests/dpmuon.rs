@@ -141,31 +141,43 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
     let only = vec!["dpmuon".to_string()];
     let tables = run(&ctx, &only).unwrap();
     let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
-    assert_eq!(slugs, ["dpmuon-d2t", "dpmuon-lr", "dpmuon-bias"]);
+    assert_eq!(
+        slugs,
+        ["dpmuon-d2t", "dpmuon-curve", "dpmuon-lr", "dpmuon-bias"]
+    );
     for t in &tables {
         t.check().unwrap();
     }
     let main = &tables[0];
-    // Per task: the pretrained start and the four methods, every NLL measured.
-    assert_eq!(main.rows.len(), 10, "{:?}", main.rows);
+    // Per task: the pretrained start, the three private methods and the two non-private
+    // references at the first setting, every NLL measured.
+    assert_eq!(main.rows.len(), 12, "{:?}", main.rows);
     for row in &main.rows {
         assert_ne!(row[4], "—", "{row:?}");
     }
     assert!(main.rows[0][1].starts_with("pretrained start"));
-    // The decision rule comes before any number; the verdicts and the control are computed.
+    // The decision rule comes before any number; the verdicts and the controls are computed.
     assert!(main.notes[0].starts_with("Decision rule"));
     let text = main.notes.join("\n");
     for t in ["e2e", "dart"] {
-        assert!(text.contains(&format!("{t}: positive control")), "{text}");
+        assert!(
+            text.contains(&format!("{t} at B=16: NLL positive control")),
+            "{text}"
+        );
         assert!(
             text.contains(&format!("{t}: DP-Muon ≤ DP-Adam in test NLL: **")),
             "{text}"
         );
         assert!(
-            text.contains(&format!("{t}: the paper's ordering")),
+            text.contains(&format!("{t}: at its first setting, the paper's ordering")),
             "{text}"
         );
-        assert!(text.contains(&format!("{t}: noise multiplier σ")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{t}: first setting: expected batch 16, ε = 8, 4 updates, noise multiplier σ"
+            )),
+            "{text}"
+        );
     }
     // DART's E2E-derived entries are dropped; the public corpora never hold a private or test
     // reference.
@@ -174,27 +186,50 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
         "{text}"
     );
     assert!(text.contains("after dropping 0 whose reference"), "{text}");
-    // Learning rates: every grid point of every method, one chosen each; σ of the proxy equals
-    // the private runs' (as many proxy records as private ones).
-    let lr = &tables[1];
-    assert_eq!(lr.rows.len(), 2 * 4 * 2);
-    assert_eq!(lr.rows.iter().filter(|r| r[4] == "✓").count(), 8);
+    // The curve: E2E at both settings (ε = 8 and 1 at B = 16), DART at the first only; each
+    // row has its paired differences with a verdict and the measured noise share.
+    let curve = &tables[1];
+    assert_eq!(curve.rows.len(), 3, "{:?}", curve.rows);
+    assert_eq!(
+        curve.rows.iter().map(|r| r[2].as_str()).collect::<Vec<_>>(),
+        ["8", "1", "8"]
+    );
+    for row in &curve.rows {
+        assert!(row[5].ends_with('%'), "noise share measured: {row:?}");
+        assert!(row[10].contains("(n = 2)"), "{row:?}");
+    }
+    // Non-private references once per expected batch: the ε = 1 cell shares those of ε = 8.
+    assert_eq!(curve.rows[0][9], curve.rows[1][9]);
+    let curve_text = curve.notes.join("\n");
+    assert!(
+        curve_text.contains("e2e: DP-Muon − DP-Adam from the noisiest setting to the least noisy"),
+        "{curve_text}"
+    );
+    // Learning rates: every grid point of every method in every cell, one chosen each (five
+    // methods where the references run, three in the ε = 1 cell); σ of the proxy equals the
+    // private runs' (as many proxy records as private ones).
+    let lr = &tables[2];
+    assert_eq!(lr.rows.len(), (5 + 3 + 5) * 2);
+    assert_eq!(lr.rows.iter().filter(|r| r[6] == "✓").count(), 13);
     let lr_text = lr.notes.join("\n");
     assert!(lr_text.contains("(the same)"), "{lr_text}");
+    assert!(!lr_text.contains("different"), "{lr_text}");
     // The chosen rates are those the private runs used.
     for row in main.rows.iter().filter(|r| r[1] == "DP-Adam") {
         let chosen = lr
             .rows
             .iter()
-            .find(|l| l[0] == row[0] && l[1] == "DP-Adam" && l[4] == "✓")
+            .find(|l| l[0] == row[0] && l[2] == "8" && l[3] == "DP-Adam" && l[6] == "✓")
             .unwrap();
-        assert_eq!(row[3], chosen[2]);
+        assert_eq!(row[3], chosen[4]);
     }
-    // Bias: kept buffers of both DP-Muon runs of the first seed, measured, with the sweep.
-    let bias = &tables[2];
+    // Bias: kept buffers of both DP-Muon runs of the first seed, measured, with the sweep, at
+    // the first setting; every setting's first-seed DP-Muon family kept its buffers.
+    let bias = &tables[3];
     assert!(!bias.rows.is_empty());
     assert!(bias.rows.iter().any(|r| r[5] == "4"), "{:?}", bias.rows);
     assert!(bias.rows.iter().any(|r| r[1].contains("dp-muonbc")));
+    assert!(bias.rows.iter().all(|r| r[1].contains("eps=8")));
     let runs: Vec<PathBuf> = std::fs::read_dir(out.join("runs"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -205,8 +240,8 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
         .collect();
     assert_eq!(
         kept.len(),
-        4,
-        "two tasks × DP-Muon and DP-MuonBC of the first seed"
+        6,
+        "three cells × DP-Muon and DP-MuonBC of the first seed"
     );
     for r in &kept {
         assert!(
@@ -219,6 +254,7 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
         "dpmuon-nll-e2e.png",
         "dpmuon-nll-dart.png",
         "dpmuon-bias.png",
+        "dpmuon-curve.png",
     ] {
         let bytes = std::fs::read(out.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{f}");
@@ -226,12 +262,13 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
     // A second reproduce reuses every run, the pretraining and the bias estimates.
     let before = std::fs::read_to_string(out.join("dpmuon-lr.md")).unwrap();
     let again = run(&ctx, &only).unwrap();
-    assert_eq!(again.len(), 3);
+    assert_eq!(again.len(), 4);
     assert_eq!(
         std::fs::read_to_string(out.join("dpmuon-lr.md")).unwrap(),
         before
     );
-    assert_eq!(again[2].rows, tables[2].rows);
+    assert_eq!(again[1].rows, tables[1].rows);
+    assert_eq!(again[3].rows, tables[3].rows);
     assert_eq!(
         std::fs::read_dir(out.join("runs")).unwrap().count(),
         runs.len()
