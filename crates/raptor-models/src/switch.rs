@@ -352,6 +352,9 @@ impl SwitchEncoder {
         mask: &Tensor,
         ctx: &mut ForwardCtx,
     ) -> Result<Tensor> {
+        if let Some(inputs) = ctx.router_inputs.as_mut() {
+            inputs.push((layer, x.shallow_clone()));
+        }
         let logits = router.forward(x, &mut ForwardCtx::new(false))?;
         let probs = logits.f_softmax(-1, None::<Kind>)?;
         let sel = probs.f_argmax(-1, true)?;

@@ -4,7 +4,10 @@
 //! a dense [`Bert`] becomes a MoE-BERT ([`upcycle_bert`], raptor's own layout described in
 //! [`crate::BertMoeConfig`]) the same way. [`upcycle_folder`] does it from a checkpoint folder
 //! to a checkpoint folder (the library form of `raptor upcycle`), optionally training the new
-//! routers of a MoE-BERT on public tokens first ([`train_bert_routers`]).
+//! routers of a MoE-BERT on public tokens first ([`train_bert_routers`]). [`route_folder`] and
+//! [`train_routers_to_partition`] train the routers of a Switch encoder or a MoE-BERT toward a
+//! public partition of the records (a domain or source label per record), so that a record's
+//! owner expert is the expert of its kind of record.
 //!
 //! Tensor names: `model.layers.{i}.mlp.{gate,up,down}_proj.weight` →
 //! `model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight` for every expert `e`;
@@ -28,7 +31,12 @@
 //! ```
 
 mod folder;
+mod partition;
 pub use folder::{RouterTokens, UpcycleReport, UpcycledLayout, upcycle_folder};
+pub use partition::{
+    LayerAgreement, PartitionReport, PartitionTokens, partition_agreement, route_folder,
+    router_inputs, train_routers_to_partition,
+};
 
 use crate::bert::{Bert, BertMoeConfig};
 use crate::decoder::{Decoder, DecoderFamily, MoeConfig};

@@ -59,7 +59,7 @@ impl UpcycledLayout {
 }
 
 /// Tokenizer and generation files copied from the dense folder when present.
-const SIDE_FILES: [&str; 5] = [
+pub(super) const SIDE_FILES: [&str; 5] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",

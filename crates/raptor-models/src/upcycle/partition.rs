@@ -1,0 +1,594 @@
+//! Routers trained toward a **public partition** of the records: each record carries a part
+//! (a domain or source label, or a cluster of public records), and every sparse layer's router
+//! is trained, non-privately and on public records only, so that each valid token of a record
+//! goes to the expert of the record's part (cross-entropy of the router's softmax against the
+//! part, over every valid token). The routers then stay frozen like every router: a record's
+//! owner expert — what RAPTOR's expert streams are keyed by — is the expert of its kind of
+//! record rather than an arbitrary one.
+//!
+//! Works on any model of this crate whose sparse layers report their router inputs
+//! ([`crate::ForwardCtx::router_inputs`]: the Switch encoder and MoE-BERT). The router inputs
+//! are computed once with the current model and the routers are trained on them: exact while
+//! the experts are identical (right after upcycling, the hidden states before a sparse layer do
+//! not depend on its router), and for the first sparse layer of any model; a later sparse
+//! layer's inputs move with the routing of the layers before it, which is why
+//! [`PartitionReport`] measures the agreement with a fresh forward pass after training.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tch::{Kind, Tensor};
+
+use super::RouterTraining;
+use crate::checkpoint::{LoadOptions, load_bert, load_switch_encoder, save_pretrained_without};
+use crate::error::{ModelError, Result};
+use crate::hf_config::HfConfig;
+use crate::layers::ForwardCtx;
+use crate::model::Model;
+use crate::{Batch, BertPooling};
+
+/// How well one sparse layer's routing follows the partition.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LayerAgreement {
+    /// The sparse layer.
+    pub layer: usize,
+    /// Fraction of the labelled records' valid tokens whose top-1 expert is their record's part.
+    pub tokens: f64,
+    /// Fraction of the labelled records whose owner expert (gate-weighted plurality over their
+    /// tokens, the owner rule of a private run) is their part.
+    pub records: f64,
+    /// Fraction of the labelled records' top-1 token assignments that go to each expert.
+    pub load: Vec<f64>,
+}
+
+/// What [`train_routers_to_partition`] did: per sparse layer, the agreement with the partition
+/// before (the routers as they were) and after training (a fresh forward pass).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PartitionReport {
+    /// Records with a part (the others were ignored).
+    pub records: usize,
+    /// Agreement per sparse layer before training.
+    pub before: Vec<LayerAgreement>,
+    /// Agreement per sparse layer after training.
+    pub after: Vec<LayerAgreement>,
+}
+
+impl PartitionReport {
+    /// The smallest record-level agreement over the sparse layers after training (0 without
+    /// a layer).
+    pub fn min_record_agreement(&self) -> f64 {
+        self.after
+            .iter()
+            .map(|a| a.records)
+            .reduce(f64::min)
+            .unwrap_or(0.0)
+    }
+}
+
+/// Every sparse layer's router weight name, by layer (the routers of [`Model::router_params`]
+/// in the order of [`Model::sparse_layers`]), and its bias name when it has one.
+fn router_names<M: Model + ?Sized>(model: &M) -> Result<BTreeMap<usize, (String, Option<String>)>> {
+    let params = model.router_params();
+    let weights: Vec<&String> = params.iter().filter(|p| p.ends_with(".weight")).collect();
+    let layers = model.sparse_layers();
+    if layers.is_empty() {
+        return Err(ModelError::InvalidConfig(
+            "router training needs a model with sparse layers".into(),
+        ));
+    }
+    if weights.len() != layers.len() {
+        return Err(ModelError::InvalidConfig(format!(
+            "{} router weights for {} sparse layers",
+            weights.len(),
+            layers.len()
+        )));
+    }
+    Ok(layers
+        .into_iter()
+        .zip(weights)
+        .map(|(l, w)| {
+            let b = format!("{}.bias", w.trim_end_matches(".weight"));
+            let bias = params.contains(&b).then_some(b);
+            (l, (w.clone(), bias))
+        })
+        .collect())
+}
+
+/// The valid tokens' router inputs `[n, d]` (f32) of every sparse layer over `batches`, with
+/// the index `[n]` of each token's record (counted over the batches in order); no grad.
+///
+/// # Errors
+/// A model whose sparse layers do not report router inputs, or a batch the model rejects.
+pub fn router_inputs<M: Model + ?Sized>(
+    model: &M,
+    batches: &[Batch],
+) -> Result<BTreeMap<usize, (Tensor, Tensor)>> {
+    let mut per: BTreeMap<usize, (Vec<Tensor>, Vec<Tensor>)> = BTreeMap::new();
+    let mut offset = 0i64;
+    for b in batches {
+        let mut ctx = ForwardCtx::new(false);
+        ctx.router_inputs = Some(Vec::new());
+        let _ = tch::no_grad(|| model.forward(b, &mut ctx))?;
+        let valid = b.attention_mask.f_gt(0)?;
+        let (n, t) = (b.batch_size(), b.seq_len());
+        let rec = Tensor::f_arange(n, (Kind::Int64, valid.device()))?
+            .f_add_scalar(offset)?
+            .f_unsqueeze(1)?
+            .f_expand([n, t], false)?;
+        let rec = rec.f_index(&[Some(&valid)])?;
+        let inputs = ctx.router_inputs.take().unwrap_or_default();
+        if inputs.is_empty() {
+            return Err(ModelError::InvalidConfig(
+                "the model's sparse layers do not report their router inputs".into(),
+            ));
+        }
+        for (layer, x) in inputs {
+            let rows = x.f_index(&[Some(&valid)])?.f_to_kind(Kind::Float)?;
+            let e = per.entry(layer).or_default();
+            e.0.push(rows);
+            e.1.push(rec.shallow_clone());
+        }
+        offset += n;
+    }
+    per.into_iter()
+        .map(|(l, (x, r))| Ok((l, (Tensor::f_cat(&x, 0)?, Tensor::f_cat(&r, 0)?))))
+        .collect()
+}
+
+/// Router logits `[n, E]` of inputs `x` `[n, d]` (f32) under weight `w` `[E, d]` and bias.
+fn logits(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let z = x.f_matmul(&w.f_tr()?)?;
+    Ok(match bias {
+        Some(b) => z.f_add(&b.f_to_kind(Kind::Float)?)?,
+        None => z,
+    })
+}
+
+/// Per sparse layer, how the model's own routing (a fresh forward pass) follows `parts` (one
+/// per record over `batches` in order; a negative part: not counted).
+///
+/// # Errors
+/// `parts` of the wrong length, a part outside the experts, or a batch the model rejects.
+pub fn partition_agreement<M: Model + ?Sized>(
+    model: &M,
+    batches: &[Batch],
+    parts: &[i64],
+) -> Result<Vec<LayerAgreement>> {
+    let n: i64 = batches.iter().map(Batch::batch_size).sum();
+    check_parts(parts, n, model.num_experts())?;
+    let owners = crate::moe::owner_tensors(
+        model,
+        batches,
+        raptor_routing::OwnerRule::GateWeighted,
+        tch::Device::Cpu,
+    )?;
+    let names = router_names(model)?;
+    let inputs = router_inputs(model, batches)?;
+    let vars = model.var_store().variables();
+    let e = model.num_experts();
+    let labelled = parts.iter().filter(|&&p| p >= 0).count().max(1) as f64;
+    let target = Tensor::f_from_slice(parts)?;
+    let mut out = Vec::new();
+    for (l, (x, rec)) in &inputs {
+        let (wn, bn) = names
+            .get(l)
+            .ok_or_else(|| ModelError::InvalidConfig(format!("no router for layer {l}")))?;
+        let w = vars
+            .get(wn)
+            .ok_or_else(|| ModelError::InvalidConfig(format!("the model lacks {wn}")))?
+            .f_to_kind(Kind::Float)?;
+        let b = bn.as_ref().and_then(|b| vars.get(b));
+        let top = logits(x, &w, b)?.f_argmax(-1, false)?;
+        let want = target.f_index_select(0, rec)?;
+        let keep = want.f_ge(0)?;
+        let tokens = keep.f_sum(Kind::Int64)?.f_int64_value(&[])?.max(1) as f64;
+        let hit = top
+            .f_eq_tensor(&want)?
+            .f_logical_and(&keep)?
+            .f_sum(Kind::Int64)?
+            .f_int64_value(&[])? as f64;
+        let counts = top
+            .f_index(&[Some(&keep)])?
+            .f_bincount(None::<Tensor>, e)?
+            .f_to_kind(Kind::Double)?;
+        let load: Vec<f64> = Vec::<f64>::try_from(&counts.f_div_scalar(tokens)?)?;
+        let own: Vec<i64> = match owners.get(l) {
+            Some(o) => Vec::<i64>::try_from(o)?,
+            None => Vec::new(),
+        };
+        let rec_hit = parts
+            .iter()
+            .zip(&own)
+            .filter(|(p, o)| **p >= 0 && p == o)
+            .count() as f64;
+        out.push(LayerAgreement {
+            layer: *l,
+            tokens: hit / tokens,
+            records: rec_hit / labelled,
+            load,
+        });
+    }
+    Ok(out)
+}
+
+fn check_parts(parts: &[i64], records: i64, experts: i64) -> Result<()> {
+    if parts.len() as i64 != records {
+        return Err(ModelError::InvalidConfig(format!(
+            "{} parts for {records} records",
+            parts.len()
+        )));
+    }
+    if let Some(p) = parts.iter().find(|&&p| p >= experts) {
+        return Err(ModelError::InvalidConfig(format!(
+            "part {p} has no expert ({experts} experts per layer)"
+        )));
+    }
+    if parts.iter().all(|&p| p < 0) {
+        return Err(ModelError::InvalidConfig(
+            "router training toward a partition needs at least one record with a part".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Trains every router of `model` toward the public partition `parts` (one per record over
+/// `public` in order: the expert index of the record's part; negative: no part, the record is
+/// ignored): `opts.steps` full-batch Adam steps per layer on the mean cross-entropy, over the
+/// labelled records' valid tokens, between the router's softmax and the record's part. The
+/// routers stay frozen (`requires_grad` false); the report measures the agreement before and
+/// after with fresh forward passes.
+///
+/// Only public records may be passed: nothing here is private.
+///
+/// # Errors
+/// No batch, `parts` of the wrong length or with a part outside the experts, no labelled
+/// record, a model without sparse layers or router inputs, or a non-finite loss.
+pub fn train_routers_to_partition<M: Model + ?Sized>(
+    model: &mut M,
+    public: &[Batch],
+    parts: &[i64],
+    opts: &RouterTraining,
+) -> Result<PartitionReport> {
+    if public.is_empty() {
+        return Err(ModelError::InvalidConfig(
+            "router training needs at least one public batch".into(),
+        ));
+    }
+    let before = partition_agreement(&*model, public, parts)?;
+    let names = router_names(&*model)?;
+    let inputs = router_inputs(&*model, public)?;
+    let vars = model.var_store().variables();
+    let target = Tensor::f_from_slice(parts)?;
+    for (l, (x, rec)) in &inputs {
+        let want = target.f_index_select(0, rec)?;
+        let keep = want.f_ge(0)?;
+        let x = x.f_index(&[Some(&keep)])?;
+        let want = want.f_index(&[Some(&keep)])?;
+        let (wn, bn) = names
+            .get(l)
+            .ok_or_else(|| ModelError::InvalidConfig(format!("no router for layer {l}")))?;
+        let mut target_w = vars
+            .get(wn)
+            .ok_or_else(|| ModelError::InvalidConfig(format!("the model lacks {wn}")))?
+            .shallow_clone();
+        let bias = bn
+            .as_ref()
+            .and_then(|b| vars.get(b))
+            .map(Tensor::f_detach)
+            .transpose()?;
+        let w = target_w
+            .f_detach()?
+            .f_to_kind(Kind::Float)?
+            .f_mul_scalar(1.0)?
+            .f_set_requires_grad(true)?;
+        let mut m = w.f_zeros_like()?;
+        let mut v = w.f_zeros_like()?;
+        let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8);
+        for t in 1..=opts.steps {
+            let loss = logits(&x, &w, bias.as_ref())?.f_cross_entropy_loss::<Tensor>(
+                &want,
+                None,
+                tch::Reduction::Mean,
+                -100,
+                0.0,
+            )?;
+            let lv = loss.f_double_value(&[])?;
+            if !lv.is_finite() {
+                return Err(ModelError::InvalidConfig(format!(
+                    "router training of layer {l}: non-finite loss at step {t}"
+                )));
+            }
+            let g = Tensor::f_run_backward(&[&loss], &[&w], false, false)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| ModelError::InvalidConfig("no router gradient".into()))?;
+            tch::no_grad(|| -> Result<()> {
+                m = m.f_mul_scalar(b1)?.f_add(&g.f_mul_scalar(1.0 - b1)?)?;
+                v = v
+                    .f_mul_scalar(b2)?
+                    .f_add(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
+                let mh = m.f_div_scalar(1.0 - b1.powi(t as i32))?;
+                let vh = v.f_div_scalar(1.0 - b2.powi(t as i32))?;
+                let step = mh
+                    .f_div(&vh.f_sqrt()?.f_add_scalar(eps)?)?
+                    .f_mul_scalar(opts.lr)?;
+                let mut w2 = w.shallow_clone();
+                let _ = w2.f_sub_(&step)?;
+                Ok(())
+            })?;
+        }
+        tch::no_grad(|| -> Result<()> {
+            target_w.f_copy_(&w.f_detach()?.f_to_kind(target_w.kind())?)?;
+            Ok(())
+        })?;
+    }
+    let after = partition_agreement(&*model, public, parts)?;
+    Ok(PartitionReport {
+        records: parts.iter().filter(|&&p| p >= 0).count(),
+        before,
+        after,
+    })
+}
+
+/// Public records with their parts, to train a folder's routers on (see [`route_folder`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PartitionTokens<'a> {
+    /// The public records as token ids of the folder's tokenizer; never private records.
+    pub records: &'a [Vec<i64>],
+    /// One part per record: the expert index of its part, or negative for none.
+    pub parts: &'a [i64],
+    /// The id that pads a batch (any id of the vocabulary: padded positions are masked).
+    pub pad_id: i64,
+    /// Steps and learning rate.
+    pub training: &'a RouterTraining,
+}
+
+/// The classes of the folder's classification head (`classifier.bias`), 2 without one (the
+/// head is read so that the folder loads strictly, and is not written back).
+fn head_labels(model: &Path) -> Result<i64> {
+    let tensors = crate::checkpoint::read_safetensors(model.join("model.safetensors"))?;
+    Ok(tensors
+        .iter()
+        .find(|(n, _)| n == "classifier.bias")
+        .and_then(|(_, t)| t.size().first().copied())
+        .unwrap_or(2))
+}
+
+/// Records per batch of [`route_folder`].
+const ROUTE_BATCH: usize = 64;
+
+/// Reads the encoder checkpoint folder `model` (a Switch encoder or a MoE-BERT), trains its
+/// routers toward the partition ([`train_routers_to_partition`]) and writes the result to
+/// `out` (Hugging Face layout, without a classification head: the routing moved the features a
+/// head would read), with the tokenizer files beside it.
+///
+/// # Errors
+/// A folder that is neither, a dense BERT, bad records or parts, or an I/O failure.
+pub fn route_folder(
+    model: &Path,
+    out: &Path,
+    public: PartitionTokens<'_>,
+) -> Result<PartitionReport> {
+    if public.records.is_empty() {
+        return Err(ModelError::InvalidConfig(
+            "router training needs at least one public record".into(),
+        ));
+    }
+    let batches = public
+        .records
+        .chunks(ROUTE_BATCH)
+        .map(|c| Batch::from_records(c, public.pad_id, None, tch::Device::Cpu))
+        .collect::<Result<Vec<_>>>()?;
+    let opts = LoadOptions::strict();
+    let labels = head_labels(model)?;
+    let report = match HfConfig::from_file(model)? {
+        HfConfig::Switch(_) => {
+            let mut m = load_switch_encoder(model, labels, tch::Device::Cpu, &opts)?.model;
+            let r = train_routers_to_partition(&mut m, &batches, public.parts, public.training)?;
+            save_pretrained_without(&m, out, &["classifier.*"])?;
+            r
+        }
+        HfConfig::Bert(_) => {
+            let mut m =
+                load_bert(model, labels, BertPooling::Pooler, tch::Device::Cpu, &opts)?.model;
+            if m.config().moe.is_none() {
+                return Err(ModelError::InvalidConfig(format!(
+                    "{} is a dense BERT: upcycle it first",
+                    model.display()
+                )));
+            }
+            let r = train_routers_to_partition(&mut m, &batches, public.parts, public.training)?;
+            save_pretrained_without(&m, out, &["classifier.*"])?;
+            r
+        }
+        other => {
+            return Err(ModelError::InvalidConfig(format!(
+                "routing toward a partition needs a Switch encoder or a MoE-BERT, not {}",
+                other.model_type()
+            )));
+        }
+    };
+    for f in super::folder::SIDE_FILES {
+        let src = model.join(f);
+        if src.is_file() {
+            std::fs::copy(&src, out.join(f)).map_err(|source| ModelError::Io {
+                path: src.display().to_string(),
+                source,
+            })?;
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::{Bert, BertConfig, SwitchConfig, SwitchEncoder};
+
+    /// Records of two kinds: part 0 uses tokens 3..10, part 1 tokens 10..17 (a domain that
+    /// the tokens reveal), plus one record without a part.
+    fn public() -> (Vec<Vec<i64>>, Vec<i64>) {
+        let mut recs = Vec::new();
+        let mut parts = Vec::new();
+        for i in 0..24i64 {
+            let p = i % 2;
+            let base = 3 + 7 * p;
+            recs.push((0..6).map(|j| base + (i + j) % 7).collect());
+            parts.push(p);
+        }
+        recs.push(vec![5, 12, 7]);
+        parts.push(-1);
+        (recs, parts)
+    }
+
+    fn batches(recs: &[Vec<i64>]) -> Vec<Batch> {
+        recs.chunks(8)
+            .map(|c| Batch::from_records(c, 0, None, tch::Device::Cpu).unwrap())
+            .collect()
+    }
+
+    /// The slow obvious reference of the record-level agreement: each labelled record routed
+    /// alone, its owner by gate-weighted plurality, compared with its part.
+    fn reference_record_agreement<M: Model>(m: &M, recs: &[Vec<i64>], parts: &[i64]) -> f64 {
+        let owners = crate::moe::owners_per_record(
+            m,
+            recs,
+            0,
+            raptor_routing::OwnerRule::GateWeighted,
+            tch::Device::Cpu,
+        )
+        .unwrap();
+        let own = owners.values().next().unwrap();
+        let labelled = parts.iter().filter(|&&p| p >= 0).count() as f64;
+        parts
+            .iter()
+            .zip(own)
+            .filter(|(p, o)| **p >= 0 && p == o)
+            .count() as f64
+            / labelled
+    }
+
+    #[test]
+    fn switch_routers_learn_a_token_revealed_partition() {
+        let (recs, parts) = public();
+        let mut cfg = SwitchConfig::tiny();
+        cfg.num_layers = 2;
+        cfg.encoder_sparse_step = 2;
+        cfg.num_experts = 4;
+        let mut m = SwitchEncoder::new(cfg, tch::Device::Cpu).unwrap();
+        let b = batches(&recs);
+        let opts = RouterTraining {
+            steps: 200,
+            lr: 5e-2,
+        };
+        let r = train_routers_to_partition(&mut m, &b, &parts, &opts).unwrap();
+        assert_eq!(r.records, 24);
+        assert_eq!(r.after.len(), 1);
+        let a = &r.after[0];
+        assert!(a.tokens > 0.95, "{r:?}");
+        assert!(a.records >= 0.99, "{r:?}");
+        // Experts 2 and 3 have no part: they get (almost) no token.
+        assert!(a.load[2] + a.load[3] < 0.05, "{r:?}");
+        assert!((a.load.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        let reference = reference_record_agreement(&m, &recs, &parts);
+        assert!((reference - a.records).abs() < 1e-9, "{reference} vs {a:?}");
+        // The routers stay frozen.
+        for p in m.router_params() {
+            assert!(!m.var_store().variables()[&p].requires_grad(), "{p}");
+        }
+    }
+
+    #[test]
+    fn moe_bert_routers_learn_it_too_and_the_reference_agrees_before_training() {
+        let (recs, parts) = public();
+        let dense = Bert::new(BertConfig::tiny(2), tch::Device::Cpu).unwrap();
+        let mut o = super::super::UpcycleOptions::new(2, 1);
+        o.layers = Some(vec![1]);
+        let mut m = super::super::upcycle_bert(&dense, &o).unwrap();
+        let b = batches(&recs);
+        let before = partition_agreement(&m, &b, &parts).unwrap();
+        let reference = reference_record_agreement(&m, &recs, &parts);
+        assert!((reference - before[0].records).abs() < 1e-9);
+        let opts = RouterTraining {
+            steps: 200,
+            lr: 5e-2,
+        };
+        let r = train_routers_to_partition(&mut m, &b, &parts, &opts).unwrap();
+        assert_eq!(r.before, before);
+        assert!(r.min_record_agreement() >= 0.99, "{r:?}");
+    }
+
+    #[test]
+    fn bad_parts_are_errors() {
+        let (recs, mut parts) = public();
+        let mut m = SwitchEncoder::new(SwitchConfig::tiny(), tch::Device::Cpu).unwrap();
+        let b = batches(&recs);
+        let opts = RouterTraining::default();
+        assert!(train_routers_to_partition(&mut m, &b, &parts[1..], &opts).is_err());
+        let e = m.num_experts();
+        parts[0] = e;
+        let err = train_routers_to_partition(&mut m, &b, &parts, &opts).unwrap_err();
+        assert!(err.to_string().contains("has no expert"), "{err}");
+        let none = vec![-1; parts.len()];
+        assert!(train_routers_to_partition(&mut m, &b, &none, &opts).is_err());
+        assert!(train_routers_to_partition(&mut m, &[], &[], &opts).is_err());
+        let mut dense = Bert::new(BertConfig::tiny(2), tch::Device::Cpu).unwrap();
+        assert!(train_routers_to_partition(&mut dense, &b, &parts[..25], &opts).is_err());
+    }
+
+    #[test]
+    fn a_folder_is_routed_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, out) = (dir.path().join("src"), dir.path().join("out"));
+        let mut cfg = SwitchConfig::tiny();
+        cfg.num_layers = 2;
+        cfg.encoder_sparse_step = 2;
+        cfg.num_experts = 2;
+        let m = SwitchEncoder::new(cfg, tch::Device::Cpu).unwrap();
+        crate::checkpoint::save_pretrained(&m, &src).unwrap();
+        std::fs::write(src.join("tokenizer.json"), "{}").unwrap();
+        let (recs, parts) = public();
+        let training = RouterTraining {
+            steps: 150,
+            lr: 5e-2,
+        };
+        let r = route_folder(
+            &src,
+            &out,
+            PartitionTokens {
+                records: &recs,
+                parts: &parts,
+                pad_id: 0,
+                training: &training,
+            },
+        )
+        .unwrap();
+        assert!(r.min_record_agreement() >= 0.99, "{r:?}");
+        assert!(out.join("tokenizer.json").is_file());
+        let back = load_switch_encoder(&out, 2, tch::Device::Cpu, &LoadOptions::strict())
+            .unwrap()
+            .model;
+        let again = partition_agreement(&back, &batches(&recs), &parts).unwrap();
+        assert!((again[0].records - r.after[0].records).abs() < 1e-9);
+        // Not an encoder folder with routers: a typed error.
+        let dense = dir.path().join("dense");
+        crate::checkpoint::save_pretrained(
+            &Bert::new(BertConfig::tiny(2), tch::Device::Cpu).unwrap(),
+            &dense,
+        )
+        .unwrap();
+        let e = route_folder(
+            &dense,
+            &dir.path().join("x"),
+            PartitionTokens {
+                records: &recs,
+                parts: &parts,
+                pad_id: 0,
+                training: &training,
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("dense BERT"), "{e}");
+    }
+}
