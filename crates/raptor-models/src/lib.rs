@@ -29,6 +29,7 @@ mod layers;
 mod model;
 mod moe;
 mod olmoe;
+pub mod peft;
 mod prefix;
 pub mod rng;
 pub mod roles;
