@@ -47,7 +47,7 @@ const CORE_CRATES: [&str; 12] = [
 
 /// Python packages (pinned) the fixture scripts need, installed into a venv that also sees the
 /// libtorch venv's torch.
-const FIXTURE_PACKAGES: [&str; 10] = [
+const FIXTURE_PACKAGES: [&str; 11] = [
     "dp-accounting==0.6.0",
     "prv-accountant==0.2.0",
     "opacus==1.6.0",
@@ -58,6 +58,7 @@ const FIXTURE_PACKAGES: [&str; 10] = [
     "sacrebleu==2.6.0",
     "rouge-score==0.1.2",
     "scipy==1.17.1",
+    "peft==0.21.2",
 ];
 
 #[derive(Debug, Parser)]
