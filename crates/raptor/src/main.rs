@@ -1,7 +1,5 @@
 //! `raptor`: the command-line program of the raptor workspace.
 
-use std::path::PathBuf;
-
 use clap::{Parser, Subcommand};
 
 mod cli;
@@ -44,16 +42,10 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
-    /// Export a finished run's model (e.g. a non-private pretraining run) as a Hugging Face
-    /// folder (`config.json` + `model.safetensors`) that `model.path` can start from.
-    Export {
-        /// The run folder.
-        #[arg(long)]
-        run: PathBuf,
-        /// The folder to write.
-        #[arg(long)]
-        out: PathBuf,
-    },
+    /// Export a finished run's model: a Hugging Face folder, or for a LoRA run a PEFT adapter
+    /// folder for its base checkpoint (`--merged`: the adapters merged into a Hugging Face
+    /// folder).
+    Export(cli::export::ExportArgs),
     /// Sparse upcycling: turn a dense Llama-style Hugging Face folder into a Mixtral-style MoE
     /// folder, or a BERT folder into a MoE-BERT folder (raptor's layout, `model.kind =
     /// "moe-bert"`): every layer's MLP copied into E experts, a new random router, seeded and
@@ -80,9 +72,7 @@ fn main() {
     let result = match cli.command {
         Command::Info { json } => info(json),
         Command::Reproduce { args } => reproduce(&args),
-        Command::Export { run, out } => raptor_train::run::export_run(&run, &out)
-            .map(|()| println!("exported {} to {}", run.display(), out.display()))
-            .map_err(anyhow::Error::from),
+        Command::Export(args) => cli::export::run_export(args),
         Command::Upcycle(args) => cli::upcycle::run_upcycle(args),
         Command::Train(args) => cli::train::run_train(args),
         Command::Init(args) => cli::init::run_init(args),

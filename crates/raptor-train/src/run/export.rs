@@ -1,5 +1,6 @@
-//! A finished run: evaluation on labelled records ([`eval_run`]) and export of its model as a
-//! Hugging Face folder ([`export_run`], [`export_encoder`]).
+//! A finished run: evaluation on labelled records ([`eval_run`]) and export of its model
+//! ([`export_run`], [`export_run_as`], [`export_encoder`]): a Hugging Face folder, or for a LoRA
+//! run a PEFT adapter folder or a merged Hugging Face folder (`raptor_models::peft`).
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -50,15 +51,52 @@ pub(crate) fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
     })
 }
 
-/// Exports the model of a finished run folder as a Hugging Face folder (`config.json` +
-/// `model.safetensors`) that `model.path` of another run can start from (e.g. a non-private
-/// pretraining run on public text, fine-tuned privately afterwards). Runs that trained LoRA
-/// adapters are refused (their adapters are not merged into the base weights).
-pub fn export_run(run: &Path, out: &Path) -> Result<()> {
-    export_run_skipping(run, out, &[])
+/// How a run that trained LoRA adapters is exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExportForm {
+    /// A PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`, the head
+    /// saved whole as `modules_to_save`) that HF PEFT loads onto the run's base checkpoint.
+    #[default]
+    Adapter,
+    /// A Hugging Face folder with the adapters merged into the base weights (W + scale·B·A),
+    /// the head included.
+    Merged,
 }
 
-pub(crate) fn export_run_skipping(run: &Path, out: &Path, skip: &[&str]) -> Result<()> {
+/// What [`export_run_as`] wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Exported {
+    /// A run without adapters: its model as a Hugging Face folder.
+    Full,
+    /// A PEFT adapter folder.
+    Adapter(raptor_models::peft::AdapterReport),
+    /// A Hugging Face folder with these modules' adapters merged in.
+    Merged(Vec<String>),
+}
+
+/// Exports the model of a finished run folder: a run without LoRA adapters as a Hugging Face
+/// folder (`config.json` + `model.safetensors`) that `model.path` of another run can start
+/// from (e.g. a non-private pretraining run on public text, fine-tuned privately afterwards);
+/// a LoRA run as a PEFT adapter folder ([`ExportForm::Adapter`]; [`export_run_as`] for the
+/// merged form).
+pub fn export_run(run: &Path, out: &Path) -> Result<()> {
+    export_run_as(run, out, ExportForm::Adapter).map(|_| ())
+}
+
+/// [`export_run`] with the form of a LoRA run chosen (`form` is ignored for a run without
+/// adapters). Reads only the run's `config.toml`, `labels.json`, `record.json` and checkpoint
+/// (never `private/`); writes only model files, the card and the base checkpoint's tokenizer
+/// files (`raptor_models::peft`).
+pub fn export_run_as(run: &Path, out: &Path, form: ExportForm) -> Result<Exported> {
+    export_run_skipping(run, out, &[], form)
+}
+
+pub(crate) fn export_run_skipping(
+    run: &Path,
+    out: &Path,
+    skip: &[&str],
+    form: ExportForm,
+) -> Result<Exported> {
     let cpath = run.join("config.toml");
     if !run.join("record.json").exists() {
         return Err(TrainError::Run(format!(
@@ -67,27 +105,72 @@ pub(crate) fn export_run_skipping(run: &Path, out: &Path, skip: &[&str]) -> Resu
         )));
     }
     let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
-    let rm = load_run_model(run, cfg)?;
-    if rm
+    let mut rm = load_run_model(run, cfg)?;
+    let has_adapters = rm
         .model
         .var_store()
         .variables()
         .keys()
-        .any(|k| k.contains(".lora_"))
-    {
-        return Err(TrainError::Run(format!(
-            "{}: runs with LoRA adapters cannot be exported yet (adapters are not merged); export a run of method full or adam",
-            run.display()
-        )));
+        .any(|k| k.contains(".lora_"));
+    if !has_adapters {
+        raptor_models::checkpoint::save_pretrained_without(rm.model.as_ref(), out, skip)?;
+        return Ok(Exported::Full);
     }
-    raptor_models::checkpoint::save_pretrained_without(rm.model.as_ref(), out, skip)?;
-    Ok(())
+    let opts = export_options(&rm.cfg);
+    match form {
+        ExportForm::Merged => Ok(Exported::Merged(raptor_models::peft::save_merged(
+            rm.model.as_mut(),
+            out,
+            skip,
+            &opts,
+        )?)),
+        ExportForm::Adapter => {
+            if rm.cfg.model.path.is_none() {
+                return Err(TrainError::Run(format!(
+                    "{}: the run's base model was initialized at random (no model.path), so there is no checkpoint to load an adapter onto: export it with --merged",
+                    run.display()
+                )));
+            }
+            if !skip.is_empty() {
+                return Err(TrainError::Run(
+                    "an adapter folder keeps the head (modules_to_save); export the merged form to leave it out".into(),
+                ));
+            }
+            Ok(Exported::Adapter(raptor_models::peft::save_adapter(
+                rm.model.as_mut(),
+                out,
+                &opts,
+            )?))
+        }
+    }
+}
+
+/// What an export of a run of `cfg` records beside the weights: the base checkpoint, the
+/// pooling of a BERT classifier, and the base checkpoint's own tokenizer files (public: a
+/// tokenizer given as a file may have been made from private text and is not copied).
+fn export_options(cfg: &RunConfig) -> raptor_models::peft::ExportOptions {
+    let base = cfg.model.path.clone();
+    raptor_models::peft::ExportOptions {
+        base_model: base
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        pooling: cfg.model.kind.is_bert().then_some(match cfg.model.pooling {
+            crate::config::Pooling::Pooler => raptor_models::BertPooling::Pooler,
+            crate::config::Pooling::Mean => raptor_models::BertPooling::Mean,
+        }),
+        tokenizer_from: match (&cfg.model.tokenizer, base) {
+            (crate::config::TokenizerSpec::Model, Some(p)) if p.is_dir() => Some(p),
+            _ => None,
+        },
+    }
 }
 
 /// [`export_run`] without the task head (`classifier.*`, `score.*`): an encoder to fine-tune
-/// on another task, whose runs get a new head of their own label count.
+/// on another task, whose runs get a new head of their own label count (a LoRA run's adapters
+/// are merged in).
 pub fn export_encoder(run: &Path, out: &Path) -> Result<()> {
-    export_run_skipping(run, out, &["classifier.*", "score.*"])
+    export_run_skipping(run, out, &["classifier.*", "score.*"], ExportForm::Merged).map(|_| ())
 }
 
 /// What `raptor eval` reports.
@@ -140,13 +223,9 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
                 references: g.references,
             });
         }
-        let generation = Some(generation_metrics(
-            model.as_ref(),
-            tok.as_ref(),
-            &sources,
-            &cfg,
-            device,
-        )?);
+        let (generation, _samples) =
+            generation_metrics(model.as_ref(), tok.as_ref(), &sources, &cfg, device)?;
+        let generation = Some(generation);
         return Ok(EvalReport {
             metrics,
             generation,

@@ -7,6 +7,7 @@ use std::io::Write;
 // `account`, `calibrate`, `plan` and `routing` are `raptor_cli`'s (shared with the
 // libtorch-free `raptor-acct`); `main.rs` embeds its `Command` enum.
 pub mod audit;
+pub mod export;
 pub mod init;
 pub mod progress;
 pub mod train;

@@ -301,10 +301,16 @@ fn end_lines(dir: &std::path::Path, cfg: &RunConfig) -> Vec<String> {
         MethodFamily::Monolithic => matches!(cfg.method.name, Method::DpAdamLora | Method::Lora),
         MethodFamily::Scoped => cfg.method.scope == Scope::Lora,
     };
-    if adapters {
-        out.push(
-            "export:   a LoRA run is not exported as a Hugging Face folder yet (raptor export takes full fine-tuning runs); its checkpoint holds the adapters and the head".into(),
-        );
+    // The adapter form needs a dense BERT with a base checkpoint to load onto.
+    let peft = cfg.model.kind == raptor_train::config::ModelKind::Bert && cfg.model.path.is_some();
+    if adapters && !peft {
+        out.push(format!(
+            "export:   raptor export --run {d} --out <folder> --merged   (the LoRA adapters merged into a Hugging Face folder)"
+        ));
+    } else if adapters {
+        out.push(format!(
+            "export:   raptor export --run {d} --out <folder>   (a PEFT adapter for the base checkpoint; --merged: one Hugging Face folder)"
+        ));
     } else {
         out.push(format!("export:   raptor export --run {d} --out <folder>"));
     }
