@@ -10,6 +10,8 @@
 //! - [`audit`]: the one-run canary ε lower bound of Steinke, Nasr & Jagielski (2023), with a
 //!   Bonferroni-corrected search over abstention thresholds;
 //! - [`mia`]: membership-inference ROC AUC and TPR at low FPR (ties handled);
+//! - [`bow`]: bag-of-words baselines (majority class, multinomial naive Bayes, L2 logistic
+//!   regression on word counts): what a backbone must beat to be said to learn a task;
 //! - [`moe`]: RAPTOR's diagnostics of a private MoE run from per-record numbers (role mismatch,
 //!   per-stream SNR and its CV, clip suppression, dilution).
 //!
@@ -29,6 +31,7 @@
 
 pub mod audit;
 mod bleu;
+pub mod bow;
 mod error;
 pub mod mia;
 pub mod moe;
@@ -40,7 +43,10 @@ pub use bleu::{
 };
 pub use error::EvalError;
 pub use rouge::{RougeScore, corpus_rouge_l, lcs_len, rouge_l, rouge_l_multi, tokenize_rouge};
-pub use stats::{MeanCi, Nll, ProportionCi, accuracy, mean_ci, nll_perplexity, wilson_interval};
+pub use stats::{
+    MeanCi, Nll, ProportionCi, accuracy, mean_ci, min_detectable_effect, nll_perplexity,
+    wilson_interval,
+};
 
 /// The README's examples, compiled (and run where not `no_run`) as doc tests.
 #[cfg(doctest)]
