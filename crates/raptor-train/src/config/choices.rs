@@ -342,6 +342,35 @@ impl Method {
 }
 
 choice! {
+    /// `train.prefix_cache`: the frozen-prefix cache (each record's hidden states after the
+    /// frozen blocks, computed once; see `trainer::prefix`).
+    pub enum PrefixCacheMode {
+        /// Where it applies: in memory when it fits the budget, else in a file of the run's
+        /// private folder.
+        Auto = "auto",
+        /// Where it applies, in memory whatever its size.
+        Memory = "memory",
+        /// Where it applies, in a file of the run's private folder.
+        File = "file",
+        /// Never: every update computes the frozen blocks.
+        Off = "off",
+    }
+}
+
+impl PrefixCacheMode {
+    /// Whether this is the default (`auto`: left out of a written config).
+    pub fn is_auto(&self) -> bool {
+        *self == PrefixCacheMode::Auto
+    }
+}
+
+impl Default for PrefixCacheMode {
+    fn default() -> Self {
+        PrefixCacheMode::Auto
+    }
+}
+
+choice! {
     /// `method.owner_rule`: which expert owns a record.
     pub enum OwnerRule {
         /// The expert with the largest summed gate weight over the record's tokens.

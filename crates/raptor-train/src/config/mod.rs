@@ -18,7 +18,7 @@ pub use check::{ConfigIssue, ConfigIssues};
 pub use choices::{
     Budget, BudgetSplit, Choice, DataFormat, DeviceSpec, ExpertClip, ExpertDenominator, LayerSpec,
     Method, MethodFamily, ModelKind, MuonMomentum, NsPolynomial, OwnerRule, Pooling,
-    ResidualWeight, Scope, StreamOptimizer, TokenizerSpec,
+    PrefixCacheMode, ResidualWeight, Scope, StreamOptimizer, TokenizerSpec,
 };
 
 /// A whole run: data, model, method, privacy target and training schedule.
@@ -330,6 +330,10 @@ pub struct TrainConfig {
     pub clip_public_records: usize,
     /// Records per forward pass (memory only; results do not depend on it).
     pub micro_batch: usize,
+    /// The frozen-prefix cache: `auto` (default), `memory`, `file` or `off` (results do not
+    /// depend on it beyond float round-off). Left out of a written config at `auto`.
+    #[serde(skip_serializing_if = "PrefixCacheMode::is_auto")]
+    pub prefix_cache: PrefixCacheMode,
     /// Seed of model initialization.
     pub seed: u64,
     /// NOT PRIVATE: seed the Poisson sampler and the noise (reproducible experiments only).
@@ -362,6 +366,7 @@ impl Default for TrainConfig {
             clip_from_public: None,
             clip_public_records: 0,
             micro_batch: 64,
+            prefix_cache: PrefixCacheMode::Auto,
             seed: 0,
             insecure_seed: None,
             device: DeviceSpec::Cpu,

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use raptor_accountant::{Accuracy, Ledger, PrvAccountant};
+use raptor_models::PrefixCache;
 use raptor_models::checkpoint::{read_safetensors, write_safetensors};
 use serde::{Deserialize, Serialize};
 
@@ -426,12 +427,20 @@ fn measure(
     layer: Option<&crate::methods::LayerChoice>,
     pad_id: i64,
     device: tch::Device,
+    caches: &mut (Option<PrefixCache>, Option<PrefixCache>),
 ) -> Result<Measured> {
     let mb = cfg.train.micro_batch;
     let eval = if validation.is_empty() {
         None
     } else {
-        Some(evaluate(model, validation, mb, pad_id, device)?)
+        Some(crate::trainer::evaluate_cached(
+            model,
+            validation,
+            mb,
+            pad_id,
+            device,
+            caches.1.as_mut(),
+        )?)
     };
     let generation = if validation_sources.is_empty() {
         None
@@ -448,7 +457,7 @@ fn measure(
     let membership_inference = if validation.is_empty() {
         None
     } else {
-        membership_inference(model, train_set, validation, mb, pad_id, device)?
+        membership_inference(model, train_set, validation, mb, pad_id, device, caches)?
     };
     Ok(Measured {
         eval,
@@ -456,6 +465,22 @@ fn measure(
         diagnostics,
         membership_inference,
     })
+}
+
+/// The frozen-prefix cache settings of a run over `records` records (training and
+/// validation), a file cache in `private_dir` when given.
+pub(crate) fn prefix_settings(
+    cfg: &RunConfig,
+    records: usize,
+    private_dir: Option<&Path>,
+) -> crate::trainer::PrefixSettings {
+    crate::trainer::PrefixSettings {
+        mode: cfg.train.prefix_cache,
+        private_dir: private_dir.map(Path::to_path_buf),
+        memory_budget: None,
+        max_tokens: cfg.data.max_length,
+        records,
+    }
 }
 
 /// Where the update loop writes: rank 0's metrics file (under `private/`) and ledger.
@@ -504,8 +529,6 @@ struct LoopContext<'a> {
     privacy: &'a crate::methods::PrivacyPlan,
     accountant: &'a PrvAccountant,
     validation: &'a [crate::trainer::Example],
-    pad_id: i64,
-    device: tch::Device,
     resumed: u32,
     comm: &'a dyn crate::dist::Collective,
 }
@@ -591,13 +614,7 @@ fn run_updates(
         if writer && ev > 0 && done.is_multiple_of(ev) && done < total && !cx.validation.is_empty()
         {
             let t0 = Instant::now();
-            let em = evaluate(
-                trainer.model(),
-                cx.validation,
-                cfg.train.micro_batch,
-                cx.pad_id,
-                cx.device,
-            )?;
+            let em = trainer.evaluate_validation(cx.validation)?;
             out.eval_seconds += t0.elapsed().as_secs_f64();
             out.eval_curve.push((done, em));
         }
@@ -716,6 +733,23 @@ pub(crate) fn train_session(
     }
     trainer.resume(ledger, start_update)?;
     let private_dir = dir.join("private");
+    // The frozen-prefix caches (said at start: `launch`; see `trainer::prefix`), the file
+    // kind in the private folder, deleted with the caches.
+    let prefix_plan = crate::trainer::plan_prefix_cache(
+        trainer.model(),
+        trainer.scope(),
+        &prefix_settings(
+            &cfg,
+            train_set.len() + validation.len(),
+            writer.then_some(&private_dir),
+        ),
+    )?;
+    let train_cache = prefix_plan.open(train_set.len(), "train", Some(&private_dir))?;
+    let val_cache = match validation.len() {
+        0 => None,
+        n => prefix_plan.open(n, "validation", Some(&private_dir))?,
+    };
+    trainer = trainer.with_prefix_caches(train_cache, val_cache)?;
     let mut files = LoopFiles::open(&dir, writer)?;
     let started = Instant::now();
     let total = trainer.plan().updates;
@@ -732,8 +766,6 @@ pub(crate) fn train_session(
             privacy: &privacy,
             accountant: &acc,
             validation: &validation,
-            pad_id,
-            device,
             resumed,
             comm,
         },
@@ -764,6 +796,7 @@ pub(crate) fn train_session(
         (Some(e), Some(s)) => Some((e, s)),
         _ => None,
     };
+    let mut caches = trainer.take_prefix_caches();
     drop(trainer);
     if comm.size() > 1 {
         notes.push(format!(
@@ -792,10 +825,12 @@ pub(crate) fn train_session(
             layer.as_ref(),
             pad_id,
             device,
+            &mut caches,
         )?
     } else {
         Measured::default()
     };
+    drop(caches);
     let device_name = device_name(device);
     let noise_source = noise_source(&cfg, &device_name);
     let record = Record {

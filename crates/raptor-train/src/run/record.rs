@@ -185,12 +185,13 @@ pub fn generation_metrics(
     })
 }
 
-/// Up to `n` records of `data`, evenly strided (deterministic, independent of the values).
-pub(crate) fn strided(data: &[crate::trainer::Example], n: usize) -> Vec<crate::trainer::Example> {
-    if data.len() <= n {
-        return data.to_vec();
+/// Positions of up to `n` of `len` records, evenly strided (deterministic, independent of the
+/// values).
+pub(crate) fn strided(len: usize, n: usize) -> Vec<usize> {
+    if len <= n {
+        return (0..len).collect();
     }
-    (0..n).map(|i| data[i * data.len() / n].clone()).collect()
+    (0..n).map(|i| i * len / n).collect()
 }
 
 /// The loss-threshold attack of [`PrivateRecord::membership_inference`]: `None` when either side has
@@ -202,19 +203,32 @@ pub(crate) fn membership_inference(
     micro_batch: usize,
     pad_id: i64,
     device: tch::Device,
+    caches: &mut (
+        Option<raptor_models::PrefixCache>,
+        Option<raptor_models::PrefixCache>,
+    ),
 ) -> Result<Option<raptor_eval::mia::MiaReport>> {
     let n = train.len().min(validation.len()).min(1000);
     if n < 2 {
         return Ok(None);
     }
-    let members =
-        crate::trainer::per_record_losses(model, &strided(train, n), micro_batch, pad_id, device)?;
-    let others = crate::trainer::per_record_losses(
+    let members = crate::trainer::per_record_losses_cached(
         model,
-        &strided(validation, n),
+        train,
+        Some(&strided(train.len(), n)),
         micro_batch,
         pad_id,
         device,
+        caches.0.as_mut(),
+    )?;
+    let others = crate::trainer::per_record_losses_cached(
+        model,
+        validation,
+        Some(&strided(validation.len(), n)),
+        micro_batch,
+        pad_id,
+        device,
+        caches.1.as_mut(),
     )?;
     raptor_eval::mia::loss_attack(&members, &others)
         .map(Some)

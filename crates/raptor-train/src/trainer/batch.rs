@@ -3,7 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use raptor_models::{Batch, ForwardCtx, Model, Task};
+use raptor_models::{Batch, ForwardCtx, Model, PrefixCache, Task};
 use serde::Serialize;
 
 use crate::error::{Result, TrainError};
@@ -45,23 +45,43 @@ pub fn make_batch(examples: &[&Example], task: Task, pad_id: i64, device: Device
     Ok(b)
 }
 
-/// Runs `model` over `data` in micro-batches (no gradient, no dropout, natural routing) and
-/// hands each chunk, its batch, the logits and the per-record losses to `each`.
+/// Runs `model` over the records `data[positions]` (all of `data` when `positions` is None)
+/// in micro-batches (no gradient, no dropout, natural routing) and hands each chunk, its
+/// batch, the logits and the per-record losses to `each`. With a frozen-prefix `cache` over
+/// the record set `data`, each pass starts from the cached hidden states.
 fn forward_chunks(
     model: &dyn Model,
     data: &[Example],
+    positions: Option<&[usize]>,
     micro_batch: usize,
     pad_id: i64,
     device: Device,
-    mut each: impl FnMut(&[Example], &Batch, &Tensor, &Tensor) -> Result<()>,
+    mut cache: Option<&mut PrefixCache>,
+    mut each: impl FnMut(&[&Example], &Batch, &Tensor, &Tensor) -> Result<()>,
 ) -> Result<()> {
-    for chunk in data.chunks(micro_batch.max(1)) {
-        let refs: Vec<&Example> = chunk.iter().collect();
+    let all: Vec<usize>;
+    let positions = match positions {
+        Some(p) => p,
+        None => {
+            all = (0..data.len()).collect();
+            &all
+        }
+    };
+    if let Some(&i) = positions.iter().find(|&&i| i >= data.len()) {
+        return Err(TrainError::Data(format!(
+            "record {i} of a set of {}",
+            data.len()
+        )));
+    }
+    for chunk in positions.chunks(micro_batch.max(1)) {
+        let refs: Vec<&Example> = chunk.iter().map(|&i| &data[i]).collect();
         let batch = make_batch(&refs, model.task(), pad_id, device)?;
         let mut ctx = ForwardCtx::new(false);
+        ctx.prefix =
+            super::prefix::cached_prefix(cache.as_deref_mut(), model, data, chunk, pad_id, device)?;
         let logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
         let losses = raptor_models::per_record_loss(&logits, &batch, model.task())?;
-        each(chunk, &batch, &logits, &losses)?;
+        each(&refs, &batch, &logits, &losses)?;
     }
     Ok(())
 }
@@ -74,13 +94,29 @@ pub fn per_record_losses(
     pad_id: i64,
     device: Device,
 ) -> Result<Vec<f64>> {
-    let mut out = Vec::with_capacity(data.len());
+    per_record_losses_cached(model, data, None, micro_batch, pad_id, device, None)
+}
+
+/// [`per_record_losses`] of the records `data[positions]` (all when None), in that order,
+/// starting from a frozen-prefix `cache` over the record set `data` when given.
+pub fn per_record_losses_cached(
+    model: &dyn Model,
+    data: &[Example],
+    positions: Option<&[usize]>,
+    micro_batch: usize,
+    pad_id: i64,
+    device: Device,
+    cache: Option<&mut PrefixCache>,
+) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(positions.map_or(data.len(), <[usize]>::len));
     forward_chunks(
         model,
         data,
+        positions,
         micro_batch,
         pad_id,
         device,
+        cache,
         |_, _, _, losses| {
             let l: Vec<f64> = Vec::try_from(losses.f_to_kind(Kind::Double)?.f_to(Device::Cpu)?)?;
             out.extend(l);
@@ -113,6 +149,18 @@ pub fn evaluate(
     pad_id: i64,
     device: Device,
 ) -> Result<EvalMetrics> {
+    evaluate_cached(model, data, micro_batch, pad_id, device, None)
+}
+
+/// [`evaluate`], starting from a frozen-prefix `cache` over `data` when given.
+pub fn evaluate_cached(
+    model: &dyn Model,
+    data: &[Example],
+    micro_batch: usize,
+    pad_id: i64,
+    device: Device,
+    cache: Option<&mut PrefixCache>,
+) -> Result<EvalMetrics> {
     if data.is_empty() {
         return Err(TrainError::Data(
             "nothing to evaluate: the set is empty".into(),
@@ -123,9 +171,11 @@ pub fn evaluate(
     forward_chunks(
         model,
         data,
+        None,
         micro_batch,
         pad_id,
         device,
+        cache,
         |chunk, batch, logits, losses| {
             loss += losses.f_sum(Kind::Double)?.f_double_value(&[])?;
             if classify {

@@ -33,10 +33,17 @@ use crate::dist::{Collective, Solo};
 use crate::error::{Result, TrainError};
 use crate::optim::{Optimizers, ReleaseNoise, lr_scale};
 use crate::streams::{Charge, Phase, PhaseCharge, Plan, ReleaseSpec, Residual};
+use raptor_models::PrefixCache;
+
+pub use batch::{evaluate_cached, per_record_losses_cached};
+pub use prefix::{
+    F16_TOLERANCE, MEMORY_FRACTION, PrefixPlan, PrefixSettings, memory_budget, plan_prefix_cache,
+};
 
 mod batch;
 mod canaries;
 mod collective;
+mod prefix;
 
 pub use batch::{EvalMetrics, Example, evaluate, make_batch, per_record_losses};
 #[cfg(feature = "planted-faults")]
@@ -172,6 +179,10 @@ pub struct Trainer<'a> {
     events: Vec<ReleaseEvent>,
     comm: &'a dyn Collective,
     canaries: Option<DiracCanaries>,
+    /// The frozen-prefix caches of the training and the validation records
+    /// ([`Trainer::with_prefix_caches`]).
+    prefix: Option<PrefixCache>,
+    validation_prefix: Option<PrefixCache>,
 }
 
 /// The single-process collective every trainer starts with.
@@ -299,7 +310,75 @@ impl<'a> Trainer<'a> {
             events: Vec::new(),
             comm: &SOLO,
             canaries: None,
+            prefix: None,
+            validation_prefix: None,
         })
+    }
+
+    /// Every parameter some phase of the plan trains (and every one trainable at the start):
+    /// what the frozen prefix must not reach ([`plan_prefix_cache`]).
+    pub fn scope(&self) -> &[String] {
+        &self.scope
+    }
+
+    /// Starts each pass over a training record (`train`, over the trainer's records in order)
+    /// or a validation record ([`Trainer::evaluate_validation`]; `validation`, over those
+    /// records) from its cached hidden states after the frozen prefix. The released updates
+    /// equal those without a cache up to float round-off.
+    ///
+    /// # Errors
+    /// A cache over another number of records, or one that skips a block some phase trains or
+    /// adapts (its states would be stale).
+    pub fn with_prefix_caches(
+        mut self,
+        train: Option<PrefixCache>,
+        validation: Option<PrefixCache>,
+    ) -> Result<Self> {
+        let frozen = self
+            .model
+            .frozen_prefix(&self.scope)
+            .map_or(0, |p| p.layers);
+        for c in train.iter().chain(validation.iter()) {
+            if c.layers() > frozen {
+                return Err(TrainError::Config(format!(
+                    "a prefix cache of the states after {} blocks, but only {frozen} are frozen while this plan trains",
+                    c.layers()
+                )));
+            }
+        }
+        if let Some(c) = &train
+            && c.records() != self.data.len()
+        {
+            return Err(TrainError::Config(format!(
+                "a prefix cache of {} records for {} training records",
+                c.records(),
+                self.data.len()
+            )));
+        }
+        self.prefix = train;
+        self.validation_prefix = validation;
+        Ok(self)
+    }
+
+    /// Evaluates the model on `validation` (the records the validation cache was made for, in
+    /// order), from their cached hidden states when there is a cache.
+    ///
+    /// # Errors
+    /// As [`evaluate`].
+    pub fn evaluate_validation(&mut self, validation: &[Example]) -> Result<EvalMetrics> {
+        evaluate_cached(
+            &*self.model,
+            validation,
+            self.opts.micro_batch,
+            self.opts.pad_id,
+            self.opts.device,
+            self.validation_prefix.as_mut(),
+        )
+    }
+
+    /// Hands over the training and validation caches (for the measurements after training).
+    pub fn take_prefix_caches(&mut self) -> (Option<PrefixCache>, Option<PrefixCache>) {
+        (self.prefix.take(), self.validation_prefix.take())
     }
 
     /// Continue from a checkpoint: the ledger (which may hold more releases than `update`
@@ -432,9 +511,15 @@ impl<'a> Trainer<'a> {
     /// Residual weights `[b]` in [0, 1] from the shared-only logits (expert LoRA off), and how
     /// many were not finite: those are mapped to 0 (the record adds nothing to the weighted
     /// groups) instead of stopping the run.
-    fn residual_weights(&self, phase: &Phase, batch: &Batch) -> Result<(Tensor, u64)> {
+    fn residual_weights(
+        &self,
+        phase: &Phase,
+        batch: &Batch,
+        prefix: Option<&(usize, Tensor)>,
+    ) -> Result<(Tensor, u64)> {
         let mut ctx = ForwardCtx::new(false);
         ctx.lora_disabled = phase.residual_disable.clone();
+        ctx.prefix = prefix.map(|(k, h)| (*k, h.shallow_clone()));
         let logits = tch::no_grad(|| self.model.forward(batch, &mut ctx))?;
         let probs = logits
             .f_to_kind(Kind::Double)?
@@ -508,6 +593,7 @@ impl<'a> Trainer<'a> {
         clipping: &(ParamGroups, ClipPolicy),
         chunk: &[usize],
         batch: &Batch,
+        prefix: Option<&(usize, Tensor)>,
         step_seed: u64,
         owned: &mut BTreeMap<(usize, i64), usize>,
         nonfinite: &mut u64,
@@ -523,17 +609,20 @@ impl<'a> Trainer<'a> {
         }
         let mut weights = BTreeMap::new();
         if phase.residual != Residual::None && phase.groups.iter().any(|g| g.weighted) {
-            let (w, bad) = self.residual_weights(phase, batch)?;
+            let (w, bad) = self.residual_weights(phase, batch, prefix)?;
             *nonfinite += bad;
             for g in phase.groups.iter().filter(|g| g.weighted) {
                 weights.insert(g.name.to_string(), w.shallow_clone());
             }
         }
         let (groups, policy) = clipping;
-        let (losses, grads) = ClippedStep::new(&*self.model)?
+        let mut step = ClippedStep::new(&*self.model)?
             .with_dropout_seed(step_seed)
-            .with_record_ids(ids)
-            .per_sample(batch, &owners, true)?;
+            .with_record_ids(ids);
+        if let Some((k, h)) = prefix {
+            step = step.with_prefix(*k, h.shallow_clone());
+        }
+        let (losses, grads) = step.per_sample(batch, &owners, true)?;
         self.check_reached(phase, &grads.params())?;
         // Weights of groups with no gradient in this pass (no owned record) are dropped.
         let present: Vec<String> = grads
@@ -685,12 +774,23 @@ impl<'a> Trainer<'a> {
         let mut nonfinite = 0u64;
         for chunk in mine.chunks(self.opts.micro_batch.max(1)) {
             let batch = self.batch(chunk)?;
+            // The frozen prefix's hidden states, from the cache (computed the first time a
+            // record is drawn).
+            let prefix = prefix::cached_prefix(
+                self.prefix.as_mut(),
+                &*self.model,
+                self.data,
+                chunk,
+                self.opts.pad_id,
+                self.opts.device,
+            )?;
             let part: BTreeMap<String, Tensor> = if phase.private {
                 let (losses, clip) = self.private_sums(
                     &phase,
                     &self.clippings[pi],
                     chunk,
                     &batch,
+                    prefix.as_ref(),
                     step_seed,
                     &mut owned,
                     &mut nonfinite,
@@ -710,6 +810,7 @@ impl<'a> Trainer<'a> {
                 let mut ctx = ForwardCtx::new(true);
                 ctx.dropout_seed = Some(step_seed);
                 ctx.record_ids = Some(ids);
+                ctx.prefix = prefix;
                 let losses = self.model.per_record_loss(&batch, &mut ctx)?;
                 let loss = losses.f_sum(Kind::Float)?;
                 loss_sum += loss.f_double_value(&[])?;
