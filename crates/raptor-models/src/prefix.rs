@@ -181,6 +181,11 @@ impl PrefixCache {
         }
     }
 
+    /// Records of the set the cache covers (cached or not).
+    pub fn records(&self) -> usize {
+        self.entries.len()
+    }
+
     /// Records cached so far.
     pub fn stored_records(&self) -> usize {
         self.entries.iter().filter(|e| e.is_some()).count()
