@@ -34,8 +34,8 @@ mod folder;
 mod partition;
 pub use folder::{RouterTokens, UpcycleReport, UpcycledLayout, upcycle_folder};
 pub use partition::{
-    LayerAgreement, PartitionReport, PartitionTokens, partition_agreement, route_folder,
-    router_inputs, train_routers_to_partition,
+    ExpertSpread, LayerAgreement, PartitionReport, PartitionTokens, expert_spread, folder_report,
+    partition_agreement, route_folder, router_inputs, train_routers_to_partition,
 };
 
 use crate::bert::{Bert, BertMoeConfig};

@@ -330,6 +330,133 @@ pub fn train_routers_to_partition<M: Model + ?Sized>(
     })
 }
 
+/// How far apart one sparse layer's experts are: over every pair of experts, the distance of
+/// their parameters relative to their mean norm, `‖θ_i − θ_j‖ / ((‖θ_i‖ + ‖θ_j‖) / 2)` (0 for
+/// identical copies, as right after upcycling).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExpertSpread {
+    /// The sparse layer.
+    pub layer: usize,
+    /// Mean relative distance over the pairs.
+    pub mean: f64,
+    /// The smallest relative distance of a pair (the two most alike experts).
+    pub min: f64,
+}
+
+/// The [`ExpertSpread`] of every sparse layer of `model` (its experts' parameters by `naming`).
+///
+/// # Errors
+/// A model without sparse layers or with fewer than two experts, or an expert without
+/// parameters.
+pub fn expert_spread<M: Model + ?Sized>(
+    model: &M,
+    naming: crate::roles::Naming,
+) -> Result<Vec<ExpertSpread>> {
+    let e = usize::try_from(model.num_experts()).unwrap_or(0);
+    if model.sparse_layers().is_empty() || e < 2 {
+        return Err(ModelError::InvalidConfig(
+            "expert spread needs sparse layers with at least two experts".into(),
+        ));
+    }
+    let roles = crate::roles::RoleIndex::of_model(model, naming);
+    let vars = model.var_store().variables();
+    let mut out = Vec::new();
+    for layer in model.sparse_layers() {
+        let mut flat = Vec::with_capacity(e);
+        for expert in 0..e {
+            let names = roles.expert_params(crate::roles::ExpertId { layer, expert });
+            if names.is_empty() {
+                return Err(ModelError::InvalidConfig(format!(
+                    "expert {expert} of layer {layer} has no parameter"
+                )));
+            }
+            let parts = names
+                .iter()
+                .filter_map(|n| vars.get(n))
+                .map(|t| t.f_detach()?.f_to_kind(Kind::Double)?.f_reshape([-1]))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            flat.push(Tensor::f_cat(&parts, 0)?);
+        }
+        let norms = flat
+            .iter()
+            .map(|t| t.f_norm()?.f_double_value(&[]))
+            .collect::<std::result::Result<Vec<f64>, _>>()?;
+        let (mut sum, mut min, mut pairs) = (0.0, f64::INFINITY, 0usize);
+        for i in 0..e {
+            for j in i + 1..e {
+                let d = flat[i].f_sub(&flat[j])?.f_norm()?.f_double_value(&[])?;
+                let scale = (norms[i] + norms[j]) / 2.0;
+                let r = if scale > 0.0 { d / scale } else { 0.0 };
+                sum += r;
+                min = min.min(r);
+                pairs += 1;
+            }
+        }
+        out.push(ExpertSpread {
+            layer,
+            mean: sum / pairs as f64,
+            min,
+        });
+    }
+    Ok(out)
+}
+
+/// A Switch encoder or MoE-BERT folder, its head (if any) read and kept, and its naming.
+fn load_routed(model: &Path) -> Result<(Box<dyn Model>, crate::roles::Naming)> {
+    let opts = LoadOptions::strict();
+    let labels = head_labels(model)?;
+    match HfConfig::from_file(model)? {
+        HfConfig::Switch(_) => Ok((
+            Box::new(load_switch_encoder(model, labels, tch::Device::Cpu, &opts)?.model),
+            crate::roles::Naming::Switch,
+        )),
+        HfConfig::Bert(_) => {
+            let m = load_bert(model, labels, BertPooling::Pooler, tch::Device::Cpu, &opts)?.model;
+            if m.config().moe.is_none() {
+                return Err(ModelError::InvalidConfig(format!(
+                    "{} is a dense BERT: upcycle it first",
+                    model.display()
+                )));
+            }
+            Ok((Box::new(m), crate::roles::Naming::MoeBert))
+        }
+        other => Err(ModelError::InvalidConfig(format!(
+            "routing toward a partition needs a Switch encoder or a MoE-BERT, not {}",
+            other.model_type()
+        ))),
+    }
+}
+
+/// What a checkpoint folder's routing and experts look like on public records: the agreement
+/// of every sparse layer's routing with `parts` ([`partition_agreement`]) and how far apart
+/// its experts are ([`expert_spread`]). For a folder trained further after its routers were
+/// trained (the routers frozen, the layers before them not), this measures where the routing
+/// ended up.
+///
+/// # Errors
+/// A folder that is not a Switch encoder or a MoE-BERT, or bad records or parts.
+pub fn folder_report(
+    model: &Path,
+    records: &[Vec<i64>],
+    parts: &[i64],
+    pad_id: i64,
+) -> Result<(Vec<LayerAgreement>, Vec<ExpertSpread>)> {
+    if records.is_empty() {
+        return Err(ModelError::InvalidConfig(
+            "a routing report needs at least one public record".into(),
+        ));
+    }
+    let (m, naming) = load_routed(model)?;
+    let batches = records
+        .chunks(ROUTE_BATCH)
+        .map(|c| Batch::from_records(c, pad_id, None, tch::Device::Cpu))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((
+        partition_agreement(m.as_ref(), &batches, parts)?,
+        expert_spread(m.as_ref(), naming)?,
+    ))
+}
+
 /// Public records with their parts, to train a folder's routers on (see [`route_folder`]).
 #[derive(Debug, Clone, Copy)]
 pub struct PartitionTokens<'a> {
@@ -379,35 +506,9 @@ pub fn route_folder(
         .chunks(ROUTE_BATCH)
         .map(|c| Batch::from_records(c, public.pad_id, None, tch::Device::Cpu))
         .collect::<Result<Vec<_>>>()?;
-    let opts = LoadOptions::strict();
-    let labels = head_labels(model)?;
-    let report = match HfConfig::from_file(model)? {
-        HfConfig::Switch(_) => {
-            let mut m = load_switch_encoder(model, labels, tch::Device::Cpu, &opts)?.model;
-            let r = train_routers_to_partition(&mut m, &batches, public.parts, public.training)?;
-            save_pretrained_without(&m, out, &["classifier.*"])?;
-            r
-        }
-        HfConfig::Bert(_) => {
-            let mut m =
-                load_bert(model, labels, BertPooling::Pooler, tch::Device::Cpu, &opts)?.model;
-            if m.config().moe.is_none() {
-                return Err(ModelError::InvalidConfig(format!(
-                    "{} is a dense BERT: upcycle it first",
-                    model.display()
-                )));
-            }
-            let r = train_routers_to_partition(&mut m, &batches, public.parts, public.training)?;
-            save_pretrained_without(&m, out, &["classifier.*"])?;
-            r
-        }
-        other => {
-            return Err(ModelError::InvalidConfig(format!(
-                "routing toward a partition needs a Switch encoder or a MoE-BERT, not {}",
-                other.model_type()
-            )));
-        }
-    };
+    let (mut m, _) = load_routed(model)?;
+    let report = train_routers_to_partition(m.as_mut(), &batches, public.parts, public.training)?;
+    save_pretrained_without(m.as_ref(), out, &["classifier.*"])?;
     for f in super::folder::SIDE_FILES {
         let src = model.join(f);
         if src.is_file() {
@@ -519,6 +620,60 @@ mod tests {
         assert!(r.min_record_agreement() >= 0.99, "{r:?}");
     }
 
+    /// Upcycled copies are 0 apart; a perturbed expert moves the spread by exactly its
+    /// relative distance (checked against the norm computed by hand).
+    #[test]
+    fn expert_spread_measures_how_far_experts_moved() {
+        let dense = Bert::new(BertConfig::tiny(2), tch::Device::Cpu).unwrap();
+        let m =
+            super::super::upcycle_bert(&dense, &super::super::UpcycleOptions::new(3, 1)).unwrap();
+        let s = expert_spread(&m, crate::roles::Naming::MoeBert).unwrap();
+        assert_eq!(s.len(), 2);
+        assert!(s.iter().all(|x| x.mean == 0.0 && x.min == 0.0), "{s:?}");
+        let name = "bert.encoder.layer.1.moe.experts.0.output.dense.bias";
+        let vars = m.var_store().variables();
+        let mut t = vars[name].shallow_clone();
+        tch::no_grad(|| {
+            let _ = t.f_add_scalar_(1.0).unwrap();
+        });
+        let roles = crate::roles::RoleIndex::of_model(&m, crate::roles::Naming::MoeBert);
+        let params = roles.expert_params(crate::roles::ExpertId {
+            layer: 1,
+            expert: 1,
+        });
+        let sq: f64 = params
+            .iter()
+            .map(|n| {
+                vars[n]
+                    .f_to_kind(Kind::Double)
+                    .unwrap()
+                    .f_square()
+                    .unwrap()
+                    .f_sum(Kind::Double)
+                    .unwrap()
+                    .f_double_value(&[])
+                    .unwrap()
+            })
+            .sum();
+        let n1 = sq.sqrt();
+        let len = vars[name].size()[0] as f64;
+        let n0 = (sq
+            + 2.0
+                * vars["bert.encoder.layer.1.moe.experts.1.output.dense.bias"]
+                    .f_sum(Kind::Double)
+                    .unwrap()
+                    .f_double_value(&[])
+                    .unwrap()
+            + len)
+            .sqrt();
+        let d = len.sqrt() / ((n0 + n1) / 2.0);
+        let s = expert_spread(&m, crate::roles::Naming::MoeBert).unwrap();
+        // Pairs (0,1), (0,2) at d, (1,2) at 0.
+        assert!((s[1].mean - 2.0 * d / 3.0).abs() < 1e-9, "{s:?} vs {d}");
+        assert_eq!(s[1].min, 0.0);
+        assert_eq!(s[0].mean, 0.0);
+    }
+
     #[test]
     fn bad_parts_are_errors() {
         let (recs, mut parts) = public();
@@ -571,6 +726,9 @@ mod tests {
             .model;
         let again = partition_agreement(&back, &batches(&recs), &parts).unwrap();
         assert!((again[0].records - r.after[0].records).abs() < 1e-9);
+        let (agree, spread) = folder_report(&out, &recs, &parts, 0).unwrap();
+        assert_eq!(agree, again);
+        assert_eq!(spread.len(), 1);
         // Not an encoder folder with routers: a typed error.
         let dense = dir.path().join("dense");
         crate::checkpoint::save_pretrained(
