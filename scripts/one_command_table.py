@@ -62,14 +62,20 @@ def run(binary, data, runs_dir, method):
     if not records:
         raise SystemExit(f"no record.json under {runs_dir}")
     rec = json.loads(records[-1].read_text())
+    # Validation metrics are in record.json only for a validation file declared public;
+    # otherwise they are private (private/record.json): this table is for the data owner.
+    validation = rec.get("validation_metrics")
+    if validation is None:
+        private = json.loads((records[-1].parent / "private" / "record.json").read_text())
+        validation = private["validation_metrics"]
     eps = rec.get("epsilon")
     return {
         "command": " ".join(cmd),
-        "accuracy": rec["eval"]["accuracy"],
+        "accuracy": validation["eval"]["accuracy"],
         "epsilon": eps["upper"] if eps else None,
         "delta": eps["delta"] if eps else None,
         "train_records": rec["train_records"],
-        "validation_records": rec["validation_records"],
+        "validation_records": validation["records"],
         "labels": len(rec["labels"] or []),
         "updates": rec["updates"],
         "expected_batch": rec["privacy_plan"]["expected_batch"],

@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use raptor_audit::planted::{NoiseFault, audit_with_fault, toy_switch};
+use raptor_audit::planted::{PlantedFault, audit_with_fault, toy_switch};
 use raptor_audit::{AuditOptions, AuditReport, CanaryKind, audit};
 use raptor_train::config::Method;
 use raptor_train::trainer::UpdateMetrics;
@@ -26,7 +26,7 @@ struct Row {
     epsilon: f64,
     steps: u64,
     expert: Option<usize>,
-    fault: Option<NoiseFault>,
+    fault: Option<PlantedFault>,
 }
 
 const fn row(
@@ -35,7 +35,7 @@ const fn row(
     epsilon: f64,
     steps: u64,
     expert: Option<usize>,
-    fault: Option<NoiseFault>,
+    fault: Option<PlantedFault>,
 ) -> Row {
     Row {
         what,
@@ -58,7 +58,7 @@ const ROWS: [Row; 10] = [
         1.0,
         100,
         None,
-        Some(NoiseFault::Off),
+        Some(PlantedFault::Off),
     ),
     row(
         "**planted: noise at σ/2**",
@@ -66,7 +66,7 @@ const ROWS: [Row; 10] = [
         1.0,
         100,
         None,
-        Some(NoiseFault::Half),
+        Some(PlantedFault::Half),
     ),
     row(
         "**planted: noise at σ/2**",
@@ -74,7 +74,7 @@ const ROWS: [Row; 10] = [
         2.0,
         100,
         None,
-        Some(NoiseFault::Half),
+        Some(PlantedFault::Half),
     ),
     row(
         "correct, per-expert",
@@ -98,7 +98,7 @@ const ROWS: [Row; 10] = [
         1.0,
         200,
         Some(0),
-        Some(NoiseFault::HalfExperts),
+        Some(PlantedFault::HalfExperts),
     ),
 ];
 

@@ -58,10 +58,12 @@ pub(super) fn dirac_params(
 }
 
 /// `m` canaries at distinct coordinates of `params` (name → value), drawn uniformly by the
-/// design seed among all their coordinates (`shapes`: each parameter's element count).
+/// design seed among all their coordinates (`numel`: each parameter's element count); a canary
+/// in a routed expert's parameter (`routed`) is owned by that expert.
 pub(super) fn place_dirac(
     params: &BTreeMap<String, f64>,
     numel: &BTreeMap<String, usize>,
+    routed: &BTreeMap<String, ExpertId>,
     m: usize,
     design_seed: u64,
 ) -> Result<Vec<DiracCanary>> {
@@ -86,10 +88,140 @@ pub(super) fn place_dirac(
         // The last parameter whose first coordinate is ≤ flat.
         let at = starts.partition_point(|(s, _)| *s <= flat) - 1;
         let (start, p) = starts[at];
+        let mut c = DiracCanary::single(p.clone(), (flat - start) as i64, params[p]);
+        c.owner = routed.get(p).copied();
+        out.push(c);
+    }
+    Ok(out)
+}
+
+/// How far past its bound a paired canary's gradient reaches at each coordinate: clipping must
+/// bring it back (the canary goes through clipping, not around it).
+pub(super) const PAIRED_OVERSHOOT: f64 = 4.0;
+
+/// `m` paired canaries: each gets an owner expert of `layer` (uniform by the design seed), one
+/// coordinate of a shared-stream parameter and one of a parameter of its owner expert (each
+/// uniform over that set's coordinates, all distinct), with gradient [`PAIRED_OVERSHOOT`] times
+/// the parameter's value in `params` (its smallest clip bound).
+pub(super) fn place_paired(
+    plan: &Plan,
+    params: &BTreeMap<String, f64>,
+    numel: &BTreeMap<String, usize>,
+    layer: Option<usize>,
+    m: usize,
+    design_seed: u64,
+) -> Result<Vec<DiracCanary>> {
+    let layer = layer.ok_or_else(|| {
+        AuditError::Config(
+            "--kind paired: the method trains no expert stream (RAPTOR, or expert-only with shared releases)".into(),
+        )
+    })?;
+    let mut shared: Vec<String> = Vec::new();
+    let mut experts: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for ph in &plan.phases {
+        for r in &ph.releases {
+            let names = r
+                .groups
+                .iter()
+                .filter_map(|g| ph.group(g))
+                .flat_map(|g| g.params.iter().cloned());
+            match &r.charge {
+                Charge::Sequential => shared.extend(names),
+                Charge::Parallel(id) if id.layer == layer => {
+                    experts.entry(id.expert).or_default().extend(names);
+                }
+                _ => {}
+            }
+        }
+    }
+    shared.sort();
+    shared.dedup();
+    shared.retain(|p| params.contains_key(p) && !plan.routed.contains_key(p));
+    for v in experts.values_mut() {
+        v.sort();
+        v.dedup();
+        v.retain(|p| params.contains_key(p));
+    }
+    experts.retain(|_, v| !v.is_empty());
+    if shared.is_empty() || experts.is_empty() {
+        return Err(AuditError::Config(
+            "--kind paired: the plan does not release both a shared stream and routed experts"
+                .into(),
+        ));
+    }
+    let count = |ps: &[String]| -> Result<Vec<(usize, String)>> {
+        let mut out = Vec::with_capacity(ps.len());
+        let mut total = 0usize;
+        for p in ps {
+            out.push((total, p.clone()));
+            total += numel
+                .get(p)
+                .copied()
+                .ok_or_else(|| AuditError::Config(format!("parameter {p} is not in the model")))?;
+        }
+        out.push((total, String::new()));
+        Ok(out)
+    };
+    let shared_starts = count(&shared)?;
+    let shared_total = shared_starts.last().map_or(0, |s| s.0);
+    let expert_ids: Vec<usize> = experts.keys().copied().collect();
+    let expert_starts: BTreeMap<usize, Vec<(usize, String)>> = experts
+        .iter()
+        .map(|(e, ps)| Ok((*e, count(ps)?)))
+        .collect::<Result<_>>()?;
+    let mut rng = ChaCha20Rng::seed_from_u64(design_seed);
+    let owners: Vec<usize> = (0..m)
+        .map(|_| expert_ids[rng.random_range(0..expert_ids.len())])
+        .collect();
+    for e in &expert_ids {
+        let need = owners.iter().filter(|o| *o == e).count();
+        let have = expert_starts[e].last().map_or(0, |s| s.0);
+        if need > have {
+            return Err(AuditError::Config(format!(
+                "--canaries {m}: expert {e} has {have} coordinates for its {need} paired canaries"
+            )));
+        }
+    }
+    if m > shared_total {
+        return Err(AuditError::Config(format!(
+            "--canaries {m}: the shared stream has {shared_total} coordinates; a paired canary needs one of its own"
+        )));
+    }
+    let at = |starts: &[(usize, String)], flat: usize| -> (String, i64) {
+        let i = starts.partition_point(|(s, _)| *s <= flat) - 1;
+        (starts[i].1.clone(), (flat - starts[i].0) as i64)
+    };
+    let shared_flat = sample(&mut rng, shared_total, m).into_vec();
+    let mut expert_flat: BTreeMap<usize, std::vec::IntoIter<usize>> = BTreeMap::new();
+    for e in &expert_ids {
+        let need = owners.iter().filter(|o| *o == e).count();
+        let have = expert_starts[e].last().map_or(0, |s| s.0);
+        expert_flat.insert(*e, sample(&mut rng, have, need).into_vec().into_iter());
+    }
+    let mut out = Vec::with_capacity(m);
+    for (i, &e) in owners.iter().enumerate() {
+        let (sp, si) = at(&shared_starts, shared_flat[i]);
+        let flat = expert_flat
+            .get_mut(&e)
+            .and_then(Iterator::next)
+            .ok_or_else(|| AuditError::Run("paired canary placement ran out of coordinates".into()))?;
+        let (ep, ei) = at(&expert_starts[&e], flat);
+        let shared_value = params[&sp];
+        let expert_value = params[&ep];
         out.push(DiracCanary {
-            param: p.clone(),
-            index: (flat - start) as i64,
-            value: params[p],
+            coords: vec![
+                CanaryCoord {
+                    param: sp,
+                    index: si,
+                    gradient: PAIRED_OVERSHOOT * shared_value,
+                },
+                CanaryCoord {
+                    param: ep,
+                    index: ei,
+                    gradient: PAIRED_OVERSHOOT * expert_value,
+                },
+            ],
+            owner: Some(ExpertId { layer, expert: e }),
         });
     }
     Ok(out)
@@ -139,6 +271,7 @@ pub(super) fn expert_stream_epsilon(
 pub(super) fn audit_dirac(
     cfg: &RunConfig,
     opts: &AuditOptions,
+    kind: CanaryKind,
     runs_dir: &Path,
     progress: Progress<'_>,
     tamper: Tamper,
@@ -153,6 +286,11 @@ pub(super) fn audit_dirac(
     let mut session: Session = prepare_counting(cfg, None, m.div_ceil(2))?;
     apply_tamper(&mut session.plan, tamper);
     let layer = session.layer.as_ref().map(|l| l.layer);
+    if kind == CanaryKind::Paired && opts.expert.is_some() {
+        return Err(AuditError::Config(
+            "--expert with --kind paired: a paired canary reaches its own owner expert; use --kind dirac for a per-expert audit".into(),
+        ));
+    }
     let params = dirac_params(&session.plan, layer, opts.expert)?;
     let numel: BTreeMap<String, usize> = session
         .model
@@ -161,21 +299,35 @@ pub(super) fn audit_dirac(
         .into_iter()
         .map(|(n, t)| (n, t.numel()))
         .collect();
-    let placed = place_dirac(&params, &numel, m, opts.design_seed)?;
+    let placed = if kind == CanaryKind::Paired {
+        place_paired(&session.plan, &params, &numel, layer, m, opts.design_seed)?
+    } else {
+        place_dirac(&params, &numel, &session.plan.routed, m, opts.design_seed)?
+    };
     let names: Vec<String> = params.keys().cloned().collect();
-    let param_of: Vec<usize> = placed
+    let position = |p: &str| names.iter().position(|n| n == p).unwrap_or(0);
+    let param_of: Vec<usize> = placed.iter().map(|c| position(&c.coords[0].param)).collect();
+    let index: Vec<i64> = placed.iter().map(|c| c.coords[0].index).collect();
+    let value: Vec<f64> = placed.iter().map(|c| c.coords[0].gradient).collect();
+    let paired: Vec<PairedCoord> = placed
         .iter()
-        .map(|c| names.binary_search(&c.param).unwrap_or(0))
+        .filter_map(|c| {
+            let second = c.coords.get(1)?;
+            Some(PairedCoord {
+                param: position(&second.param),
+                index: second.index,
+                gradient: second.gradient,
+                owner: c.owner.map_or(0, |o| o.expert),
+            })
+        })
         .collect();
-    let index: Vec<i64> = placed.iter().map(|c| c.index).collect();
-    let value: Vec<f64> = placed.iter().map(|c| c.value).collect();
     let real_records = session.train.len();
     let plan_records = real_records + m.div_ceil(2);
     let plan = session.plan.clone();
     #[cfg_attr(not(feature = "planted-faults"), allow(unused_mut))]
     let (mut canaries, traces) = DiracCanaries::new(placed, &coins)?;
     #[cfg(feature = "planted-faults")]
-    if let Tamper::Noise(f) = tamper {
+    if let Tamper::Fault(f) = tamper {
         canaries.fault = Some(f);
     }
     let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg)));
@@ -217,7 +369,7 @@ pub(super) fn audit_dirac(
         notice: PRIVATE_NOTICE.into(),
         run: dir.clone(),
         method: record.method.clone(),
-        kind: CanaryKind::Dirac,
+        kind,
         canaries: m,
         design_seed: opts.design_seed,
         insecure_seeded: cfg.train.insecure_seed.is_some(),
@@ -246,6 +398,7 @@ pub(super) fn audit_dirac(
             param: param_of,
             index,
             value,
+            paired,
             releases: traces.iter().map(|t| t.releases()).collect(),
             sum_scores,
             max_scores,

@@ -78,7 +78,7 @@ use raptor_train::run::{
 };
 use raptor_train::session::{DataInfo, Session, is_classifier, prepare_counting, prepare_with};
 use raptor_train::streams::{Charge, GroupId, Plan};
-use raptor_train::trainer::{DiracCanaries, DiracCanary, Example};
+use raptor_train::trainer::{CanaryCoord, DiracCanaries, DiracCanary, Example};
 
 mod dirac;
 pub mod error;
@@ -103,6 +103,11 @@ pub enum CanaryKind {
     Random,
     /// White-box gradient canaries: one coordinate direction each, scored on the releases.
     Dirac,
+    /// White-box gradient canaries of two coordinates each, one in the shared stream and one in
+    /// the canary's owner expert, through clipping and owner masks: scored on both releases of
+    /// an update at once (RAPTOR; without alternation both come from one sample, and the
+    /// canary's shift is the one-sample mechanism's 1/σ_eff).
+    Paired,
 }
 
 impl CanaryKind {
@@ -112,6 +117,7 @@ impl CanaryKind {
             CanaryKind::Mislabel => "mislabel",
             CanaryKind::Random => "random",
             CanaryKind::Dirac => "dirac",
+            CanaryKind::Paired => "paired",
         }
     }
 }
@@ -240,6 +246,10 @@ pub struct DiracReport {
     pub index: Vec<i64>,
     /// Each canary's gradient value (the smallest bound of a clip group holding the parameter).
     pub value: Vec<f64>,
+    /// Paired canaries: each canary's second coordinate (in its owner expert): parameter
+    /// (index into `params`), flat index, gradient before clipping; and its owner expert.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paired: Vec<PairedCoord>,
     /// Released updates that carried each canary's coordinate.
     pub releases: Vec<u64>,
     /// The sum statistic of each canary (Σ observations / √n).
@@ -248,6 +258,19 @@ pub struct DiracReport {
     pub max_scores: Vec<f64>,
     /// The statistic that gave ε_lower: `sum` or `max` (its scores are `scores`).
     pub statistic: String,
+}
+
+/// The expert coordinate of a paired canary (in the audit file).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PairedCoord {
+    /// The parameter (index into [`DiracReport::params`]).
+    pub param: usize,
+    /// Flat index in the parameter.
+    pub index: i64,
+    /// The gradient there before clipping.
+    pub gradient: f64,
+    /// The canary's owner expert of RAPTOR's layer.
+    pub owner: usize,
 }
 
 /// A per-expert audit (`--expert e`): the claim its canaries test.
@@ -276,10 +299,11 @@ enum Tamper {
     /// No noise (σ = 0) and no clipping (bounds 10³⁰): a broken mechanism the audit must catch.
     #[cfg(test)]
     BreakMechanism,
-    /// A planted noise bug in the trainer (Dirac audits): the releases' noise differs from the
-    /// plan while the ledger charges the planned σ (tests and the `planted-faults` feature).
+    /// A planted bug in the trainer (white-box audits): the releases' noise differs from the
+    /// plan while the ledger charges the planned σ, or the ledger charges one sample as several
+    /// (tests and the `planted-faults` feature).
     #[cfg(feature = "planted-faults")]
-    Noise(raptor_train::trainer::NoiseFault),
+    Fault(raptor_train::trainer::PlantedFault),
 }
 
 #[cfg_attr(not(test), allow(unused_variables))]
@@ -289,7 +313,7 @@ fn apply_tamper(plan: &mut Plan, tamper: Tamper) {
         #[cfg(test)]
         Tamper::BreakMechanism => tests::break_mechanism(plan),
         #[cfg(feature = "planted-faults")]
-        Tamper::Noise(_) => {}
+        Tamper::Fault(_) => {}
     }
 }
 
@@ -348,9 +372,9 @@ fn insert_canaries(
     let mut examples = Vec::with_capacity(m);
     let mut sources = Vec::with_capacity(m);
     match kind {
-        CanaryKind::Dirac => {
+        CanaryKind::Dirac | CanaryKind::Paired => {
             return Err(AuditError::Config(
-                "Dirac canaries are not records of the data set".into(),
+                "white-box canaries are not records of the data set".into(),
             ));
         }
         CanaryKind::Mislabel => {
@@ -488,20 +512,20 @@ fn audit_impl(
         Some(s) => ChaCha20Rng::seed_from_u64(s ^ 0x5eed_a0d1_c0de_c01d),
         None => ChaCha20Rng::from_os_rng(),
     };
-    if kind == CanaryKind::Dirac {
+    if matches!(kind, CanaryKind::Dirac | CanaryKind::Paired) {
         let m = opts.canaries.unwrap_or(DEFAULT_DIRAC_CANARIES);
         let coins: Vec<bool> = (0..m).map(|_| coin_rng.random::<bool>()).collect();
-        return audit_dirac(cfg, opts, runs_dir, progress, tamper, coins);
+        return audit_dirac(cfg, opts, kind, runs_dir, progress, tamper, coins);
     }
     if opts.expert.is_some() {
         return Err(AuditError::Config(
-            "--expert audits with white-box canaries: use --kind dirac".into(),
+            "--expert audits with white-box canaries: use --kind dirac or paired".into(),
         ));
     }
     #[cfg(feature = "planted-faults")]
-    if matches!(tamper, Tamper::Noise(_)) {
+    if matches!(tamper, Tamper::Fault(_)) {
         return Err(AuditError::Config(
-            "planted noise bugs are for Dirac audits".into(),
+            "planted bugs are for white-box (dirac, paired) audits".into(),
         ));
     }
     let mut canaries: Option<Canaries> = None;

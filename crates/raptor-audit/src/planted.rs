@@ -8,29 +8,33 @@ use raptor_train::config::{LayerSpec, Method, ModelKind, RunConfig, TokenizerSpe
 #[cfg(feature = "planted-faults")]
 use raptor_train::run::Progress;
 #[cfg(feature = "planted-faults")]
-pub use raptor_train::trainer::NoiseFault;
+pub use raptor_train::trainer::PlantedFault;
 
 /// A white-box audit as [`super::audit`] runs it, with `fault` planted in the trainer: the
-/// releases' noise differs from the plan while the ledger charges the planned σ. Dirac
-/// canaries only (`opts.kind` None or `Some(Dirac)`). Under the feature `planted-faults` only.
+/// releases' noise differs from the plan while the ledger charges the planned σ, or the ledger
+/// charges one sample's streams as separate samples. White-box canaries only (`opts.kind` None,
+/// `Some(Dirac)` or `Some(Paired)`). Under the feature `planted-faults` only.
 #[cfg(feature = "planted-faults")]
 pub fn audit_with_fault(
     cfg: &RunConfig,
     opts: &AuditOptions,
     runs_dir: &Path,
     progress: Progress<'_>,
-    fault: NoiseFault,
+    fault: PlantedFault,
 ) -> Result<AuditReport> {
-    if opts.kind.is_some_and(|k| k != CanaryKind::Dirac) {
+    if opts
+        .kind
+        .is_some_and(|k| !matches!(k, CanaryKind::Dirac | CanaryKind::Paired))
+    {
         return Err(AuditError::Config(
-            "planted noise bugs are for white-box (dirac) audits".into(),
+            "planted bugs are for white-box (dirac, paired) audits".into(),
         ));
     }
     let opts = AuditOptions {
-        kind: Some(CanaryKind::Dirac),
+        kind: Some(opts.kind.unwrap_or(CanaryKind::Dirac)),
         ..opts.clone()
     };
-    audit_impl(cfg, &opts, runs_dir, progress, Tamper::Noise(fault))
+    audit_impl(cfg, &opts, runs_dir, progress, Tamper::Fault(fault))
 }
 
 /// The toy data of the repository (`examples/toy`).

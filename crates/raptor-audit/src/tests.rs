@@ -2,7 +2,7 @@
 
 use super::dirac::{dirac_params, place_dirac};
 #[cfg(feature = "planted-faults")]
-use super::planted::NoiseFault;
+use super::planted::PlantedFault;
 use super::planted::{toy_data, toy_switch};
 use super::*;
 use proptest::prelude::*;
@@ -315,16 +315,20 @@ proptest! {
             sizes.iter().enumerate().map(|(i, &n)| (format!("p{i}"), n)).collect();
         let total: usize = sizes.iter().sum();
         let m = ((frac * total as f64) as usize).clamp(1, total);
-        let c = place_dirac(&params, &numel, m, seed).unwrap();
+        let routed = BTreeMap::new();
+        let c = place_dirac(&params, &numel, &routed, m, seed).unwrap();
         prop_assert_eq!(c.len(), m);
         let mut seen = std::collections::BTreeSet::new();
-        for d in &c {
+        for c in &c {
+            prop_assert_eq!(c.coords.len(), 1);
+            prop_assert_eq!(c.owner, None);
+            let d = &c.coords[0];
             prop_assert!(d.index >= 0 && (d.index as usize) < numel[&d.param]);
-            prop_assert_eq!(d.value, params[&d.param]);
+            prop_assert_eq!(d.gradient, params[&d.param]);
             prop_assert!(seen.insert((d.param.clone(), d.index)));
         }
-        prop_assert_eq!(&c, &place_dirac(&params, &numel, m, seed).unwrap());
-        prop_assert!(place_dirac(&params, &numel, total + 1, seed).is_err());
+        prop_assert_eq!(&c, &place_dirac(&params, &numel, &routed, m, seed).unwrap());
+        prop_assert!(place_dirac(&params, &numel, &routed, total + 1, seed).is_err());
     }
 }
 
@@ -383,7 +387,16 @@ fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
         let dir = tempfile::tempdir().unwrap();
         let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
         let mut go = |coins: Vec<bool>| {
-            audit_dirac(&cfg, &opts, dir.path(), &mut quiet, Tamper::None, coins).unwrap()
+            audit_dirac(
+                &cfg,
+                &opts,
+                CanaryKind::Dirac,
+                dir.path(),
+                &mut quiet,
+                Tamper::None,
+                coins,
+            )
+            .unwrap()
         };
         let inn = go(vec![true; m]);
         let out = go(vec![false; m]);
@@ -431,6 +444,148 @@ fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
     }
 }
 
+/// RAPTOR without alternation on the q = 1 toy set of the exactness tests: 60 real records,
+/// `m` canaries, `steps` updates, learning rate 1e-12 (the real gradients stay put).
+fn one_sample_raptor(m: usize, steps: u64, data: &Path) -> RunConfig {
+    let mut cfg = toy_switch(Method::Raptor, 4.0, m, steps);
+    cfg.method.alternate = false;
+    let text = std::fs::read_to_string(&cfg.data.train).unwrap();
+    let head: Vec<&str> = text.lines().take(61).collect();
+    cfg.data.train = data.join("train.csv");
+    std::fs::write(&cfg.data.train, head.join("\n") + "\n").unwrap();
+    cfg.train.batch_size = (60 + m / 2) as f64; // q = 1
+    cfg.train.lr = 1e-12;
+    cfg
+}
+
+/// A drawn paired canary goes through clipping (its gradient, four times each bound, comes out
+/// at the bound) and through its owner's mask, and moves its update's score by exactly
+/// sqrt(1/σ_s² + 1/σ_e²) = 1/σ_eff in whitened units, the one-sample mechanism's shift: two
+/// runs that differ only in the coins (all in, all out; q = 1, same seeds) differ by that at
+/// every canary. Each canary's expert coordinate sits in its owner expert.
+#[test]
+fn a_drawn_paired_canary_moves_its_score_by_one_over_sigma_eff() {
+    let m = 40;
+    let data = tempfile::tempdir().unwrap();
+    let cfg = one_sample_raptor(m, 3, data.path());
+    let opts = AuditOptions {
+        canaries: Some(m),
+        kind: Some(CanaryKind::Paired),
+        ..AuditOptions::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
+    let mut go = |coins: Vec<bool>| {
+        audit_dirac(
+            &cfg,
+            &opts,
+            CanaryKind::Paired,
+            dir.path(),
+            &mut quiet,
+            Tamper::None,
+            coins,
+        )
+        .unwrap()
+    };
+    let (inn, out) = (go(vec![true; m]), go(vec![false; m]));
+    assert_eq!((inn.kind, inn.sampling_rate), (CanaryKind::Paired, 1.0));
+    let (a, b) = (inn.dirac.unwrap(), out.dirac.unwrap());
+    assert_eq!(a.paired.len(), m);
+    let plan = raptor_train::session::prepare_counting(&cfg, None, m / 2)
+        .unwrap()
+        .plan;
+    // One phase: the shared release and the expert releases of one sample.
+    assert_eq!(plan.phases.len(), 1);
+    let ph = &plan.phases[0];
+    // (σ, Δ of its release, bound of its group) of the release that carries `param`.
+    let noise = |param: &str| {
+        ph.releases
+            .iter()
+            .find_map(|r| {
+                let g = r
+                    .groups
+                    .iter()
+                    .filter_map(|g| ph.group(g))
+                    .find(|g| g.params.iter().any(|p| p == param))?;
+                Some((r.sigma, ph.sensitivity(r).unwrap(), g.bound))
+            })
+            .unwrap()
+    };
+    for i in 0..m {
+        let (shared, pc) = (&a.params[a.param[i]], &a.paired[i]);
+        let expert = &a.params[pc.param];
+        assert!(
+            expert.contains(&format!("expert_{}.", pc.owner)),
+            "canary {i}: {expert} is not in its owner {}",
+            pc.owner
+        );
+        assert!(!shared.contains("expert_"), "{shared}");
+        let (ss, ds, cs) = noise(shared);
+        let (se, de, ce) = noise(expert);
+        // Clipped to the bounds, not the 4× gradient.
+        assert_eq!(a.value[i], 4.0 * cs);
+        assert_eq!(pc.gradient, 4.0 * ce);
+        let n = a.releases[i];
+        assert_eq!((n, b.releases[i]), (3, 3), "one score per update");
+        let diff = (a.sum_scores[i] - b.sum_scores[i]) * (n as f64).sqrt();
+        let exact = n as f64 * ((cs / (ss * ds)).powi(2) + (ce / (se * de)).powi(2)).sqrt();
+        assert!(
+            (diff - exact).abs() <= 1e-3 * exact,
+            "canary {i}: moved {diff}, want {exact}"
+        );
+    }
+}
+
+/// Owner masks apply to canaries as to any record: a canary whose only coordinate sits in an
+/// expert other than its owner reaches no release and is refused before training; owned by
+/// that expert, it trains. A paired audit of a method without expert streams is refused.
+#[test]
+fn owner_masks_apply_to_canaries() {
+    let data = tempfile::tempdir().unwrap();
+    let cfg = one_sample_raptor(2, 1, data.path());
+    let session = || raptor_train::session::prepare_counting(&cfg, None, 1).unwrap();
+    let s = session();
+    let layer = s.layer.as_ref().unwrap().layer;
+    let (param, id) = s
+        .plan
+        .routed
+        .iter()
+        .find(|(_, id)| id.expert == 2)
+        .map(|(p, id)| (p.clone(), *id))
+        .unwrap();
+    assert_eq!(id.layer, layer);
+    let canary = |owner: usize| {
+        let mut c = DiracCanary::single(param.clone(), 0, 0.5);
+        c.owner = Some(ExpertId {
+            layer,
+            expert: owner,
+        });
+        vec![c, DiracCanary::single(param.clone(), 1, 0.5)]
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
+    // Owner 1: the coordinate of expert 2 is masked out (and the second canary has no owner).
+    let (c, _) = DiracCanaries::new(canary(1), &[true, false]).unwrap();
+    let err = match train_prepared_with_canaries(s, c, dir.path().join("a"), &mut quiet) {
+        Ok(_) => panic!("a canary masked out everywhere was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("canary 0 reaches no release"), "{err}");
+    let mut owned = canary(2);
+    owned[1].owner = Some(id);
+    let (c, _) = DiracCanaries::new(owned, &[true, false]).unwrap();
+    train_prepared_with_canaries(session(), c, dir.path().join("b"), &mut quiet).unwrap();
+    // Paired canaries need a shared stream and routed experts.
+    let mono = toy_switch(Method::DpAdamLora, 4.0, 10, 1);
+    let opts = AuditOptions {
+        canaries: Some(10),
+        kind: Some(CanaryKind::Paired),
+        ..AuditOptions::default()
+    };
+    let err = audit(&mono, &opts, dir.path(), &mut quiet).unwrap_err().to_string();
+    assert!(err.contains("--kind paired"), "{err}");
+}
+
 /// The quick check, through the public path of the planted bugs: at m = 10,000 canaries and
 /// 30 updates, a run without noise charged at ε = 1 is caught (ε_lower above the certified
 /// ε), and the same run without the bug is not (ε_lower ≤ ε_upper). Its audit file sits
@@ -448,7 +603,7 @@ fn a_planted_bug_is_caught_and_the_correct_run_is_not() {
     let dir = tempfile::tempdir().unwrap();
     let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
     let bad =
-        planted::audit_with_fault(&cfg, &opts, dir.path(), &mut quiet, NoiseFault::Off).unwrap();
+        planted::audit_with_fault(&cfg, &opts, dir.path(), &mut quiet, PlantedFault::Off).unwrap();
     let good = audit(&cfg, &opts, dir.path(), &mut quiet).unwrap();
     for r in [&bad, &good] {
         assert_eq!(r.kind, CanaryKind::Dirac);
@@ -492,7 +647,7 @@ fn a_planted_bug_is_caught_and_the_correct_run_is_not() {
         ..opts.clone()
     };
     assert!(
-        planted::audit_with_fault(&cfg, &loss, dir.path(), &mut quiet, NoiseFault::Half).is_err()
+        planted::audit_with_fault(&cfg, &loss, dir.path(), &mut quiet, PlantedFault::Half).is_err()
     );
 }
 
@@ -512,7 +667,7 @@ fn white_box_audit_catches_planted_noise_bugs() {
     let r = dirac_run(
         &toy_switch(Method::DpAdamLora, 1.0, m, 100),
         &opts(None),
-        Tamper::Noise(NoiseFault::Off),
+        Tamper::Fault(PlantedFault::Off),
     );
     let upper = r.epsilon_upper.unwrap();
     assert!(upper <= 1.0 + 1e-9);
@@ -525,7 +680,7 @@ fn white_box_audit_catches_planted_noise_bugs() {
     let r = dirac_run(
         &toy_switch(Method::DpAdamLora, 1.0, m, 100),
         &opts(None),
-        Tamper::Noise(NoiseFault::Half),
+        Tamper::Fault(PlantedFault::Half),
     );
     let upper = r.epsilon_upper.unwrap();
     assert!(
@@ -537,7 +692,7 @@ fn white_box_audit_catches_planted_noise_bugs() {
     let r = dirac_run(
         &toy_switch(Method::Raptor, 1.0, m, 200),
         &opts(Some(0)),
-        Tamper::Noise(NoiseFault::HalfExperts),
+        Tamper::Fault(PlantedFault::HalfExperts),
     );
     let upper = r.epsilon_upper.unwrap();
     let stream = r.expert.as_ref().unwrap().epsilon_stream.unwrap();

@@ -866,3 +866,93 @@ fn owners_per_record_do_not_depend_on_the_other_records() {
     let e = m.num_experts();
     assert!(all.values().flatten().all(|&o| (0..e).contains(&o)));
 }
+
+/// A Switch encoder whose router decisions depend on the other records of a padded batch, as
+/// a near-tie of two router logits can when padding changes the shapes of the float
+/// reductions: in a batch of several records, every record shorter than the batch's longest
+/// has each routed token sent to the next expert. Routed alone (a batch of one, no padding),
+/// every record gets the inner model's decisions.
+struct PaddingSensitive(SwitchEncoder);
+
+impl Model for PaddingSensitive {
+    fn var_store(&self) -> &tch::nn::VarStore {
+        self.0.var_store()
+    }
+    fn var_store_mut(&mut self) -> &mut tch::nn::VarStore {
+        self.0.var_store_mut()
+    }
+    fn vocab_size(&self) -> i64 {
+        self.0.vocab_size()
+    }
+    fn task(&self) -> raptor_models::Task {
+        self.0.task()
+    }
+    fn num_labels(&self) -> Option<i64> {
+        self.0.num_labels()
+    }
+    fn sparse_layers(&self) -> Vec<usize> {
+        self.0.sparse_layers()
+    }
+    fn num_experts(&self) -> i64 {
+        self.0.num_experts()
+    }
+    fn top_k(&self) -> i64 {
+        self.0.top_k()
+    }
+    fn linears_mut(&mut self) -> (&tch::nn::VarStore, Vec<&mut raptor_models::Linear>) {
+        self.0.linears_mut()
+    }
+    fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> raptor_models::Result<Tensor> {
+        let out = self.0.forward(batch, ctx)?;
+        let b = batch.input_ids.size()[0];
+        if b > 1 {
+            let e = self.0.num_experts();
+            // Records with padding: those whose mask is not all ones.
+            let padded = batch
+                .attention_mask
+                .min_dim(1, false)
+                .0
+                .eq(0)
+                .view([b, 1, 1]);
+            for r in &mut ctx.routing {
+                let shifted = (&r.indices + 1).remainder(e);
+                r.indices = shifted.where_self(&padded, &r.indices);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Owners are computed per record: a model whose routing depends on a padded micro-batch's
+/// other records (the wrapper above) gives every record, through `owners_per_record`, the owner
+/// it gets alone — while the same model routed over one padded batch (what a regression to
+/// batched routing would compute) gives other owners, so this test can fail.
+#[test]
+fn owners_are_routed_one_record_at_a_time() {
+    let m = PaddingSensitive({
+        let _rng = raptor_models::rng::global_rng();
+        model(SwitchConfig::tiny())
+    });
+    let vocab = m.vocab_size();
+    let lens: Vec<usize> = (0..12).map(|i| 2 + (i * 5) % 9).collect();
+    let recs = records(&lens, vocab, 31);
+    let rule = raptor_routing::OwnerRule::GateWeighted;
+    let per_record = raptor_models::owners_per_record(&m, &recs, 0, rule, Device::Cpu).unwrap();
+    let inner = raptor_models::owners_per_record(&m.0, &recs, 0, rule, Device::Cpu).unwrap();
+    assert_eq!(per_record, inner);
+    // Routed as one padded batch, the padded records' owners move.
+    let batch = Batch::from_records(&recs, 0, None, Device::Cpu).unwrap();
+    let batched =
+        raptor_models::owner_tensors(&m, std::iter::once(&batch), rule, Device::Cpu).unwrap();
+    let moved: usize = batched
+        .iter()
+        .map(|(l, t)| {
+            let v: Vec<i64> = Vec::try_from(t).unwrap();
+            v.iter().zip(&per_record[l]).filter(|(a, b)| a != b).count()
+        })
+        .sum();
+    assert!(
+        moved > 0,
+        "batched routing of the padding-sensitive model moved no owner: the test could not see a regression"
+    );
+}

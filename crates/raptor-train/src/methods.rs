@@ -368,10 +368,13 @@ pub fn plan_for(
         experts,
         b,
         q: b / n as f64,
-        delta: cfg
-            .privacy
-            .delta
-            .unwrap_or_else(|| crate::config::default_delta(n)),
+        delta: if method.is_private() {
+            crate::config::run_delta(&cfg.privacy, n)?
+        } else {
+            cfg.privacy
+                .delta
+                .unwrap_or_else(|| crate::config::default_delta(n))
+        },
         updates: total_updates(cfg, n),
         private: method.is_private(),
         acc: PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?,

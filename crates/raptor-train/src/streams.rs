@@ -392,6 +392,26 @@ impl Plan {
         self.pattern[(t % self.pattern.len() as u64) as usize]
     }
 
+    /// How many of the first `updates` updates charge the ledger (one step each: every update of
+    /// a private phase is one [`SampleCharge`]); what a resumed run's ledger must hold at least.
+    pub fn charged_updates(&self, updates: u64) -> Result<u64, AccountantError> {
+        let charges: Vec<bool> = self
+            .phases
+            .iter()
+            .map(|p| {
+                p.charge(self.q)
+                    .map(|c| matches!(c, PhaseCharge::Charged(_)))
+            })
+            .collect::<Result<_, _>>()?;
+        let per_phase = pattern_counts(&self.pattern, self.phases.len(), updates);
+        Ok(per_phase
+            .iter()
+            .zip(&charges)
+            .filter(|(_, c)| **c)
+            .map(|(n, _)| n)
+            .sum())
+    }
+
     /// How many times each phase runs in `updates` updates.
     pub fn phase_counts(&self) -> Vec<u64> {
         pattern_counts(&self.pattern, self.phases.len(), self.updates)

@@ -62,8 +62,7 @@ fn summary(kind: &str, method: &str, extra: &str) -> String {
         format!("{} ({} releases)", sig(e.upper, 6), e.releases)
     });
     let eval = rec
-        .eval
-        .as_ref()
+        .eval()
         .expect("the toy runs have a validation file");
     format!(
         "{kind} {method} [{extra}]\n  q={} updates={} phases=[{}] split={}\n  sigmas=[{}] planned={}\n  eps={eps} loss={} acc={}\n",

@@ -88,7 +88,7 @@ fn every_method_lowers_the_eval_nll_on_real_e2e() {
             |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
         let (_, rec) =
             raptor_train::run::train_in(&c, &dir.path().join(method), &mut quiet, None).unwrap();
-        let after = rec.eval.as_ref().unwrap().loss;
+        let after = rec.eval().unwrap().loss;
         assert!(
             after < before - 0.05,
             "{method}: eval NLL {before:.4} -> {after:.4}"
@@ -96,7 +96,7 @@ fn every_method_lowers_the_eval_nll_on_real_e2e() {
         if let Some(e) = &rec.epsilon {
             assert!(e.upper <= 8.0 * (1.0 + 1e-9), "{method}: eps {}", e.upper);
         }
-        let g = rec.generation.as_ref().unwrap();
+        let g = rec.generation().unwrap();
         assert!(g.sources > 0 && g.bleu.is_finite() && g.rouge_l.is_finite());
     }
 }

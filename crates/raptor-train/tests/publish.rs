@@ -57,11 +57,14 @@ fn declared_labels_and_the_private_folder() {
     }
     assert!(public["epsilon"]["upper"].as_f64().unwrap() <= 8.0);
     assert!(
-        public["validation_source"]
+        public["validation"]["source"]
             .as_str()
             .unwrap()
             .contains("valid.csv")
     );
+    // The validation file is not declared public: its metrics are private.
+    assert_eq!(public["validation"]["public"], false);
+    assert!(public.get("validation_metrics").is_none());
     // private/ has them, each file marked.
     let private = json(&run.join("private").join("record.json"));
     assert_eq!(private["notice"], PRIVATE_NOTICE);
@@ -144,4 +147,106 @@ fn clip_bounds_from_public_data_are_recorded() {
     c.train.clip_from_public = Some(0.5);
     let err = train(&c, &d.path().join("run2")).unwrap_err().to_string();
     assert!(err.contains("label"), "{err}");
+}
+
+/// Trains the toy run `cfg` in `dir`, stopping after `at` updates (checkpoint written).
+fn train_until(cfg: &RunConfig, dir: &Path, at: u64) {
+    let stop: raptor_train::run::StopFlag = Default::default();
+    let flag = stop.clone();
+    let mut progress = |done: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
+        if done >= at {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    };
+    let err = raptor_train::run::train_in(cfg, dir, &mut progress, Some(stop))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&format!("stopped at update {at}")), "{err}");
+}
+
+fn resume(dir: &Path) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
+    let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
+    raptor_train::run::train(
+        &RunConfig::default(),
+        dir.parent().unwrap(),
+        Some(dir),
+        &mut quiet,
+        None,
+    )
+}
+
+/// A resume whose ledger is missing or shorter than the checkpoint's updates is refused,
+/// naming the ledger file (it would report ε for the updates after the resume only); with the
+/// ledger intact the run resumes and certifies every update.
+#[test]
+fn a_resume_without_the_whole_ledger_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let c = RunConfig::from_toml(&common::toy_config(
+        "dp-adam-lora",
+        "batch_size = 32.0\nsteps = 4\nmicro_batch = 32\ninsecure_seed = 2\ncheckpoint_every = 1",
+    ))
+    .unwrap();
+    let run = d.path().join("run");
+    train_until(&c, &run, 2);
+    let ledger = run.join("checkpoint").join("ledger.json");
+    let kept = std::fs::read(&ledger).unwrap();
+    // Missing.
+    std::fs::remove_file(&ledger).unwrap();
+    let err = resume(&run).unwrap_err().to_string();
+    assert!(
+        err.contains("ledger.json") && err.contains("is missing") && err.contains("update 2"),
+        "{err}"
+    );
+    // Short: the ledger of one update (a valid checked file, as the loop writes it).
+    let mut short = raptor_accountant::Ledger::new();
+    short
+        .charge(&raptor_accountant::SampleCharge::single(
+            raptor_accountant::SubsampledGaussian::new(0.05, 1.0).unwrap(),
+        ))
+        .unwrap();
+    raptor_train::run::write_checked_json(&ledger, &short).unwrap();
+    let err = resume(&run).unwrap_err().to_string();
+    assert!(
+        err.contains("ledger.json") && err.contains("holds 1 charged steps"),
+        "{err}"
+    );
+    // Intact: resumes, and the ledger covers all four updates.
+    std::fs::write(&ledger, kept).unwrap();
+    let (_, rec) = resume(&run).unwrap();
+    assert_eq!(rec.updates, 4);
+    assert_eq!(rec.epsilon.as_ref().unwrap().steps, 4);
+}
+
+/// A δ at or above 1/N is refused with the reason unless `privacy.allow_large_delta`, and then
+/// the privacy plan records it; a public validation needs a validation file.
+#[test]
+fn a_large_delta_is_refused_unless_allowed_and_recorded() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = cfg("");
+    // The toy training file has 600 records: 1/N ≈ 1.7e-3.
+    c.privacy.delta = Some(0.01);
+    let err = train(&c, &d.path().join("refused")).unwrap_err().to_string();
+    assert!(
+        err.contains("privacy.delta") && err.contains("outright") && err.contains("allow_large_delta"),
+        "{err}"
+    );
+    c.privacy.allow_large_delta = true;
+    let (_, rec) = train(&c, &d.path().join("allowed")).unwrap();
+    assert_eq!(rec.privacy_plan.delta, 0.01);
+    assert!(
+        rec.privacy_plan.delta_reason.contains("allow_large_delta"),
+        "{}",
+        rec.privacy_plan.delta_reason
+    );
+    // A δ below 1/N needs no key.
+    let mut c = cfg("");
+    c.privacy.delta = Some(1e-4);
+    let (_, rec) = train(&c, &d.path().join("small")).unwrap();
+    assert_eq!(rec.privacy_plan.delta_reason, "given in the config (privacy.delta)");
+    // Held-out validation records cannot be declared public.
+    let mut c = cfg("");
+    c.data.validation = None;
+    c.data.validation_public = true;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("data.validation_public"), "{err}");
 }

@@ -78,7 +78,7 @@ max_sources = 1
         "eps {}",
         eps.upper
     );
-    let nll = rec.eval.as_ref().unwrap().loss;
+    let nll = rec.eval().unwrap().loss;
     assert!(nll.is_finite() && nll < 6.0, "held-out NLL {nll}");
     eprintln!(
         "smollm2 e2e: 2 DP-Adam LoRA updates + eval in {:.1} s, eps {:.3}, held-out NLL {nll:.3}",

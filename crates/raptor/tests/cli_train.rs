@@ -107,7 +107,6 @@ fn lora_and_raptor_learn_the_toy_task() {
             String::from_utf8_lossy(&out.stderr)
         );
         let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let acc = rec["eval"]["accuracy"].as_f64().unwrap();
         // What was computed from private records without noise is under private/, never in
         // the publishable record.
         let run_dir = std::fs::read_dir(&runs)
@@ -119,7 +118,14 @@ fn lora_and_raptor_learn_the_toy_task() {
         let on_disk: serde_json::Value =
             serde_json::from_slice(&std::fs::read(run_dir.join("record.json")).unwrap()).unwrap();
         assert_eq!(on_disk, rec, "--json prints record.json");
-        for private_key in ["metrics", "membership_inference", "diagnostics"] {
+        for private_key in [
+            "metrics",
+            "membership_inference",
+            "diagnostics",
+            "validation_metrics",
+            "eval",
+            "eval_curve",
+        ] {
             assert!(
                 rec.get(private_key).is_none(),
                 "record.json has {private_key}"
@@ -138,6 +144,12 @@ fn lora_and_raptor_learn_the_toy_task() {
             "{}",
             private["notice"]
         );
+        // The validation file is not declared public: its metrics are private.
+        assert_eq!(rec["validation"]["public"], false, "{}", rec["validation"]);
+        assert_eq!(rec["validation"]["metrics_in"], "private/record.json");
+        let acc = private["validation_metrics"]["eval"]["accuracy"]
+            .as_f64()
+            .unwrap();
         let per_update = std::fs::read_to_string(run_dir.join("private").join("metrics.jsonl"))
             .unwrap()
             .lines()
@@ -154,19 +166,19 @@ fn lora_and_raptor_learn_the_toy_task() {
             rec["labels_source"]
         );
         assert!(
-            rec["validation_source"]
+            rec["validation"]["source"]
                 .as_str()
                 .unwrap()
                 .starts_with("the validation file"),
             "{}",
-            rec["validation_source"]
+            rec["validation"]
         );
         // The loss-threshold attack ran on equal numbers of members and held-out records.
         let mia = &private["membership_inference"];
         let n = rec["train_records"]
             .as_u64()
             .unwrap()
-            .min(rec["validation_records"].as_u64().unwrap())
+            .min(private["validation_metrics"]["records"].as_u64().unwrap())
             .min(1000);
         assert_eq!(mia["members"].as_u64(), Some(n), "{mia}");
         assert_eq!(mia["non_members"].as_u64(), Some(n), "{mia}");

@@ -26,7 +26,10 @@ fn train(dir: &Path, method: &str, device: &str) -> serde_json::Value {
     let train = format!(
         "batch_size = 64.0\nsteps = 30\nlr = 0.05\nmicro_batch = 64\ninsecure_seed = 5\ndevice = \"{device}\""
     );
-    std::fs::write(&cfg, common::toy_config(method, &train)).unwrap();
+    // The toy validation records are synthetic: declared public, their metrics are in the
+    // record `--json` prints.
+    let text = common::toy_config(method, &train).replace("[data]\n", "[data]\nvalidation_public = true\n");
+    std::fs::write(&cfg, text).unwrap();
     let runs = dir.join(format!("runs-{method}-{device}").replace(':', "_"));
     let o = Command::new(env!("CARGO_BIN_EXE_raptor"))
         .args(["train", "--json", "--config"])
@@ -58,8 +61,8 @@ fn raptor_and_dp_adam_train_on_cuda_like_on_cpu() {
         // The same mechanism: the same ledger, the same certified epsilon.
         assert_eq!(gpu["epsilon"], cpu["epsilon"], "{method}");
         let (ag, ac) = (
-            gpu["eval"]["accuracy"].as_f64().unwrap(),
-            cpu["eval"]["accuracy"].as_f64().unwrap(),
+            gpu["validation_metrics"]["eval"]["accuracy"].as_f64().unwrap(),
+            cpu["validation_metrics"]["eval"]["accuracy"].as_f64().unwrap(),
         );
         // Same data and seeds (the initialization may draw from the device generator): the GPU run
         // learns about as well.

@@ -61,6 +61,7 @@ fn minilm_fine_tunes_privately_by_name() {
         r#"[data]
 train = "train.csv"
 validation = "valid.csv"
+validation_public = true       # public Rotten Tomatoes records
 max_length = 24
 
 [model]
@@ -122,7 +123,9 @@ insecure_seed = 3
     // Only LoRA adapters and the new head are trained.
     let trainable = rec["trainable_parameters"].as_object().unwrap();
     assert!(!trainable.is_empty());
-    let curve = rec["eval_curve"].as_array().unwrap();
+    // Public validation records: their metrics are in the record.
+    assert_eq!(rec["validation"]["metrics_in"], "record.json");
+    let curve = rec["validation_metrics"]["eval_curve"].as_array().unwrap();
     let loss = |i: usize| curve[i][1]["loss"].as_f64().unwrap();
     let (first, last) = (loss(0), loss(curve.len() - 1));
     let private: serde_json::Value =
@@ -132,7 +135,7 @@ insecure_seed = 3
     println!(
         "MiniLM DP-Adam LoRA, 8 updates: ε {eps:.3} (target {target}); validation loss {first:.4} after \
          update 1 -> {last:.4} after update 8 (first private batch {first_batch:.4}); accuracy {}",
-        rec["eval"]["accuracy"]
+        rec["validation_metrics"]["eval"]["accuracy"]
     );
     assert!(
         last < first,
@@ -175,6 +178,7 @@ fn raptor_trains_an_upcycled_minilm() {
         r#"[data]
 train = "train.csv"
 validation = "valid.csv"
+validation_public = true       # public Rotten Tomatoes records
 public = "public.csv"
 max_length = 24
 
@@ -224,7 +228,7 @@ insecure_seed = 4
     println!(
         "RAPTOR on MiniLM upcycled to E = 8 (top-1): layer {layer} chosen by routing entropy, \
          ε {eps:.3} (target {target}), accuracy {} after 4 updates",
-        rec["eval"]["accuracy"]
+        rec["validation_metrics"]["eval"]["accuracy"]
     );
     std::fs::remove_dir_all(&d).ok();
 }

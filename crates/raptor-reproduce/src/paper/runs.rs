@@ -69,11 +69,11 @@ impl Summary {
     /// Extracts the summary of a finished run.
     pub fn from_record(r: &Record, peak_rss_mib: Option<f64>) -> Self {
         let mut eval_curve: Vec<(u64, f64, Option<f64>)> = r
-            .eval_curve
+            .eval_curve()
             .iter()
             .map(|(u, m)| (*u, m.loss, m.accuracy))
             .collect();
-        if let Some(m) = &r.eval {
+        if let Some(m) = r.eval() {
             eval_curve.push((r.updates, m.loss, m.accuracy));
         }
         // JSON has no NaN: a non-finite point would not read back.
@@ -95,10 +95,10 @@ impl Summary {
             .unwrap_or_default();
         Self {
             method: r.method.clone(),
-            accuracy: r.eval.as_ref().and_then(|e| e.accuracy),
-            loss: r.eval.as_ref().map(|e| e.loss),
-            bleu: r.generation.as_ref().map(|g| g.bleu),
-            rouge_l: r.generation.as_ref().map(|g| g.rouge_l),
+            accuracy: r.eval().and_then(|e| e.accuracy),
+            loss: r.eval().map(|e| e.loss),
+            bleu: r.generation().map(|g| g.bleu),
+            rouge_l: r.generation().map(|g| g.rouge_l),
             epsilon: r.epsilon.as_ref().map(|e| e.upper),
             updates: r.updates,
             seconds_per_update: if r.updates > 0 {

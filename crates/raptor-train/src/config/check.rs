@@ -168,6 +168,12 @@ impl RunConfig {
                 format!("{} must be in [0, 1)", d.validation_fraction),
             );
         }
+        if d.validation_public && d.validation.is_none() {
+            out.add(
+                "data.validation_public",
+                "true without data.validation: records held out of the private training file are private; name a public validation file or drop the key",
+            );
+        }
         if d.format.is_data_to_text() && !self.model.kind.is_language_model() {
             out.add(
                 "data.format",

@@ -76,6 +76,13 @@ pub struct DataConfig {
     pub train: PathBuf,
     /// Validation records; empty: `validation_fraction` of the training file is held out.
     pub validation: Option<PathBuf>,
+    /// Whether the validation file holds public records (e.g. a benchmark's published
+    /// validation split). Only then do the validation and generation metrics go to the run's
+    /// publishable `record.json`; otherwise (the default, and always for records held out of
+    /// the training file) they are computed from private records without noise and are written
+    /// under the run's `private/` folder.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub validation_public: bool,
     /// Fraction of the training file held out for validation when no validation file is given
     /// (0 disables validation).
     pub validation_fraction: f64,
@@ -100,6 +107,7 @@ impl Default for DataConfig {
             format: DataFormat::Table,
             train: PathBuf::from("train.csv"),
             validation: None,
+            validation_public: false,
             validation_fraction: 0.1,
             public: None,
             text_column: "text".into(),
@@ -253,8 +261,13 @@ impl MethodConfig {
 pub struct PrivacyConfig {
     /// Total ε (> 0).
     pub epsilon: f64,
-    /// Total δ; empty: 1/N rounded down to a power of ten.
+    /// Total δ; empty: the largest power of ten at most 1/(10·N) ([`default_delta`]). A given
+    /// δ ≥ 1/N is refused unless `allow_large_delta` is set: at δ = 1/N a mechanism may publish
+    /// one record outright and still be (0, δ)-DP.
     pub delta: Option<f64>,
+    /// Accept a given `delta` at or above 1/N (recorded in the run's privacy plan).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub allow_large_delta: bool,
     /// RAPTOR's budget split: `joint` (the default: both σ's calibrated together on the one
     /// composed PRV, so the run spends its whole ε) or `additive` (the paper's: each stream
     /// calibrated alone on its share, which leaves part of ε unspent).
@@ -270,6 +283,7 @@ impl Default for PrivacyConfig {
         Self {
             epsilon: 8.0,
             delta: None,
+            allow_large_delta: false,
             split: BudgetSplit::Joint,
             rho: 0.9,
             accuracy: 1e-4,
@@ -570,10 +584,30 @@ pub fn default_delta(n: usize) -> f64 {
 /// Why a run's δ has its value (recorded beside it).
 pub fn delta_reason(given: Option<f64>, n: usize) -> String {
     match given {
+        Some(d) if d * n.max(1) as f64 >= 1.0 => format!(
+            "given in the config (privacy.delta) at or above 1/N for N = {n} private records, accepted by privacy.allow_large_delta: a delta this large allows releasing a record outright"
+        ),
         Some(_) => "given in the config (privacy.delta)".into(),
         None => format!(
             "default: the largest power of ten at most 1/(10·N) for N = {n} private records"
         ),
+    }
+}
+
+/// The δ of a run over `n` private records: the given one, or [`default_delta`]. A given
+/// δ ≥ 1/N is an error unless `allow_large_delta` (at δ = 1/N a mechanism that publishes one
+/// record outright is (0, δ)-DP, so such a δ certifies nothing).
+pub fn run_delta(privacy: &PrivacyConfig, n: usize) -> Result<f64> {
+    match privacy.delta {
+        None => Ok(default_delta(n)),
+        Some(d) if d * n.max(1) as f64 >= 1.0 && !privacy.allow_large_delta => {
+            Err(TrainError::Config(format!(
+                "privacy.delta = {d} is at or above 1/N = {:e} for N = {n} private records: a delta that large allows releasing a record outright; use a delta well below 1/N (omit it for the default {:e}), or set privacy.allow_large_delta = true to accept it (it is recorded in the run's privacy plan)",
+                1.0 / n.max(1) as f64,
+                default_delta(n)
+            )))
+        }
+        Some(d) => Ok(d),
     }
 }
 

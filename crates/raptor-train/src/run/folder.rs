@@ -32,14 +32,14 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Write `value` as JSON wrapped with the SHA-256 of its canonical form
 /// (`{"sha256": …, "content": …}`), atomically.
-pub(crate) fn write_checked_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+pub fn write_checked_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let content = serde_json::to_value(value)?;
     let sha = sha256_hex(&serde_json::to_vec(&content)?);
     let wrapped = serde_json::json!({ "sha256": sha, "content": content });
     write_atomic(path, &serde_json::to_vec_pretty(&wrapped)?)
 }
 
-/// Read a file written by `write_checked_json` (this module's atomic writer), verifying its checksum: a flipped byte or a
+/// Read a file written by [`write_checked_json`] (this module's atomic writer), verifying its checksum: a flipped byte or a
 /// torn write is an error naming the file, never a silently different ledger or state.
 pub fn read_checked_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let bytes = std::fs::read(path).map_err(io(path))?;

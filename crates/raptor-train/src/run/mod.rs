@@ -206,21 +206,6 @@ fn labels_source(cfg: &RunConfig) -> String {
     }
 }
 
-/// Where a run's validation metrics come from (recorded beside them).
-fn validation_source(cfg: &RunConfig, records: usize) -> Option<String> {
-    if records == 0 {
-        return None;
-    }
-    Some(match &cfg.data.validation {
-        Some(p) => format!("the validation file {} ({records} records)", p.display()),
-        None => format!(
-            "{records} records held out of the private training file {} (data.validation_fraction = {}): computed on private records without noise",
-            cfg.data.train.display(),
-            cfg.data.validation_fraction
-        ),
-    })
-}
-
 /// The certified ε of a private run's ledger; none for a non-private run, an empty ledger, or
 /// releases not yet charged (a stop between a release and its charge).
 fn final_epsilon(
@@ -331,6 +316,32 @@ fn noise_source(cfg: &RunConfig, device_name: &str) -> String {
     )
 }
 
+/// A resumed run's ledger must hold a charge for every private update the checkpoint has
+/// applied: a missing or short `checkpoint/ledger.json` would make the run report ε for the
+/// updates after the resume only. Refused, naming the file.
+fn ledger_covers_checkpoint(
+    plan: &crate::streams::Plan,
+    ledger: &Ledger,
+    start_update: u64,
+    dir: &Path,
+) -> Result<()> {
+    let needed = plan.charged_updates(start_update)?;
+    if ledger.len() < needed {
+        let path = dir.join("checkpoint").join("ledger.json");
+        let state = if path.exists() {
+            format!("holds {} charged steps", ledger.len())
+        } else {
+            "is missing".to_string()
+        };
+        return Err(TrainError::Run(format!(
+            "cannot resume {}: the checkpoint is at update {start_update}, whose releases need {needed} charged steps, but {} {state}; resuming would report epsilon for the updates after the resume only. Restore the ledger file or start a new run",
+            dir.display(),
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Under MPI: fails unless every rank resumes at the update rank 0 resumes at (they must read
 /// the same run folder).
 fn same_start_on_every_rank(
@@ -405,7 +416,7 @@ fn start_notes(
 #[derive(Default)]
 struct Measured {
     eval: Option<EvalMetrics>,
-    generation: Option<GenerationMetrics>,
+    generation: Option<(GenerationMetrics, Vec<GenerationSample>)>,
     diagnostics: Option<crate::diagnostics::Diagnostics>,
     membership_inference: Option<raptor_eval::mia::MiaReport>,
 }
@@ -700,7 +711,7 @@ pub(crate) fn train_session(
         labels.is_some() && writer && !resuming,
     );
     let labels_source = labels.as_ref().map(|_| labels_source(&cfg));
-    let validation_source = validation_source(&cfg, validation.len());
+    let validation_info = ValidationInfo::of(&cfg, validation.len());
     let Resume {
         resumed,
         start_update,
@@ -711,6 +722,9 @@ pub(crate) fn train_session(
     } else {
         Resume::fresh()
     };
+    if resuming {
+        ledger_covers_checkpoint(&plan, &ledger, start_update, &dir)?;
+    }
     same_start_on_every_rank(comm, start_update, &dir)?;
     let optim = resumed_optimizers(&cfg, &plan, &dir, optimizer, device, comm)?;
     let opts = TrainerOptions {
@@ -833,6 +847,18 @@ pub(crate) fn train_session(
     drop(caches);
     let device_name = device_name(device);
     let noise_source = noise_source(&cfg, &device_name);
+    // Validation metrics are computed without noise: published only for public records.
+    let (generation, generation_samples) = generation.unzip();
+    let validation_metrics = validation_info.as_ref().map(|_| ValidationMetrics {
+        records: validation.len(),
+        eval,
+        eval_curve,
+        generation,
+    });
+    let (public_metrics, private_metrics) = match &validation_info {
+        Some(v) if v.public => (validation_metrics, None),
+        _ => (None, validation_metrics),
+    };
     let record = Record {
         raptor_version: env!("CARGO_PKG_VERSION").into(),
         device: device_name,
@@ -844,16 +870,12 @@ pub(crate) fn train_session(
         seed: cfg.train.seed,
         insecure_seeded: cfg.train.insecure_seed.is_some(),
         train_records: train_set.len(),
-        validation_records: validation.len(),
         labels: labels.map(|l| l.labels().to_vec()),
         privacy_plan: privacy,
         layer,
         trainable_parameters,
         updates,
-        eval_curve,
         epsilon_curve,
-        eval,
-        generation,
         epsilon,
         wall_seconds: wall,
         eval_seconds,
@@ -864,13 +886,16 @@ pub(crate) fn train_session(
         },
         resumed,
         notes,
-        validation_source,
+        validation: validation_info,
+        validation_metrics: public_metrics,
         labels_source,
         private: PrivateRecord {
             notice: PRIVATE_NOTICE.into(),
             metrics: all_metrics,
             membership_inference,
             diagnostics,
+            validation_metrics: private_metrics,
+            generation_samples: generation_samples.unwrap_or_default(),
         },
     };
     if writer {

@@ -1,7 +1,9 @@
 //! What a run reports: [`Record`] (`record.json`, what may be published beside the model, with
 //! the certified [`FinalEpsilon`]) and [`PrivateRecord`] (`private/record.json`: computed from
 //! private records without noise, never published; the membership-inference check of the
-//! trained model), and the generation metrics of data-to-text runs.
+//! trained model), the validation metrics ([`ValidationMetrics`]: in the record only when the
+//! validation file is declared public, else in the private record) and the generation metrics
+//! of data-to-text runs (their text samples are always private).
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -44,10 +46,10 @@ pub struct Record {
     pub seed: u64,
     /// Whether sampling and noise were seeded (NOT private).
     pub insecure_seeded: bool,
-    /// Training records N.
+    /// Training records N. Treated as public, as in every DP-SGD accountant: the sampling rate
+    /// q = B/N of the privacy plan is derived from it. (The validation records' count is with
+    /// their metrics.)
     pub train_records: usize,
-    /// Validation records.
-    pub validation_records: usize,
     /// Class names.
     pub labels: Option<Vec<String>>,
     /// The privacy plan.
@@ -58,16 +60,9 @@ pub struct Record {
     pub trainable_parameters: BTreeMap<String, i64>,
     /// Updates applied.
     pub updates: u64,
-    /// Validation metrics every `train.eval_every` updates (update, metrics); the final
-    /// evaluation is `eval`. Empty when `eval_every` is 0 or after a resume (this process only).
-    pub eval_curve: Vec<(u64, EvalMetrics)>,
     /// Certified ε spent after an update (update, ε), every 10 updates and at the end
     /// (private methods; this process only).
     pub epsilon_curve: Vec<(u64, f64)>,
-    /// Validation metrics at the end.
-    pub eval: Option<EvalMetrics>,
-    /// Data-to-text generation metrics on the validation sources.
-    pub generation: Option<GenerationMetrics>,
     /// Final ε from the ledger (None for non-private methods: ε = ∞).
     pub epsilon: Option<FinalEpsilon>,
     /// Wall time of training (seconds, this process), periodic evaluations included.
@@ -80,10 +75,14 @@ pub struct Record {
     pub resumed: u32,
     /// Notes (warnings) produced by the run.
     pub notes: Vec<String>,
-    /// Where the validation metrics (`eval`, `eval_curve`) come from: the user's validation
-    /// file, or records held out of the training file (then they are computed on private
-    /// records without noise, like everything under `private/`).
-    pub validation_source: Option<String>,
+    /// Where the validation records come from, whether they are public, and where their
+    /// metrics are (none without validation records).
+    pub validation: Option<ValidationInfo>,
+    /// The validation metrics, here only when the validation records are public
+    /// (`data.validation_public`); otherwise they are in `private/record.json` (see
+    /// [`Record::validation_metrics`] for either).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation_metrics: Option<ValidationMetrics>,
     /// Where the label set comes from: declared in the config (`data.labels`), or read from the
     /// private training file (then the head's shape and `labels.json` reveal every label that
     /// occurs there, one that occurs only in private data included).
@@ -93,6 +92,92 @@ pub struct Record {
     /// `record.json`.
     #[serde(skip)]
     pub private: PrivateRecord,
+}
+
+impl Record {
+    /// The validation metrics wherever they are: in the record (public validation records) or
+    /// in its private part.
+    pub fn validation_metrics(&self) -> Option<&ValidationMetrics> {
+        self.validation_metrics
+            .as_ref()
+            .or(self.private.validation_metrics.as_ref())
+    }
+
+    /// The final validation metrics (public or private, see [`Record::validation_metrics`]).
+    pub fn eval(&self) -> Option<&EvalMetrics> {
+        self.validation_metrics().and_then(|v| v.eval.as_ref())
+    }
+
+    /// The validation metrics every `train.eval_every` updates (public or private).
+    pub fn eval_curve(&self) -> &[(u64, EvalMetrics)] {
+        self.validation_metrics()
+            .map_or(&[], |v| v.eval_curve.as_slice())
+    }
+
+    /// The data-to-text generation metrics (public or private).
+    pub fn generation(&self) -> Option<&GenerationMetrics> {
+        self.validation_metrics()
+            .and_then(|v| v.generation.as_ref())
+    }
+}
+
+/// Where a run's validation records come from and where their metrics are.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ValidationInfo {
+    /// The source: the validation file, or the part held out of the private training file.
+    pub source: String,
+    /// Whether the records are public (`data.validation_public` with a validation file).
+    pub public: bool,
+    /// The file holding the metrics, relative to the run folder: `record.json` (public
+    /// records) or `private/record.json`.
+    pub metrics_in: String,
+}
+
+impl ValidationInfo {
+    /// What a run over `cfg` with `records` validation records says of them (none without).
+    pub fn of(cfg: &RunConfig, records: usize) -> Option<Self> {
+        if records == 0 {
+            return None;
+        }
+        let public = cfg.data.validation_public && cfg.data.validation.is_some();
+        let source = match &cfg.data.validation {
+            Some(p) if public => format!("the public validation file {}", p.display()),
+            Some(p) => format!(
+                "the validation file {} (private: data.validation_public is not set)",
+                p.display()
+            ),
+            None => format!(
+                "records held out of the private training file {} (data.validation_fraction = {}): private",
+                cfg.data.train.display(),
+                cfg.data.validation_fraction
+            ),
+        };
+        Some(Self {
+            source,
+            public,
+            metrics_in: if public {
+                "record.json".into()
+            } else {
+                "private/record.json".into()
+            },
+        })
+    }
+}
+
+/// What a run measured on its validation records (without noise): the final metrics, the
+/// periodic ones and, for data-to-text, generation scores.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ValidationMetrics {
+    /// The number of validation records.
+    pub records: usize,
+    /// Validation metrics at the end.
+    pub eval: Option<EvalMetrics>,
+    /// Validation metrics every `train.eval_every` updates (update, metrics); the final
+    /// evaluation is `eval`. Empty when `eval_every` is 0 or after a resume (this process only).
+    pub eval_curve: Vec<(u64, EvalMetrics)>,
+    /// Data-to-text generation metrics on the validation sources (scores only: the generated
+    /// text and the references are in the private record's `generation_samples`).
+    pub generation: Option<GenerationMetrics>,
 }
 
 /// The warning every file under a run's `private/` folder carries.
@@ -117,6 +202,23 @@ pub struct PrivateRecord {
     pub membership_inference: Option<raptor_eval::mia::MiaReport>,
     /// RAPTOR's diagnostics on held-out records (MoE classifiers, private methods).
     pub diagnostics: Option<crate::diagnostics::Diagnostics>,
+    /// The validation metrics when the validation records are private (held out of the
+    /// training file, or a validation file not declared public).
+    pub validation_metrics: Option<ValidationMetrics>,
+    /// A few generated examples of a data-to-text run, with their source and first reference
+    /// (record text: always private, whatever the validation records are).
+    pub generation_samples: Vec<GenerationSample>,
+}
+
+/// One generated example: record text, so only ever in the private record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GenerationSample {
+    /// The source (the linearized meaning representation).
+    pub source: String,
+    /// What the model generated.
+    pub generated: String,
+    /// The first reference.
+    pub reference: String,
 }
 
 /// Generation metrics of a data-to-text run (corpus BLEU and ROUGE-L over the sources).
@@ -130,18 +232,17 @@ pub struct GenerationMetrics {
     pub rouge_l: f64,
     /// Beam width used.
     pub beams: usize,
-    /// A few examples: (source, generated, first reference).
-    pub samples: Vec<(String, String, String)>,
 }
 
-/// Generates for every source and scores against its references.
+/// Generates for every source and scores against its references; returns the scores and the
+/// first few examples (record text: private).
 pub fn generation_metrics(
     model: &dyn raptor_models::Model,
     tok: &dyn raptor_models::tokenizer::TextTokenizer,
     sources: &[crate::session::SourceRefs],
     cfg: &RunConfig,
     device: tch::Device,
-) -> Result<GenerationMetrics> {
+) -> Result<(GenerationMetrics, Vec<GenerationSample>)> {
     let prompts: Vec<Vec<i64>> = sources.iter().map(|s| s.prompt.clone()).collect();
     let gcfg = raptor_models::generate::GenerateConfig {
         max_new_tokens: cfg.eval.max_new_tokens,
@@ -165,24 +266,25 @@ pub fn generation_metrics(
     // rouge-score's F-measure is in [0, 1]; reported ×100 like BLEU.
     let rouge = 100.0
         * raptor_eval::corpus_rouge_l(&hyps, &refs).map_err(|e| TrainError::Data(e.to_string()))?;
-    Ok(GenerationMetrics {
-        sources: sources.len(),
-        bleu,
-        rouge_l: rouge,
-        beams: cfg.eval.beams,
-        samples: sources
-            .iter()
-            .zip(&hyps)
-            .take(5)
-            .map(|(s, h)| {
-                (
-                    s.source.clone(),
-                    h.clone(),
-                    s.references.first().cloned().unwrap_or_default(),
-                )
-            })
-            .collect(),
-    })
+    let samples = sources
+        .iter()
+        .zip(&hyps)
+        .take(5)
+        .map(|(s, h)| GenerationSample {
+            source: s.source.clone(),
+            generated: h.clone(),
+            reference: s.references.first().cloned().unwrap_or_default(),
+        })
+        .collect();
+    Ok((
+        GenerationMetrics {
+            sources: sources.len(),
+            bleu,
+            rouge_l: rouge,
+            beams: cfg.eval.beams,
+        },
+        samples,
+    ))
 }
 
 /// Positions of up to `n` of `len` records, evenly strided (deterministic, independent of the

@@ -1,21 +1,29 @@
 //! The white-box audit's hook in the loop (`DiracCanaries`: crate `raptor-audit`, behind
-//! `raptor audit --kind dirac`, is the one caller).
+//! `raptor audit --kind dirac|paired`, is the one caller).
 //!
-//! A white-box audit run adds *Dirac canaries*: records whose clipped gradient is a fixed
-//! coordinate direction `v·e_k` of one trainable parameter (v at most the bound of every clip
-//! group that holds the parameter: a record the sensitivity analysis admits). The included
-//! canaries are records of the run past the real ones: the Poisson sampler draws every record,
-//! real or canary, at the plan's q; a drawn canary skips the forward pass and adds `v` at its
-//! coordinate to the clipped sums of the phase that releases its parameter (nothing elsewhere).
-//! After the noise, each release that carries watched coordinates reports the released
-//! component there to the canary's [`DiracTrace`] (in units of the release's planned noise
-//! std). Release events, denominators, σ's and charges are untouched: the ledger charges what
-//! it charges without canaries.
+//! A white-box audit run adds *Dirac canaries*: records whose gradient, before clipping, is a
+//! fixed vector of a few coordinates of trainable parameters (one coordinate, or a shared
+//! coordinate and a coordinate of the canary's owner expert). The included canaries are
+//! records of the run past the real ones: the Poisson sampler draws every record, real or
+//! canary, at the plan's q. A drawn canary skips the forward pass; what it adds to the clipped
+//! sums of the phase is what the phase's clipping and owner masks make of its gradient, by the
+//! same rules as for a real record: each coordinate in a routed expert's parameter counts only
+//! when the expert is the canary's owner (owner masks), and each clip group's part is scaled by
+//! [`raptor_models::clip_factors`] of its norm (or, under global clipping, of the whole
+//! gradient's), so a canary never moves a release by more than its sensitivity admits. After
+//! the noise, every release that carries a canary's coordinates reports them, whitened by the
+//! release's planned noise std, and the update's observations of one canary are combined into
+//! one score, the projection on the canary's whitened shift (for a canary that moves a shared
+//! release by Δ_s and its owner's release by Δ_e in one update, a shift of norm
+//! sqrt(1/σ_s² + 1/σ_e²) = 1/σ_eff: exactly what the one-sample charge covers), reported to its
+//! [`DiracTrace`]. Release events, denominators, σ's and charges are untouched: the ledger
+//! charges what it charges without canaries.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use raptor_accountant::{PoissonSampler, SamplingRate};
 use raptor_eval::audit::DiracTrace;
+use raptor_models::roles::ExpertId;
 use tch::{Device, Kind, Tensor};
 
 use super::Trainer;
@@ -24,25 +32,49 @@ use super::make_privatizers;
 use crate::error::{Result, TrainError};
 #[cfg(feature = "planted-faults")]
 use crate::streams::Charge;
-use crate::streams::{Phase, ReleaseSpec};
+use crate::streams::{Phase, Plan, ReleaseSpec};
 
-/// One white-box (Dirac) canary: a record whose clipped gradient is `value` at flat index
-/// `index` of parameter `param` and zero everywhere else.
+/// One coordinate of a Dirac canary's gradient.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DiracCanary {
+pub struct CanaryCoord {
     /// The parameter (a trainable one of the plan).
     pub param: String,
     /// Flat (row-major) index into the parameter.
     pub index: i64,
-    /// The canary's gradient there (0 < value ≤ every bound of a group holding `param`).
-    pub value: f64,
+    /// The canary's gradient there, before clipping (finite, > 0).
+    pub gradient: f64,
+}
+
+/// One white-box (Dirac) canary: a record whose gradient is `gradient` at each of its
+/// coordinates and zero everywhere else, owned by `owner` where the plan has routed experts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiracCanary {
+    /// The coordinates its gradient touches (at least one; no two canaries share one).
+    pub coords: Vec<CanaryCoord>,
+    /// The canary record's owner expert: like any record's, its gradient in another expert of
+    /// that layer is masked out (None: it reaches no routed expert).
+    pub owner: Option<ExpertId>,
+}
+
+impl DiracCanary {
+    /// A canary of one coordinate.
+    pub fn single(param: impl Into<String>, index: i64, gradient: f64) -> Self {
+        Self {
+            coords: vec![CanaryCoord {
+                param: param.into(),
+                index,
+                gradient,
+            }],
+            owner: None,
+        }
+    }
 }
 
 /// The Dirac canaries of a white-box audit run (module docs). Only the audit (crate
 /// `raptor-audit`) builds them, and they enter a run only through
-/// [`crate::run::train_prepared_with_canaries`]; a run without them is untouched. Each canary is checked against the plan before the first update (a coordinate
-/// of a released parameter, no two the same, a value within every bound that holds it), so a
-/// canary is always a record the sensitivity analysis admits.
+/// [`crate::run::train_prepared_with_canaries`]; a run without them is untouched. Each canary
+/// is checked against the plan before the first update (coordinates of released parameters, no
+/// two the same, finite positive gradients, an owner the plan trains, a release it reaches).
 #[derive(Debug)]
 pub struct DiracCanaries {
     /// Every canary, in or out (each coordinate is watched).
@@ -50,13 +82,19 @@ pub struct DiracCanaries {
     /// The included canaries (secret coins = true), in order: record `N + j` of the run is
     /// canary `included[j]` (N real records).
     included: Vec<usize>,
-    /// What each canary's coordinate showed, shared with the audit.
+    /// What each canary's coordinates showed, shared with the audit.
     traces: Arc<Mutex<Vec<DiracTrace>>>,
-    /// Per watched parameter: flat indices and canary numbers (filled by the trainer).
-    watch: BTreeMap<String, (Tensor, Vec<usize>)>,
+    /// Per watched parameter: flat indices and (canary, coordinate) numbers (filled by the
+    /// trainer).
+    watch: BTreeMap<String, (Tensor, Vec<(usize, usize)>)>,
+    /// Per phase, canary and coordinate: what clipping and owner masks make of the coordinate
+    /// when the canary is drawn in an update of the phase (0: not released there, or masked).
+    shift: Vec<Vec<Vec<f64>>>,
+    /// This update's observations per canary: Σ z·μ and Σ μ² (whitened value, whitened shift).
+    pending: Mutex<Vec<(f64, f64)>>,
     /// A planted bug (the test/audit-only `planted-faults` feature only).
     #[cfg(feature = "planted-faults")]
-    pub fault: Option<NoiseFault>,
+    pub fault: Option<PlantedFault>,
 }
 
 impl DiracCanaries {
@@ -75,12 +113,15 @@ impl DiracCanaries {
         }
         let traces = Arc::new(Mutex::new(vec![DiracTrace::default(); canaries.len()]));
         let included = (0..canaries.len()).filter(|&i| coins[i]).collect();
+        let pending = Mutex::new(vec![(0.0, 0.0); canaries.len()]);
         Ok((
             Self {
                 canaries,
                 included,
                 traces: Arc::clone(&traces),
                 watch: BTreeMap::new(),
+                shift: Vec::new(),
+                pending,
                 #[cfg(feature = "planted-faults")]
                 fault: None,
             },
@@ -89,38 +130,110 @@ impl DiracCanaries {
     }
 }
 
-/// A planted bug of the mechanism, for the audit's tests and its measured table: the releases'
-/// noise is not what the plan says, while the ledger still charges the planned σ. It exists
-/// only under the cargo feature `planted-faults` (test/audit-only, off by default; the `raptor`
-/// program refuses to build with it), and only a white-box audit can plant it (crate
-/// `raptor-audit`, its `planted` module).
+/// The parameters `phase` releases (every parameter of a group one of its releases names).
+fn released_params(phase: &Phase) -> BTreeSet<&str> {
+    phase
+        .releases
+        .iter()
+        .flat_map(|r| r.groups.iter())
+        .filter_map(|g| phase.group(g))
+        .flat_map(|g| g.params.iter().map(String::as_str))
+        .collect()
+}
+
+/// What `canary` adds at each of its coordinates when drawn in an update of `phase`, by the
+/// rules a real record's gradient follows: owner masks drop a coordinate of a routed expert
+/// other than the canary's owner; a private phase scales each clip group's part by the clip
+/// factor of its norm (one factor over every group under global clipping); a parameter the
+/// phase does not release gets nothing.
+fn canary_shift(plan: &Plan, phase: &Phase, canary: &DiracCanary) -> Result<Vec<f64>> {
+    let released = released_params(phase);
+    let admitted = |c: &CanaryCoord| match plan.routed.get(&c.param) {
+        Some(id) => canary.owner == Some(*id),
+        None => true,
+    };
+    // The clip group of each admitted coordinate in this phase.
+    let group_of: Vec<Option<usize>> = canary
+        .coords
+        .iter()
+        .map(|c| {
+            if admitted(c) {
+                phase.groups.iter().position(|g| g.params.contains(&c.param))
+            } else {
+                None
+            }
+        })
+        .collect();
+    let mut sq = vec![0.0f64; phase.groups.len()];
+    for (c, g) in canary.coords.iter().zip(&group_of) {
+        if let Some(g) = g {
+            sq[*g] += c.gradient * c.gradient;
+        }
+    }
+    let factor = |sq_norm: f64, bound: f64| -> Result<f64> {
+        let t = Tensor::f_from_slice(&[sq_norm])?;
+        Ok(raptor_models::clip_factors(&t, bound)?.f_double_value(&[0])?)
+    };
+    let factors: Vec<f64> = if !phase.private {
+        vec![1.0; phase.groups.len()]
+    } else if let Some(c) = phase.global_clip {
+        vec![factor(sq.iter().sum(), c)?; phase.groups.len()]
+    } else {
+        phase
+            .groups
+            .iter()
+            .zip(&sq)
+            .map(|(g, &s)| factor(s, g.bound))
+            .collect::<Result<_>>()?
+    };
+    Ok(canary
+        .coords
+        .iter()
+        .zip(&group_of)
+        .map(|(c, g)| match g {
+            Some(g) if released.contains(c.param.as_str()) => c.gradient * factors[*g],
+            _ => 0.0,
+        })
+        .collect())
+}
+
+/// A planted bug, for the audit's tests and its measured table. Noise faults: the releases'
+/// noise is not what the plan says, while the ledger still charges the planned σ. The ledger
+/// fault: the noise is as planned, but the ledger charges one sample's releases as if they
+/// came from separate samples. It exists only under the cargo feature `planted-faults`
+/// (test/audit-only, off by default; the `raptor` program refuses to build with it), and only a
+/// white-box audit can plant it (crate `raptor-audit`, its `planted` module).
 #[cfg(feature = "planted-faults")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoiseFault {
+pub enum PlantedFault {
     /// No noise at all.
     Off,
     /// Every release's noise at half its planned σ.
     Half,
     /// The expert releases' (parallel group members') noise at half their σ.
     HalfExperts,
+    /// Noise as planned; the ledger charges an update's sequential (shared) releases and its
+    /// parallel groups (expert releases) as separate samples, each its own mechanism — the
+    /// under-count the one-sample rule exists to prevent.
+    SplitCharge,
 }
 
 #[cfg(feature = "planted-faults")]
-fn fault_scale(fault: NoiseFault, release: &ReleaseSpec) -> f64 {
+fn fault_scale(fault: PlantedFault, release: &ReleaseSpec) -> f64 {
     match fault {
-        NoiseFault::Off => 0.0,
-        NoiseFault::Half => 0.5,
-        NoiseFault::HalfExperts if matches!(release.charge, Charge::Parallel(_)) => 0.5,
-        NoiseFault::HalfExperts => 1.0,
+        PlantedFault::Off => 0.0,
+        PlantedFault::Half => 0.5,
+        PlantedFault::HalfExperts if matches!(release.charge, Charge::Parallel(_)) => 0.5,
+        PlantedFault::HalfExperts | PlantedFault::SplitCharge => 1.0,
     }
 }
 
 impl Trainer<'_> {
-    /// Adds the Dirac canaries of a white-box audit run (module docs): the
-    /// sampler then draws the real records and the included canaries at the plan's q. Before
-    /// the first update, on one process only. Each canary must name a coordinate of a planned
-    /// parameter, no two the same, with 0 < value ≤ the bound of every private clip group (or
-    /// global clip) that holds its parameter.
+    /// Adds the Dirac canaries of a white-box audit run (module docs): the sampler then draws
+    /// the real records and the included canaries at the plan's q. Before the first update, on
+    /// one process only. Each coordinate must be one of a planned parameter, no two the same
+    /// (in any canary), with a finite gradient > 0; an owner must be an expert the plan trains;
+    /// every canary must reach a release of some phase.
     pub(crate) fn with_dirac_canaries(mut self, mut canaries: DiracCanaries) -> Result<Self> {
         if self.update != 0 || self.comm.size() > 1 {
             return Err(TrainError::Run(
@@ -128,39 +241,66 @@ impl Trainer<'_> {
             ));
         }
         let planned: BTreeSet<String> = self.plan.params().into_iter().collect();
+        let experts: BTreeSet<ExpertId> = self.plan.routed.values().copied().collect();
         let mut seen = BTreeSet::new();
-        let mut watch: BTreeMap<String, (Vec<i64>, Vec<usize>)> = BTreeMap::new();
+        let mut watch: BTreeMap<String, (Vec<i64>, Vec<(usize, usize)>)> = BTreeMap::new();
         for (i, c) in canaries.canaries.iter().enumerate() {
-            let numel = match self.vars.get(&c.param) {
-                Some(v) if planned.contains(&c.param) => v.numel() as i64,
-                _ => {
-                    return Err(TrainError::Config(format!(
-                        "canary {i}: {} is not a trainable parameter of the plan",
-                        c.param
-                    )));
-                }
-            };
-            if !(0..numel).contains(&c.index) || !seen.insert((c.param.as_str(), c.index)) {
+            if c.coords.is_empty() {
+                return Err(TrainError::Config(format!("canary {i} has no coordinate")));
+            }
+            if let Some(o) = c.owner
+                && !experts.contains(&o)
+            {
                 return Err(TrainError::Config(format!(
-                    "canary {i}: index {} of {} is out of range or taken",
-                    c.index, c.param
+                    "canary {i}: owner expert {} of layer {} is not an expert the plan trains",
+                    o.expert, o.layer
                 )));
             }
-            for ph in self.plan.phases.iter().filter(|p| p.private) {
-                for g in ph.groups.iter().filter(|g| g.params.contains(&c.param)) {
-                    let bound = ph.global_clip.unwrap_or(g.bound);
-                    if !(c.value > 0.0 && c.value <= bound) {
+            for (j, d) in c.coords.iter().enumerate() {
+                let numel = match self.vars.get(&d.param) {
+                    Some(v) if planned.contains(&d.param) => v.numel() as i64,
+                    _ => {
                         return Err(TrainError::Config(format!(
-                            "canary {i}: value {} is not in (0, {bound}] (group {} of phase {})",
-                            c.value, g.name, ph.name
+                            "canary {i}: {} is not a trainable parameter of the plan",
+                            d.param
                         )));
                     }
+                };
+                if !(0..numel).contains(&d.index) || !seen.insert((d.param.as_str(), d.index)) {
+                    return Err(TrainError::Config(format!(
+                        "canary {i}: index {} of {} is out of range or taken",
+                        d.index, d.param
+                    )));
                 }
+                if !(d.gradient.is_finite() && d.gradient > 0.0) {
+                    return Err(TrainError::Config(format!(
+                        "canary {i}: gradient {} at {}[{}] is not finite and > 0",
+                        d.gradient, d.param, d.index
+                    )));
+                }
+                let w = watch.entry(d.param.clone()).or_default();
+                w.0.push(d.index);
+                w.1.push((i, j));
             }
-            let w = watch.entry(c.param.clone()).or_default();
-            w.0.push(c.index);
-            w.1.push(i);
         }
+        let mut shift = Vec::with_capacity(self.plan.phases.len());
+        for ph in &self.plan.phases {
+            shift.push(
+                canaries
+                    .canaries
+                    .iter()
+                    .map(|c| canary_shift(&self.plan, ph, c))
+                    .collect::<Result<Vec<_>>>()?,
+            );
+        }
+        for i in 0..canaries.canaries.len() {
+            if !shift.iter().any(|ph| ph[i].iter().any(|&v| v > 0.0)) {
+                return Err(TrainError::Config(format!(
+                    "canary {i} reaches no release (its coordinates are not released, or owner masks drop them)"
+                )));
+            }
+        }
+        canaries.shift = shift;
         for (p, (idx, ids)) in watch {
             let t = Tensor::f_from_slice(&idx)?.f_to(self.opts.device)?;
             canaries.watch.insert(p, (t, ids));
@@ -181,34 +321,29 @@ impl Trainer<'_> {
     }
 
     /// Adds the drawn canaries (record numbers `drawn`, past the real records) to the clipped
-    /// sums of the parameters `phase` releases: `value` at each one's coordinate.
+    /// sums of phase `pi`: at each coordinate, what the phase's clipping and owner masks make
+    /// of the canary's gradient (module docs).
     pub(super) fn add_canaries(
         &self,
-        phase: &Phase,
+        pi: usize,
         drawn: &[usize],
         sums: &mut BTreeMap<String, Tensor>,
     ) -> Result<()> {
         let Some(c) = &self.canaries else {
             return Ok(());
         };
-        let released: BTreeSet<&str> = phase
-            .releases
-            .iter()
-            .flat_map(|r| r.groups.iter())
-            .filter_map(|g| phase.group(g))
-            .flat_map(|g| g.params.iter().map(String::as_str))
-            .collect();
         let mut per: BTreeMap<&str, (Vec<i64>, Vec<f64>)> = BTreeMap::new();
         for &i in drawn {
             let k = i
                 .checked_sub(self.data.len())
                 .and_then(|j| c.included.get(j))
                 .ok_or_else(|| TrainError::Run(format!("record {i} is no canary")))?;
-            let d = &c.canaries[*k];
-            if released.contains(d.param.as_str()) {
-                let e = per.entry(d.param.as_str()).or_default();
-                e.0.push(d.index);
-                e.1.push(d.value);
+            for (d, &v) in c.canaries[*k].coords.iter().zip(&c.shift[pi][*k]) {
+                if v > 0.0 {
+                    let e = per.entry(d.param.as_str()).or_default();
+                    e.0.push(d.index);
+                    e.1.push(v);
+                }
             }
         }
         for (p, (idx, val)) in per {
@@ -229,11 +364,13 @@ impl Trainer<'_> {
         Ok(())
     }
 
-    /// Reports a release's components at the watched coordinates to the canaries' traces:
-    /// `x·D/(σΔ)` (planned σ) for a noised release, `x·D/value` for one without noise.
+    /// Notes a release's components at the watched coordinates (of phase `pi`) for the
+    /// canaries' scores of this update: whitened, `z = x·D/(σΔ)` (planned σ) for a noised
+    /// release, `x·D/shift` for one without noise, each with its whitened shift μ (`shift/(σΔ)`,
+    /// or 1 without noise); [`Trainer::flush_canaries`] combines them.
     pub(super) fn observe_canaries(
         &self,
-        phase: &Phase,
+        pi: usize,
         release: &ReleaseSpec,
         sensitivity: f64,
         names: &[String],
@@ -242,15 +379,15 @@ impl Trainer<'_> {
         let Some(c) = &self.canaries else {
             return Ok(());
         };
-        let noise_std = if phase.private {
+        let noise_std = if self.plan.phases[pi].private {
             release.sigma * sensitivity
         } else {
             0.0
         };
-        let mut traces = c
-            .traces
+        let mut pending = c
+            .pending
             .lock()
-            .map_err(|_| TrainError::Run("the canary traces are poisoned".into()))?;
+            .map_err(|_| TrainError::Run("the canary scores are poisoned".into()))?;
         for (p, out) in names.iter().zip(outs) {
             let Some((idx, ids)) = c.watch.get(p) else {
                 continue;
@@ -261,20 +398,48 @@ impl Trainer<'_> {
                     .f_to_kind(Kind::Double)?
                     .f_to(Device::Cpu)?,
             )?;
-            for (&i, x) in ids.iter().zip(got) {
-                let unit = if noise_std > 0.0 {
-                    noise_std
+            for (&(i, j), x) in ids.iter().zip(got) {
+                let v = c.shift[pi][i][j];
+                if v <= 0.0 {
+                    continue;
+                }
+                let (z, mu) = if noise_std > 0.0 {
+                    (x * release.denominator / noise_std, v / noise_std)
                 } else {
-                    c.canaries[i].value
+                    (x * release.denominator / v, 1.0)
                 };
-                traces[i].observe(x * release.denominator / unit);
+                pending[i].0 += z * mu;
+                pending[i].1 += mu * mu;
             }
         }
         Ok(())
     }
 
-    /// Whether an audit's test planted a noise fault (never outside the `planted-faults`
-    /// feature).
+    /// Ends an update for the canaries: each canary observed in it gets one score, its
+    /// observations projected on its whitened shift, `Σ z·μ / sqrt(Σ μ²)` (under the noise
+    /// alone a standard normal; a drawn canary adds sqrt(Σ μ²)).
+    pub(super) fn flush_canaries(&self) -> Result<()> {
+        let Some(c) = &self.canaries else {
+            return Ok(());
+        };
+        let mut pending = c
+            .pending
+            .lock()
+            .map_err(|_| TrainError::Run("the canary scores are poisoned".into()))?;
+        let mut traces = c
+            .traces
+            .lock()
+            .map_err(|_| TrainError::Run("the canary traces are poisoned".into()))?;
+        for (i, (num, den)) in pending.iter_mut().enumerate() {
+            if *den > 0.0 {
+                traces[i].observe(*num / den.sqrt());
+            }
+            (*num, *den) = (0.0, 0.0);
+        }
+        Ok(())
+    }
+
+    /// Whether an audit's test planted a fault (never outside the `planted-faults` feature).
     pub(super) fn fault_planted(&self) -> bool {
         #[cfg(feature = "planted-faults")]
         {
@@ -284,5 +449,48 @@ impl Trainer<'_> {
         {
             false
         }
+    }
+
+    /// The planted ledger fault ([`PlantedFault::SplitCharge`]): the charges a buggy ledger
+    /// would make for one update of `phase` — its sequential releases as one sample, and each
+    /// parallel group as a sample of its own. None when no such fault is planted.
+    #[cfg(feature = "planted-faults")]
+    pub(super) fn split_charges(
+        &self,
+        phase: &Phase,
+    ) -> Result<Option<Vec<raptor_accountant::SampleCharge>>> {
+        if !self
+            .canaries
+            .as_ref()
+            .is_some_and(|c| c.fault == Some(PlantedFault::SplitCharge))
+            || !phase.private
+        {
+            return Ok(None);
+        }
+        let q = self.plan.q;
+        let mut sequential: Option<raptor_accountant::SampleCharge> = None;
+        let mut groups: BTreeMap<usize, raptor_accountant::SampleCharge> = BTreeMap::new();
+        for r in &phase.releases {
+            match &r.charge {
+                Charge::None => {}
+                Charge::Sequential => {
+                    let s = match sequential.as_mut() {
+                        Some(s) => s,
+                        None => sequential.insert(raptor_accountant::SampleCharge::new(q)?),
+                    };
+                    s.release(r.sigma)?;
+                }
+                Charge::Parallel(id) => {
+                    let g = match groups.entry(id.layer) {
+                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            e.insert(raptor_accountant::SampleCharge::new(q)?)
+                        }
+                    };
+                    g.member_release(&format!("experts[layer {}]", id.layer), id.expert, r.sigma)?;
+                }
+            }
+        }
+        Ok(Some(sequential.into_iter().chain(groups.into_values()).collect()))
     }
 }

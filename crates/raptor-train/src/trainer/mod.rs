@@ -47,8 +47,8 @@ mod prefix;
 
 pub use batch::{EvalMetrics, Example, evaluate, make_batch, per_record_losses};
 #[cfg(feature = "planted-faults")]
-pub use canaries::NoiseFault;
-pub use canaries::{DiracCanaries, DiracCanary};
+pub use canaries::PlantedFault;
+pub use canaries::{CanaryCoord, DiracCanaries, DiracCanary};
 
 /// What the trainer needs besides the plan.
 #[derive(Debug, Clone)]
@@ -721,7 +721,7 @@ impl<'a> Trainer<'a> {
                     0.0
                 },
             };
-            self.observe_canaries(phase, r, delta, &names, &outs)?;
+            self.observe_canaries(pi, r, delta, &names, &outs)?;
             for (p, out) in names.into_iter().zip(outs) {
                 released.push((p, out, noise));
             }
@@ -734,6 +734,15 @@ impl<'a> Trainer<'a> {
                 sensitivity: delta,
                 charge: r.charge.clone(),
             });
+        }
+        self.flush_canaries()?;
+        // A planted ledger fault of the audit's tests charges the sample as several.
+        #[cfg(feature = "planted-faults")]
+        if let Some(charges) = self.split_charges(phase)? {
+            for c in &charges {
+                self.ledger.charge(c)?;
+            }
+            return Ok((released, empty_experts));
         }
         // One sample, one charge: every release above came from this update's sample.
         match phase.charge(self.plan.q)? {
@@ -834,7 +843,7 @@ impl<'a> Trainer<'a> {
                 }
             }
         }
-        self.add_canaries(&phase, &canaries, &mut sums)?;
+        self.add_canaries(pi, &canaries, &mut sums)?;
         if ranks > 1 {
             self.all_reduce_sums(&phase, &mut sums, &mut loss_sum, &mut clipped, &mut owned)?;
         }

@@ -53,7 +53,10 @@ pub fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
         |done: u64, total: u64, m: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
             bar.set_length(total);
             bar.set_position(done);
-            bar.set_message(format!("loss {:.4}", m.loss));
+            bar.set_message(format!(
+                "private batch loss {:.4} (not private: no noise)",
+                m.loss
+            ));
         };
     let result = audit(&cfg, &opts, &args.runs_dir, &mut progress);
     bar.finish_and_clear();

@@ -257,23 +257,31 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         ),
         None => println!("privacy: none (epsilon = infinity: a non-private reference method)"),
     }
-    if let Some(ev) = &record.eval {
+    // Computed without noise: private unless the validation file was declared public.
+    let (tag, shown) = match &record.validation {
+        Some(v) if v.public => ("public validation records", "record.json"),
+        _ => (
+            "PRIVATE: held-out private records, no noise",
+            "private/record.json",
+        ),
+    };
+    if let Some(ev) = record.eval() {
         match ev.accuracy {
             Some(a) => println!(
-                "validation: accuracy {a:.4}  loss {:.4}  ({} records)",
+                "validation: accuracy {a:.4}  loss {:.4}  ({} records; {tag}; in {shown})",
                 ev.loss, ev.records
             ),
             None => println!(
-                "validation: NLL {:.4}  perplexity {:.3}  ({} records)",
+                "validation: NLL {:.4}  perplexity {:.3}  ({} records; {tag}; in {shown})",
                 ev.loss,
                 ev.perplexity.unwrap_or(f64::NAN),
                 ev.records
             ),
         }
     }
-    if let Some(g) = &record.generation {
+    if let Some(g) = record.generation() {
         println!(
-            "generation: BLEU {:.2}  ROUGE-L {:.2}  ({} sources, beams {})",
+            "generation: BLEU {:.2}  ROUGE-L {:.2}  ({} sources, beams {}; {tag}; in {shown})",
             g.bleu, g.rouge_l, g.sources, g.beams
         );
     }
@@ -291,7 +299,10 @@ fn end_lines(dir: &std::path::Path, cfg: &RunConfig) -> Vec<String> {
     let d = dir.display();
     let mut out = vec![
         format!(
-            "saved in {d}: config.toml (the resolved config), record.json (privacy plan, certified epsilon, metrics), metrics.jsonl, checkpoint/ (trained parameters, optimizer state, ledger)"
+            "saved in {d}: config.toml (the resolved config), record.json (what may be published: privacy plan, certified epsilon, public metrics), checkpoint/ (trained parameters, optimizer state, ledger)"
+        ),
+        format!(
+            "private:  {d}/private/ (record.json, metrics.jsonl: computed from private records without noise; never publish or share)"
         ),
         format!("evaluate: raptor eval --run {d} --data <file with the same columns>"),
         format!("repeat:   raptor train --config {d}/config.toml"),
