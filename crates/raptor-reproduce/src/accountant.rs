@@ -191,8 +191,8 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
             .collect(),
         rows: plan_rows,
         notes: vec![
-            "δ = 1e-5, ρ = 0.9, shared stream q = 0.01, T = 2000; expert stream q = 0.01, T = 2000 per layer; L = 2 trained layers (experts of a layer compose in parallel).".into(),
-            "additive: ε_s = ρε, ε_e = (1−ρ)ε/L (δ likewise), each σ calibrated alone; claimed ε = ε_s + L·ε_e.".into(),
+            "δ = 1e-5, ρ = 0.9, shared stream q = 0.01, T = 2000; expert stream q = 0.01, T = 2000 expert updates; L = 2 trained layers (experts of a layer compose in parallel; an expert update draws one sample for both layers, so it is charged as one mechanism with 1/σ_eff² = L/σ_e²).".into(),
+            "additive: ε_s = ρε for the shared stream, ε_e = (1−ρ)ε for the expert updates (δ likewise), each calibrated alone; claimed ε = ε_s + ε_e.".into(),
             "joint: σ_e²/σ_s² = ρ·L·T_e·q_e² / ((1−ρ)·T_s·q_s²), common scale calibrated so that the one-PRV composition meets (ε, δ).".into(),
         ],
     };
