@@ -235,7 +235,8 @@ pub struct PlanArgs {
     /// Shared stream as Q,STEPS.
     #[arg(long, value_parser = parse_stream)]
     pub shared: Stream,
-    /// Expert stream (per trained layer) as Q,STEPS.
+    /// Expert updates as Q,STEPS (each draws one sample and releases every trained layer's
+    /// experts from it).
     #[arg(long, value_parser = parse_stream)]
     pub expert: Stream,
     /// Number of trained sparse layers.
@@ -298,7 +299,7 @@ pub fn run_plan(args: PlanArgs) -> Result<()> {
     );
     let _ = writeln!(
         s,
-        "    expert: sigma {:.4} for (eps {:.4}, delta {:.3e}) per layer -> spends {:.4}",
+        "    expert: sigma {:.4} per layer for (eps {:.4}, delta {:.3e}) of the expert updates (one sample for every layer) -> spends {:.4}",
         a.expert.sigma, a.expert.epsilon_target, a.expert.delta_target, a.expert.epsilon_alone
     );
     let _ = writeln!(

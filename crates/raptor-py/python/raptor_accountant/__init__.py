@@ -145,7 +145,11 @@ def plan_budget(
     simultaneous: bool = False,
     eps_error: float = DEFAULT_EPS_ERROR,
 ) -> Dict[str, Any]:
-    """RAPTOR budget plans for a shared stream and ``layers`` expert streams.
+    """RAPTOR budget plans for a shared stream and expert updates over ``layers`` trained layers.
+
+    An expert update draws one Poisson sample and releases every layer's experts from it, so it
+    is charged as one mechanism with ``1/sigma_eff**2 = layers/sigma_e**2`` (never as
+    ``layers`` independent samples).
 
     ``shared`` and ``expert`` are ``(sample_rate, steps)``; ``rho`` is the shared stream's share
     of the budget. Returns a dict with ``"additive"`` (the paper's split: each stream calibrated
