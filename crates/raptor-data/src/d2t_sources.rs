@@ -205,7 +205,12 @@ pub fn curl_download(url: &str, dest: &Path) -> Result<(), DataError> {
         Ok(o) if !o.status.success() => Err(fail(format!(
             "`curl` failed ({}): {}",
             o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
         ))),
         Ok(_) => Ok(()),
     }
@@ -321,6 +326,10 @@ pub fn ensure_d2t(
             if origin == D2tOrigin::Cache {
                 origin = D2tOrigin::Copied(folder.join(r.name));
             }
+            continue;
+        }
+        if first_error.is_some() {
+            // One failed download is enough to know the source is out of reach.
             continue;
         }
         match download_into(f, &dest, download, quiet) {
@@ -526,14 +535,28 @@ mod tests {
         std::fs::write(edited.join("e2e/dev.csv"), b"mr,ref\n").unwrap();
         std::fs::write(edited.join("e2e/test.csv"), TEST).unwrap();
         let cache2 = tmp.path().join("cache2");
-        let got = ensure_d2t(&r, &cache2, &[edited.clone()], &no_network, true).unwrap();
+        let got = ensure_d2t(
+            &r,
+            &cache2,
+            std::slice::from_ref(&edited),
+            &no_network,
+            true,
+        )
+        .unwrap();
         assert_eq!(got.origin, D2tOrigin::Unpinned(edited.join("e2e")));
         assert_eq!(got.dev, edited.join("e2e/dev.csv"));
         assert!(got.describe().contains("NOT the pinned release"));
 
-        let e = ensure_d2t(&r, &tmp.path().join("cache3"), &[empty], &no_network, true)
+        // One failed download stops the others (the source is out of reach).
+        let tries = std::cell::Cell::new(0);
+        let counting = |url: &str, dest: &Path| {
+            tries.set(tries.get() + 1);
+            no_network(url, dest)
+        };
+        let e = ensure_d2t(&r, &tmp.path().join("cache3"), &[empty], &counting, true)
             .unwrap_err()
             .to_string();
+        assert_eq!(tries.get(), 1);
         for want in [
             r.dev.url,
             r.dev.sha256,
