@@ -1,15 +1,17 @@
 //! Training that tells what it is about to do: [`train_reporting`] prepares the run, hands a
 //! [`StartInfo`] (records, q, σ per stream, the planned ε and δ, updates, a time estimate from
-//! a short probe, and warnings about runs unlikely to learn) to the caller before the first
-//! update, then trains as [`crate::run::train_with`] does.
+//! a short probe, the frozen-prefix cache's plan, and warnings about runs unlikely to learn) to
+//! the caller before the first update, then trains as [`crate::run::train_with`] does.
 //!
 //! Privacy of what it reports: N (records), the label set (read from the training file) and
 //! every field of the privacy plan are treated as public, as everywhere in raptor. The time
-//! probe runs the model on synthetic records of `data.max_length` tokens, never on private
-//! ones. The one statistic of the private records is [`StartInfo::unknown_token_fraction`]
-//! (how much of the training text the tokenizer maps to its unknown token): it is computed
-//! without noise and is marked as such wherever it is shown (a diagnostic for the data owner,
-//! like the per-update losses).
+//! probe runs the model on synthetic records, never on private ones. Two statistics of the
+//! private records are shown, both computed without noise and marked as such wherever they are
+//! shown (diagnostics for the data owner, like the per-update losses; `StartInfo` goes to the
+//! caller only, never into the run's record): [`StartInfo::unknown_token_fraction`] (how much of
+//! the training text the tokenizer maps to its unknown token) and the probe's
+//! [`TimeEstimate::padded_length`] (the expected longest record of a micro-batch, from the
+//! records' lengths). The frozen-prefix cache is planned from public sizes only.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -32,28 +34,69 @@ pub const MIN_EXPECTED_BATCH: f64 = 32.0;
 /// flagged as not covering the data.
 pub const MAX_UNKNOWN_FRACTION: f64 = 0.05;
 
-/// How long the run is expected to take, from a short probe.
+/// How long the run is expected to take, from a short probe of the run's own update.
+///
+/// The probe runs the run's update (per-record clipping for a private method, on each phase of
+/// the plan's pattern) over synthetic records of [`TimeEstimate::padded_length`] tokens: the
+/// expected length a micro-batch is padded to, its longest record. That length comes from the
+/// training records' lengths, which are private: it is computed without noise, said to be where
+/// it is shown, and kept out of the run's record. With the frozen-prefix cache the probe also
+/// times the update started from cached states, and the total follows the cache as it fills (a
+/// record is cached from its first draw: at update t a drawn record is new with probability
+/// (1 − q)^t).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TimeEstimate {
-    /// Seconds for one forward pass (no gradient) over one synthetic record of
-    /// `data.max_length` tokens (the probe's batch: up to 16 such records).
+    /// Seconds for one forward pass (no gradient) over one synthetic record.
     pub forward_seconds_per_record: f64,
-    /// Seconds for a forward and backward pass (gradients of the trainable parameters) over
-    /// one such record.
+    /// Seconds of the run's update per record, computing every block (the first epoch).
     pub step_seconds_per_record: f64,
-    /// Expected seconds of one update: expected batch × the time of a forward and backward
-    /// pass per synthetic record (the faster of two, after a warm-up) × [`PRIVATE_FACTOR`] for
-    /// private methods.
+    /// Seconds of the run's update per record started from cached states (None: no cache).
+    pub cached_step_seconds_per_record: Option<f64>,
+    /// Tokens of the synthetic records: the expected longest record of a micro-batch of the
+    /// run's size, from the training records' lengths (private, without noise).
+    pub padded_length: usize,
+    /// Expected seconds of the first update (expected batch × the uncached cost per record).
     pub seconds_per_update: f64,
+    /// Expected seconds of an update once every record is cached (equal to the first without
+    /// a cache).
+    pub later_seconds_per_update: f64,
     /// Expected seconds of the whole run: the updates, plus the final evaluation and
     /// membership-inference passes (forward only).
     pub total_seconds: f64,
 }
 
-/// Cost of a private update relative to a non-private forward and backward pass over the same
-/// records: the per-record norms, clipped sums and noise. `raptor-train`'s README ("Cost of an
-/// update") measured DP-Adam LoRA at 1.14–1.46× non-private LoRA on 2 cores.
-pub const PRIVATE_FACTOR: f64 = 1.3;
+/// Expected seconds of `updates` updates at sampling rate `q`, expected batch `b`, when a
+/// record costs `full` seconds until its first draw and `cached` after it: Σ_t b·(u_t·full +
+/// (1 − u_t)·cached) with u_t = (1 − q)^t.
+pub fn expected_update_seconds(updates: u64, q: f64, b: f64, full: f64, cached: f64) -> f64 {
+    let t = updates as f64;
+    let fresh = if q > 0.0 {
+        (1.0 - (1.0 - q).powf(t)) / q
+    } else {
+        t
+    };
+    b * (cached * t + (full - cached) * fresh)
+}
+
+/// The expected length of the longest of `m` records drawn with replacement from `lengths`
+/// (the length a micro-batch of `m` records is padded to), by 512 seeded draws, rounded up.
+pub fn expected_padded_length(lengths: &[usize], m: usize) -> usize {
+    use rand::{Rng, SeedableRng};
+    if lengths.is_empty() || m == 0 {
+        return 0;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let draws = 512;
+    let mut sum = 0usize;
+    for _ in 0..draws {
+        let longest = (0..m)
+            .map(|_| lengths[rng.random_range(0..lengths.len())])
+            .max()
+            .unwrap_or(0);
+        sum += longest;
+    }
+    sum.div_ceil(draws)
+}
 
 /// What a run is about to do, handed to the caller before its first update.
 #[derive(Debug, Clone, Serialize)]
@@ -78,8 +121,11 @@ pub struct StartInfo {
     pub trainable_parameters: i64,
     /// Tokens per record at most (`data.max_length`).
     pub max_length: usize,
-    /// The time estimate (None when the probe could not run).
+    /// The time estimate (None when the probe could not run). Its padded length comes from
+    /// the private records' lengths: shown to the data owner, never written to the record.
     pub estimate: Option<TimeEstimate>,
+    /// What the run does about the frozen-prefix cache (None when it could not be planned).
+    pub prefix_cache: Option<crate::trainer::PrefixPlan>,
     /// Fraction of the training tokens the tokenizer maps to its unknown token. Computed on the
     /// private training records **without noise**: a diagnostic for the data owner, not part of
     /// the release. None for tokenizers without an unknown token.
@@ -159,7 +205,18 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
             unknown as f64 / total as f64
         }
     });
-    let estimate = probe(session).ok();
+    let scope = crate::trainer::training_scope(session.model.as_ref(), &session.plan);
+    let prefix_cache = crate::trainer::plan_prefix_cache(
+        session.model.as_ref(),
+        &scope,
+        &crate::run::prefix_settings(
+            cfg,
+            session.train.len() + session.validation.len(),
+            Some(&dir.join("private")),
+        ),
+    )
+    .ok();
+    let estimate = probe(session, prefix_cache.as_ref()).ok();
     let mut warnings = learnability_warnings(&Learnability::of(
         cfg,
         &session.privacy,
@@ -178,6 +235,7 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         trainable_parameters,
         max_length: cfg.data.max_length,
         estimate,
+        prefix_cache,
         unknown_token_fraction,
         warnings,
     }
@@ -260,14 +318,25 @@ pub fn learnability_warnings(l: &Learnability) -> Vec<String> {
     out
 }
 
-/// Times a forward pass over synthetic records of `data.max_length` tokens (one warm-up batch,
-/// then one timed batch of up to 16 records) and scales it to the run.
-fn probe(session: &Session) -> Result<TimeEstimate> {
+/// Times the run's update over synthetic records of the expected padded length (see
+/// [`TimeEstimate`]): one warm-up, then the faster of two timed passes per phase of the plan's
+/// pattern (other work on the machine only slows), from the token ids and, with a
+/// frozen-prefix cache, from cached states; then scales to the run.
+fn probe(session: &Session, prefix: Option<&crate::trainer::PrefixPlan>) -> Result<TimeEstimate> {
+    use raptor_models::{ClippedStep, ForwardCtx};
+    use std::collections::BTreeMap;
     let cfg = &session.cfg;
-    let n = 16usize.min(cfg.train.micro_batch.max(1));
+    let b = session.privacy.expected_batch;
+    let m = (cfg.train.micro_batch.max(1) as f64)
+        .min(b.max(1.0))
+        .round() as usize;
+    let n = 16usize.min(m.max(1));
     let vocab = session.model.vocab_size().max(2);
     let filler = (session.pad_id + 1).rem_euclid(vocab);
-    let len = cfg.data.max_length.max(2);
+    let lengths: Vec<usize> = session.train.iter().map(|e| e.tokens.len()).collect();
+    let len = expected_padded_length(&lengths, m)
+        .min(cfg.data.max_length)
+        .max(2);
     let (pre, post) = session.tokenizer.special_ids();
     let mut record: Vec<i64> = pre.iter().map(|&t| i64::from(t)).collect();
     let body = len.saturating_sub(pre.len() + post.len()).max(1);
@@ -282,50 +351,112 @@ fn probe(session: &Session) -> Result<TimeEstimate> {
         classify.then_some(labels.as_slice()),
         session.device,
     )?;
-    // Gradients are asked of autograd for the trainable tensors directly (nothing accumulates
-    // into their `.grad`), on a public, synthetic batch.
-    let trainable: Vec<tch::Tensor> = session
-        .model
-        .var_store()
-        .variables()
-        .into_values()
-        .filter(tch::Tensor::requires_grad)
-        .collect();
-    let run = |backward: bool| -> Result<f64> {
-        let t0 = Instant::now();
-        if backward && !trainable.is_empty() {
-            let logits = session
-                .model
-                .forward(&batch, &mut raptor_models::ForwardCtx::new(false))?;
-            let loss = logits.f_sum(tch::Kind::Float)?;
-            let _grads = tch::Tensor::f_run_backward(&[&loss], &trainable, false, false)?;
-        } else {
-            let _logits = tch::no_grad(|| {
-                session
-                    .model
-                    .forward(&batch, &mut raptor_models::ForwardCtx::new(false))
-            })?;
+    let model = session.model.as_ref();
+    let cached = match prefix {
+        Some(crate::trainer::PrefixPlan::Cache { prefix, .. }) => {
+            Some((prefix.layers, model.prefix_hidden(&batch, prefix.layers)?))
         }
+        _ => None,
+    };
+    let ids: Vec<u64> = (0..n as u64).collect();
+    // One update of a phase over the probe batch (the run's engine for a private phase; plain
+    // gradients otherwise), from the token ids or the cached states. Gradients are asked of
+    // autograd for the trainable tensors directly (nothing accumulates into `.grad`), on a
+    // public, synthetic batch.
+    let run = |phase: &crate::streams::Phase, from: Option<&(usize, tch::Tensor)>| -> Result<f64> {
+        let t0 = Instant::now();
+        let vars = model.var_store().variables();
+        let keep = phase.params();
+        let saved: Vec<(tch::Tensor, bool)> = vars
+            .values()
+            .map(|t| (t.shallow_clone(), t.requires_grad()))
+            .collect();
+        for (name, t) in &vars {
+            let _ = t.f_set_requires_grad(keep.binary_search(name).is_ok())?;
+        }
+        let result = (|| -> Result<()> {
+            if phase.private {
+                let mut owners = BTreeMap::new();
+                for &l in &phase.owner_layers {
+                    owners.insert(
+                        l,
+                        tch::Tensor::f_zeros([n as i64], (tch::Kind::Int64, session.device))?,
+                    );
+                }
+                let (groups, policy) = phase.clipping();
+                let mut step = ClippedStep::new(model)?.with_record_ids(ids.clone());
+                if let Some((k, h)) = from {
+                    step = step.with_prefix(*k, h.shallow_clone());
+                }
+                let _ = step.run(&batch, &owners, &groups, &policy, &BTreeMap::new(), true)?;
+            } else {
+                let mut ctx = ForwardCtx::new(true);
+                ctx.record_ids = Some(ids.clone());
+                ctx.prefix = from.map(|(k, h)| (*k, h.shallow_clone()));
+                let loss = model
+                    .per_record_loss(&batch, &mut ctx)?
+                    .f_sum(tch::Kind::Float)?;
+                let trainable: Vec<tch::Tensor> = keep
+                    .iter()
+                    .filter_map(|p| vars.get(p).map(tch::Tensor::shallow_clone))
+                    .collect();
+                if !trainable.is_empty() {
+                    let _ = tch::Tensor::f_run_backward(&[&loss], &trainable, false, false)?;
+                }
+            }
+            Ok(())
+        })();
+        for (t, rg) in saved {
+            let _ = t.f_set_requires_grad(rg)?;
+        }
+        result?;
         Ok(t0.elapsed().as_secs_f64())
     };
-    // One warm-up, then the faster of two timed passes (other work on the machine only slows).
-    run(true)?;
-    let per_record_step = run(true)?.min(run(true)?) / n as f64;
-    let per_record = run(false)? / n as f64;
-    let per_update = per_record_step
-        * session.privacy.expected_batch
-        * if session.privacy.private {
-            PRIVATE_FACTOR
-        } else {
-            1.0
-        };
+    let plan = &session.plan;
+    let mut distinct: Vec<usize> = plan.pattern.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    // Per-record seconds of each phase, uncached and cached; averaged over the pattern.
+    let mut full: BTreeMap<usize, f64> = BTreeMap::new();
+    let mut from_cache: BTreeMap<usize, f64> = BTreeMap::new();
+    for &pi in &distinct {
+        let ph = &plan.phases[pi];
+        run(ph, None)?;
+        full.insert(pi, run(ph, None)?.min(run(ph, None)?) / n as f64);
+        if let Some(c) = &cached {
+            run(ph, Some(c))?;
+            from_cache.insert(pi, run(ph, Some(c))?.min(run(ph, Some(c))?) / n as f64);
+        }
+    }
+    let mean = |m: &BTreeMap<usize, f64>| -> f64 {
+        let v: Vec<f64> = plan
+            .pattern
+            .iter()
+            .filter_map(|p| m.get(p))
+            .copied()
+            .collect();
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    };
+    let per_record_step = mean(&full);
+    let per_record_cached = cached.as_ref().map(|_| mean(&from_cache));
+    let t0 = Instant::now();
+    let mut ctx = ForwardCtx::new(false);
+    ctx.prefix = cached.as_ref().map(|(k, h)| (*k, h.shallow_clone()));
+    let _logits = tch::no_grad(|| model.forward(&batch, &mut ctx))?;
+    let per_record = t0.elapsed().as_secs_f64() / n as f64;
+    let later = per_record_cached.unwrap_or(per_record_step);
+    let updates =
+        expected_update_seconds(session.privacy.updates, plan.q, b, per_record_step, later);
     let eval_records = session.validation.len() as f64
         + 2.0 * session.train.len().min(session.validation.len()).min(1000) as f64;
     Ok(TimeEstimate {
         forward_seconds_per_record: per_record,
         step_seconds_per_record: per_record_step,
-        seconds_per_update: per_update,
-        total_seconds: per_update * session.privacy.updates as f64 + per_record * eval_records,
+        cached_step_seconds_per_record: per_record_cached,
+        padded_length: len,
+        seconds_per_update: per_record_step * b,
+        later_seconds_per_update: later * b,
+        total_seconds: updates + per_record * eval_records,
     })
 }
 

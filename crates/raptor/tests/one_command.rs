@@ -175,6 +175,10 @@ fn one_command_trains_from_the_cached_backbone_with_progress_lines() {
         "the certified epsilon is shown once computed: {lines:?}"
     );
     assert!(
+        lines[0].contains("eps spent ") && lines[0].contains(" planned"),
+        "the epsilon spent and planned are shown from the first update: {lines:?}"
+    );
+    assert!(
         !se.contains("loss"),
         "the private loss is shown only when asked:\n{se}"
     );

@@ -555,8 +555,9 @@ struct LoopOutcome {
 
 /// Runs the trainer's remaining updates: each update's ledger written (rank 0) after its
 /// releases are charged and before they are applied, its metrics appended under `private/`,
-/// ε computed every 10 updates, validation every `train.eval_every`, a checkpoint every
-/// `train.checkpoint_every`; a stop requested on any rank stops every rank at the same update.
+/// ε computed after the first update and every 10, validation every `train.eval_every`, a
+/// checkpoint every `train.checkpoint_every`; a stop requested on any rank stops every rank at
+/// the same update.
 fn run_updates(
     trainer: &mut Trainer<'_>,
     cx: &LoopContext<'_>,
@@ -605,7 +606,7 @@ fn run_updates(
         }
         let done = trainer.update();
         let eps_now = if cx.privacy.private
-            && (done.is_multiple_of(10) || done == total)
+            && (done == 1 || done.is_multiple_of(10) || done == total)
             && !trainer.ledger().is_empty()
         {
             trainer

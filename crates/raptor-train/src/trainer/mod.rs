@@ -38,6 +38,7 @@ use raptor_models::PrefixCache;
 pub use batch::{evaluate_cached, per_record_losses_cached};
 pub use prefix::{
     F16_TOLERANCE, MEMORY_FRACTION, PrefixPlan, PrefixSettings, memory_budget, plan_prefix_cache,
+    training_scope,
 };
 
 mod batch;

@@ -179,8 +179,14 @@ pub struct PrefixSettings {
 }
 
 /// [`MEMORY_FRACTION`] of the machine's available memory (`MemAvailable` of `/proc/meminfo`;
-/// 1 GiB where it cannot be read).
+/// 1 GiB where it cannot be read), read once per process (so the start report and the run
+/// decide alike).
 pub fn memory_budget() -> u64 {
+    static BUDGET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(read_memory_budget)
+}
+
+fn read_memory_budget() -> u64 {
     let avail = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {
@@ -284,6 +290,23 @@ fn f16_error(model: &dyn Model, layers: usize, max_tokens: usize) -> Result<f64>
         layers,
         PrefixPrecision::F16,
     )?)
+}
+
+/// Every parameter a trainer over `plan` makes trainable at some update: those trainable in
+/// `model` now (the method's scope) and the plan's (what [`plan_prefix_cache`] takes, and what
+/// the trainer's `scope` holds).
+pub fn training_scope(model: &dyn Model, plan: &crate::streams::Plan) -> Vec<String> {
+    let mut scope: Vec<String> = model
+        .var_store()
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, _)| n)
+        .collect();
+    scope.extend(plan.params());
+    scope.sort();
+    scope.dedup();
+    scope
 }
 
 /// The hidden states of the records `chunk` (positions in `data`, the cache's record set)

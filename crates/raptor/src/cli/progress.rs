@@ -109,19 +109,54 @@ pub fn start_lines(info: &StartInfo) -> Vec<String> {
         }
     ));
     if let Some(e) = &info.estimate {
+        let per_update = if e.later_seconds_per_update < e.seconds_per_update {
+            format!(
+                "{} per update at first, {} once the frozen-prefix cache holds the records",
+                duration(e.seconds_per_update),
+                duration(e.later_seconds_per_update)
+            )
+        } else {
+            format!("{} per update", duration(e.seconds_per_update))
+        };
         out.push(format!(
-            "  time: about {} if every record fills its {} tokens, shorter records run faster ({} per update; probe: forward and backward over a synthetic record of {} tokens took {:.1} ms)",
+            "  time: about {} ({per_update}; probe: the run's update over synthetic records of {} tokens, {:.1} ms per record; {} tokens is the expected longest record of a micro-batch, computed from the private records' lengths without noise: shown here only, never written to the run's record; re-estimated from the measured updates while training)",
             duration(e.total_seconds),
-            info.max_length,
-            duration(e.seconds_per_update),
-            info.max_length,
-            1e3 * e.step_seconds_per_record
+            e.padded_length,
+            1e3 * e.step_seconds_per_record,
+            e.padded_length,
         ));
+    }
+    if let Some(p) = &info.prefix_cache {
+        out.push(format!("  {}", p.describe()));
     }
     for w in &info.warnings {
         out.push(format!("  warning: {w}"));
     }
     out
+}
+
+/// Updates the time left is estimated over: the mean of the last ones measured (the first
+/// updates fill the frozen-prefix cache and run slower than the later ones).
+pub const RATE_WINDOW: usize = 10;
+
+/// Seconds left for `remaining` updates at the mean of the last [`RATE_WINDOW`] update times
+/// in `recent` (NaN when none was measured).
+pub fn seconds_left(recent: &[f64], remaining: u64) -> f64 {
+    let w = &recent[recent.len().saturating_sub(RATE_WINDOW)..];
+    if w.is_empty() {
+        return f64::NAN;
+    }
+    remaining as f64 * w.iter().sum::<f64>() / w.len() as f64
+}
+
+/// What the progress shows about ε: the certified ε spent so far (when computed) against the
+/// planned one, or not private.
+pub fn epsilon_text(private: bool, spent: Option<f64>, planned: f64) -> String {
+    match (private, spent) {
+        (false, _) => "not private".into(),
+        (true, Some(e)) => format!("eps spent {e:.3} of {planned:.3} planned"),
+        (true, None) => format!("eps planned {planned:.3}"),
+    }
 }
 
 /// Shows a run's start and progress.
@@ -133,6 +168,9 @@ pub struct Reporter {
     last_line_pct: Option<u64>,
     eps: Option<f64>,
     private: bool,
+    planned_eps: f64,
+    last_update: Option<Instant>,
+    recent: Vec<f64>,
 }
 
 impl Reporter {
@@ -142,7 +180,7 @@ impl Reporter {
             let b = indicatif::ProgressBar::new(0);
             b.set_style(
                 indicatif::ProgressStyle::with_template(
-                    "[{elapsed_precise}] {bar:30} update {pos}/{len}  {msg}  eta {eta}",
+                    "[{elapsed_precise}] {bar:30} update {pos}/{len}  {msg}",
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
@@ -158,6 +196,9 @@ impl Reporter {
             last_line_pct: None,
             eps: None,
             private: true,
+            planned_eps: f64::NAN,
+            last_update: None,
+            recent: Vec::new(),
         }
     }
 
@@ -171,6 +212,7 @@ impl Reporter {
     /// Prints the start summary and starts the clock.
     pub fn start(&mut self, info: &StartInfo) {
         self.private = info.privacy.private;
+        self.planned_eps = info.privacy.planned_epsilon;
         if self.mode != Mode::Quiet {
             let mut err = std::io::stderr().lock();
             for l in start_lines(info) {
@@ -178,6 +220,7 @@ impl Reporter {
             }
         }
         self.started = Instant::now();
+        self.last_update = Some(self.started);
     }
 
     /// One update done (`eps`: the certified ε spent so far when it was computed).
@@ -185,17 +228,22 @@ impl Reporter {
         if eps.is_some() {
             self.eps = eps;
         }
+        let now = Instant::now();
+        if let Some(last) = self.last_update {
+            self.recent.push(now.duration_since(last).as_secs_f64());
+            if self.recent.len() > RATE_WINDOW {
+                self.recent.remove(0);
+            }
+        }
+        self.last_update = Some(now);
         let elapsed = self.started.elapsed().as_secs_f64();
-        let rate = if elapsed > 0.0 {
-            done as f64 / elapsed
+        let left = seconds_left(&self.recent, total.saturating_sub(done));
+        let rate = if left.is_finite() && !self.recent.is_empty() {
+            self.recent.len() as f64 / self.recent.iter().sum::<f64>().max(1e-9)
         } else {
             0.0
         };
-        let eps_text = match (self.private, self.eps) {
-            (false, _) => "not private".into(),
-            (true, Some(e)) => format!("eps spent {e:.3}"),
-            (true, None) => "eps spent -".into(),
-        };
+        let eps_text = epsilon_text(self.private, self.eps, self.planned_eps);
         let loss_text = if self.show_loss {
             format!("  private batch loss {:.4} (not private)", m.loss)
         } else {
@@ -206,8 +254,10 @@ impl Reporter {
             Mode::Bar => {
                 self.bar.set_length(total);
                 self.bar.set_position(done);
-                self.bar
-                    .set_message(format!("{eps_text}  {rate:.2} updates/s{loss_text}"));
+                self.bar.set_message(format!(
+                    "{eps_text}  {rate:.2} updates/s  left {}{loss_text}",
+                    duration(left)
+                ));
             }
             Mode::Lines => {
                 let pct = (done * 100).checked_div(total).unwrap_or(100);
@@ -217,11 +267,6 @@ impl Reporter {
                 };
                 if due {
                     self.last_line_pct = Some(pct);
-                    let left = if rate > 0.0 {
-                        (total.saturating_sub(done)) as f64 / rate
-                    } else {
-                        f64::NAN
-                    };
                     eprintln!(
                         "update {done}/{total} ({pct}%)  {eps_text}  {rate:.2} updates/s  elapsed {}  left {}{loss_text}",
                         duration(elapsed),
@@ -241,6 +286,24 @@ impl Reporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Time left follows the recent updates, not the slower first ones; ε shows the plan
+    /// from the first update.
+    #[test]
+    fn time_left_follows_the_recent_updates_and_epsilon_shows_the_plan() {
+        assert!(seconds_left(&[], 5).is_nan());
+        // Twelve updates: two slow ones (cache filling) then ten at 1 s: 1 s each from here.
+        let mut recent = vec![9.0, 9.0];
+        recent.extend([1.0; 10]);
+        assert_eq!(seconds_left(&recent, 30), 30.0);
+        assert_eq!(seconds_left(&[2.0, 4.0], 3), 9.0);
+        assert_eq!(epsilon_text(true, None, 7.996), "eps planned 7.996");
+        assert_eq!(
+            epsilon_text(true, Some(0.81234), 7.996),
+            "eps spent 0.812 of 7.996 planned"
+        );
+        assert_eq!(epsilon_text(false, None, f64::INFINITY), "not private");
+    }
 
     #[test]
     fn durations_read_naturally() {
