@@ -2,7 +2,7 @@
 # The white-box audit table of the README ("An audit that can fail") and of
 # crates/raptor-audit/README.md: from the repository root,
 #
-#     scripts/audit-table.sh [--canaries M] [--seeds a,b,c]   # minutes on 2 CPU cores
+#     scripts/audit-table.sh [--canaries M] [--seeds a,b,c] [--rows paired|split]   # minutes on 2 CPU cores
 #
 # builds and runs the example `audit_table` of raptor-audit with the test/audit-only feature
 # `planted-faults` (the planted noise bugs; the `raptor` program is never built with it), and

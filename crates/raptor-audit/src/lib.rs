@@ -25,6 +25,12 @@
 //!   holds for the mechanism the ledger charges. A per-expert audit also reports the ε of the
 //!   expert stream alone (its releases' charges composed without the rest), the claim its
 //!   canaries test: parallel composition says the expert stream leaks no more than its member ε.
+//! - **Paired white-box canaries** ([`CanaryKind::Paired`], RAPTOR): each canary's gradient has
+//!   a coordinate in a shared-stream parameter and one in a parameter of its owner expert (4×
+//!   their bounds), added through the trainer's owner masks and clip factors; an update's
+//!   observations of a canary are projected on its whitened shift, so a drawn canary moves its
+//!   score by sqrt(1/σ_s² + 1/σ_e²), the one-sample charge's 1/σ_eff when both releases come
+//!   from one Poisson sample (RAPTOR without alternation).
 //! - **Black-box loss canaries.** Kind [`CanaryKind::Mislabel`] (default for non-private
 //!   classifiers) draws `m` training records (default `min(200, N/4)`; deterministic given the
 //!   design seed `--seed`), **removes them from the training set** and gives each a different

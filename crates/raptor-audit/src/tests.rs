@@ -651,6 +651,49 @@ fn a_planted_bug_is_caught_and_the_correct_run_is_not() {
     );
 }
 
+/// The planted ledger fault charges one sample's shared and expert releases as separate
+/// samples: on RAPTOR without alternation its ledger certifies far less than the one-sample
+/// charge the plan was calibrated on (the under-count the one-sample rule prevents), while the
+/// noise is as planned — so the paired canaries of the two runs see the same mechanism and the
+/// audit's bound stays under the one-sample ε. (A one-run audit cannot reach the buggy ledger's
+/// claim at affordable m here: see the crate README's table.)
+#[cfg(feature = "planted-faults")]
+#[test]
+fn the_planted_split_charge_under_reports_what_the_releases_cost() {
+    tch::set_num_threads(1);
+    let m = 4_000;
+    let mut cfg = toy_switch(Method::Raptor, 8.0, m, 20);
+    cfg.method.alternate = false;
+    let opts = AuditOptions {
+        canaries: Some(m),
+        kind: Some(CanaryKind::Paired),
+        ..AuditOptions::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut quiet = |_: u64, _: u64, _: &UpdateMetrics, _: Option<f64>| {};
+    let bad = planted::audit_with_fault(
+        &cfg,
+        &opts,
+        dir.path(),
+        &mut quiet,
+        PlantedFault::SplitCharge,
+    )
+    .unwrap();
+    let good = audit(&cfg, &opts, dir.path(), &mut quiet).unwrap();
+    assert_eq!((bad.kind, good.kind), (CanaryKind::Paired, CanaryKind::Paired));
+    let (upper_bad, upper_good) = (bad.epsilon_upper.unwrap(), good.epsilon_upper.unwrap());
+    eprintln!(
+        "split charge: certified {upper_bad:.3} (correct ledger {upper_good:.3}); ε_lower {:.3} / {:.3}",
+        bad.epsilon_lower, good.epsilon_lower
+    );
+    assert!(upper_good <= 8.0 * (1.0 + 1e-9) && upper_good > 7.9);
+    assert!(upper_bad < 0.6 * upper_good, "{upper_bad} vs {upper_good}");
+    // The same mechanism (same seeds, same noise): the same canary scores, and a bound below
+    // the one-sample ε.
+    assert_eq!(bad.scores, good.scores);
+    assert!(good.epsilon_lower <= upper_good);
+}
+
 /// The audit catches each planted noise bug: ε_lower clearly above the ε the ledger
 /// certifies (the whole run's, and for the expert bug the expert stream's alone too).
 #[cfg(feature = "planted-faults")]

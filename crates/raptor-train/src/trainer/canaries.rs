@@ -70,6 +70,9 @@ impl DiracCanary {
     }
 }
 
+/// A canary's coordinate: (canary, coordinate) numbers.
+type CoordId = (usize, usize);
+
 /// The Dirac canaries of a white-box audit run (module docs). Only the audit (crate
 /// `raptor-audit`) builds them, and they enter a run only through
 /// [`crate::run::train_prepared_with_canaries`]; a run without them is untouched. Each canary
@@ -86,7 +89,7 @@ pub struct DiracCanaries {
     traces: Arc<Mutex<Vec<DiracTrace>>>,
     /// Per watched parameter: flat indices and (canary, coordinate) numbers (filled by the
     /// trainer).
-    watch: BTreeMap<String, (Tensor, Vec<(usize, usize)>)>,
+    watch: BTreeMap<String, (Tensor, Vec<CoordId>)>,
     /// Per phase, canary and coordinate: what clipping and owner masks make of the coordinate
     /// when the canary is drawn in an update of the phase (0: not released there, or masked).
     shift: Vec<Vec<Vec<f64>>>,
@@ -243,7 +246,7 @@ impl Trainer<'_> {
         let planned: BTreeSet<String> = self.plan.params().into_iter().collect();
         let experts: BTreeSet<ExpertId> = self.plan.routed.values().copied().collect();
         let mut seen = BTreeSet::new();
-        let mut watch: BTreeMap<String, (Vec<i64>, Vec<(usize, usize)>)> = BTreeMap::new();
+        let mut watch: BTreeMap<String, (Vec<i64>, Vec<CoordId>)> = BTreeMap::new();
         for (i, c) in canaries.canaries.iter().enumerate() {
             if c.coords.is_empty() {
                 return Err(TrainError::Config(format!("canary {i} has no coordinate")));
