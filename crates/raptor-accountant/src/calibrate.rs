@@ -8,9 +8,7 @@ use crate::prv::{EpsilonBounds, PrvAccountant};
 use crate::rdp::RdpAccountant;
 use crate::types::{Composition, Delta, Epsilon, SamplingRate, Steps, SubsampledGaussian};
 
-/// The most trained sparse layers a budget plan takes (a bound on the work of folding an expert
-/// update's layers into one mechanism; models have tens).
-pub const MAX_LAYERS: u64 = 4096;
+pub use crate::types::MAX_LAYERS;
 
 /// Relative tolerance of the σ bisection: the returned σ is at most `(1 + SIGMA_TOLERANCE)`
 /// times the smallest σ whose certified upper bound meets the target.

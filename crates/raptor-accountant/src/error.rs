@@ -79,8 +79,8 @@ pub enum AccountantError {
     /// The privacy parameter ratio ρ must lie in (0, 1).
     #[error("budget ratio rho = {0} is outside (0, 1)")]
     InvalidRho(f64),
-    /// The number of trained sparse layers must lie in 1..=[`crate::calibrate::MAX_LAYERS`].
-    #[error("number of trained layers must be between 1 and {max} (got {0})", max = crate::calibrate::MAX_LAYERS)]
+    /// The number of trained sparse layers must lie in 1..=[`crate::MAX_LAYERS`] (4096).
+    #[error("number of trained layers must be between 1 and 4096 (got {0})")]
     InvalidLayers(u64),
     /// A member of a parallel group was released twice from one sample.
     #[error("member {member} of parallel group {group:?} was released twice from one sample")]

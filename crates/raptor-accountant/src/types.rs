@@ -4,6 +4,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{AccountantError, Result};
 
+/// The most trained sparse layers a budget plan takes (a bound on the work of folding an expert
+/// update's layers into one mechanism; models have tens).
+pub const MAX_LAYERS: u64 = 4096;
+
 /// The largest total number of steps a composition may have.
 pub const MAX_TOTAL_STEPS: u64 = 1_000_000_000;
 

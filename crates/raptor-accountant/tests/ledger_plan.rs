@@ -440,9 +440,14 @@ fn run_composition_rejects_too_many_steps_or_layers() {
         run(&req(10, 1 << 30), 1.0, 1.0).unwrap_err(),
         AccountantError::InvalidLayers(1 << 30)
     );
-    assert_eq!(
-        run(&req(10, MAX_LAYERS + 1), 1.0, 1.0).unwrap_err(),
-        AccountantError::InvalidLayers(MAX_LAYERS + 1)
+    let too_many = run(&req(10, MAX_LAYERS + 1), 1.0, 1.0).unwrap_err();
+    assert_eq!(too_many, AccountantError::InvalidLayers(MAX_LAYERS + 1));
+    // The message names the cap.
+    assert!(
+        too_many
+            .to_string()
+            .contains(&format!("between 1 and {MAX_LAYERS}")),
+        "{too_many}"
     );
     assert_eq!(
         run(&req(10, 0), 1.0, 1.0).unwrap_err(),

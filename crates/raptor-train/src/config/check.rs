@@ -5,49 +5,7 @@
 use std::fmt;
 
 use super::{Method, MethodFamily, ModelConfig, NsPolynomial, RunConfig, Scope};
-use crate::error::{Result, TrainError};
-
-/// One problem of a config: the setting (`section.field`, or several joined by ` / `) and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigIssue {
-    /// The setting the problem is about (`privacy.epsilon`).
-    pub setting: String,
-    /// Why its value is rejected.
-    pub reason: String,
-}
-
-impl fmt::Display for ConfigIssue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.setting, self.reason)
-    }
-}
-
-/// Every problem [`RunConfig::validate`] found, in the order of the config's sections.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigIssues(pub Vec<ConfigIssue>);
-
-impl ConfigIssues {
-    /// Whether `setting` is among the problems.
-    pub fn mentions(&self, setting: &str) -> bool {
-        self.0.iter().any(|i| i.setting == setting)
-    }
-}
-
-impl fmt::Display for ConfigIssues {
-    /// One problem on one line; several as a list, one per line.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.as_slice() {
-            [one] => write!(f, "{one}"),
-            all => {
-                write!(f, "{} problems:", all.len())?;
-                for i in all {
-                    write!(f, "\n  - {i}")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
+use crate::error::{ConfigIssue, ConfigIssues, Result, TrainError};
 
 /// Collects the problems of one config.
 struct Issues(Vec<ConfigIssue>);

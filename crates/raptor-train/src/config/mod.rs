@@ -14,7 +14,7 @@ use crate::error::{Result, TrainError};
 mod check;
 pub mod choices;
 
-pub use check::{ConfigIssue, ConfigIssues};
+pub use crate::error::{ConfigIssue, ConfigIssues};
 pub use choices::{
     Budget, BudgetSplit, Choice, DataFormat, DeviceSpec, ExpertClip, ExpertDenominator, LayerSpec,
     Method, MethodFamily, ModelKind, MuonMomentum, NsPolynomial, OwnerRule, Pooling,
