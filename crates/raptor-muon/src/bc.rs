@@ -26,7 +26,7 @@ use rand_chacha::ChaCha20Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::{MuonError, check_param};
-use crate::momentum::MomentumForm;
+use crate::form::MomentumForm;
 use crate::ns::{NsConfig, NsWorkspace, frobenius, newton_schulz_with};
 
 /// The Gaussian noise of the privatized gradient: per-entry std `σΔ/B` on `g̃`.

@@ -17,6 +17,7 @@
 pub mod bc;
 pub mod diagnostics;
 pub mod error;
+pub mod form;
 pub mod momentum;
 pub mod ns;
 pub mod reference;
