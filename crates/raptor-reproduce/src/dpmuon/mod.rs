@@ -185,12 +185,13 @@ impl ProfileScale for Scale {
         }
     }
 
-    /// `cargo xtask reproduce` (no profile flag): a three-point curve on E2E (B = 64, 256,
-    /// 1024 at ε = 8, the same epochs), DART at B = 64 only, 2 paired seeds, a small decoder.
+    /// `cargo xtask reproduce` (no profile flag): the curve on E2E (B = 64, 256, 1024 at
+    /// ε = 8 and ε = 1 at B = 1024, the same epochs), DART at B = 64 only, 2 paired seeds, a
+    /// small decoder.
     fn small() -> Self {
         Self {
             seeds: vec![0, 1],
-            settings: e2e_curve(&[64.0, 256.0, 1024.0], false),
+            settings: e2e_curve(&[64.0, 256.0, 1024.0], true),
             curve_tasks: vec!["e2e"],
             epochs: 0.6,
             min_steps: 3,

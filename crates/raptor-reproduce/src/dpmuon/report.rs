@@ -196,6 +196,21 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     Some(v[v.len() / 2])
 }
 
+/// The median Newton–Schulz bias at the released point of a cell's first-seed DP-Muon buffers
+/// (plain, after DP-MuonBC's correction), at the run's own noise level.
+fn ns_bias(r: &Results, task: &str, st: &Setting) -> Option<(f64, f64)> {
+    let run = run_label(task, Method::DpMuon, st, r.scale.seeds[0]);
+    let rows: Vec<&BiasRow> = r
+        .bias
+        .iter()
+        .filter(|b| b.run == run && b.multiplier == 1.0)
+        .collect();
+    Some((
+        median(rows.iter().map(|b| b.plain).collect())?,
+        median(rows.iter().map(|b| b.corrected).collect())?,
+    ))
+}
+
 /// The median noise share of the kept buffers of a cell's first-seed DP-Muon run (at the run's
 /// own noise level).
 fn noise_share(r: &Results, task: &str, st: &Setting) -> Option<f64> {
@@ -429,7 +444,7 @@ fn cell_verdict(
 fn curve_table(r: &Results, out: &Path) -> anyhow::Result<Table> {
     let mut rows = Vec::new();
     let mut notes = vec![
-        "Each row is one setting (expected batch B, ε) of a task, at the same number of epochs, so a larger B means fewer, less noisy updates: σ is the noise multiplier the accountant gives for the setting's sampling rate, updates and ε, and the noise share is the median, over the buffers the first seed's DP-Muon run kept, of (per-entry noise std)² · entries / ‖M̃‖²_F, the part of the released momentum buffer's energy that is noise. Differences are paired over seeds (mean ± 95 % Student-t half-width, nats/token; negative: the first method is better) with the decision rule's verdict, gated on the NLL positive control at the same B; the last column is the same difference between the non-private references (Muon − Adam at the same B and updates): where it is negative too, few large orthogonalized steps beat Adam's without any noise, so a private difference of the same sign is not evidence that DP-Muon copes better with noise. Learning rates were chosen on the public proxy at each setting (same B, updates, clip, ε and records, hence the same σ).".to_string(),
+        "Each row is one setting (expected batch B, ε) of a task, at the same number of epochs, so a larger B means fewer, less noisy updates: σ is the noise multiplier the accountant gives for the setting's sampling rate, updates and ε, and the noise share is the median, over the buffers the first seed's DP-Muon run kept, of (per-entry noise std)² · entries / ‖M̃‖²_F, the part of the released momentum buffer's energy that is noise; the last column is the median Newton–Schulz bias at those released buffers under their own noise (‖E f(M̃+Z) − f(M̃)‖ / ‖f(M̃)‖, plain and after DP-MuonBC's correction; table `dpmuon-bias` explains the estimate). Differences are paired over seeds (mean ± 95 % Student-t half-width, nats/token; negative: the first method is better) with the decision rule's verdict, gated on the NLL positive control at the same B; the column \"Muon − Adam\" is the same difference between the non-private references (Muon − Adam at the same B and updates): where it is negative too, few large orthogonalized steps beat Adam's without any noise, so a private difference of the same sign is not evidence that DP-Muon copes better with noise. Learning rates were chosen on the public proxy at each setting (same B, updates, clip, ε and records, hence the same σ).".to_string(),
     ];
     let mut series: Vec<Series> = Vec::new();
     let mut by_share = true;
@@ -437,7 +452,15 @@ fn curve_table(r: &Results, out: &Path) -> anyhow::Result<Table> {
     for t in &r.tasks {
         for (a, b) in ORDERINGS.into_iter().chain([REFERENCE]) {
             let mut pts = Vec::new();
-            for c in &t.cells {
+            for (i, c) in t.cells.iter().enumerate() {
+                // The references ran once per B: one point each, at that B's first setting.
+                if (a, b) == REFERENCE
+                    && t.cells[..i]
+                        .iter()
+                        .any(|o| o.setting.batch == c.setting.batch)
+                {
+                    continue;
+                }
                 let (ok, _, _) = controls(r, t, c);
                 let (_, e) = cell_verdict(r, t, c, (a, b), ok);
                 let share = noise_share(r, &t.task, &c.setting);
@@ -476,6 +499,9 @@ fn curve_table(r: &Results, out: &Path) -> anyhow::Result<Table> {
                 d(ORDERINGS[1]),
                 d(ORDERINGS[2]),
                 d(REFERENCE),
+                ns_bias(r, &t.task, st).map_or("—".into(), |(p, c)| {
+                    format!("{:.0} % / {:.0} %", 100.0 * p, 100.0 * c)
+                }),
             ]);
         }
         if t.cells.len() < 2 {
@@ -587,6 +613,7 @@ fn curve_table(r: &Results, out: &Path) -> anyhow::Result<Table> {
             "DP-MuonBC − DP-Muon",
             "DP-MuonBC − DP-Adam",
             "Muon − Adam (non-private)",
+            "NS bias / ‖f(M̃)‖, plain / after BC",
         ]
         .iter()
         .map(|s| s.to_string())

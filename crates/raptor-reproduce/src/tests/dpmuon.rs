@@ -196,6 +196,10 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
     );
     for row in &curve.rows {
         assert!(row[5].ends_with('%'), "noise share measured: {row:?}");
+        assert!(
+            row[14].ends_with('%'),
+            "Newton–Schulz bias measured: {row:?}"
+        );
         assert!(row[10].contains("(n = 2)"), "{row:?}");
     }
     // Non-private references once per expected batch: the ε = 1 cell shares those of ε = 8.
