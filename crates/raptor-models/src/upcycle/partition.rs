@@ -51,6 +51,9 @@ pub struct PartitionReport {
     pub before: Vec<LayerAgreement>,
     /// Agreement per sparse layer after training.
     pub after: Vec<LayerAgreement>,
+    /// How far apart the experts are ([`route_folder`] measures it; empty otherwise).
+    #[serde(default)]
+    pub spread: Vec<ExpertSpread>,
 }
 
 impl PartitionReport {
@@ -94,21 +97,41 @@ fn router_names<M: Model + ?Sized>(model: &M) -> Result<BTreeMap<usize, (String,
         .collect())
 }
 
-/// The valid tokens' router inputs `[n, d]` (f32) of every sparse layer over `batches`, with
-/// the index `[n]` of each token's record (counted over the batches in order); no grad.
-///
-/// # Errors
-/// A model whose sparse layers do not report router inputs, or a batch the model rejects.
-pub fn router_inputs<M: Model + ?Sized>(
+/// Router inputs per sparse layer: the valid tokens' inputs `[n, d]` (f32) and the index `[n]`
+/// of each token's record.
+type Inputs = BTreeMap<usize, (Tensor, Tensor)>;
+
+/// One forward pass over `batches` (no grad) that collects both every sparse layer's routing
+/// (as a private run's owner maps read it) and its router inputs.
+fn routing_pass<M: Model + ?Sized>(
     model: &M,
     batches: &[Batch],
-) -> Result<BTreeMap<usize, (Tensor, Tensor)>> {
+) -> Result<(BTreeMap<usize, raptor_routing::LayerRouting>, Inputs)> {
+    let (e, k) = (model.num_experts(), model.top_k());
+    let mut routing = BTreeMap::new();
+    for l in model.sparse_layers() {
+        routing.insert(
+            l,
+            raptor_routing::LayerRouting::new(e.max(0) as usize, k.max(0) as usize)
+                .map_err(|err| ModelError::Routing(err.to_string()))?,
+        );
+    }
     let mut per: BTreeMap<usize, (Vec<Tensor>, Vec<Tensor>)> = BTreeMap::new();
     let mut offset = 0i64;
     for b in batches {
         let mut ctx = ForwardCtx::new(false);
         ctx.router_inputs = Some(Vec::new());
+        ctx.collect_routing = true;
         let _ = tch::no_grad(|| model.forward(b, &mut ctx))?;
+        for r in &ctx.routing {
+            let layer = routing.get_mut(&r.layer).ok_or_else(|| {
+                ModelError::Routing(format!(
+                    "router output for layer {} which is not a sparse layer",
+                    r.layer
+                ))
+            })?;
+            r.push_into(layer)?;
+        }
         let valid = b.attention_mask.f_gt(0)?;
         let (n, t) = (b.batch_size(), b.seq_len());
         let rec = Tensor::f_arange(n, (Kind::Int64, valid.device()))?
@@ -130,9 +153,23 @@ pub fn router_inputs<M: Model + ?Sized>(
         }
         offset += n;
     }
-    per.into_iter()
+    let inputs = per
+        .into_iter()
         .map(|(l, (x, r))| Ok((l, (Tensor::f_cat(&x, 0)?, Tensor::f_cat(&r, 0)?))))
-        .collect()
+        .collect::<Result<Inputs>>()?;
+    Ok((routing, inputs))
+}
+
+/// The valid tokens' router inputs `[n, d]` (f32) of every sparse layer over `batches`, with
+/// the index `[n]` of each token's record (counted over the batches in order); no grad.
+///
+/// # Errors
+/// A model whose sparse layers do not report router inputs, or a batch the model rejects.
+pub fn router_inputs<M: Model + ?Sized>(
+    model: &M,
+    batches: &[Batch],
+) -> Result<BTreeMap<usize, (Tensor, Tensor)>> {
+    Ok(routing_pass(model, batches)?.1)
 }
 
 /// Router logits `[n, E]` of inputs `x` `[n, d]` (f32) under weight `w` `[E, d]` and bias.
@@ -154,16 +191,19 @@ pub fn partition_agreement<M: Model + ?Sized>(
     batches: &[Batch],
     parts: &[i64],
 ) -> Result<Vec<LayerAgreement>> {
+    Ok(agreement_and_inputs(model, batches, parts)?.0)
+}
+
+/// [`partition_agreement`] and the router inputs of the same forward pass.
+fn agreement_and_inputs<M: Model + ?Sized>(
+    model: &M,
+    batches: &[Batch],
+    parts: &[i64],
+) -> Result<(Vec<LayerAgreement>, Inputs)> {
     let n: i64 = batches.iter().map(Batch::batch_size).sum();
     check_parts(parts, n, model.num_experts())?;
-    let owners = crate::moe::owner_tensors(
-        model,
-        batches,
-        raptor_routing::OwnerRule::GateWeighted,
-        tch::Device::Cpu,
-    )?;
+    let (routing, inputs) = routing_pass(model, batches)?;
     let names = router_names(model)?;
-    let inputs = router_inputs(model, batches)?;
     let vars = model.var_store().variables();
     let e = model.num_experts();
     let labelled = parts.iter().filter(|&&p| p >= 0).count().max(1) as f64;
@@ -192,14 +232,16 @@ pub fn partition_agreement<M: Model + ?Sized>(
             .f_bincount(None::<Tensor>, e)?
             .f_to_kind(Kind::Double)?;
         let load: Vec<f64> = Vec::<f64>::try_from(&counts.f_div_scalar(tokens)?)?;
-        let own: Vec<i64> = match owners.get(l) {
-            Some(o) => Vec::<i64>::try_from(o)?,
+        let own: Vec<u32> = match routing.get(l) {
+            Some(r) => raptor_routing::owner_map(r, raptor_routing::OwnerRule::GateWeighted)
+                .owners()
+                .to_vec(),
             None => Vec::new(),
         };
         let rec_hit = parts
             .iter()
             .zip(&own)
-            .filter(|(p, o)| **p >= 0 && p == o)
+            .filter(|(p, o)| **p >= 0 && **p == i64::from(**o))
             .count() as f64;
         out.push(LayerAgreement {
             layer: *l,
@@ -208,7 +250,7 @@ pub fn partition_agreement<M: Model + ?Sized>(
             load,
         });
     }
-    Ok(out)
+    Ok((out, inputs))
 }
 
 fn check_parts(parts: &[i64], records: i64, experts: i64) -> Result<()> {
@@ -254,9 +296,8 @@ pub fn train_routers_to_partition<M: Model + ?Sized>(
             "router training needs at least one public batch".into(),
         ));
     }
-    let before = partition_agreement(&*model, public, parts)?;
+    let (before, inputs) = agreement_and_inputs(&*model, public, parts)?;
     let names = router_names(&*model)?;
-    let inputs = router_inputs(&*model, public)?;
     let vars = model.var_store().variables();
     let target = Tensor::f_from_slice(parts)?;
     for (l, (x, rec)) in &inputs {
@@ -327,6 +368,7 @@ pub fn train_routers_to_partition<M: Model + ?Sized>(
         records: parts.iter().filter(|&&p| p >= 0).count(),
         before,
         after,
+        spread: Vec::new(),
     })
 }
 
@@ -506,8 +548,10 @@ pub fn route_folder(
         .chunks(ROUTE_BATCH)
         .map(|c| Batch::from_records(c, public.pad_id, None, tch::Device::Cpu))
         .collect::<Result<Vec<_>>>()?;
-    let (mut m, _) = load_routed(model)?;
-    let report = train_routers_to_partition(m.as_mut(), &batches, public.parts, public.training)?;
+    let (mut m, naming) = load_routed(model)?;
+    let mut report =
+        train_routers_to_partition(m.as_mut(), &batches, public.parts, public.training)?;
+    report.spread = expert_spread(m.as_ref(), naming)?;
     save_pretrained_without(m.as_ref(), out, &["classifier.*"])?;
     for f in super::folder::SIDE_FILES {
         let src = model.join(f);
