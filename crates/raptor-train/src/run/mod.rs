@@ -8,7 +8,9 @@
 //! - [`folder`]: durability (atomic writes, checksummed JSON, the lock, run ids);
 //! - [`checkpoint`]: checkpoints and resume state, the Newton–Schulz buffer tap;
 //! - [`record`]: the record, the private record, generation metrics;
-//! - [`export`]: evaluation and export of a finished run.
+//! - [`export`]: evaluation and export of a finished run;
+//! - [`summary`]: the run's summary for scripts and tables (`summary.json`, its private part in
+//!   `private/summary.json`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -30,11 +32,13 @@ pub mod checkpoint;
 pub mod export;
 pub mod folder;
 pub mod record;
+pub mod summary;
 
 pub use checkpoint::*;
 pub use export::*;
 pub use folder::*;
 pub use record::*;
+pub use summary::*;
 
 fn optim_settings(cfg: &RunConfig) -> Result<OptimSettings> {
     let m = &cfg.method;
