@@ -446,14 +446,19 @@ pub fn expert_spread<M: Model + ?Sized>(
 /// A Switch encoder or MoE-BERT folder, its head (if any) read and kept, and its naming.
 fn load_routed(model: &Path) -> Result<(Box<dyn Model>, crate::roles::Naming)> {
     let opts = LoadOptions::strict();
-    let labels = head_labels(model)?;
+    let (labels, pooler) = head_labels(model)?;
     match HfConfig::from_file(model)? {
         HfConfig::Switch(_) => Ok((
             Box::new(load_switch_encoder(model, labels, tch::Device::Cpu, &opts)?.model),
             crate::roles::Naming::Switch,
         )),
         HfConfig::Bert(_) => {
-            let m = load_bert(model, labels, BertPooling::Pooler, tch::Device::Cpu, &opts)?.model;
+            let pooling = if pooler {
+                BertPooling::Pooler
+            } else {
+                BertPooling::Mean
+            };
+            let m = load_bert(model, labels, pooling, tch::Device::Cpu, &opts)?.model;
             if m.config().moe.is_none() {
                 return Err(ModelError::InvalidConfig(format!(
                     "{} is a dense BERT: upcycle it first",
@@ -512,15 +517,18 @@ pub struct PartitionTokens<'a> {
     pub training: &'a RouterTraining,
 }
 
-/// The classes of the folder's classification head (`classifier.bias`), 2 without one (the
-/// head is read so that the folder loads strictly, and is not written back).
-fn head_labels(model: &Path) -> Result<i64> {
+/// The classes of the folder's classification head (`classifier.bias`; 2 without one: the
+/// head is read so that the folder loads strictly, and is not written back), and whether it
+/// holds a BERT pooler (an encoder exported for mean pooling has none).
+fn head_labels(model: &Path) -> Result<(i64, bool)> {
     let tensors = crate::checkpoint::read_safetensors(model.join("model.safetensors"))?;
-    Ok(tensors
+    let labels = tensors
         .iter()
         .find(|(n, _)| n == "classifier.bias")
         .and_then(|(_, t)| t.size().first().copied())
-        .unwrap_or(2))
+        .unwrap_or(2);
+    let pooler = tensors.iter().any(|(n, _)| n.starts_with("bert.pooler."));
+    Ok((labels, pooler))
 }
 
 /// Records per batch of [`route_folder`].
@@ -792,5 +800,16 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("dense BERT"), "{e}");
+        // A MoE-BERT exported for mean pooling (no pooler tensors) reads back too.
+        let mut bc = BertConfig::tiny(2);
+        bc.pooling = BertPooling::Mean;
+        let mut o = super::super::UpcycleOptions::new(2, 1);
+        o.layers = Some(vec![1]);
+        let moe =
+            super::super::upcycle_bert(&Bert::new(bc, tch::Device::Cpu).unwrap(), &o).unwrap();
+        let mean = dir.path().join("mean");
+        crate::checkpoint::save_pretrained(&moe, &mean).unwrap();
+        let (agree, spread) = folder_report(&mean, &recs, &parts, 0).unwrap();
+        assert_eq!((agree.len(), spread.len()), (1, 1));
     }
 }
