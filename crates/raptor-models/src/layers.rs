@@ -566,6 +566,19 @@ impl LayerNorm {
     }
 
     pub(crate) fn forward(&self, x: &Tensor, ctx: &mut ForwardCtx) -> Result<Tensor> {
+        let record = ctx.recording() && (self.weight.requires_grad() || self.bias.requires_grad());
+        if !record {
+            // libtorch's fused layer norm (autograd handles trained gains outside a recording
+            // context); the explicit form below exists to record the normalized input.
+            let d = x.size().last().copied().unwrap_or(0);
+            return Ok(x.f_layer_norm(
+                [d].as_slice(),
+                Some(&self.weight),
+                Some(&self.bias),
+                self.eps,
+                true,
+            )?);
+        }
         let mu = x.f_mean_dim(-1, true, None::<Kind>)?;
         let xc = x.f_sub(&mu)?;
         let var = xc
