@@ -310,23 +310,10 @@ impl Phase {
         if zero > 0 {
             return Ok(PhaseCharge::Unaccountable { releases: zero });
         }
-        let mut sample = SampleCharge::new(q)?;
-        for r in &self.releases {
-            match &r.charge {
-                Charge::None => {}
-                Charge::Sequential => {
-                    sample.release(r.sigma)?;
-                }
-                Charge::Parallel(id) => {
-                    sample.member_release(
-                        &format!("experts[layer {}]", id.layer),
-                        id.expert,
-                        r.sigma,
-                    )?;
-                }
-            }
-        }
-        Ok(PhaseCharge::Charged(sample))
+        Ok(PhaseCharge::Charged(sample_charge(
+            q,
+            self.releases.iter().map(|r| (&r.charge, r.sigma)),
+        )?))
     }
 }
 
@@ -341,6 +328,29 @@ pub struct ReleaseNoiseSpec {
     pub denominator: f64,
     /// Whether its phase clips globally (one factor over every group).
     pub global_clip: bool,
+}
+
+/// The one charge of the releases `releases` (how each is charged, its noise multiplier) made
+/// from one Poisson sample at rate `q`: sequential releases add their 1/σ², each layer's
+/// parallel group of expert releases its worst member's ([`SampleCharge`]). The plan's charge
+/// ([`Phase::charge`]) and the trainer's charge of the releases it made are both this.
+pub fn sample_charge<'a>(
+    q: f64,
+    releases: impl IntoIterator<Item = (&'a Charge, f64)>,
+) -> Result<SampleCharge, AccountantError> {
+    let mut sample = SampleCharge::new(q)?;
+    for (charge, sigma) in releases {
+        match charge {
+            Charge::None => {}
+            Charge::Sequential => {
+                sample.release(sigma)?;
+            }
+            Charge::Parallel(id) => {
+                sample.member_release(&format!("experts[layer {}]", id.layer), id.expert, sigma)?;
+            }
+        }
+    }
+    Ok(sample)
 }
 
 /// Which optimizer updates a parameter (defined in `raptor-optim`).

@@ -638,7 +638,8 @@ impl<'a> Trainer<'a> {
 
     /// The phase's releases from the summed clipped gradients `sums` (noise on rank 0, then
     /// the public denominator; an absent sum is zeros), each recorded as an event and charged
-    /// to the ledger as one charge for the whole sample ([`Phase::charge`]), all before any
+    /// to the ledger as one charge for the whole sample: the charge of the releases made (each
+    /// with the σ it carries), which must equal the plan's ([`Phase::charge`]), all before any
     /// parameter moves. Returns the released gradients and how many expert
     /// releases had no owned record in `owned` (a diagnostic).
     fn release_and_charge(
@@ -654,6 +655,8 @@ impl<'a> Trainer<'a> {
         let mut empty_experts = 0usize;
         let clipping = Arc::clone(&self.clippings[pi]);
         let (clip_groups, policy) = &*clipping;
+        // How each noised release this rank made is charged, with the σ it carries.
+        let mut made: Vec<(Charge, f64)> = Vec::new();
         for (j, r) in phase.releases.iter().enumerate() {
             let group_names: Vec<String> = r.groups.iter().map(ToString::to_string).collect();
             let group_refs: Vec<&str> = group_names.iter().map(String::as_str).collect();
@@ -708,6 +711,7 @@ impl<'a> Trainer<'a> {
                     if !self.fault_planted() {
                         release_matches_charge(r, delta, &release)?;
                     }
+                    made.push((r.charge.clone(), release.noise_multiplier()));
                     release.into_parts().into_iter().map(|(_, t)| t).collect()
                 }
                 _ => parts
@@ -745,9 +749,39 @@ impl<'a> Trainer<'a> {
             }
             return Ok((released, empty_experts));
         }
-        // One sample, one charge: every release above came from this update's sample.
+        // One sample, one charge: every release above came from this update's sample. Rank 0
+        // charges the releases it made (their σ), checked against the plan's charge; the other
+        // ranks, which received them, charge the plan's (the same, or rank 0 has stopped).
         match phase.charge(self.plan.q)? {
-            PhaseCharge::Charged(sample) => {
+            PhaseCharge::Charged(planned) => {
+                let sample = if rank == 0 && !self.fault_planted() {
+                    let charged = phase.releases.iter().filter(|r| r.charge != Charge::None);
+                    if made.len() != charged.count() {
+                        return Err(TrainError::Run(format!(
+                            "update {t} made {} noised releases where the plan charges {}",
+                            made.len(),
+                            phase
+                                .releases
+                                .iter()
+                                .filter(|r| r.charge != Charge::None)
+                                .count()
+                        )));
+                    }
+                    let actual = crate::streams::sample_charge(
+                        self.plan.q,
+                        made.iter().map(|(c, s)| (c, *s)),
+                    )?;
+                    if actual != planned {
+                        return Err(TrainError::Run(format!(
+                            "update {t}: the releases made cost {:?}, the plan charges {:?}",
+                            actual.mechanism()?,
+                            planned.mechanism()?
+                        )));
+                    }
+                    actual
+                } else {
+                    planned
+                };
                 self.ledger.charge(&sample)?;
             }
             PhaseCharge::NotPrivate => {}
