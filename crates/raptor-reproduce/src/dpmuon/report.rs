@@ -439,6 +439,9 @@ fn cell_verdict(
     (gate(v, nll_ok), e)
 }
 
+/// One point of an ordering's curve: (noise share, expected batch, paired difference).
+type CurvePoint = (f64, f64, Estimate);
+
 /// The signal-per-update curve: every cell of every task, the paired NLL differences with
 /// their verdicts, the noise share of the released buffers, and a plot.
 fn curve_table(r: &Results, out: &Path) -> anyhow::Result<Table> {
@@ -448,7 +451,7 @@ fn curve_table(r: &Results, out: &Path) -> anyhow::Result<Table> {
     ];
     let mut series: Vec<Series> = Vec::new();
     let mut by_share = true;
-    let mut curves: Vec<(String, Vec<(f64, f64, Estimate)>)> = Vec::new();
+    let mut curves: Vec<(String, Vec<CurvePoint>)> = Vec::new();
     for t in &r.tasks {
         for (a, b) in ORDERINGS.into_iter().chain([REFERENCE]) {
             let mut pts = Vec::new();
