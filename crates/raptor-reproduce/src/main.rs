@@ -71,7 +71,8 @@ struct ReproduceArgs {
     /// `$RAPTOR_CACHE_DIR`, `$XDG_CACHE_HOME/raptor` or `~/.cache/raptor`).
     #[arg(long)]
     cache: Option<PathBuf>,
-    /// Folder with the data-to-text files (`e2e/`, `dart/`); default `<root>/../shared/data`.
+    /// Fallback folder with the data-to-text files (`e2e/`, `dart/`), copied into the cache
+    /// when their SHA-256 is the pinned one (before any download); default `<root>/../shared/data`.
     #[arg(long)]
     d2t_data: Option<PathBuf>,
     /// Device of the training runs: `cpu`, `cuda` or `cuda:N`.
