@@ -26,6 +26,9 @@ pub enum TrainError {
     /// A run folder or checkpoint is missing, locked or inconsistent.
     #[error("run folder: {0}")]
     Run(String),
+    /// A plan that breaks an invariant of the trainer (a bug of the method that built it).
+    #[error("plan: {0}")]
+    Plan(#[from] crate::streams::PlanIssue),
     /// From the models crate.
     #[error(transparent)]
     Model(#[from] raptor_models::ModelError),

@@ -419,7 +419,7 @@ pub fn plan_for(
             .filter_map(|n| inputs.expert_of(n).map(|id| (n.clone(), id)))
             .collect(),
     };
-    plan.check().map_err(TrainError::Config)?;
+    plan.check()?;
     let phase_updates = plan
         .phases
         .iter()

@@ -133,7 +133,7 @@ pub fn calibrate(
                 .push((phase.name.clone(), g.name.to_string(), g.bound, reached));
         }
     }
-    plan.check().map_err(TrainError::Config)?;
+    plan.check()?;
     Ok(out)
 }
 

@@ -498,9 +498,9 @@ impl Plan {
 
     /// Checks the plan's invariants: every group in exactly one release, parallel members
     /// numbered 0..n, σ > 0 in private phases, positive denominators and bounds.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), PlanIssue> {
         if self.pattern.is_empty() || self.pattern.iter().any(|&p| p >= self.phases.len()) {
-            return Err("the phase pattern is empty or names a missing phase".into());
+            return Err(PlanIssue::Pattern);
         }
         for ph in &self.phases {
             for g in &ph.groups {
@@ -510,29 +510,78 @@ impl Plan {
                     .filter(|r| r.groups.contains(&g.name))
                     .count();
                 if n != usize::from(g.release) {
-                    return Err(format!(
-                        "group {} is in {n} releases of phase {}",
-                        g.name, ph.name
-                    ));
+                    return Err(PlanIssue::GroupReleases {
+                        group: g.name.clone(),
+                        phase: ph.name.clone(),
+                        releases: n,
+                    });
                 }
                 if g.bound.is_nan() || g.bound <= 0.0 {
-                    return Err(format!("group {} has bound {}", g.name, g.bound));
+                    return Err(PlanIssue::Bound {
+                        group: g.name.clone(),
+                        bound: g.bound,
+                    });
                 }
             }
             for r in &ph.releases {
                 if !(r.denominator.is_finite() && r.denominator > 0.0) {
-                    return Err(format!(
-                        "release {} has denominator {}",
-                        r.name, r.denominator
-                    ));
+                    return Err(PlanIssue::Denominator {
+                        release: r.name.clone(),
+                        denominator: r.denominator,
+                    });
                 }
                 if ph.private && !(r.sigma.is_finite() && r.sigma >= 0.0) {
-                    return Err(format!("release {} has sigma {}", r.name, r.sigma));
+                    return Err(PlanIssue::Sigma {
+                        release: r.name.clone(),
+                        sigma: r.sigma,
+                    });
                 }
             }
         }
         Ok(())
     }
+}
+
+/// A broken invariant of a [`Plan`] ([`Plan::check`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanIssue {
+    /// The phase pattern is empty or names a phase that does not exist.
+    #[error("the phase pattern is empty or names a missing phase")]
+    Pattern,
+    /// A released group is not in exactly one release of its phase (a norm-only group in none).
+    #[error("group {group} is in {releases} releases of phase {phase}")]
+    GroupReleases {
+        /// The group.
+        group: GroupId,
+        /// Its phase.
+        phase: String,
+        /// The releases that name it.
+        releases: usize,
+    },
+    /// A clip bound that is not positive.
+    #[error("group {group} has bound {bound}")]
+    Bound {
+        /// The group.
+        group: GroupId,
+        /// Its bound.
+        bound: f64,
+    },
+    /// A public denominator that is not finite and positive.
+    #[error("release {release} has denominator {denominator}")]
+    Denominator {
+        /// The release.
+        release: String,
+        /// Its denominator.
+        denominator: f64,
+    },
+    /// A private release's noise multiplier that is not finite and ≥ 0.
+    #[error("release {release} has sigma {sigma}")]
+    Sigma {
+        /// The release.
+        release: String,
+        /// Its σ.
+        sigma: f64,
+    },
 }
 
 #[cfg(test)]
@@ -660,7 +709,7 @@ mod tests {
         let broken = |f: &dyn Fn(&mut Plan)| {
             let mut p = valid();
             f(&mut p);
-            p.check().unwrap_err()
+            p.check().unwrap_err().to_string()
         };
         assert!(broken(&|p| p.pattern.clear()).contains("pattern"));
         assert!(broken(&|p| p.pattern.push(2)).contains("missing phase"));
