@@ -156,6 +156,25 @@ fn lora_and_raptor_learn_the_toy_task() {
             .count() as u64;
         assert_eq!(per_update, steps);
         assert_eq!(private["metrics"].as_array().unwrap().len() as u64, steps);
+        // summary.json: the run in brief for scripts, by the same rule (the private batches'
+        // losses and the private validation records' metrics under private/).
+        let read = |p: std::path::PathBuf| -> serde_json::Value {
+            serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+        };
+        let summary = read(run_dir.join("summary.json"));
+        let private_summary = read(run_dir.join("private").join("summary.json"));
+        assert_eq!(summary["method"], method);
+        assert_eq!(summary["updates"].as_u64(), Some(steps));
+        assert!(summary["peak_rss_mib"].as_f64().unwrap() > 0.0);
+        assert_eq!(summary["epsilon"], rec["epsilon"]["upper"]);
+        for key in ["accuracy", "loss", "eval_curve", "loss_curve", "snr"] {
+            assert!(summary.get(key).is_none(), "summary.json has {key}");
+        }
+        assert_eq!(private_summary["accuracy"].as_f64(), Some(acc));
+        assert_eq!(
+            private_summary["loss_curve"].as_array().unwrap().len() as u64,
+            steps
+        );
         // The label set came from the private training file, and the record says so.
         assert!(
             rec["labels_source"]

@@ -242,6 +242,9 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     if quiet {
         return Ok(());
     }
+    // One file per run for scripts: the summary the experiment driver's runs have too.
+    raptor_train::run::Summary::from_record(&record, raptor_train::run::peak_rss_mib())
+        .write(&dir)?;
     if args.json {
         return super::print_json(&record);
     }
@@ -299,10 +302,10 @@ fn end_lines(dir: &std::path::Path, cfg: &RunConfig) -> Vec<String> {
     let d = dir.display();
     let mut out = vec![
         format!(
-            "saved in {d}: config.toml (the resolved config), record.json (what may be published: privacy plan, certified epsilon, public metrics), checkpoint/ (trained parameters, optimizer state, ledger)"
+            "saved in {d}: config.toml (the resolved config), record.json (what may be published: privacy plan, certified epsilon, public metrics), summary.json (the same in brief, for scripts), checkpoint/ (trained parameters, optimizer state, ledger)"
         ),
         format!(
-            "private:  {d}/private/ (record.json, metrics.jsonl: computed from private records without noise; never publish or share)"
+            "private:  {d}/private/ (record.json, summary.json, metrics.jsonl: computed from private records without noise; never publish or share)"
         ),
         format!("evaluate: raptor eval --run {d} --data <file with the same columns>"),
         format!("repeat:   raptor train --config {d}/config.toml"),
