@@ -41,7 +41,7 @@ pub struct PrivacyPlan {
     /// Total updates.
     pub updates: u64,
     /// Updates per phase.
-    pub phase_updates: BTreeMap<String, u64>,
+    pub phase_updates: BTreeMap<Stream, u64>,
     /// σ of each stream.
     pub sigmas: Sigmas,
     /// The plan's own certified ε (composed in one PRV over the planned schedule).
@@ -598,7 +598,7 @@ impl Streams {
     /// The shared stream alone.
     fn shared_phase(&self, sigma: f64) -> Phase {
         Phase {
-            name: "shared".into(),
+            name: Stream::Shared,
             groups: vec![self.shared.clone()],
             global_clip: None,
             releases: vec![self.shared_release(sigma)],
@@ -639,9 +639,9 @@ impl Streams {
         }
         Phase {
             name: if shared_sigma.is_some() {
-                "all".into()
+                Stream::All
             } else {
-                "experts".into()
+                Stream::Experts
             },
             groups,
             global_clip: self.global.then_some(self.clip),
@@ -858,7 +858,7 @@ fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
         },
     };
     let phase = Phase {
-        name: "all".into(),
+        name: Stream::All,
         groups,
         global_clip: None,
         releases: vec![release],
@@ -995,7 +995,7 @@ mod tests {
         let (plan, privacy) = plan_for(&c, &s, 100, Some(1)).unwrap();
         assert_eq!(plan.pattern, [0]);
         let ph = &plan.phases[0];
-        assert_eq!(ph.name, "all");
+        assert_eq!(ph.name, Stream::All);
         let releases: Vec<(&str, f64, f64)> = ph
             .releases
             .iter()
@@ -1032,7 +1032,7 @@ mod tests {
                 }
             ]
         );
-        assert_eq!(privacy.phase_updates["all"], 10);
+        assert_eq!(privacy.phase_updates[&Stream::All], 10);
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub struct PublicClip {
     /// Public records used.
     pub records: usize,
     /// Per phase and clip group: the chosen bound, and how many public records reached it.
-    pub bounds: Vec<(String, String, f64, usize)>,
+    pub bounds: Vec<(crate::streams::Stream, String, f64, usize)>,
 }
 
 /// The q-quantile (nearest rank, q ∈ (0, 1)) of `values` (at least one).
@@ -112,7 +112,7 @@ pub fn calibrate(
             let bound = quantile(&mut totals, q).unwrap_or(c);
             phase.global_clip = Some(bound);
             out.bounds
-                .push((phase.name.clone(), "global".into(), bound, totals.len()));
+                .push((phase.name, "global".into(), bound, totals.len()));
             continue;
         }
         for g in &mut phase.groups {
@@ -130,7 +130,7 @@ pub fn calibrate(
                 g.bound = b;
             }
             out.bounds
-                .push((phase.name.clone(), g.name.to_string(), g.bound, reached));
+                .push((phase.name, g.name.to_string(), g.bound, reached));
         }
     }
     plan.check()?;

@@ -52,6 +52,12 @@ impl Stream {
     }
 }
 
+impl Serialize for Stream {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
 impl fmt::Display for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -204,8 +210,9 @@ pub enum Residual {
 /// One sample, one forward/backward, its releases.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Phase {
-    /// Phase name (`shared`, `experts`, `all`).
-    pub name: String,
+    /// The stream the phase releases: `shared`, `experts`, or `all` (a monolithic method, or
+    /// RAPTOR's shared and expert releases from one sample).
+    pub name: Stream,
     /// Clip groups (every parameter trained in this phase is in exactly one).
     pub groups: Vec<ClipGroup>,
     /// `Some(C)`: one clip factor per record over all groups together (global clipping).
@@ -512,7 +519,7 @@ impl Plan {
                 if n != usize::from(g.release) {
                     return Err(PlanIssue::GroupReleases {
                         group: g.name.clone(),
-                        phase: ph.name.clone(),
+                        phase: ph.name,
                         releases: n,
                     });
                 }
@@ -554,7 +561,7 @@ pub enum PlanIssue {
         /// The group.
         group: GroupId,
         /// Its phase.
-        phase: String,
+        phase: Stream,
         /// The releases that name it.
         releases: usize,
     },
@@ -614,7 +621,11 @@ mod tests {
 
     fn phase(name: &str, groups: Vec<ClipGroup>, releases: Vec<ReleaseSpec>) -> Phase {
         Phase {
-            name: name.into(),
+            name: match name {
+                "shared" => Stream::Shared,
+                "experts" => Stream::Experts,
+                _ => Stream::All,
+            },
             groups,
             global_clip: None,
             releases,

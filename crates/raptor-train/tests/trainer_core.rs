@@ -10,7 +10,7 @@ use raptor_models::{Batch, ForwardCtx, Model, SwitchConfig, SwitchEncoder};
 use raptor_train::config::{LayerSpec, Method, ResidualWeight, RunConfig, Scope};
 use raptor_train::methods::build_plan;
 use raptor_train::optim::{OptimSettings, Optimizers};
-use raptor_train::streams::{Optim, Plan};
+use raptor_train::streams::{Optim, Plan, Stream};
 use raptor_train::trainer::{Example, Trainer, TrainerOptions};
 use tch::{Device, Kind, Tensor};
 
@@ -392,7 +392,7 @@ fn events_of(data: &[Example], secure: bool) -> Vec<(String, String, u64, String
         .iter()
         .map(|e| {
             (
-                e.phase.clone(),
+                e.phase.to_string(),
                 e.release.clone(),
                 e.denominator.to_bits(),
                 format!("{:?}", e.charge),
@@ -701,7 +701,7 @@ fn each_release_adds_noise_of_std_sigma_bound_over_its_denominator() {
         let metrics = tr.step(&mut noop).unwrap();
         assert_eq!(metrics.sampled, 0);
         let after = snapshot(tr.model(), &all);
-        let ph = phases.iter().find(|p| p.name == metrics.phase).unwrap();
+        let ph = phases.iter().find(|p| p.name.name() == metrics.phase).unwrap();
         seen_phases.insert(ph.name.clone());
         for r in &ph.releases {
             let shared = r
@@ -825,7 +825,7 @@ fn each_release_hands_its_noise_std_to_the_optimizer() {
     while !tr.done() {
         let mut noop = |_: &raptor_accountant::Ledger| Ok(());
         let metrics = tr.step(&mut noop).unwrap();
-        let ph = phases.iter().find(|p| p.name == metrics.phase).unwrap();
+        let ph = phases.iter().find(|p| p.name.name() == metrics.phase).unwrap();
         for r in &ph.releases {
             let shared = r
                 .groups
@@ -1128,8 +1128,8 @@ fn raptor_streams_have_their_own_optimizer_and_learning_rate() {
         assert_eq!(*o, want, "{n}");
     }
     // The schedule ends on a shared update: 2 updates are experts, then shared.
-    assert_eq!(plan.phases[plan.phase_at(1)].name, "shared");
-    assert_eq!(plan.phases[plan.phase_at(0)].name, "experts");
+    assert_eq!(plan.phases[plan.phase_at(1)].name, Stream::Shared);
+    assert_eq!(plan.phases[plan.phase_at(0)].name, Stream::Experts);
     // σ = 0 and a huge bound: an SGD expert step is −expert_lr × (summed gradient / D_e), so
     // halving expert_lr halves every expert parameter's displacement exactly.
     let displacement = |expert_lr: f64| -> BTreeMap<String, Tensor> {

@@ -168,7 +168,7 @@ fn train_impl(
 fn trainable_parameters(
     plan: &crate::streams::Plan,
     model: &dyn raptor_models::Model,
-) -> std::collections::BTreeMap<String, i64> {
+) -> std::collections::BTreeMap<crate::streams::Stream, i64> {
     let vars = model.var_store().variables();
     plan.phases
         .iter()
@@ -179,7 +179,7 @@ fn trainable_parameters(
                 .filter_map(|p| vars.get(p))
                 .map(|t| t.numel() as i64)
                 .sum();
-            (ph.name.clone(), n)
+            (ph.name, n)
         })
         .collect()
 }

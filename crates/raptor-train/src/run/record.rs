@@ -57,7 +57,7 @@ pub struct Record {
     /// RAPTOR's layer choice (public).
     pub layer: Option<crate::methods::LayerChoice>,
     /// Trainable parameters per phase.
-    pub trainable_parameters: BTreeMap<String, i64>,
+    pub trainable_parameters: BTreeMap<crate::streams::Stream, i64>,
     /// Updates applied.
     pub updates: u64,
     /// Certified ε spent after an update (update, ε), every 10 updates and at the end

@@ -73,8 +73,8 @@ pub struct TrainerOptions {
 pub struct ReleaseEvent {
     /// Update index (0-based).
     pub update: u64,
-    /// Phase name.
-    pub phase: String,
+    /// The phase's stream.
+    pub phase: crate::streams::Stream,
     /// Release name.
     pub release: String,
     /// Public denominator.
@@ -732,7 +732,7 @@ impl<'a> Trainer<'a> {
             }
             self.events.push(ReleaseEvent {
                 update: t,
-                phase: phase.name.clone(),
+                phase: phase.name,
                 release: r.name.clone(),
                 denominator: r.denominator,
                 sigma: r.sigma,
@@ -917,7 +917,7 @@ impl<'a> Trainer<'a> {
         let n = sample.len();
         Ok(UpdateMetrics {
             update: t,
-            phase: phase.name.clone(),
+            phase: phase.name.to_string(),
             loss: if n > 0 { loss_sum / n as f64 } else { f64::NAN },
             sampled: n + canaries.len(),
             clipped_fraction: clipped
