@@ -161,7 +161,10 @@ fn canary_shift(plan: &Plan, phase: &Phase, canary: &DiracCanary) -> Result<Vec<
         .iter()
         .map(|c| {
             if admitted(c) {
-                phase.groups.iter().position(|g| g.params.contains(&c.param))
+                phase
+                    .groups
+                    .iter()
+                    .position(|g| g.params.contains(&c.param))
             } else {
                 None
             }
@@ -494,6 +497,8 @@ impl Trainer<'_> {
                 }
             }
         }
-        Ok(Some(sequential.into_iter().chain(groups.into_values()).collect()))
+        Ok(Some(
+            sequential.into_iter().chain(groups.into_values()).collect(),
+        ))
     }
 }
