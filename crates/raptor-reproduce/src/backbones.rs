@@ -2,16 +2,19 @@
 //! (all-MiniLM-L6-v2 and SmolLM2-135M-Instruct from pinned PyPI wheels), with the grid
 //! machinery of the paper parts (keyed run folders reused when finished, parallel worker processes, tables with computed notes, plots).
 //!
-//! * **Upcycled MiniLM on Rotten Tomatoes.** all-MiniLM-L6-v2 (`cargo xtask setup --models`)
-//!   is upcycled to a MoE-BERT (every layer's FFN copied into E = 8 experts, top-1; what
-//!   `raptor upcycle` does) whose routers are trained on the task's **public** split with the
-//!   Switch load-balancing loss and then frozen; the upcycled model is trained further,
-//!   non-privately, on the public split of **another** corpus (CrowdFlower; the experts diverge
-//!   on the tokens their routers send them, the task head is dropped). Both steps are cached.
-//!   Then the paper part's evidence grid runs on it ([`crate::paper::run_cls_grid`]): every
-//!   method's learning rates chosen on a public proxy, the non-private positive control (LoRA
-//!   with and without expert adapters), DP-Adam LoRA, shared-only and RAPTOR on paired seeds
-//!   at ε = 1 and 8, and the decision rule's verdict per cell.
+//! * **Upcycled MiniLM on multi-domain sentiment.** all-MiniLM-L6-v2 (`cargo xtask setup
+//!   --models`) is upcycled to a MoE-BERT (its last layer's FFN copied into one expert per
+//!   domain, top-1; what `raptor upcycle` does), on the paper part's multi-domain task
+//!   ([`crate::paper::domains`]: Rotten Tomatoes and CrowdFlower, labels flipped in two of four
+//!   domains). Its routers are trained toward the domains on public records and frozen, and its
+//!   experts trained further on the public records of their domains
+//!   ([`crate::paper::experts`]); both steps are cached. Then the paper part's grid runs on it
+//!   ([`crate::paper::run_cls_grid`]): the baselines (majority class, bag of words, the
+//!   start), the non-private positive control (LoRA with and without expert adapters) as a
+//!   gate on 8 paired seeds, and — when it passes — DP-Adam LoRA, shared-only and RAPTOR with
+//!   learning rates from a public proxy at the private runs' σ, and the decision rule's
+//!   verdict per cell. LoRA adapts the attention of the last two layers (and the experts); the
+//!   frozen layers below are computed once per record (the trainer's frozen-prefix cache).
 //! * **SmolLM2-135M-Instruct on E2E.** The GGUF checkpoint (`cargo xtask setup --models`) is
 //!   fine-tuned on LoRA adapters with DP-Adam, DP-Muon and DP-MuonBC on the E2E-cleaned dev
 //!   file (private) and scored on test sources (NLL over their references, BLEU and ROUGE-L of
@@ -33,13 +36,12 @@ use raptor_train::config::{
 use sha2::{Digest, Sha256};
 
 use crate::driver::{Context, Profile, ProfileScale};
-use crate::paper::report::{DiagnosticsNames, EvidenceNames, diagnostics, evidence};
+use crate::paper::report::{DiagnosticsNames, EvidenceNames, diagnostics, dp_ran, evidence_tables};
 use crate::paper::runs::{Job, Runner, Summary, file_hash};
 use crate::paper::{
-    Backbone, ClsPrepared, ClsTask, D2tTask, Scale as PaperScale, capped, fit_batch, label,
-    pretrain, proxy_split, read_d2t, read_lines, run_cls_grid, seeded, write_e2e_csv,
+    Backbone, ClsPrepared, ClsTask, D2tTask, GATE, Scale as PaperScale, domains, fit_batch, label,
+    pretrain, read_d2t, run_cls_grid, seeded, write_e2e_csv,
 };
-use raptor_train::upcycle::RouterData;
 
 /// A checkpoint and the `model.tokenizer` it is read with.
 #[derive(Debug, Clone)]
@@ -169,14 +171,12 @@ pub struct Scale {
     pub seeds: Vec<u64>,
     /// Privacy targets (data-to-text).
     pub epsilons: Vec<f64>,
-    /// Experts per upcycled layer and experts per token.
+    /// Experts per upcycled layer (at least one per domain) and experts per token.
     pub experts: (i64, i64),
-    /// Router training on the task's public split before the routers are frozen: Adam steps
-    /// per layer, learning rate, public records used at most (0: all).
-    pub router: (usize, f64, usize),
-    /// The classification grid on the upcycled encoder: the paper part's grid (public proxy,
-    /// paired seeds, positive control); its `pretrain` is the continued public training of the
-    /// upcycled model (steps, batch, learning rate), its `enc` and `cls_vocab` are unused.
+    /// The classification grid on the upcycled encoder: the paper part's grid (router
+    /// training toward the domains, continued public training of the experts, public proxy,
+    /// gated positive control, paired seeds); its `pretrain`, `enc` and `cls_vocab` are unused
+    /// (the upcycled MiniLM is the pretrained model).
     pub cls: PaperScale,
     /// LoRA rank of the decoder (α = 2r).
     pub lora_r: i64,
@@ -194,13 +194,11 @@ pub struct Scale {
 impl ProfileScale for Scale {
     /// The test profile: a few updates on tiny inputs.
     fn quick() -> Self {
-        let mut cls = PaperScale::quick();
-        cls.pretrain = (4, 16.0, 1e-3);
+        let cls = PaperScale::quick();
         Self {
             seeds: vec![0, 1],
             epsilons: vec![8.0],
             experts: (4, 1),
-            router: (5, 1e-2, 0),
             cls,
             lora_r: 2,
             d2t_max_len: 40,
@@ -211,27 +209,29 @@ impl ProfileScale for Scale {
     }
 
     /// `cargo xtask reproduce` (no profile flag): the MiniLM design of [`Scale::standard`]
-    /// with 2 paired seeds at ε = 8, 600 private records and 12 updates of B = 16 (a smoke of
-    /// the design, minutes on 2 CPU cores; its intervals are wide); 1 seed of the decoder.
+    /// on fewer records (100 per domain and label to train, 36 to score) and updates (30 of
+    /// B = 32), the DP stage at ε = 8 only; 8 paired seeds; 1 seed of the decoder.
     fn small() -> Self {
         Self {
             seeds: vec![0],
             epsilons: vec![8.0],
-            experts: (8, 1),
-            router: (50, 1e-3, 1000),
+            experts: (4, 1),
             cls: PaperScale {
-                seeds: vec![0, 1],
+                seeds: (0..8).collect(),
                 epsilons: vec![8.0],
                 cls_vocab: 0,
                 cls_max_len: 32,
                 enc: (0, 0, 0, 0, 0),
-                pretrain: (40, 32.0, 1e-4),
-                finetune: (12, 16.0, 3e-3),
-                max_validation: 150,
-                max_train: 600,
-                proxy_lrs: vec![3e-3],
+                pretrain: (0, 0.0, 0.0),
+                finetune: (30, 32.0, 3e-3),
+                max_validation: 36,
+                max_train: 100,
+                proxy_lrs: vec![1e-3, 3e-3, 1e-2],
                 expert_grid: vec![(StreamOptimizer::Adamw, 1.0)],
-                clip_public_records: 256,
+                clip_public_records: 128,
+                router: (200, 1e-2, 2000),
+                specialise: (60, 32.0, 1e-3),
+                gate: GATE,
             },
             lora_r: 8,
             d2t_max_len: 64,
@@ -241,27 +241,29 @@ impl ProfileScale for Scale {
         }
     }
 
-    /// `cargo xtask reproduce --standard`: 5 paired seeds at ε = 1 and 8 on 1,500 private
-    /// records, a few CPU-minutes per run on 2 cores; 1 seed of the decoder.
+    /// `cargo xtask reproduce --standard`: 8 paired seeds at ε = 1 and 8 on every balanced
+    /// record of the task, 60 updates of B = 64; 1 seed of the decoder.
     fn standard() -> Self {
         Self {
             seeds: vec![0, 1],
             epsilons: vec![8.0],
-            experts: (8, 1),
-            router: (100, 1e-3, 2000),
+            experts: (4, 1),
             cls: PaperScale {
-                seeds: vec![0, 1, 2, 3, 4],
+                seeds: (0..8).collect(),
                 epsilons: vec![1.0, 8.0],
                 cls_vocab: 0,
                 cls_max_len: 32,
                 enc: (0, 0, 0, 0, 0),
-                pretrain: (100, 32.0, 1e-4),
-                finetune: (40, 64.0, 3e-3),
-                max_validation: 400,
-                max_train: 1500,
-                proxy_lrs: vec![1e-3, 3e-3],
+                pretrain: (0, 0.0, 0.0),
+                finetune: (60, 64.0, 3e-3),
+                max_validation: 0,
+                max_train: 0,
+                proxy_lrs: vec![1e-3, 3e-3, 1e-2],
                 expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Adamw, 0.3)],
                 clip_public_records: 0,
+                router: (300, 1e-2, 0),
+                specialise: (200, 64.0, 1e-3),
+                gate: GATE,
             },
             lora_r: 8,
             d2t_max_len: 64,
@@ -276,16 +278,15 @@ impl ProfileScale for Scale {
         Self {
             seeds: vec![0, 1, 2],
             epsilons: vec![1.0, 4.0, 8.0],
-            experts: (8, 1),
-            router: (200, 1e-3, 0),
+            experts: (4, 1),
             cls: PaperScale {
-                seeds: vec![0, 1, 2, 3, 4],
+                seeds: (0..8).collect(),
                 epsilons: vec![1.0, 4.0, 8.0],
                 cls_vocab: 0,
                 cls_max_len: 64,
                 enc: (0, 0, 0, 0, 0),
-                pretrain: (500, 64.0, 1e-4),
-                finetune: (300, 512.0, 3e-3),
+                pretrain: (0, 0.0, 0.0),
+                finetune: (300, 256.0, 3e-3),
                 max_validation: 0,
                 max_train: 0,
                 proxy_lrs: vec![1e-3, 3e-3, 1e-2],
@@ -295,6 +296,9 @@ impl ProfileScale for Scale {
                     (StreamOptimizer::Sgd, 10.0),
                 ],
                 clip_public_records: 0,
+                router: (500, 1e-2, 0),
+                specialise: (1000, 128.0, 1e-3),
+                gate: GATE,
             },
             lora_r: 8,
             d2t_max_len: 96,
@@ -371,29 +375,27 @@ fn short_hash(text: &str) -> String {
         .collect()
 }
 
-/// The upcycled MoE-BERT of `bert` with E experts, top-k, its routers trained on `router`'s
-/// public text (load-balancing loss) before they are frozen, cached under
-/// `<cache>/reproduce/upcycled/` keyed by the dense checkpoint's bytes, the options and the
-/// public file's bytes.
+/// The upcycled MoE-BERT of `bert`: its last layer's FFN copied into E experts, top-k, the
+/// routers at their seeded random start (they are trained toward the domains next), cached
+/// under `<cache>/reproduce/upcycled/` keyed by the dense checkpoint's bytes and the options.
+/// Returns the folder and its number of layers.
 fn upcycled(
     cache: &Path,
     bert: &ModelInput,
     experts: (i64, i64),
-    router: &RouterData,
-) -> anyhow::Result<PathBuf> {
-    let opts = raptor_models::upcycle::UpcycleOptions::new(experts.0, experts.1);
+) -> anyhow::Result<(PathBuf, i64)> {
+    let layers = match raptor_models::hf_config::HfConfig::from_file(&bert.path)? {
+        raptor_models::hf_config::HfConfig::Bert(c) => c.num_hidden_layers,
+        _ => anyhow::bail!("{} is not a BERT checkpoint", bert.path.display()),
+    };
+    anyhow::ensure!(layers >= 1, "{} has no layer", bert.path.display());
+    let mut opts = raptor_models::upcycle::UpcycleOptions::new(experts.0, experts.1);
+    opts.layers = Some(vec![(layers - 1) as usize]);
     let key = short_hash(&format!(
-        "{}|{}|{:?}|{}|{}|{:?}|{}|{}|{}|{}",
+        "{}|{}|{:?}",
         file_hash(&bert.path.join("config.json"))?,
         file_hash(&bert.path.join("model.safetensors"))?,
         opts,
-        file_hash(&router.file)?,
-        router.text_column,
-        router.tokenizer,
-        router.max_length,
-        router.max_records,
-        router.training.steps,
-        router.training.lr,
     ));
     let name = bert
         .path
@@ -402,43 +404,15 @@ fn upcycled(
     let root = cache.join("reproduce").join("upcycled");
     let dir = root.join(format!("{name}-e{}k{}-{key}", experts.0, experts.1));
     if dir.join("config.json").is_file() && dir.join("model.safetensors").is_file() {
-        return Ok(dir);
+        return Ok((dir, layers));
     }
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     let tmp = root.join(format!(".{name}-{key}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let report = raptor_train::upcycle::upcycle_folder(&bert.path, &tmp, &opts, Some(router))
+    raptor_train::upcycle::upcycle_folder(&bert.path, &tmp, &opts, None)
         .with_context(|| format!("upcycling {}", bert.path.display()))?;
-    if let Some((before, after)) = &report.router_loads {
-        let loads = serde_json::json!({
-            "public_file": router.file.display().to_string(),
-            "public_records": report.router_records,
-            "before": before,
-            "after": after,
-        });
-        raptor_train::run::write_atomic(
-            &tmp.join("router-training.json"),
-            &serde_json::to_vec_pretty(&loads)?,
-        )?;
-    }
     std::fs::rename(&tmp, &dir).with_context(|| format!("writing {}", dir.display()))?;
-    Ok(dir)
-}
-
-/// The mean coefficient of variation of the routers' loads on the public tokens before
-/// (random) and after router training, from the upcycled folder's record.
-fn router_cv(dir: &Path) -> Option<(f64, f64)> {
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("router-training.json")).ok()?).ok()?;
-    let mean = |k: &str| -> Option<f64> {
-        let a = v.get(k)?.as_array()?;
-        let cvs: Vec<f64> = a
-            .iter()
-            .filter_map(|l| l.get("load_cv")?.as_f64())
-            .collect();
-        (!cvs.is_empty()).then(|| cvs.iter().sum::<f64>() / cvs.len() as f64)
-    };
-    Some((mean("before")?, mean("after")?))
+    Ok((dir, layers))
 }
 
 /// The `model.tokenizer` that reads `bert`'s text in a folder other than its own (`model`
@@ -450,15 +424,11 @@ fn portable_tokenizer(bert: &ModelInput) -> TokenizerSpec {
     }
 }
 
-/// The classification task on the upcycled encoder, ready for the paper part's grid:
-///
-/// 1. `bert` upcycled to E experts with routers trained on the task's **public** split
-///    (load balance), then frozen;
-/// 2. continued non-private full training of the upcycled model on `source`'s **public** split
-///    (another task when given: the experts diverge on public text, the task head is dropped,
-///    so private training has a new head to learn);
-/// 3. the task's public split cut in two: the public proxy on which every method's learning
-///    rates are chosen.
+/// The classification task on the upcycled encoder, ready for the paper part's grid: the
+/// multi-domain task of the paper part built from `task` (Rotten Tomatoes) and `source`
+/// (CrowdFlower), `bert` upcycled (last layer, one expert per domain), and the specialisation
+/// of its experts (routers toward the domains, continued public training) that the grid runs
+/// first.
 fn prepare_cls(
     inputs: &Inputs,
     bert: &ModelInput,
@@ -468,118 +438,64 @@ fn prepare_cls(
 ) -> anyhow::Result<ClsPrepared> {
     let cs = &s.cls;
     let tokenizer = portable_tokenizer(bert);
-    let router = RouterData {
-        file: task.public.clone(),
-        text_column: "text".into(),
-        tokenizer: bert.tokenizer.clone(),
-        max_length: cs.cls_max_len,
-        max_records: s.router.2,
-        training: raptor_models::upcycle::RouterTraining {
-            steps: s.router.0,
-            lr: s.router.1,
-        },
-    };
-    let model = upcycled(&inputs.cache, bert, s.experts, &router)?;
-    let mut t = task.clone();
-    let count = |p: &Path| read_lines(p, "text").map(|v| v.len());
-    let all = (count(&t.train)?, count(&t.validation)?);
-    t.train = capped(&inputs.cache, &t.name, "train", &t.train, cs.max_train)?;
-    t.validation = capped(
-        &inputs.cache,
-        &t.name,
-        "validation",
-        &t.validation,
-        cs.max_validation,
-    )?;
-    let used = (count(&t.train)?, count(&t.validation)?);
-    let src = source.unwrap_or(task);
-    let transfer = src.name != t.name;
-    let src_valid = capped(
-        &inputs.cache,
-        &src.name,
-        "validation",
-        &src.validation,
-        cs.max_validation,
-    )?;
-    let src_records = count(&src.public)?;
-    // Continued public training: every parameter but the frozen routers, non-private, on the
-    // source's public split only.
-    let mut p = RunConfig::default();
-    p.data.train = src.public.clone();
-    p.data.validation = Some(src_valid);
-    p.data.max_length = cs.cls_max_len;
-    p.model.kind = ModelKind::MoeBert;
-    p.model.path = Some(model.clone());
-    p.model.tokenizer = tokenizer.clone();
-    p.model.pooling = Pooling::Mean;
-    p.method.name = Method::Full;
-    p.train.steps = Some(cs.pretrain.0);
-    p.train.batch_size = fit_batch(cs.pretrain.1, src_records);
-    p.train.lr = cs.pretrain.2;
-    p.train.micro_batch = 64;
-    p.train.checkpoint_every = 0;
-    p.train.insecure_seed = Some(7);
-    p.train.device = inputs.device;
+    let mut tasks = vec![task.clone()];
+    tasks.extend(source.cloned());
+    let design = domains::Design::for_tasks(&tasks)?;
+    let md = domains::build(&inputs.cache, &design, (cs.max_train, cs.max_validation))?;
+    let experts = (s.experts.0.max(md.domains.len() as i64), s.experts.1);
+    let (model, layers) = upcycled(&inputs.cache, bert, experts)?;
     let name = bert
         .path
         .file_name()
         .map_or("bert".into(), |n| n.to_string_lossy().into_owned());
-    let mut pre = pretrain::Pretraining::plan(
-        &inputs.cache,
-        &format!("{name}-moe-{}-for-{}", src.name, t.name),
-        &p,
-        &pretrain::public_hash(&src.public)?,
-    )?;
-    pre.drop_head = true;
-    let proxy = proxy_split(&inputs.cache, &t.name, &t.public)?;
-    let routers = match router_cv(&model) {
-        Some((b, a)) => format!(
-            "routers trained on {}'s public split for {} steps (mean load CV over layers {b:.3} random → {a:.3} trained), then frozen",
-            t.name, s.router.0
-        ),
-        None => "routers trained on the public split, then frozen".into(),
+    // The upcycled folder is the model the specialisation starts from: nothing to run.
+    let pre = pretrain::Pretraining {
+        job: Job {
+            label: format!("upcycle {name}"),
+            cfg: RunConfig::default(),
+        },
+        run: model.join("run"),
+        hf: model.clone(),
+        drop_head: true,
     };
-    let size_note = format!(
-        "{}: {name} upcycled to a MoE-BERT (every layer's FFN copied into E = {} experts, top-{}; {routers}), then trained further, non-privately and with the routers frozen, on the public split of {} ({src_records} records, {} updates at batch {}, lr {}{}) so that the experts diverge; private fine-tuning on {} of {} training records, scored on {} of {} validation records{}; hyperparameters chosen on {}'s public split ({} records to train, {} to score).",
-        t.name,
-        s.experts.0,
-        s.experts.1,
-        src.name,
-        cs.pretrain.0,
-        p.train.batch_size,
-        cs.pretrain.2,
-        if transfer {
-            ", another task: the head is dropped and private training learns a new one"
-        } else {
-            ", the same task (no other corpus was given): the head is dropped"
-        },
-        used.0,
-        all.0,
-        used.1,
-        all.1,
-        if used != all {
-            " (evenly strided fixed subsets: the profile's size limits)"
-        } else {
-            ""
-        },
-        t.name,
-        proxy.2,
-        read_lines(&proxy.1, "text")?.len(),
-    );
-    Ok(ClsPrepared {
-        size_note,
-        task: t,
-        source: src.name.clone(),
-        backbone: Backbone {
-            kind: ModelKind::MoeBert,
-            tokenizer,
-            pooling: Some(Pooling::Mean),
-        },
+    let top: Vec<i64> = (layers.saturating_sub(2).max(0)..layers).collect();
+    let backbone = Backbone {
+        kind: ModelKind::MoeBert,
+        tokenizer,
+        pooling: Some(Pooling::Mean),
+        attention_targets: top
+            .iter()
+            .flat_map(|l| {
+                [
+                    "attention.self.query",
+                    "attention.self.key",
+                    "attention.self.value",
+                    "attention.output.dense",
+                ]
+                .map(|t| format!("layer.{l}.{t}"))
+            })
+            .collect(),
+    };
+    let spec = crate::paper::specialisation(&inputs.cache, inputs.device, &md, cs);
+    let mut c = crate::paper::finish_prepare(
+        &md,
+        "multidomain".into(),
+        format!(
+            "{name} (upcycled: layer {} into {} experts, top-{})",
+            layers - 1,
+            experts.0,
+            experts.1
+        ),
+        backbone,
         pre,
-        public_records: src_records,
-        train_records: used.0,
-        proxy,
-    })
+        crate::paper::read_lines(&md.pretrain, "text")?.len(),
+        Some(spec),
+    )?;
+    c.size_note = format!(
+        "{} {name}: its last layer's FFN copied into E = {} experts (top-{}); LoRA adapts the attention of layers {:?} and the experts, the layers below are frozen.",
+        c.size_note, experts.0, experts.1, top
+    );
+    Ok(c)
 }
 
 /// The data-to-text task: the dev file is the private training set; the first sources of the
@@ -788,8 +704,9 @@ const MINILM_DIAGNOSTICS: DiagnosticsNames = DiagnosticsNames {
 /// The upcycled MiniLM's evidence table.
 const MINILM_EVIDENCE: EvidenceNames = EvidenceNames {
     slug: "backbones-minilm-moe",
-    title: "RAPTOR vs its baselines on an upcycled all-MiniLM-L6-v2 (routers trained and experts diverged on public text, tuned on public data, paired seeds)",
+    title: "RAPTOR vs its baselines on multi-domain sentiment, upcycled all-MiniLM-L6-v2 (experts specialised on public data, a gated positive control, tuned on public data, paired seeds)",
     plot: "backbones-minilm-moe-paired-differences.png",
+    domains: "backbones-minilm-moe-domains",
 };
 const D2T_SLUG: &str = "backbones-smollm2";
 const D2T_TITLE: &str = "Smoke test: DP-Adam, DP-Muon and DP-MuonBC fine-tuning SmolLM2-135M-Instruct (LoRA; fixed learning rates, not evidence)";
@@ -955,22 +872,25 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let mut runner = Runner::new(&ctx.out.join("runs"), ctx.exe.clone(), ctx.workers)?;
     // Classification: the paper part's grid (continued public training, public proxy, paired
     // seeds, positive control) on the upcycled encoder, without the ablations.
-    let cls_t = match &cls {
+    let cls_t = match cls {
         Ok(c) => {
             let workers = if ctx.exe.is_some() { ctx.workers } else { 0 };
+            let mut cs = vec![c];
             let r = run_cls_grid(
                 &mut runner,
-                std::slice::from_ref(c),
+                &mut cs,
                 scale.cls.clone(),
                 inputs.device,
                 false,
                 workers,
             )?;
-            let mut t = evidence(&r, &ctx.out, &MINILM_EVIDENCE)?;
-            t.notes.extend(r.notes.iter().cloned());
-            vec![t, diagnostics(&r, &ctx.out, &MINILM_DIAGNOSTICS)?]
+            let mut t = evidence_tables(&r, &ctx.out, &MINILM_EVIDENCE)?;
+            if dp_ran(&r) {
+                t.push(diagnostics(&r, &ctx.out, &MINILM_DIAGNOSTICS)?);
+            }
+            t
         }
-        Err(why) => vec![skipped(MINILM_EVIDENCE.slug, MINILM_EVIDENCE.title, why)],
+        Err(why) => vec![skipped(MINILM_EVIDENCE.slug, MINILM_EVIDENCE.title, &why)],
     };
     let mut runs = BTreeMap::new();
     if let Ok(d) = &d2t {
@@ -1010,25 +930,16 @@ mod tests {
                 hf: PathBuf::from(format!("/{p}/hf")),
                 drop_head: true,
             };
-            let c = ClsPrepared {
-                size_note: String::new(),
-                task: ClsTask {
-                    name: "rt".into(),
-                    public: PathBuf::from("/p.tsv"),
-                    train: PathBuf::from("/t.tsv"),
-                    validation: PathBuf::from("/v.tsv"),
-                },
-                source: "crowdflower".into(),
-                backbone: Backbone {
+            let mut c = crate::paper::tests::fake_task(
+                "multidomain",
+                Backbone {
                     kind: ModelKind::MoeBert,
                     tokenizer: TokenizerSpec::from(Path::new("/tokenizer.json")),
                     pooling: Some(Pooling::Mean),
+                    attention_targets: vec!["layer.5.attention.self.query".into()],
                 },
-                pre: pre("moe"),
-                public_records: 2000,
-                train_records: 7000,
-                proxy: (PathBuf::from("/pt.tsv"), PathBuf::from("/pv.tsv"), 1600),
-            };
+            );
+            c.pre = pre("moe");
             let d = D2tPrepared {
                 task: D2tTask {
                     name: "e2e".into(),
@@ -1047,22 +958,28 @@ mod tests {
             };
             let seeds = s.d2t_seeds(standard);
             // The classification grid is the paper part's (checked there): here, that every
-            // run fine-tunes the upcycled encoder with its tokenizer and mean pooling, without
+            // run fine-tunes the upcycled encoder with its tokenizer, mean pooling and the
+            // backbone's attention targets, on 8 paired seeds outside the test profile, without
             // the ablations.
             let chosen = crate::paper::Chosen::new();
-            let mut jobs = crate::paper::proxy_jobs(&c, &s.cls, DeviceSpec::Cpu, false, &chosen);
-            let main = crate::paper::cls_jobs(&c, false, &s.cls, DeviceSpec::Cpu, &chosen);
+            let mut jobs = crate::paper::gate_jobs(&c, &s.cls, DeviceSpec::Cpu, &chosen);
+            let main = crate::paper::dp_jobs(&c, false, &s.cls, DeviceSpec::Cpu, &chosen);
             assert_eq!(
                 main.len(),
                 s.cls.seeds.len()
-                    * (3 + s.cls.epsilons.len() * crate::paper::CLASSIFICATION_METHODS.len()),
+                    * s.cls.epsilons.len()
+                    * crate::paper::CLASSIFICATION_METHODS.len(),
                 "{name}"
             );
+            if name != "quick" {
+                assert_eq!(s.cls.seeds.len(), 8, "{name}");
+            }
             jobs.extend(main);
             for j in &jobs {
                 assert_eq!(j.cfg.model.kind, ModelKind::MoeBert, "{name}: {}", j.label);
                 assert_eq!(j.cfg.model.path, Some(PathBuf::from("/moe/hf")));
                 assert_eq!(j.cfg.model.pooling, Pooling::Mean);
+                assert_eq!(j.cfg.lora.attention_targets, c.backbone.attention_targets);
             }
             let n_cls = jobs.len();
             jobs.extend(d2t_jobs(&d, &s, &seeds, DeviceSpec::Cpu));

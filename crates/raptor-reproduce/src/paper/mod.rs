@@ -1,12 +1,17 @@
 //! Reproduce parts `paper` and `dpmuon`: the papers' private fine-tuning tables in miniature,
 //! on real data, from models pretrained on public text only.
 //!
-//! * Classification (RAPTOR, paper Tables 1 and 5, layer choice, diagnostics, cost): the Rotten
-//!   Tomatoes and CrowdFlower corpora that `cargo xtask setup --data` prepares in the per-user
-//!   cache (`public`, `train`, `validation` splits). A WordPiece tokenizer and a Switch-style MoE
-//!   encoder (E = 8, top-1) are trained on the **public** split only (non-privately, full
-//!   fine-tuning with frozen random routers) and cached; every private run fine-tunes that
-//!   checkpoint on the `train` split and is scored on `validation`.
+//! * Classification (RAPTOR, paper Tables 1 and 5, layer choice, diagnostics, cost): a
+//!   multi-domain sentiment task built from the Rotten Tomatoes and CrowdFlower corpora that
+//!   `cargo xtask setup --data` prepares in the per-user cache ([`domains`]: four domains,
+//!   labels balanced per domain, the label's meaning flipped in two of them — a task where the
+//!   right computation depends on the expert). A WordPiece tokenizer and a Switch-style MoE
+//!   encoder are trained on **public** records only (natural labels), its routers are then
+//!   trained toward the domains and frozen, and the encoder is trained further on the public
+//!   records so that each expert learns its domain ([`experts`]). Every private run fine-tunes
+//!   that checkpoint on the private training set and is scored on validation, beside the
+//!   majority class and bag-of-words baselines; the DP comparison runs only when the
+//!   non-private positive control passes its gate (fixed before the runs).
 //! * Data-to-text (DP-Muon table): E2E-cleaned and DART dev/test from the shared data folder.
 //!   Each dev file is split by source into a public part (20 %: tokenizer and GPT-2-style decoder
 //!   pretraining) and a private part (fine-tuning); the test file is scored (NLL, BLEU, ROUGE-L).
@@ -16,6 +21,8 @@
 //! the tables reproduce: the mechanism and its ε are those of a private run, but seeded runs are
 //! not private releases.
 
+pub(crate) mod domains;
+pub(crate) mod experts;
 pub(crate) mod pretrain;
 pub(crate) mod report;
 pub(super) mod runs;
@@ -25,6 +32,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
+use raptor_models::upcycle::RouterTraining;
 use raptor_train::config::{
     Budget, DataFormat, DeviceSpec, LayerSpec, Method, ModelKind, RunConfig, StreamOptimizer,
     TokenizerSpec,
@@ -37,10 +45,29 @@ pub use runs::run_one;
 
 pub use report::CLASSIFICATION_METHODS;
 
+/// The positive control's gate, fixed before the runs: the DP stage of a task runs only when
+/// the paired 95 % interval of non-private LoRA with − without expert adapters lies above
+/// `min_points` (accuracy points) and, when `backbone_must_learn`, non-private LoRA's mean
+/// accuracy is above the best bag-of-words baseline (otherwise "the backbone does not learn
+/// this task" and any verdict would be uninformative).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GateRule {
+    /// Lower end of the paired interval needed, in points.
+    pub min_points: f64,
+    /// Whether non-private LoRA must beat the bag-of-words baselines.
+    pub backbone_must_learn: bool,
+}
+
+/// The gate of every profile but the test profile: +3 points, the backbone must learn.
+pub const GATE: GateRule = GateRule {
+    min_points: 3.0,
+    backbone_must_learn: true,
+};
+
 /// Sizes of one reproduce profile.
 #[derive(Debug, Clone)]
 pub struct Scale {
-    /// Seeds per cell.
+    /// Paired seeds of every cell (the positive control's and the DP comparison's).
     pub seeds: Vec<u64>,
     /// Privacy targets of Table 1.
     pub epsilons: Vec<f64>,
@@ -52,14 +79,16 @@ pub struct Scale {
     pub enc: (i64, i64, i64, i64, i64),
     /// Pretraining updates, batch, learning rate (classification).
     pub pretrain: (u64, f64, f64),
-    /// Fine-tuning updates, expected batch, learning rate (classification).
+    /// Fine-tuning updates, expected batch, learning rate (classification; the learning rate
+    /// of every cell comes from the public proxy).
     pub finetune: (u64, f64, f64),
-    /// Validation records scored per classification task (an evenly strided subset; 0: all).
+    /// Validation records per (domain, label) cell at most (0: the smallest cell's count).
     pub max_validation: usize,
-    /// Private training records per classification task (an evenly strided subset; 0: all).
+    /// Private training records per (domain, label) cell at most (0: the smallest cell's
+    /// count).
     pub max_train: usize,
-    /// Learning rates tried on the public proxy (classification; the shared stream's for
-    /// RAPTOR).
+    /// Learning rates tried first on the public proxy (classification; the shared stream's for
+    /// RAPTOR); a choice on the grid's edge extends it (at most twice, ×3 or ÷3).
     pub proxy_lrs: Vec<f64>,
     /// RAPTOR's expert-stream settings tried on the public proxy: optimizer and expert learning
     /// rate as a multiple of the shared one.
@@ -67,17 +96,31 @@ pub struct Scale {
     /// Public records the clip calibration of a private run reads at most (evenly strided;
     /// 0: all of the public split).
     pub clip_public_records: usize,
+    /// Router training toward the domains: Adam steps, learning rate, public records read at
+    /// most (0: all).
+    pub router: (usize, f64, usize),
+    /// Continued public training of the routed model (the experts specialise): updates,
+    /// batch, learning rate.
+    pub specialise: (u64, f64, f64),
+    /// The positive control's gate.
+    pub gate: GateRule,
+}
+
+/// The eight paired seeds of the positive control and the DP comparison.
+fn eight_seeds() -> Vec<u64> {
+    (0..8).collect()
 }
 
 impl ProfileScale for Scale {
-    /// The test profile: a few updates of tiny models.
+    /// The test profile: a few updates of tiny models; its gate lets every stage run (−100
+    /// points, no baseline to beat) so that the tests exercise the DP stage.
     fn quick() -> Self {
         Self {
             seeds: vec![0, 1],
             epsilons: vec![1.0, 8.0],
             cls_vocab: 200,
             cls_max_len: 24,
-            enc: (16, 4, 2, 32, 4),
+            enc: (16, 2, 2, 32, 4),
             pretrain: (6, 32.0, 5e-3),
             finetune: (4, 32.0, 1e-2),
             max_validation: 0,
@@ -85,44 +128,52 @@ impl ProfileScale for Scale {
             proxy_lrs: vec![1e-2],
             expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
             clip_public_records: 0,
+            router: (20, 5e-2, 0),
+            specialise: (4, 32.0, 5e-3),
+            gate: GateRule {
+                min_points: -100.0,
+                backbone_must_learn: false,
+            },
         }
     }
 
     /// `cargo xtask reproduce` (no profile flag): the design of [`Scale::standard`] at sizes
-    /// that leave the whole reproduction about half an hour on 2 CPU cores: the 5 paired seeds
-    /// the decision rule asks for, fewer records and updates, a smaller proxy grid (no
-    /// ablations: see [`tables`]).
+    /// that leave the whole reproduction about half an hour on 2 CPU cores: 8 paired seeds,
+    /// a 2-block encoder, 30 private updates (no ablations: see [`tables`]).
     fn small() -> Self {
         Self {
-            seeds: vec![0, 1, 2, 3, 4],
+            seeds: eight_seeds(),
             epsilons: vec![1.0, 8.0],
             cls_vocab: 2000,
             cls_max_len: 32,
-            enc: (64, 2, 4, 128, 8),
-            pretrain: (200, 64.0, 3e-3),
+            enc: (64, 2, 4, 128, 4),
+            pretrain: (300, 64.0, 3e-3),
             finetune: (30, 128.0, 1e-2),
-            max_validation: 300,
-            max_train: 2000,
-            proxy_lrs: vec![1e-2],
+            max_validation: 0,
+            max_train: 0,
+            proxy_lrs: vec![3e-3, 1e-2, 3e-2],
             expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
             clip_public_records: 256,
+            router: (200, 1e-2, 0),
+            specialise: (150, 64.0, 3e-3),
+            gate: GATE,
         }
     }
 
-    /// `cargo xtask reproduce --standard`: the evidence grid behind the README's tables
-    /// (5 paired seeds; about 85 minutes on 2 CPU cores).
+    /// `cargo xtask reproduce --standard`: the evidence grid (8 paired seeds, a 4-block
+    /// encoder, 60 private updates, ablations).
     fn standard() -> Self {
         Self {
-            seeds: vec![0, 1, 2, 3, 4],
+            seeds: eight_seeds(),
             epsilons: vec![1.0, 8.0],
             cls_vocab: 3000,
             cls_max_len: 32,
-            enc: (64, 4, 4, 128, 8),
-            pretrain: (400, 64.0, 3e-3),
-            finetune: (50, 128.0, 1e-2),
-            max_validation: 1500,
-            max_train: 8000,
-            proxy_lrs: vec![3e-3, 1e-2, 3e-2],
+            enc: (64, 4, 4, 128, 4),
+            pretrain: (600, 64.0, 3e-3),
+            finetune: (60, 128.0, 1e-2),
+            max_validation: 0,
+            max_train: 0,
+            proxy_lrs: vec![1e-3, 3e-3, 1e-2, 3e-2],
             expert_grid: vec![
                 (StreamOptimizer::Adamw, 1.0),
                 (StreamOptimizer::Adamw, 0.1),
@@ -130,19 +181,22 @@ impl ProfileScale for Scale {
                 (StreamOptimizer::Sgd, 50.0),
             ],
             clip_public_records: 0,
+            router: (300, 1e-2, 0),
+            specialise: (300, 64.0, 3e-3),
+            gate: GATE,
         }
     }
 
-    /// `--full`: larger models, longer runs, more seeds (a GPU or a long CPU run).
+    /// `--full`: larger models, longer runs (a GPU or a long CPU run).
     fn full() -> Self {
         Self {
-            seeds: vec![0, 1, 2, 3, 4],
+            seeds: eight_seeds(),
             epsilons: vec![1.0, 4.0, 8.0],
             cls_vocab: 8000,
             cls_max_len: 64,
-            enc: (256, 8, 4, 1024, 8),
+            enc: (256, 8, 4, 1024, 4),
             pretrain: (3000, 128.0, 1e-3),
-            finetune: (600, 512.0, 5e-3),
+            finetune: (300, 256.0, 5e-3),
             max_validation: 0,
             max_train: 0,
             proxy_lrs: vec![1e-3, 3e-3, 1e-2, 3e-2],
@@ -154,6 +208,9 @@ impl ProfileScale for Scale {
                 (StreamOptimizer::Sgd, 50.0),
             ],
             clip_public_records: 0,
+            router: (500, 1e-2, 0),
+            specialise: (1000, 128.0, 1e-3),
+            gate: GATE,
         }
     }
 }
@@ -281,6 +338,61 @@ impl Inputs {
     }
 }
 
+/// The bag-of-words baselines of a task, on its own training and validation sets (non-private:
+/// fitted on the private training records; held-out numbers like the other tables'), overall
+/// and per group of validation records.
+#[derive(Debug, Clone)]
+pub struct BowSummary {
+    /// Majority class, naive Bayes and logistic regression on the whole validation set.
+    pub all: raptor_eval::bow::BowReport,
+    /// Per group (a domain, `flipped`, `unflipped`): the same on its validation records.
+    pub groups: Vec<(String, raptor_eval::bow::BowReport)>,
+}
+
+/// The gate's outcome for one task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateOutcome {
+    /// Per-seed paired differences, non-private LoRA with − without expert adapters.
+    pub control: Vec<f64>,
+    /// Non-private LoRA's mean accuracy.
+    pub lora: Option<f64>,
+    /// The best bag-of-words accuracy (naive Bayes or logistic regression).
+    pub bow: Option<f64>,
+    /// Whether the paired interval lies above the rule's threshold.
+    pub control_passes: bool,
+    /// Whether non-private LoRA beats the bag-of-words baselines.
+    pub learns: bool,
+    /// Whether the DP stage ran.
+    pub dp: bool,
+}
+
+/// Decides the gate from the positive control's paired differences (accuracy, fractions),
+/// non-private LoRA's mean and the best bag-of-words accuracy.
+pub fn decide_gate(
+    rule: GateRule,
+    control: &[f64],
+    lora: Option<f64>,
+    bow: Option<f64>,
+) -> GateOutcome {
+    let control_passes = raptor_report::estimate(control)
+        .ok()
+        .filter(|e| e.n >= 2 && e.half_width.is_finite())
+        .is_some_and(|e| 100.0 * (e.mean - e.half_width) > rule.min_points);
+    let learns = match (lora, bow) {
+        (Some(l), Some(b)) => l > b,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    GateOutcome {
+        control: control.to_vec(),
+        lora,
+        bow,
+        control_passes,
+        learns,
+        dp: control_passes && (learns || !rule.backbone_must_learn),
+    }
+}
+
 /// What the paper parts ran: summaries by job label, and the grid they came from.
 pub struct Results {
     /// Summaries by label (see [`label`]).
@@ -289,13 +401,20 @@ pub struct Results {
     pub scale: Scale,
     /// Classification task names.
     pub cls: Vec<String>,
-    /// Notes computed while preparing the tasks (pretrained-only accuracy, data splits).
+    /// Notes computed while preparing the tasks (pretrained-only accuracy, data splits,
+    /// routing, the proxy's choices).
     pub notes: Vec<String>,
     /// Training runs that ran at once (worker processes, one libtorch thread each; 0: in
     /// this process).
     pub workers: usize,
     /// Whether the ablations and the layer choice ran (on the first task).
     pub ablations: bool,
+    /// Per task, its bag-of-words baselines.
+    pub bow: BTreeMap<String, BowSummary>,
+    /// Per task, the gate's outcome.
+    pub gate: BTreeMap<String, GateOutcome>,
+    /// Per task, its validation groups (domains, then `flipped` and `unflipped`), in order.
+    pub groups: BTreeMap<String, Vec<String>>,
 }
 
 /// The label of a run in the grid.
@@ -318,6 +437,8 @@ pub(crate) struct Backbone {
     pub tokenizer: TokenizerSpec,
     /// `model.pooling` (None: the family's default).
     pub pooling: Option<raptor_train::config::Pooling>,
+    /// `lora.attention_targets` of the LoRA methods (empty: every attention projection).
+    pub attention_targets: Vec<String>,
 }
 
 impl Backbone {
@@ -327,6 +448,7 @@ impl Backbone {
             kind: ModelKind::Switch,
             tokenizer: TokenizerSpec::from(tok),
             pooling: None,
+            attention_targets: Vec::new(),
         }
     }
 }
@@ -341,6 +463,7 @@ fn cls_base(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
     c2.data.public = Some(task.public.clone());
     c2.data.text_column = "text".into();
     c2.data.label_column = "label".into();
+    c2.data.labels = Some(domains::LABELS.iter().map(|l| l.to_string()).collect());
     c2.data.max_length = s.cls_max_len;
     c2.model.kind = c.backbone.kind;
     c2.model.path = Some(c.pre.hf.clone());
@@ -358,6 +481,7 @@ fn cls_base(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
     c2.train.clip_expert = 1.0;
     c2.lora.r = 8;
     c2.lora.alpha = 16.0;
+    c2.lora.attention_targets = c.backbone.attention_targets.clone();
     c2.privacy.accuracy = 1e-3;
     c2
 }
@@ -380,75 +504,107 @@ pub(super) fn read_lines(path: &Path, column: &str) -> anyhow::Result<Vec<String
     Ok(ds.records.iter().map(|r| r.text.clone()).collect())
 }
 
-/// A classification task ready for fine-tuning: its tokenizer, the pretraining of its encoder
-/// on **another** corpus's public split (the private task then has room to learn: a new head,
-/// features from another task), and its public proxy (the task's own public split, cut in two)
-/// on which every method's hyperparameters are chosen.
+/// A classification task ready for fine-tuning: the multi-domain task's files, the public
+/// pretraining (or upcycled checkpoint) its encoder starts from, the specialisation of its
+/// experts, its public proxy (on which every method's hyperparameters are chosen) and its
+/// baselines.
 pub(crate) struct ClsPrepared {
     pub(crate) size_note: String,
+    /// The task: `train` and `validation` are the private sets, `public` the proxy's training
+    /// part (labelled like the task: clip calibration and routing statistics read it).
     pub(crate) task: ClsTask,
-    /// The corpus the encoder was pretrained on (its public split).
+    /// What the encoder was pretrained on.
     pub(crate) source: String,
     /// The model family, tokenizer and pooling of every run.
     pub(crate) backbone: Backbone,
-    /// The (continued) public pretraining whose exported folder every run starts from.
+    /// The model every run starts from: first the public pretraining (or the upcycled folder),
+    /// replaced by the continued public training once the experts are specialised.
     pub(crate) pre: pretrain::Pretraining,
     pub(crate) public_records: usize,
     pub(crate) train_records: usize,
     /// The public proxy: training part, validation part, and the training part's size.
     pub(crate) proxy: (PathBuf, PathBuf, usize),
+    /// How the experts are specialised (None: they are not).
+    pub(crate) specialise: Option<experts::Specialisation>,
+    /// The validation groups (domains, then `flipped` and `unflipped`) with their files.
+    pub(crate) groups: Vec<(String, PathBuf)>,
+    /// The bag-of-words baselines.
+    pub(crate) bow: Option<BowSummary>,
 }
 
-/// Tokenizer (trained now on public text only, cached), pretraining plan (on `source`'s public
-/// split; the task head is not exported) and public proxy of a classification task.
+/// Reads a labelled table as (text, class index) with the task's labels.
+fn labelled(path: &Path) -> anyhow::Result<Vec<(String, usize)>> {
+    let ds = raptor_data::read_table(path, &raptor_data::TableSpec::new("text", Some("label")))
+        .with_context(|| format!("reading {}", path.display()))?;
+    ds.records
+        .into_iter()
+        .map(|r| {
+            let l = r.label.unwrap_or_default();
+            let i = domains::LABELS
+                .iter()
+                .position(|x| *x == l)
+                .with_context(|| format!("{}: label `{l}` is not a task label", path.display()))?;
+            Ok((r.text, i))
+        })
+        .collect()
+}
+
+/// The bag-of-words baselines of a task: fitted on `train`, scored on `validation` and on
+/// every group's validation records.
+pub(crate) fn bow_baselines(
+    train: &Path,
+    validation: &Path,
+    groups: &[(String, PathBuf)],
+) -> anyhow::Result<BowSummary> {
+    let tr = labelled(train)?;
+    let va = labelled(validation)?;
+    let k = domains::LABELS.len();
+    let all = raptor_eval::bow::baselines(&tr, &va, k)?;
+    let mut out = Vec::new();
+    for (name, file) in groups {
+        out.push((
+            name.clone(),
+            raptor_eval::bow::baselines(&tr, &labelled(file)?, k)?,
+        ));
+    }
+    Ok(BowSummary { all, groups: out })
+}
+
+/// The miniature's task: the multi-domain task's files, a tokenizer trained on its public
+/// records, the pretraining of a Switch encoder on the public pretraining records (natural
+/// labels), the specialisation of its experts, the proxy and the baselines.
 fn prepare_cls(
     inputs: &Inputs,
-    task: &ClsTask,
-    source: &ClsTask,
+    md: &domains::MultiDomain,
     s: &Scale,
 ) -> anyhow::Result<ClsPrepared> {
-    let mut task = task.clone();
-    let n_valid = read_lines(&task.validation, "text")?.len();
-    let n_train = read_lines(&task.train, "text")?.len();
-    task.validation = capped(
-        &inputs.cache,
-        &task.name,
-        "validation",
-        &task.validation,
-        s.max_validation,
-    )?;
-    task.train = capped(&inputs.cache, &task.name, "train", &task.train, s.max_train)?;
-    let transfer = source.name != task.name;
-    // The tokenizer sees public text only: both public splits.
+    let name = "multidomain".to_string();
     let ph = format!(
-        "{}|{}",
-        pretrain::public_hash(&source.public)?,
-        pretrain::public_hash(&task.public)?
+        "{}|{}|{}",
+        pretrain::public_hash(&md.pretrain)?,
+        pretrain::public_hash(&md.proxy_train)?,
+        pretrain::public_hash(&md.proxy_valid)?
     );
-    let src_lines = read_lines(&source.public, "text")?;
-    let mut lines = src_lines.clone();
-    if transfer {
-        lines.extend(read_lines(&task.public, "text")?);
-    }
-    let tok_name = if transfer {
-        format!("{}+{}", source.name, task.name)
-    } else {
-        task.name.clone()
-    };
+    // The tokenizer sees public text only: the pretraining and the proxy records.
+    let mut lines = read_lines(&md.pretrain, "text")?;
+    let pre_records = lines.len();
+    lines.extend(read_lines(&md.proxy_train, "text")?);
+    lines.extend(read_lines(&md.proxy_valid, "text")?);
     let tok = pretrain::tokenizer(
         &inputs.cache,
-        &tok_name,
+        &name,
         &lines,
         &ph,
         CorpusModel::WordPiece,
         s.cls_vocab,
     )?;
-    // Pretraining: non-private full fine-tuning of a from-scratch encoder on the source's
-    // public split, supervised on the source's labels (routers stay at their seeded random
+    // Pretraining: non-private full training of a from-scratch encoder on the public
+    // pretraining records with their natural labels (routers at their seeded random
     // initialization, as in every `full` run).
     let mut p = RunConfig::default();
-    p.data.train = source.public.clone();
-    p.data.validation = Some(source.validation.clone());
+    p.data.train = md.pretrain.clone();
+    p.data.validation = Some(md.proxy_valid_natural.clone());
+    p.data.labels = Some(domains::LABELS.iter().map(|l| l.to_string()).collect());
     p.data.max_length = s.cls_max_len;
     p.model.kind = ModelKind::Switch;
     p.model.tokenizer = TokenizerSpec::from(tok.as_path());
@@ -459,92 +615,86 @@ fn prepare_cls(
         p.model.d_ff,
         p.model.experts,
     ) = s.enc;
+    p.model.experts = p.model.experts.max(md.domains.len() as i64);
     p.method.name = Method::Full;
     p.train.steps = Some(s.pretrain.0);
-    p.train.batch_size = fit_batch(s.pretrain.1, src_lines.len());
+    p.train.batch_size = fit_batch(s.pretrain.1, pre_records);
     p.train.lr = s.pretrain.2;
     p.train.micro_batch = 256;
     p.train.checkpoint_every = 0;
     p.train.insecure_seed = Some(7);
     p.train.device = inputs.device;
-    let mut pre = pretrain::Pretraining::plan(
-        &inputs.cache,
-        &format!("{}-for-{}-switch", source.name, task.name),
-        &p,
-        &ph,
-    )?;
-    pre.drop_head = transfer;
-    let train_records = read_lines(&task.train, "text")?.len();
-    let valid_records = read_lines(&task.validation, "text")?.len();
-    let proxy = proxy_split(&inputs.cache, &task.name, &task.public)?;
-    let size_note = format!(
-        "{}: encoder pretrained on the public split of {} ({} records{}); private fine-tuning on {train_records} of {n_train} training records, scored on {valid_records} of {n_valid} validation records{}; hyperparameters chosen on {}'s public split ({} records to train, {} to score).",
-        task.name,
-        source.name,
-        src_lines.len(),
-        if transfer {
-            ", another task: a new head"
-        } else {
-            ", the same task: no other corpus was given"
-        },
-        if train_records < n_train || valid_records < n_valid {
-            " (evenly strided fixed subsets: the profile's size limits)"
-        } else {
-            ""
-        },
-        task.name,
-        proxy.2,
-        read_lines(&proxy.1, "text")?.len(),
-    );
-    Ok(ClsPrepared {
-        size_note,
-        task,
-        source: source.name.clone(),
-        backbone: Backbone::switch(&tok),
+    let mut pre = pretrain::Pretraining::plan(&inputs.cache, &format!("{name}-switch"), &p, &ph)?;
+    pre.drop_head = true;
+    let backbone = Backbone::switch(&tok);
+    let spec = specialisation(&inputs.cache, inputs.device, md, s);
+    finish_prepare(
+        md,
+        name,
+        "the public pretraining records (natural labels)".into(),
+        backbone,
         pre,
-        public_records: src_lines.len(),
-        train_records,
-        proxy,
-    })
+        pre_records,
+        Some(spec),
+    )
 }
 
-/// A task's public split cut in two (every fifth record to the validation part), cached as
-/// TSV: the public proxy on which hyperparameters are chosen. Returns (train, validation,
-/// training records).
-pub(crate) fn proxy_split(
+/// The specialisation settings of a scale on a multi-domain task.
+pub(crate) fn specialisation(
     cache: &Path,
-    task: &str,
-    public: &Path,
-) -> anyhow::Result<(PathBuf, PathBuf, usize)> {
-    let spec = raptor_data::TableSpec::new("text", Some("label"));
-    let ds = raptor_data::read_table(public, &spec)
-        .with_context(|| format!("reading {}", public.display()))?;
-    let h = runs::file_hash(public)?;
-    let dir = cache.join("reproduce").join("data");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tr = dir.join(format!("{task}-proxy-train-{}.tsv", &h[..16]));
-    let va = dir.join(format!("{task}-proxy-valid-{}.tsv", &h[..16]));
-    let clean = |t: &str| t.replace(['\t', '\n', '\r'], " ");
-    let (mut a, mut b) = (String::from("text\tlabel\n"), String::from("text\tlabel\n"));
-    let mut n = 0usize;
-    for (i, r) in ds.records.iter().enumerate() {
-        let line = format!(
-            "{}\t{}\n",
-            clean(&r.text),
-            clean(r.label.as_deref().unwrap_or(""))
-        );
-        if i % 5 == 4 {
-            b.push_str(&line);
-        } else {
-            a.push_str(&line);
-            n += 1;
-        }
+    device: DeviceSpec,
+    md: &domains::MultiDomain,
+    s: &Scale,
+) -> experts::Specialisation {
+    experts::Specialisation {
+        public: md.pretrain.clone(),
+        validation: md.proxy_valid_natural.clone(),
+        domains: md.domains.clone(),
+        router: RouterTraining {
+            steps: s.router.0,
+            lr: s.router.1,
+        },
+        max_records: s.router.2,
+        cont: s.specialise,
+        micro_batch: 128,
+        cache: cache.to_path_buf(),
+        device,
+        max_len: s.cls_max_len,
     }
-    if !tr.exists() || !va.exists() {
-        raptor_train::run::write_atomic(&tr, a.as_bytes())?;
-        raptor_train::run::write_atomic(&va, b.as_bytes())?;
-    }
-    Ok((tr, va, n))
+}
+
+/// The rest of a task's preparation, shared by both backbones: its sets, proxy, groups,
+/// baselines and the note on its sizes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finish_prepare(
+    md: &domains::MultiDomain,
+    name: String,
+    source: String,
+    backbone: Backbone,
+    pre: pretrain::Pretraining,
+    public_records: usize,
+    specialise: Option<experts::Specialisation>,
+) -> anyhow::Result<ClsPrepared> {
+    let bow = bow_baselines(&md.train, &md.validation, &md.groups)?;
+    let size_note = format!("{name}: {}", md.describe());
+    Ok(ClsPrepared {
+        size_note,
+        task: ClsTask {
+            name,
+            public: md.proxy_train.clone(),
+            train: md.train.clone(),
+            validation: md.validation.clone(),
+        },
+        source,
+        backbone,
+        pre,
+        public_records,
+        train_records: md.sizes.3,
+        proxy: (md.proxy_train.clone(), md.proxy_valid.clone(), md.sizes.1),
+        specialise,
+        groups: md.groups.clone(),
+        bow: Some(bow),
+    })
 }
 
 /// One method's hyperparameters as the public proxy chose them.
@@ -582,7 +732,8 @@ impl Choice {
 }
 
 /// The fine-tuning config every run of a task starts from (data.public is the task's public
-/// split: routing statistics, layer choice, clip bounds; SGD, where chosen, with momentum 0.9).
+/// proxy set: routing statistics, layer choice, clip bounds; SGD, where chosen, with momentum
+/// 0.9).
 fn base_for(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
     let mut base = cls_base(c, s, device);
     base.train.batch_size = fit_batch(base.train.batch_size, c.train_records);
@@ -592,8 +743,19 @@ fn base_for(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
     base
 }
 
-/// Chosen hyperparameters per tuned cell (method, variant, ε bits), with the proxy accuracy.
-pub(crate) type Chosen = BTreeMap<(Method, &'static str, Option<u64>), (Choice, f64)>;
+/// A tuned cell: (method, variant, ε bits).
+pub(crate) type Cell = (Method, &'static str, Option<u64>);
+
+/// Chosen hyperparameters per tuned cell, with the proxy accuracy.
+pub(crate) type Chosen = BTreeMap<Cell, (Choice, f64)>;
+
+/// The learning rates tried per cell (the profile's grid, extended where a choice sat on an
+/// edge).
+pub(crate) type Grids = BTreeMap<Cell, Vec<f64>>;
+
+fn cell_of(m: Method, variant: &'static str, eps: Option<f64>) -> Cell {
+    (m, variant, eps.map(f64::to_bits))
+}
 
 /// Sets a method's own settings: every private method takes its clip bounds from the public
 /// split (median gradient norm) and RAPTOR counts its budget per stream (each stream gets the
@@ -617,12 +779,13 @@ fn method_cfg(mut c: RunConfig, m: Method, variant: &str, eps: Option<f64>) -> R
     c
 }
 
-/// Candidates of a method on the proxy grid. RAPTOR's shared stream is shared-only's stream,
-/// so it takes shared-only's chosen learning rate at the same ε and only its expert stream's
-/// settings are searched (none: the grid's learning rates).
-fn candidates(m: Method, eps: Option<f64>, s: &Scale, chosen: &Chosen) -> Vec<Choice> {
+/// Candidates of a cell on the proxy. RAPTOR's shared stream is shared-only's stream, so it
+/// takes shared-only's chosen learning rate at the same ε and only its expert stream's
+/// settings are searched; the other cells try their learning-rate grid.
+fn candidates(cell: Cell, s: &Scale, chosen: &Chosen, grids: &Grids) -> Vec<Choice> {
+    let (m, _, eps) = cell;
     if m == Method::Raptor {
-        let shared: Vec<f64> = match chosen.get(&(Method::SharedOnly, "", eps.map(f64::to_bits))) {
+        let shared: Vec<f64> = match chosen.get(&(Method::SharedOnly, "", eps)) {
             Some((ch, _)) => vec![ch.lr],
             None => s.proxy_lrs.clone(),
         };
@@ -636,114 +799,262 @@ fn candidates(m: Method, eps: Option<f64>, s: &Scale, chosen: &Chosen) -> Vec<Ch
             })
             .collect();
     }
-    s.proxy_lrs
-        .iter()
-        .map(|&lr| Choice { lr, expert: None })
+    grids
+        .get(&cell)
+        .cloned()
+        .unwrap_or_else(|| s.proxy_lrs.clone())
+        .into_iter()
+        .map(|lr| Choice { lr, expert: None })
         .collect()
 }
 
-/// (method, variant, ε) cells of the main grid that are tuned on the proxy.
-fn tuned_cells(s: &Scale) -> Vec<(Method, &'static str, Option<f64>)> {
-    let mut v = vec![(Method::Lora, "", None), (Method::Lora, "no-experts", None)];
+/// The non-private cells of the positive control.
+fn control_cells() -> Vec<Cell> {
+    vec![
+        cell_of(Method::Lora, "", None),
+        cell_of(Method::Lora, "no-experts", None),
+    ]
+}
+
+/// The private cells of the DP stage: the monolithic baselines first, then RAPTOR (whose
+/// shared learning rate is shared-only's choice).
+fn private_cells(s: &Scale, raptor: bool) -> Vec<Cell> {
+    let mut v = Vec::new();
     for &e in &s.epsilons {
         for m in CLASSIFICATION_METHODS {
-            v.push((m, "", Some(e)));
+            if (m == Method::Raptor) == raptor {
+                v.push(cell_of(m, "", Some(e)));
+            }
         }
     }
     v
 }
 
-fn proxy_label(task: &str, m: Method, variant: &str, eps: Option<f64>, ch: &Choice) -> String {
+fn proxy_label(task: &str, cell: Cell, ch: &Choice) -> String {
+    let (m, variant, eps) = cell;
     format!(
         "proxy {}",
         label(
             task,
             m.name(),
             &format!("{variant}|{}", ch.describe()),
-            eps,
+            eps.map(f64::from_bits),
             0
         )
     )
 }
 
-/// The public proxy grid of a task: every candidate of every tuned cell (RAPTOR's only when
-/// `raptor`, after the others were chosen), trained on the training part of the task's public
-/// split at the private runs' sampling rate q, number of updates and δ (hence the same σ),
-/// scored on its validation part; one seed.
+/// The ε at which a proxy run over `n_proxy` records at the private run's expected batch and
+/// number of updates calibrates (about) the private run's σ: the private run's σ at its own
+/// q = B/N, then the certified ε of that σ at the proxy's q over the same updates (both from
+/// the PRV accountant at the runs' accuracy).
+pub(crate) fn matched_proxy_epsilon(
+    eps: f64,
+    delta: f64,
+    q_private: f64,
+    q_proxy: f64,
+    steps: u64,
+    accuracy: f64,
+) -> anyhow::Result<(f64, f64)> {
+    use raptor_accountant::{
+        Accuracy, Composition, PrvAccountant, SubsampledGaussian, calibrate_sigma,
+    };
+    let acc = PrvAccountant::new(Accuracy::relative(accuracy))?;
+    let sigma = calibrate_sigma(eps, delta, q_private, steps, &acc)?.sigma;
+    let e = acc.epsilon(
+        &Composition::single(SubsampledGaussian::new(q_proxy, sigma)?, steps)?,
+        delta,
+    )?;
+    Ok((e.upper, sigma))
+}
+
+/// The public proxy jobs of a task's `cells`: every candidate, trained on the proxy's training
+/// part at the private run's expected batch B (capped at half the proxy's records) and number
+/// of updates, scored on its validation part; one seed. A private cell's proxy runs at the ε
+/// that gives the private run's σ at the proxy's q ([`matched_proxy_epsilon`]), so the proxy's
+/// averaged gradient is as noisy as the private run's; δ is the private run's.
 pub(crate) fn proxy_jobs(
     c: &ClsPrepared,
     s: &Scale,
     device: DeviceSpec,
-    raptor: bool,
+    cells: &[Cell],
     chosen: &Chosen,
-) -> Vec<Job> {
+    grids: &Grids,
+    matched: &mut BTreeMap<u64, (f64, f64)>,
+) -> anyhow::Result<Vec<Job>> {
     let base = base_for(c, s, device);
-    let q = base.train.batch_size / c.train_records.max(1) as f64;
+    let b = base.train.batch_size.min((c.proxy.2 / 2).max(1) as f64);
+    let q_private = base.train.batch_size / c.train_records.max(1) as f64;
+    let q_proxy = b / c.proxy.2.max(1) as f64;
     let delta = raptor_train::config::default_delta(c.train_records);
     let mut jobs = Vec::new();
-    for (m, variant, eps) in tuned_cells(s) {
-        if (m == Method::Raptor) != raptor {
+    for &cell in cells {
+        let (m, variant, eps) = cell;
+        if chosen.contains_key(&cell) {
             continue;
         }
-        for ch in candidates(m, eps, s, chosen) {
-            let mut cfg = method_cfg(base.clone(), m, variant, eps);
+        let eps = eps.map(f64::from_bits);
+        let eps_proxy = match eps {
+            Some(e) => {
+                let key = e.to_bits();
+                if !matched.contains_key(&key) {
+                    let v = matched_proxy_epsilon(
+                        e,
+                        delta,
+                        q_private,
+                        q_proxy,
+                        s.finetune.0,
+                        base.privacy.accuracy,
+                    )?;
+                    matched.insert(key, v);
+                }
+                matched.get(&key).map(|v| v.0)
+            }
+            None => None,
+        };
+        for ch in candidates(cell, s, chosen, grids) {
+            let mut cfg = method_cfg(base.clone(), m, variant, eps_proxy);
             ch.apply(&mut cfg);
             cfg.data.train = c.proxy.0.clone();
             cfg.data.validation = Some(c.proxy.1.clone());
-            cfg.train.batch_size = (q * c.proxy.2 as f64).clamp(1.0, (c.proxy.2 / 2).max(1) as f64);
+            cfg.train.batch_size = b;
             cfg.privacy.delta = Some(delta);
             jobs.push(Job {
-                label: proxy_label(&c.task.name, m, variant, eps, &ch),
+                label: proxy_label(&c.task.name, cell, &ch),
                 cfg: seeded(cfg, 0),
             });
         }
     }
-    jobs
+    Ok(jobs)
 }
 
-/// Adds to `chosen`, per tuned cell not chosen yet, the candidate with the best proxy
-/// validation accuracy (ties: the earlier candidate, the smaller learning rate).
-fn choose(c: &ClsPrepared, s: &Scale, runs: &BTreeMap<String, Summary>, chosen: &mut Chosen) {
-    for (m, variant, eps) in tuned_cells(s) {
-        if chosen.contains_key(&(m, variant, eps.map(f64::to_bits))) {
+/// The best candidate of a cell on the proxy (validation accuracy; ties: the lower validation
+/// loss, then the earlier candidate) with its accuracy.
+fn best(
+    c: &ClsPrepared,
+    cell: Cell,
+    s: &Scale,
+    runs: &BTreeMap<String, Summary>,
+    chosen: &Chosen,
+    grids: &Grids,
+) -> Option<(Choice, f64)> {
+    let mut best: Option<(Choice, f64, f64)> = None;
+    for ch in candidates(cell, s, chosen, grids) {
+        let Some(r) = runs.get(&proxy_label(&c.task.name, cell, &ch)) else {
             continue;
-        }
-        let mut best: Option<(Choice, f64)> = None;
-        for ch in candidates(m, eps, s, chosen) {
-            let acc = runs
-                .get(&proxy_label(&c.task.name, m, variant, eps, &ch))
-                .and_then(|r| r.accuracy)
-                .filter(|a| a.is_finite());
-            if let Some(a) = acc
-                && best.is_none_or(|(_, b)| a > b)
-            {
-                best = Some((ch, a));
-            }
-        }
-        if let Some(b) = best {
-            chosen.insert((m, variant, eps.map(f64::to_bits)), b);
+        };
+        let Some(a) = r.accuracy.filter(|a| a.is_finite()) else {
+            continue;
+        };
+        let l = r.loss.filter(|l| l.is_finite()).unwrap_or(f64::INFINITY);
+        if best.is_none_or(|(_, ba, bl)| a > ba || (a == ba && l < bl)) {
+            best = Some((ch, a, l));
         }
     }
+    best.map(|(ch, a, _)| (ch, a))
 }
 
-/// The classification grid of one task with the proxy's choices: per seed, the pretrained
-/// start (one update at a vanishing learning rate: the new head at its initialization), the
-/// non-private references (LoRA on attention + experts + head; without the experts: the
-/// positive control), and every private method at every ε; ablations and layer choice on the
-/// first task at the largest ε.
-pub(crate) fn cls_jobs(
+/// Tunes `cells` of every task on its public proxy: runs the candidates, keeps each cell's
+/// best, and where a learning rate chosen from a grid sits on the grid's edge, extends the
+/// grid by one point beyond it (×3 or ÷3) and runs again (at most twice per cell); the
+/// extensions are described in `notes`.
+#[allow(clippy::too_many_arguments)]
+fn tune(
+    runner: &mut Runner,
+    cls: &[ClsPrepared],
+    which: &[bool],
+    cells: &[Cell],
+    s: &Scale,
+    device: DeviceSpec,
+    chosen: &mut [Chosen],
+    grids: &mut [Grids],
+    matched: &mut BTreeMap<u64, (f64, f64)>,
+    proxy_runs: &mut BTreeMap<String, Summary>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for round in 0..3 {
+        let mut jobs = Vec::new();
+        for (i, c) in cls.iter().enumerate() {
+            if which[i] {
+                jobs.extend(proxy_jobs(
+                    c, s, device, cells, &chosen[i], &grids[i], matched,
+                )?);
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let placed = runner.place(jobs)?;
+        proxy_runs.extend(runner.run_all(&placed)?);
+        for (i, c) in cls.iter().enumerate() {
+            if !which[i] {
+                continue;
+            }
+            for &cell in cells {
+                if chosen[i].contains_key(&cell) {
+                    continue;
+                }
+                let Some((ch, acc)) = best(c, cell, s, proxy_runs, &chosen[i], &grids[i]) else {
+                    continue;
+                };
+                let grid = grids[i].entry(cell).or_insert_with(|| s.proxy_lrs.clone());
+                let (lo, hi) = grid
+                    .iter()
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                        (a.min(x), b.max(x))
+                    });
+                let edge = cell.0 != Method::Raptor
+                    && grid.len() > 1
+                    && (ch.lr == hi || ch.lr == lo)
+                    && round < 2;
+                if edge {
+                    let next = if ch.lr == hi { hi * 3.0 } else { lo / 3.0 };
+                    notes.push(format!(
+                        "{}: the proxy chose lr {} for {} at the {} edge of its grid {:?}: the grid was extended to {next} and the cell tuned again.",
+                        c.task.name,
+                        ch.lr,
+                        describe_cell(cell),
+                        if ch.lr == hi { "upper" } else { "lower" },
+                        grid
+                    ));
+                    grid.push(next);
+                } else {
+                    chosen[i].insert(cell, (ch, acc));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe_cell(cell: Cell) -> String {
+    let (m, variant, eps) = cell;
+    format!(
+        "{}{} at ε = {}",
+        m.name(),
+        if variant.is_empty() {
+            String::new()
+        } else {
+            format!(" [{variant}]")
+        },
+        eps.map_or("∞".to_string(), |b| format!("{}", f64::from_bits(b)))
+    )
+}
+
+/// The positive control's jobs of a task with the proxy's choices: per seed, the pretrained
+/// start (one update at a vanishing learning rate: the new head at its initialization) and the
+/// non-private references (LoRA on attention + experts + head; without the experts).
+pub(crate) fn gate_jobs(
     c: &ClsPrepared,
-    ablations: bool,
     s: &Scale,
     device: DeviceSpec,
     chosen: &Chosen,
 ) -> Vec<Job> {
     let task = &c.task;
     let base = base_for(c, s, device);
-    let max_eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
-    let tuned = |m: Method, variant: &'static str, eps: Option<f64>| -> RunConfig {
-        let mut cfg = method_cfg(base.clone(), m, variant, eps);
-        if let Some((ch, _)) = chosen.get(&(m, variant, eps.map(f64::to_bits))) {
+    let tuned = |variant: &'static str| -> RunConfig {
+        let mut cfg = method_cfg(base.clone(), Method::Lora, variant, None);
+        if let Some((ch, _)) = chosen.get(&cell_of(Method::Lora, variant, None)) {
             ch.apply(&mut cfg);
         }
         cfg
@@ -760,12 +1071,37 @@ pub(crate) fn cls_jobs(
         for variant in ["", "no-experts"] {
             jobs.push(Job {
                 label: label(&task.name, "lora", variant, None, seed),
-                cfg: seeded(tuned(Method::Lora, variant, None), seed),
+                cfg: seeded(tuned(variant), seed),
             });
         }
+    }
+    jobs
+}
+
+/// The DP stage's jobs of a task: every private method at every ε on the same seeds;
+/// ablations and layer choice at the largest ε when `ablations`.
+pub(crate) fn dp_jobs(
+    c: &ClsPrepared,
+    ablations: bool,
+    s: &Scale,
+    device: DeviceSpec,
+    chosen: &Chosen,
+) -> Vec<Job> {
+    let task = &c.task;
+    let base = base_for(c, s, device);
+    let max_eps = s.epsilons.iter().copied().fold(f64::MIN, f64::max);
+    let tuned = |m: Method, eps: Option<f64>| -> RunConfig {
+        let mut cfg = method_cfg(base.clone(), m, "", eps);
+        if let Some((ch, _)) = chosen.get(&cell_of(m, "", eps)) {
+            ch.apply(&mut cfg);
+        }
+        cfg
+    };
+    let mut jobs = Vec::new();
+    for &seed in &s.seeds {
         for &eps in &s.epsilons {
             for m in CLASSIFICATION_METHODS {
-                let mut cfg = tuned(m, "", Some(eps));
+                let mut cfg = tuned(m, Some(eps));
                 // Validation curves only where a plot uses them (first seed, largest ε).
                 if Some(&seed) == s.seeds.first()
                     && eps == max_eps
@@ -783,7 +1119,7 @@ pub(crate) fn cls_jobs(
     if ablations {
         for &seed in s.seeds.iter().take(report::ABLATION_SEEDS) {
             for (variant, f) in report::ABLATIONS {
-                let mut cfg = tuned(Method::Raptor, "", Some(max_eps));
+                let mut cfg = tuned(Method::Raptor, Some(max_eps));
                 f(&mut cfg);
                 jobs.push(Job {
                     label: label(&task.name, "raptor", variant, Some(max_eps), seed),
@@ -791,7 +1127,7 @@ pub(crate) fn cls_jobs(
                 });
             }
             for layer in [LayerSpec::First, LayerSpec::Last] {
-                let mut cfg = tuned(Method::Raptor, "", Some(max_eps));
+                let mut cfg = tuned(Method::Raptor, Some(max_eps));
                 cfg.method.layer = layer;
                 jobs.push(Job {
                     label: label(
@@ -809,59 +1145,17 @@ pub(crate) fn cls_jobs(
     jobs
 }
 
-/// The file, or an evenly strided subset of `cap` of its records written as TSV into the cache
-/// (a fixed subset: every run of the task uses the same records).
-pub(super) fn capped(
-    cache: &Path,
-    task: &str,
-    split: &str,
-    file: &Path,
-    cap: usize,
-) -> anyhow::Result<PathBuf> {
-    let spec = raptor_data::TableSpec::new("text", Some("label"));
-    let ds = raptor_data::read_table(file, &spec)
-        .with_context(|| format!("reading {}", file.display()))?;
-    let n = ds.records.len();
-    if cap == 0 || n <= cap {
-        return Ok(file.to_path_buf());
-    }
-    let h = runs::file_hash(file)?;
-    let dir = cache.join("reproduce").join("data");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join(format!("{task}-{split}-{cap}-{}.tsv", &h[..16]));
-    if !path.exists() {
-        let clean = |t: &str| t.replace(['\t', '\n', '\r'], " ");
-        let mut text = String::from("text\tlabel\n");
-        for i in 0..cap {
-            if let Some(r) = ds.records.get(i * n / cap) {
-                text.push_str(&clean(&r.text));
-                text.push('\t');
-                text.push_str(&clean(r.label.as_deref().unwrap_or("")));
-                text.push('\n');
-            }
-        }
-        raptor_train::run::write_atomic(&path, text.as_bytes())?;
-    }
-    Ok(path)
-}
-
 /// A note on what the public-pretrained encoder scores alone.
-fn pretrained_note(c: &ClsPrepared) -> Option<String> {
-    let bytes = std::fs::read(c.pre.run.join("summary.json")).ok()?;
+fn pretrained_note(c: &ClsPrepared, run: &Path) -> Option<String> {
+    let bytes = std::fs::read(run.join("summary.json")).ok()?;
     let sm: Summary = serde_json::from_slice(&bytes).ok()?;
     Some(format!(
-        "{}: the encoder's pretraining on {}'s public split ({} records, {} updates) scores {:.1} % on {}'s own validation split{}.",
+        "{}: the encoder's public pretraining on {} ({} records, {} updates) scores {:.1} % on the public proxy's validation records with their natural labels.",
         c.task.name,
         c.source,
         c.public_records,
         sm.updates,
         100.0 * sm.accuracy?,
-        c.source,
-        if c.source == c.task.name {
-            String::new()
-        } else {
-            format!(" (its task, not {}'s)", c.task.name)
-        }
     ))
 }
 
@@ -883,9 +1177,8 @@ pub(super) fn read_d2t(format: &str, path: &Path) -> anyhow::Result<raptor_data:
     raptor_data::read_d2t(format, path).with_context(|| format!("reading {}", path.display()))
 }
 
-/// Runs the classification grid (RAPTOR and its baselines) and returns its tables (plots are
-/// written beside them). Three phases: public pretraining of every task (cached), learning
-/// rates chosen on each task's public proxy, then the private fine-tuning grid.
+/// Runs the classification grid (RAPTOR and its baselines) on the multi-domain task and returns
+/// its tables (plots are written beside them).
 pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     let scale = Scale::for_profile(ctx.profile);
     let inputs = match &ctx.inputs {
@@ -899,19 +1192,31 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
             Inputs::real(&cache, &ctx.d2t_data, ctx.device)
         }
     };
+    if inputs.cls.is_empty() {
+        let r = Results {
+            runs: BTreeMap::new(),
+            scale,
+            cls: Vec::new(),
+            notes: Vec::new(),
+            workers: 0,
+            ablations: false,
+            bow: BTreeMap::new(),
+            gate: BTreeMap::new(),
+            groups: BTreeMap::new(),
+        };
+        return report::classification_tables(&r, &ctx.out, inputs.cls_missing.as_deref());
+    }
     let mut runner = Runner::new(&ctx.out.join("runs"), ctx.exe.clone(), ctx.workers)?;
-    // Each task's encoder is pretrained on the next task's public split (another task: room
-    // to learn); with one task, on its own.
-    let n = inputs.cls.len();
-    let cls: Vec<ClsPrepared> = inputs
-        .cls
-        .iter()
-        .enumerate()
-        .map(|(i, t)| prepare_cls(&inputs, t, &inputs.cls[(i + 1) % n], &scale))
-        .collect::<anyhow::Result<_>>()?;
+    let design = domains::Design::for_tasks(&inputs.cls)?;
+    let md = domains::build(
+        &inputs.cache,
+        &design,
+        (scale.max_train, scale.max_validation),
+    )?;
+    let mut cls = vec![prepare_cls(&inputs, &md, &scale)?];
     let results = run_cls_grid(
         &mut runner,
-        &cls,
+        &mut cls,
         scale,
         inputs.device,
         // The ablations and layer choice cost as much as the main grid: not in the default
@@ -923,13 +1228,15 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
     report::classification_tables(&results, &ctx.out, inputs.cls_missing.as_deref())
 }
 
-/// Runs a classification grid on prepared tasks in three phases: public pretraining of every
-/// task (cached across results folders), learning rates chosen on each task's public proxy,
-/// then the private fine-tuning grid (with the ablations and layer choice on the first task
+/// Runs a classification grid on prepared tasks: the public pretraining (cached), the
+/// specialisation of the experts (routers toward the domains, continued public training), the
+/// learning rates of the non-private cells on each task's public proxy, the positive control
+/// on every seed, and — for the tasks whose gate passes — the private cells' proxy (at the
+/// private runs' σ) and the DP stage (with the ablations and layer choice on the first task
 /// when `ablations`). `workers` is recorded in the results (0: runs in this process).
 pub(crate) fn run_cls_grid(
     runner: &mut Runner,
-    cls: &[ClsPrepared],
+    cls: &mut [ClsPrepared],
     scale: Scale,
     device: DeviceSpec,
     ablations: bool,
@@ -948,43 +1255,138 @@ pub(crate) fn run_cls_grid(
     for p in cls.iter().map(|c| &c.pre) {
         p.export()?;
     }
-    // Phase 2: hyperparameters on each task's public proxy (non-RAPTOR cells, then RAPTOR's
-    // expert stream given shared-only's choice).
-    let mut chosen: Vec<Chosen> = vec![Chosen::new(); cls.len()];
-    let mut proxy_runs = BTreeMap::new();
-    for raptor in [false, true] {
-        let mut jobs = Vec::new();
-        for (c, ch) in cls.iter().zip(&chosen) {
-            jobs.extend(proxy_jobs(c, &scale, device, raptor, ch));
-        }
-        let placed = runner.place(jobs)?;
-        proxy_runs.extend(runner.run_all(&placed)?);
-        for (c, ch) in cls.iter().zip(chosen.iter_mut()) {
-            choose(c, &scale, &proxy_runs, ch);
-        }
-    }
-    // Phase 3: private fine-tuning.
-    let mut jobs = Vec::new();
-    for (i, (c, ch)) in cls.iter().zip(&chosen).enumerate() {
-        jobs.extend(cls_jobs(c, ablations && i == 0, &scale, device, ch));
-    }
-    let placed = runner.place(jobs)?;
-    let out = runner.run_all(&placed)?;
     let mut notes: Vec<String> = cls.iter().map(|c| c.size_note.clone()).collect();
-    notes.extend(cls.iter().filter_map(pretrained_note));
+    notes.extend(cls.iter().filter_map(|c| pretrained_note(c, &c.pre.run)));
+    // Phase 2: the experts' specialisation: routers toward the domains (in this process,
+    // cached), then the continued public training (cached), measured on the public records.
+    let mut routed = Vec::new();
+    for c in cls.iter() {
+        routed.push(match &c.specialise {
+            Some(sp) => {
+                let name = format!("{}-{}", c.task.name, c.backbone.kind);
+                let (dir, report, n) = experts::route(&name, &c.pre.hf, &c.backbone, sp)?;
+                let spread = report.spread.clone();
+                let cont = experts::continued(&name, &dir, &c.backbone, sp)?;
+                Some((report, n, spread, cont))
+            }
+            None => None,
+        });
+    }
+    let mut conts: Vec<Placed> = Vec::new();
+    for (_, _, _, p) in routed.iter().flatten() {
+        if p.cached() {
+            runner.skip(&p.job.label, "cached");
+        } else {
+            conts.push((p.job.clone(), p.run.clone()));
+        }
+    }
+    runner.run_all(&conts)?;
+    for (c, r) in cls.iter_mut().zip(routed) {
+        if let (Some(sp), Some((routing, records, spread_before, cont))) = (&c.specialise, r) {
+            cont.export()?;
+            let (agreement, spread) = experts::measure(&cont.hf, &c.backbone, sp)?;
+            let done = experts::Specialised {
+                cont: cont.clone(),
+                routing,
+                agreement,
+                spread_before,
+                spread,
+                records,
+            };
+            notes.extend(done.notes(&c.task.name));
+            c.pre = cont;
+        }
+    }
+    // Phase 3: the positive control: the non-private cells' learning rates on the proxy, then
+    // every seed.
+    let n = cls.len();
+    let mut chosen: Vec<Chosen> = vec![Chosen::new(); n];
+    let mut grids: Vec<Grids> = vec![Grids::new(); n];
+    let mut matched = BTreeMap::new();
+    let mut proxy_runs = BTreeMap::new();
+    let all = vec![true; n];
+    tune(
+        runner,
+        cls,
+        &all,
+        &control_cells(),
+        &scale,
+        device,
+        &mut chosen,
+        &mut grids,
+        &mut matched,
+        &mut proxy_runs,
+        &mut notes,
+    )?;
+    let mut out = BTreeMap::new();
+    let mut gate = BTreeMap::new();
+    for (i, c) in cls.iter().enumerate() {
+        runner.set_groups(c.groups.clone());
+        let placed = runner.place(gate_jobs(c, &scale, device, &chosen[i]))?;
+        out.extend(runner.run_all(&placed)?);
+    }
+    runner.set_groups(Vec::new());
+    for c in cls.iter() {
+        let t = &c.task.name;
+        let control: Vec<f64> = scale
+            .seeds
+            .iter()
+            .filter_map(|&s| {
+                let a = out.get(&label(t, "lora", "", None, s))?.accuracy?;
+                let b = out
+                    .get(&label(t, "lora", "no-experts", None, s))?
+                    .accuracy?;
+                (a.is_finite() && b.is_finite()).then_some(a - b)
+            })
+            .collect();
+        let lora: Vec<f64> = scale
+            .seeds
+            .iter()
+            .filter_map(|&s| out.get(&label(t, "lora", "", None, s))?.accuracy)
+            .collect();
+        let lora = (!lora.is_empty()).then(|| lora.iter().sum::<f64>() / lora.len() as f64);
+        let bow = c.bow.as_ref().map(|b| b.all.best_bag_of_words());
+        gate.insert(t.clone(), decide_gate(scale.gate, &control, lora, bow));
+    }
+    // Phase 4: the DP stage, for the tasks whose gate passed: the private cells' proxy at the
+    // private runs' σ (monolithic baselines, then RAPTOR's expert stream), then every seed.
+    let dp: Vec<bool> = cls
+        .iter()
+        .map(|c| gate.get(&c.task.name).is_some_and(|g| g.dp))
+        .collect();
+    if dp.iter().any(|&d| d) {
+        for raptor in [false, true] {
+            tune(
+                runner,
+                cls,
+                &dp,
+                &private_cells(&scale, raptor),
+                &scale,
+                device,
+                &mut chosen,
+                &mut grids,
+                &mut matched,
+                &mut proxy_runs,
+                &mut notes,
+            )?;
+        }
+        for (i, c) in cls.iter().enumerate() {
+            if dp[i] {
+                runner.set_groups(c.groups.clone());
+                let placed =
+                    runner.place(dp_jobs(c, ablations && i == 0, &scale, device, &chosen[i]))?;
+                out.extend(runner.run_all(&placed)?);
+            }
+        }
+        runner.set_groups(Vec::new());
+    }
     for (c, ch) in cls.iter().zip(&chosen) {
         let mut parts: Vec<String> = ch
             .iter()
-            .map(|((m, variant, eps), (choice, acc))| {
+            .map(|(&cell, (choice, acc))| {
                 format!(
-                    "{}{} at ε = {}: {} (public proxy accuracy {:.1} %)",
-                    m.name(),
-                    if variant.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" [{variant}]")
-                    },
-                    eps.map_or("∞".to_string(), |b| format!("{}", f64::from_bits(b))),
+                    "{}: {} (public proxy accuracy {:.1} %)",
+                    describe_cell(cell),
                     choice.describe(),
                     100.0 * acc
                 )
@@ -997,19 +1399,53 @@ pub(crate) fn run_cls_grid(
             parts.join("; ")
         ));
     }
-    let results = Results {
+    if !matched.is_empty() {
+        let mut m: Vec<String> = matched
+            .iter()
+            .map(|(e, (ep, sigma))| {
+                format!(
+                    "ε = {}: σ = {sigma:.3} at the private q, reached on the proxy at ε = {ep:.2}",
+                    f64::from_bits(*e)
+                )
+            })
+            .collect();
+        m.sort();
+        notes.push(format!(
+            "The private cells' proxy runs at the private runs' expected batch and number of updates, with the ε that calibrates the private run's σ at the proxy's sampling rate (the same noise per averaged gradient): {}.",
+            m.join("; ")
+        ));
+    }
+    out.extend(
+        proxy_runs
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("proxy ")),
+    );
+    Ok(Results {
         runs: out,
         scale,
         cls: cls.iter().map(|c| c.task.name.clone()).collect(),
         notes,
         workers,
-        ablations,
-    };
-    Ok(results)
+        ablations: ablations && dp.first().copied().unwrap_or(false),
+        bow: cls
+            .iter()
+            .filter_map(|c| Some((c.task.name.clone(), c.bow.clone()?)))
+            .collect(),
+        gate,
+        groups: cls
+            .iter()
+            .map(|c| {
+                (
+                    c.task.name.clone(),
+                    c.groups.iter().map(|(g, _)| g.clone()).collect(),
+                )
+            })
+            .collect(),
+    })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn fake_pre(kind: &str) -> pretrain::Pretraining {
@@ -1024,9 +1460,35 @@ mod tests {
         }
     }
 
-    /// Every profile (quick, standard, full) builds a grid of valid, distinct run configs:
-    /// Table 1, ablations and layer choice on the first task, the DP-Muon table; `--full`
-    /// cannot be run in a test, but its grid is checked here.
+    pub(crate) fn fake_task(n: &str, backbone: Backbone) -> ClsPrepared {
+        ClsPrepared {
+            size_note: String::new(),
+            task: ClsTask {
+                name: n.into(),
+                public: PathBuf::from(format!("/{n}/pt.tsv")),
+                train: PathBuf::from(format!("/{n}/t.tsv")),
+                validation: PathBuf::from(format!("/{n}/v.tsv")),
+            },
+            source: "public".into(),
+            backbone,
+            pre: fake_pre("switch"),
+            public_records: 2000,
+            train_records: 2592,
+            proxy: (
+                PathBuf::from(format!("/{n}/pt.tsv")),
+                PathBuf::from(format!("/{n}/pv.tsv")),
+                336,
+            ),
+            specialise: None,
+            groups: vec![],
+            bow: None,
+        }
+    }
+
+    /// Every profile (quick, small, standard, full) builds a grid of valid, distinct run
+    /// configs: the positive control, the DP stage with the ablations and layer choice, the
+    /// proxy at the private run's expected batch; `--full` cannot be run in a test, but its
+    /// grid is checked here.
     #[test]
     fn every_profile_builds_a_valid_grid() {
         for (name, s) in [
@@ -1035,39 +1497,41 @@ mod tests {
             ("standard", Scale::standard()),
             ("full", Scale::full()),
         ] {
-            let task = |n: &str| ClsTask {
-                name: n.into(),
-                public: PathBuf::from(format!("/{n}/p.tsv")),
-                train: PathBuf::from(format!("/{n}/t.tsv")),
-                validation: PathBuf::from(format!("/{n}/v.tsv")),
-            };
-            let cls = |n: &str| ClsPrepared {
-                size_note: String::new(),
-                task: task(n),
-                source: "other".into(),
-                backbone: Backbone::switch(Path::new("/tok.json")),
-                pre: fake_pre("switch"),
-                public_records: 2000,
-                train_records: 20_000,
-                proxy: (
-                    PathBuf::from(format!("/{n}/pt.tsv")),
-                    PathBuf::from(format!("/{n}/pv.tsv")),
-                    1600,
-                ),
-            };
-            // The public proxy: non-RAPTOR cells first, then RAPTOR's expert settings at the
-            // learning rate chosen for shared-only (here: pretend the smallest won).
+            let c = fake_task("a", Backbone::switch(Path::new("/tok.json")));
             let mut chosen = Chosen::new();
-            let first_stage = proxy_jobs(&cls("a"), &s, DeviceSpec::Cpu, false, &chosen);
-            let lrs = s.proxy_lrs.len();
+            let grids = Grids::new();
+            let mut matched = BTreeMap::new();
+            let control = proxy_jobs(
+                &c,
+                &s,
+                DeviceSpec::Cpu,
+                &control_cells(),
+                &chosen,
+                &grids,
+                &mut matched,
+            )
+            .unwrap();
+            assert_eq!(control.len(), 2 * s.proxy_lrs.len(), "{name}");
+            assert!(matched.is_empty());
+            let first = proxy_jobs(
+                &c,
+                &s,
+                DeviceSpec::Cpu,
+                &private_cells(&s, false),
+                &chosen,
+                &grids,
+                &mut matched,
+            )
+            .unwrap();
             assert_eq!(
-                first_stage.len(),
-                lrs * (2 + s.epsilons.len() * (CLASSIFICATION_METHODS.len() - 1)),
+                first.len(),
+                2 * s.epsilons.len() * s.proxy_lrs.len(),
                 "{name}"
             );
+            assert_eq!(matched.len(), s.epsilons.len());
             for &e in &s.epsilons {
                 chosen.insert(
-                    (Method::SharedOnly, "", Some(e.to_bits())),
+                    cell_of(Method::SharedOnly, "", Some(e)),
                     (
                         Choice {
                             lr: s.proxy_lrs[0],
@@ -1077,28 +1541,41 @@ mod tests {
                     ),
                 );
             }
-            let second = proxy_jobs(&cls("a"), &s, DeviceSpec::Cpu, true, &chosen);
+            let second = proxy_jobs(
+                &c,
+                &s,
+                DeviceSpec::Cpu,
+                &private_cells(&s, true),
+                &chosen,
+                &grids,
+                &mut matched,
+            )
+            .unwrap();
             assert_eq!(
                 second.len(),
                 s.epsilons.len() * s.expert_grid.len(),
                 "{name}"
             );
             assert!(second.iter().all(|j| j.cfg.train.lr == s.proxy_lrs[0]));
-            // Proxy runs train on the public proxy at the private runs' q (B scaled to its size).
-            for j in first_stage.iter().chain(&second) {
+            // The proxy runs at the private run's expected batch (capped at half the proxy's
+            // records), and a private cell's at a larger ε than the private run's (its q is
+            // larger: the same σ costs more ε).
+            let b = fit_batch(s.finetune.1, 2592);
+            for j in control.iter().chain(&first).chain(&second) {
                 assert_eq!(j.cfg.data.train, PathBuf::from("/a/pt.tsv"));
-                let q = j.cfg.train.batch_size / 1600.0;
-                let want = fit_batch(s.finetune.1, 20_000) / 20_000.0;
-                assert!(
-                    (q - want).abs() < 1e-9 || j.cfg.train.batch_size == 1.0,
-                    "{name}: q {q} vs {want}"
-                );
+                assert_eq!(j.cfg.train.batch_size, b.min(168.0), "{name}");
                 assert!(j.cfg.privacy.delta.is_some());
+                if j.cfg.method.name.is_private() {
+                    assert!(j.cfg.privacy.epsilon > 1.0, "{name}: {}", j.label);
+                }
             }
-            let mut jobs = first_stage;
+            let mut jobs = control;
+            jobs.extend(first);
             jobs.extend(second);
-            let main = cls_jobs(&cls("a"), true, &s, DeviceSpec::Cpu, &chosen);
-            let per_task = s.seeds.len() * (3 + s.epsilons.len() * CLASSIFICATION_METHODS.len());
+            let gate = gate_jobs(&c, &s, DeviceSpec::Cpu, &chosen);
+            assert_eq!(gate.len(), 3 * s.seeds.len(), "{name}");
+            let main = dp_jobs(&c, true, &s, DeviceSpec::Cpu, &chosen);
+            let per_task = s.seeds.len() * s.epsilons.len() * CLASSIFICATION_METHODS.len();
             let extra = s.seeds.len().min(report::ABLATION_SEEDS) * (report::ABLATIONS.len() + 2);
             assert_eq!(main.len(), per_task + extra, "{name}");
             // The chosen learning rate reached the main grid.
@@ -1107,8 +1584,8 @@ mod tests {
                     .filter(|j| j.cfg.method.name == Method::SharedOnly)
                     .all(|j| j.cfg.train.lr == s.proxy_lrs[0])
             );
+            jobs.extend(gate);
             jobs.extend(main);
-            jobs.extend(cls_jobs(&cls("b"), false, &s, DeviceSpec::Cpu, &chosen));
             let mut labels = std::collections::BTreeSet::new();
             let mut keys = std::collections::BTreeSet::new();
             for j in &jobs {
@@ -1125,10 +1602,48 @@ mod tests {
                     "{name}: two jobs share a config: {}",
                     j.label
                 );
-                // Seeded for reproducible tables, and never more than half the records per batch.
                 assert!(j.cfg.train.insecure_seed.is_some());
-                assert!(j.cfg.train.batch_size <= 10_000.0);
+            }
+            if name != "quick" {
+                assert_eq!(s.seeds.len(), 8, "{name}: the gate's 8 paired seeds");
+                assert_eq!(s.gate, GATE);
             }
         }
+    }
+
+    /// The proxy's ε gives back the private run's σ at the proxy's sampling rate.
+    #[test]
+    fn the_matched_proxy_epsilon_calibrates_the_private_sigma() {
+        let (eps_p, sigma) = matched_proxy_epsilon(1.0, 1e-5, 0.05, 0.3, 30, 1e-3).unwrap();
+        assert!(eps_p > 1.0, "{eps_p}");
+        let acc =
+            raptor_accountant::PrvAccountant::new(raptor_accountant::Accuracy::relative(1e-3))
+                .unwrap();
+        let back = raptor_accountant::calibrate_sigma(eps_p, 1e-5, 0.3, 30, &acc)
+            .unwrap()
+            .sigma;
+        assert!((back / sigma - 1.0).abs() < 0.01, "{back} vs {sigma}");
+    }
+
+    /// The gate: the paired interval's lower end against the threshold, and the backbone
+    /// against the bag-of-words baselines.
+    #[test]
+    fn the_gate_follows_its_rule() {
+        let passing = [0.05, 0.06, 0.055, 0.065];
+        let g = decide_gate(GATE, &passing, Some(0.8), Some(0.7));
+        assert!(g.control_passes && g.learns && g.dp, "{g:?}");
+        // The backbone does not beat bag-of-words: no DP stage, although the control passes.
+        let g = decide_gate(GATE, &passing, Some(0.65), Some(0.7));
+        assert!(g.control_passes && !g.learns && !g.dp, "{g:?}");
+        // A mean of +4 points whose interval reaches below +3: fails.
+        let g = decide_gate(GATE, &[0.0, 0.08, 0.04, 0.04], Some(0.8), Some(0.7));
+        assert!(!g.control_passes && !g.dp, "{g:?}");
+        // One seed has no interval: fails.
+        assert!(!decide_gate(GATE, &[0.2], Some(0.8), None).dp);
+        let lenient = GateRule {
+            min_points: -100.0,
+            backbone_must_learn: false,
+        };
+        assert!(decide_gate(lenient, &[0.0, 0.0, 0.01], Some(0.5), Some(0.9)).dp);
     }
 }

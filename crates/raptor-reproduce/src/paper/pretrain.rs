@@ -49,6 +49,7 @@ pub fn tokenizer(
 }
 
 /// A pretraining run: the job, its run folder and the Hugging Face folder it exports to.
+#[derive(Debug, Clone)]
 pub struct Pretraining {
     /// The non-private run on public data.
     pub job: Job,

@@ -63,7 +63,22 @@ pub struct Summary {
     /// Held-out records the diagnostics read.
     #[serde(default)]
     pub diagnostic_records: Option<usize>,
+    /// The noise multiplier of every stream of the run's plan (empty for a non-private run).
+    #[serde(default)]
+    pub sigmas: Vec<(String, f64)>,
+    /// Sampling rate q = B/N of the run.
+    #[serde(default)]
+    pub q: Option<f64>,
+    /// Validation accuracy per group of validation records (a domain, `flipped`,
+    /// `unflipped`), when the job asked for groups ([`GROUPS_FILE`]).
+    #[serde(default)]
+    pub group_accuracy: Vec<(String, f64)>,
 }
+
+/// A run folder's list of validation groups (JSON: `[[name, file], …]`): when present, the
+/// worker scores the finished run on each file ([`raptor_train::run::eval_run`]) into
+/// [`Summary::group_accuracy`].
+pub const GROUPS_FILE: &str = "groups.json";
 
 impl Summary {
     /// Extracts the summary of a finished run.
@@ -144,6 +159,17 @@ impl Summary {
                 .map(|d| d.clip_suppressed_fraction),
             dilution: r.private.diagnostics.as_ref().map(|d| d.dilution),
             diagnostic_records: r.private.diagnostics.as_ref().map(|d| d.records),
+            sigmas: if r.privacy_plan.private {
+                r.privacy_plan
+                    .sigmas
+                    .iter()
+                    .map(|(st, x)| (st.name().to_string(), x))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            q: Some(r.privacy_plan.q),
+            group_accuracy: Vec::new(),
         }
     }
 }
@@ -253,12 +279,32 @@ pub fn run_one(
     let rss_reset = reset_peak_rss();
     let (_, record) = train_in(cfg, dir, progress, None)?;
     let rss = if rss_reset { peak_rss_mib() } else { None };
-    let summary = Summary::from_record(&record, rss);
+    let mut summary = Summary::from_record(&record, rss);
+    summary.group_accuracy = group_accuracy(dir)?;
     write_atomic(
         &dir.join("summary.json"),
         &serde_json::to_vec_pretty(&summary)?,
     )?;
     Ok(summary)
+}
+
+/// The finished run in `dir` scored on each file of its [`GROUPS_FILE`] (none: empty).
+fn group_accuracy(dir: &Path) -> anyhow::Result<Vec<(String, f64)>> {
+    let path = dir.join(GROUPS_FILE);
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let groups: Vec<(String, PathBuf)> = serde_json::from_slice(&std::fs::read(&path)?)
+        .with_context(|| format!("parsing {}", path.display()))?;
+    let mut out = Vec::new();
+    for (name, file) in groups {
+        let r = raptor_train::run::eval_run(dir, Some(&file))
+            .with_context(|| format!("scoring {} on {}", dir.display(), file.display()))?;
+        if let Some(a) = r.metrics.accuracy {
+            out.push((name, a));
+        }
+    }
+    Ok(out)
 }
 
 fn read_summary(dir: &Path) -> anyhow::Result<Summary> {
@@ -299,6 +345,7 @@ pub struct Runner {
     overall: ProgressBar,
     started: Instant,
     done: usize,
+    groups: Vec<(String, PathBuf)>,
 }
 
 /// A job in its folder.
@@ -326,6 +373,7 @@ impl Runner {
             overall,
             started: Instant::now(),
             done: 0,
+            groups: Vec::new(),
         })
     }
 
@@ -342,6 +390,21 @@ impl Runner {
                 Ok((j, d))
             })
             .collect()
+    }
+
+    /// The validation groups every job run from now on is scored on (its [`GROUPS_FILE`];
+    /// empty: none).
+    pub fn set_groups(&mut self, groups: Vec<(String, PathBuf)>) {
+        self.groups = groups;
+    }
+
+    /// Writes the groups file into a job's folder (when groups are set).
+    fn write_groups(&self, dir: &Path) -> anyhow::Result<()> {
+        if !self.groups.is_empty() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            write_atomic(&dir.join(GROUPS_FILE), &serde_json::to_vec(&self.groups)?)?;
+        }
+        Ok(())
     }
 
     /// Counts a step that needed no run (e.g. a cached pretrained model).
@@ -382,9 +445,17 @@ impl Runner {
         let mut todo = Vec::new();
         for (j, d) in jobs {
             if d.join("summary.json").exists() {
-                out.insert(j.label.clone(), read_summary(d)?);
+                let mut s = read_summary(d)?;
+                if !self.groups.is_empty() && s.group_accuracy.is_empty() {
+                    // A run finished before its groups were asked for: score it now.
+                    self.write_groups(d)?;
+                    s.group_accuracy = group_accuracy(d)?;
+                    write_atomic(&d.join("summary.json"), &serde_json::to_vec_pretty(&s)?)?;
+                }
+                out.insert(j.label.clone(), s);
                 self.finish(&j.label, "reused");
             } else {
+                self.write_groups(d)?;
                 todo.push((j, d));
             }
         }

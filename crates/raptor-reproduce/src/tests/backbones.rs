@@ -1,7 +1,9 @@
 //! The `backbones` part of `raptor-reproduce` end to end at the `quick` scale, on tiny
 //! checkpoints built here (a BERT and a Llama-style decoder with random weights, byte
 //! tokenizer) instead of the real all-MiniLM-L6-v2 and SmolLM2: the dense BERT is upcycled
-//! (cached), RAPTOR and DP-Adam LoRA fine-tune it privately, DP-Adam / DP-Muon / DP-MuonBC
+//! (cached), its routers trained toward the toy task's domains and its experts trained further
+//! (cached), the gated positive control, RAPTOR and DP-Adam LoRA fine-tune it privately,
+//! DP-Adam / DP-Muon / DP-MuonBC
 //! fine-tune the decoder's LoRA on E2E-style records; the tables with their computed notes, the
 //! plots, and reuse of finished runs and of the upcycled checkpoint. Missing checkpoints and
 //! corpora make skipped tables that say why.
@@ -14,7 +16,7 @@ use raptor_models::{Bert, BertConfig, Decoder, DecoderConfig, DecoderFamily, Dec
 
 use crate::backbones::{Inputs, ModelInput};
 use crate::driver::{Context, run};
-use crate::paper::{ClsTask, D2tTask};
+use crate::paper::D2tTask;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -76,7 +78,6 @@ fn md(out: &Path, slug: &str) -> String {
 fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let (bert, llama) = tiny_models(tmp.path());
-    let toy = root().join("examples").join("toy");
     let d2t = tmp.path().join("d2t");
     std::fs::create_dir_all(&d2t).unwrap();
     e2e_file(&d2t.join("dev.csv"), 30, 0);
@@ -87,13 +88,10 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
             path: bert,
             tokenizer: raptor_train::config::TokenizerSpec::Bytes,
         }),
-        cls: Ok(ClsTask {
-            name: "toy".into(),
-            // Labelled public records (the public proxy and continued training read labels).
-            public: toy.join("test.csv"),
-            train: toy.join("train.csv"),
-            validation: toy.join("valid.csv"),
-        }),
+        cls: Ok(super::paper::multidomain_toy(
+            &tmp.path().join("toy"),
+            [30, 40, 20],
+        )),
         cls_source: None,
         llama: Ok(ModelInput {
             path: llama,
@@ -117,6 +115,7 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         slugs,
         [
             "backbones-minilm-moe",
+            "backbones-minilm-moe-domains",
             "backbones-minilm-moe-diagnostics",
             "backbones-smollm2"
         ]
@@ -124,7 +123,8 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     for t in &tables {
         t.check().unwrap();
     }
-    // The upcycled checkpoint is cached in raptor's MoE-BERT layout (quick: E = 4, top-1).
+    // The upcycled checkpoint is cached in raptor's MoE-BERT layout (quick: E = 4, top-1, the
+    // last layer only).
     let up: Vec<PathBuf> = std::fs::read_dir(cache.join("reproduce/upcycled"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -135,23 +135,29 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         cfg.contains("raptor_moe") && cfg.contains("\"num_experts\": 4"),
         "{cfg}"
     );
+    let sparse: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    assert_eq!(
+        sparse["raptor_moe"]["sparse_layers"],
+        serde_json::json!([1]),
+        "{cfg}"
+    );
 
     // Classification: the paper part's evidence grid on the upcycled encoder: one row per
     // quick ε (1, 8), every cell computed, a verdict by the rule written before the numbers,
-    // the positive control, the routers and the continued public training recorded.
+    // the gated positive control, the routers and the experts' training recorded.
     let t = &tables[0];
     assert_eq!(t.rows.len(), 2);
     for row in &t.rows {
         assert_eq!(row.len(), t.columns.len());
-        for c in &row[2..8] {
+        for c in &row[4..10] {
             let mean: f64 = c.split(' ').next().unwrap().parse().unwrap();
             assert!((0.0..=100.0).contains(&mean), "{row:?}");
             assert!(c.contains('±'), "{row:?}");
         }
         assert!(
-            row[10].starts_with("reproduced")
-                || row[10].starts_with("not reproduced")
-                || row[10].starts_with("undecided"),
+            row[12].starts_with("reproduced")
+                || row[12].starts_with("not reproduced")
+                || row[12].starts_with("undecided"),
             "{row:?}"
         );
     }
@@ -170,17 +176,20 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         "{notes}"
     );
     assert!(!notes.contains("ABOVE"), "{notes}");
-    assert!(notes.contains("upcycled to a MoE-BERT"), "{notes}");
     assert!(
-        notes.contains("routers trained on toy's public split"),
+        notes.contains("last layer's FFN copied into E = 4"),
         "{notes}"
     );
-    assert!(notes.contains("so that the experts diverge"), "{notes}");
+    assert!(
+        notes.contains("routers trained toward the domains"),
+        "{notes}"
+    );
+    assert!(notes.contains("experts' relative distance"), "{notes}");
     assert!(
         notes.contains("hyperparameters chosen on the public proxy only"),
         "{notes}"
     );
-    // The continued public training is cached beside the upcycled checkpoint, head dropped.
+    // The experts' continued public training is cached, head dropped.
     let pre: Vec<PathBuf> = std::fs::read_dir(cache.join("reproduce/pretrained"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -191,7 +200,7 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
 
     // Diagnostics at the largest ε: RAPTOR and the baseline, every cell measured at a batch of
     // the run's size (quick: B = 32 of the 200 validation records), a per-expert SNR plot.
-    let dg = &tables[1];
+    let dg = &tables[2];
     assert_eq!(dg.rows.len(), 2);
     for row in &dg.rows {
         assert_eq!(row.len(), dg.columns.len());
@@ -209,11 +218,11 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     );
     assert!(
         md(&out, "backbones-minilm-moe-diagnostics")
-            .contains("backbones-minilm-moe-snr-per-expert-toy.png")
+            .contains("backbones-minilm-moe-snr-per-expert-multidomain.png")
     );
 
     // Data-to-text: three private methods, NLL, BLEU and ROUGE-L present, ε within target.
-    let d = &tables[2];
+    let d = &tables[3];
     assert_eq!(d.rows.len(), 3);
     let methods: Vec<&str> = d.rows.iter().map(|r| r[0].as_str()).collect();
     assert_eq!(methods, ["DP-Adam", "DP-Muon", "DP-MuonBC"]);
@@ -246,8 +255,9 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     assert!(index.contains("upcycled all-MiniLM-L6-v2"), "{index}");
 
     // A second reproduce reuses every run folder and the upcycled checkpoint: same tables.
-    // Quick: the proxy (6 + 4 RAPTOR expert settings), 2 seeds × (start, LoRA with and
-    // without experts, 3 private methods × 2 ε), and 3 decoder methods × 2 seeds.
+    // Quick: the proxy (2 non-private, 4 monolithic private and 4 RAPTOR expert settings),
+    // 2 seeds × (start, LoRA with and without experts, 3 private methods × 2 ε), and 3 decoder
+    // methods × 2 seeds.
     let runs = std::fs::read_dir(out.join("runs")).unwrap().count();
     assert_eq!(runs, 10 + 2 * (3 + 3 * 2) + 3 * 2);
     let before = (
@@ -255,7 +265,7 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         md(&out, "backbones-smollm2"),
     );
     let again = run(&ctx(&out, &d2t, c.backbones.clone().unwrap(), false), &only).unwrap();
-    assert_eq!(again.len(), 3);
+    assert_eq!(again.len(), 4);
     assert_eq!(
         (
             md(&out, "backbones-minilm-moe"),
