@@ -15,7 +15,7 @@ Setup (a venv outside the repository; torch from the libtorch venv of `cargo xta
     cargo build --release -p raptor-train --example minilm_speed
 Run:
     ~/.cache/raptor/bench-venv/bin/python scripts/speed_bench.py [--rounds 3] [--batches 64,256]
-        [--steps 3] [--out docs/results/speed.json]
+        [--steps 3] [--threads 1] [--out docs/results/speed.json]
 
 Workload (the `raptor train --data` default): all-MiniLM-L6-v2 (BERT, 6 layers, hidden 384),
 mean pooling, a new 2-class linear head; LoRA r 8, alpha 16, no dropout, on the attention
@@ -23,7 +23,10 @@ projections (query, key, value, attention output) of layers 3-5, plus the head; 
 per-record clip 1.0, noise multiplier 1.0 for the private modes. B records of T = 128 tokens
 ([CLS], ids from a fixed generator, [SEP]: the same ids on both sides), one micro-batch of at most
 64 records for raptor (its one-command setting), the whole batch at once for PyTorch and Opacus.
-No hidden or attention dropout on any side (raptor's BERT has none).
+No hidden or attention dropout on any side (raptor's BERT has none). Every mode runs on
+`--threads` libtorch threads (default 1, as in OMP_NUM_THREADS=1: on a machine shared with other
+work, a team of OpenMP threads waits at a barrier after every operation whenever one of its
+threads is descheduled, which measures the machine's load rather than the code).
 
 Modes, each timed in its own process (so its peak memory is its own), interleaved in rounds:
     torch           plain PyTorch: transformers BertModel + PEFT LoRA, forward, backward, AdamW
@@ -92,8 +95,9 @@ def vm(field):
     return float("nan")
 
 
-def child(mode, b, t, steps, model_dir):
+def child(mode, b, t, steps, model_dir, threads):
     import torch
+    torch.set_num_threads(threads)
     import torch.nn as nn
     from transformers import BertConfig, BertModel
     from peft import LoraConfig, inject_adapter_in_model
@@ -177,7 +181,7 @@ def measure(mode, b, t, steps, model_dir, threads):
                "--steps", str(steps), "--cache", cache, "--model", str(model_dir)]
     else:
         cmd = [sys.executable, __file__, "--child", mode, "--batch", str(b), "--tokens", str(t),
-               "--steps", str(steps), "--model", str(model_dir)]
+               "--steps", str(steps), "--model", str(model_dir), "--threads", str(threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise SystemExit(f"{mode} B={b} failed:\n{out.stderr[-3000:]}")
@@ -198,26 +202,60 @@ def machine():
             "kernel": platform.release()}
 
 
-def table(results, batches):
+def summary(results, batches):
+    """Per batch size and mode: median and minimum step seconds (wall clock), median CPU
+    seconds, median peak RSS; epoch times and ratios from the medians."""
+    out = {}
+    for b in batches:
+        rows = {}
+        for m in MODES:
+            runs = results[str(b)][m]
+            wall = [s for r in runs for s in r["step_seconds"]]
+            cpu = [s for r in runs for s in r["step_cpu_seconds"]]
+            rows[m] = {"wall_median": statistics.median(wall), "wall_min": min(wall),
+                       "cpu_median": statistics.median(cpu),
+                       "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs)}
+        res = {"modes": rows}
+        for clock in ("wall_median", "cpu_median", "wall_min"):
+            best = min(rows["opacus_hooks"][clock], rows["opacus_ghost"][clock])
+            run = (rows["raptor_dp_nocache"][clock]
+                   + (EPOCHS - 1) * rows["raptor_dp"][clock]) / EPOCHS
+            res[clock] = {
+                "opacus_best_mode": "hooks" if rows["opacus_hooks"][clock] <= rows["opacus_ghost"][clock] else "ghost",
+                "raptor_dp_run_over_opacus_best": run / best,
+                "raptor_dp_cached_over_opacus_best": rows["raptor_dp"][clock] / best,
+                "raptor_dp_uncached_over_opacus_best": rows["raptor_dp_nocache"][clock] / best,
+                "raptor_adam_cached_over_torch": rows["raptor_adam"][clock] / rows["torch"][clock],
+                "raptor_adam_uncached_over_torch": rows["raptor_adam_nocache"][clock] / rows["torch"][clock],
+            }
+        out[str(b)] = res
+    return out
+
+
+def table(summ, batches):
     lines = []
     for b in batches:
-        med = {m: statistics.median(s for r in results[str(b)][m] for s in r["step_seconds"])
-               for m in MODES}
-        peak = {m: statistics.median(r["peak_rss_mb"] for r in results[str(b)][m]) for m in MODES}
-        best = min(med["opacus_hooks"], med["opacus_ghost"])
-        best_name = "hooks" if med["opacus_hooks"] <= med["opacus_ghost"] else "ghost"
-        lines.append(f"\nB = {b} (median step, epoch = {UPDATES_PER_EPOCH} updates):")
-        lines.append(f"{'mode':22} {'step s':>8} {'epoch s':>8} {'/torch':>7} {'/opacus best':>12}"
-                     f" {'peak MiB':>9} {'/torch':>7}")
+        rows = summ[str(b)]["modes"]
+        t = rows["torch"]
+        lines.append(f"\nB = {b} (epoch = {UPDATES_PER_EPOCH} updates; ratios of medians):")
+        lines.append(f"{'mode':22} {'wall s':>7} {'min s':>7} {'cpu s':>7} {'epoch s':>8} "
+                     f"{'wall/torch':>10} {'cpu/torch':>9} {'peak MiB':>9} {'mem/torch':>9}")
         for m in MODES:
-            lines.append(f"{m:22} {med[m]:8.3f} {UPDATES_PER_EPOCH * med[m]:8.2f} "
-                         f"{med[m] / med['torch']:7.2f} {med[m] / best:12.2f} {peak[m]:9.0f} "
-                         f"{peak[m] / peak['torch']:7.2f}")
-        run_mean = (med["raptor_dp_nocache"] + (EPOCHS - 1) * med["raptor_dp"]) / EPOCHS
-        lines.append(f"one-command run ({EPOCHS} epochs, the first uncached): raptor DP-Adam mean "
-                     f"epoch {UPDATES_PER_EPOCH * run_mean:.2f} s = {run_mean / best:.2f} x Opacus "
-                     f"{best_name}; raptor non-private cached {med['raptor_adam'] / med['torch']:.2f}"
-                     f" x torch, uncached {med['raptor_adam_nocache'] / med['torch']:.2f} x torch")
+            r = rows[m]
+            lines.append(f"{m:22} {r['wall_median']:7.2f} {r['wall_min']:7.2f} "
+                         f"{r['cpu_median']:7.2f} {UPDATES_PER_EPOCH * r['wall_median']:8.1f} "
+                         f"{r['wall_median'] / t['wall_median']:10.2f} "
+                         f"{r['cpu_median'] / t['cpu_median']:9.2f} {r['peak_rss_mb']:9.0f} "
+                         f"{r['peak_rss_mb'] / t['peak_rss_mb']:9.2f}")
+        for clock in ("wall_median", "cpu_median", "wall_min"):
+            c = summ[str(b)][clock]
+            lines.append(f"  [{clock}] one-command run ({EPOCHS} epochs, the first uncached): raptor "
+                         f"DP-Adam / Opacus {c['opacus_best_mode']} = "
+                         f"{c['raptor_dp_run_over_opacus_best']:.2f} (cached epoch "
+                         f"{c['raptor_dp_cached_over_opacus_best']:.2f}, uncached "
+                         f"{c['raptor_dp_uncached_over_opacus_best']:.2f}); raptor non-private / "
+                         f"torch: cached {c['raptor_adam_cached_over_torch']:.2f}, uncached "
+                         f"{c['raptor_adam_uncached_over_torch']:.2f}")
     return "\n".join(lines)
 
 
@@ -230,12 +268,14 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="libtorch / PyTorch threads of every mode (OMP_NUM_THREADS)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "speed.json"))
     a = ap.parse_args()
     model_dir = Path(a.model) if a.model else cache_dir() / "models" / "all-minilm-l6-v2"
     if a.child:
-        child(a.child, a.batch, a.tokens, a.steps, str(model_dir))
+        child(a.child, a.batch, a.tokens, a.steps, str(model_dir), a.threads)
         return
     if not EXAMPLE.exists():
         raise SystemExit(f"build {EXAMPLE} first: cargo build --release -p raptor-train "
@@ -247,7 +287,7 @@ def main():
     import opacus
     import transformers
     import peft
-    threads = os.cpu_count()
+    threads = a.threads
     batches = [int(x) for x in a.batches.split(",")]
     modes = a.modes.split(",")
     load = [os.getloadavg()[0]]
@@ -263,7 +303,10 @@ def main():
                 print(f"round {r} B={b} {m}: steps {['%.3f' % s for s in res['step_seconds']]} "
                       f"peak {res['peak_rss_mb']:.0f} MiB", flush=True)
                 load.append(os.getloadavg()[0])
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
     out = {
+        "raptor_commit": commit,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "opacus": opacus.__version__, "transformers": transformers.__version__,
                      "peft": peft.__version__},
@@ -276,7 +319,8 @@ def main():
         "results": results,
     }
     if set(modes) == set(MODES):
-        out["table"] = table(results, batches)
+        out["summary"] = summary(results, batches)
+        out["table"] = table(out["summary"], batches)
         print(out["table"])
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

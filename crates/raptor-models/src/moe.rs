@@ -206,11 +206,30 @@ where
     Ok(out)
 }
 
+/// libtorch's intra-op threads set to 1 on this thread until dropped (then the former count).
+struct OneThread(i32);
+
+impl OneThread {
+    fn new() -> Self {
+        let before = tch::get_num_threads();
+        tch::set_num_threads(1);
+        Self(before)
+    }
+}
+
+impl Drop for OneThread {
+    fn drop(&mut self) {
+        tch::set_num_threads(self.0.max(1));
+    }
+}
+
 /// Owner maps of every sparse layer for `records` (token ids), each record routed **on its
 /// own** (a batch of one, no padding): a record's owner depends on that record alone, never on
 /// which other records share a micro-batch (padding to a batch's longest record changes the
 /// shapes of the router's float reductions, which can flip a near-tie). This is the map a
-/// private run must use: each record's owner decides which expert stream it may touch.
+/// private run must use: each record's owner decides which expert stream it may touch. On the
+/// CPU the passes run on one libtorch thread (restored after): a record alone is too small to
+/// share.
 /// Returns, per sparse layer, one owner per record, in order.
 pub fn owners_per_record<M>(
     model: &M,
@@ -231,8 +250,14 @@ where
             device,
         )?);
     }
+    // One record's forward pass is many small operations: on the CPU, libtorch's threads
+    // would meet at a barrier after each (a team of two spent 6 s a record on a 2-core machine
+    // with other work, one thread 0.2 s). One thread for the routing passes, restored after.
+    let _one = (device == tch::Device::Cpu).then(OneThread::new);
+    let routing = collect_routing(model, batches.iter())?;
+    drop(_one);
     let mut out = BTreeMap::new();
-    for (l, routing) in collect_routing(model, batches.iter())? {
+    for (l, routing) in routing {
         let map = raptor_routing::owner_map(&routing, rule);
         out.insert(l, map.owners().iter().map(|&o| i64::from(o)).collect());
     }

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! cargo run --release -p raptor-train --example minilm_speed -- \
-//!     --method dp-adam|adam --batch 64 --tokens 128 --steps 3 --cache on|off [--model DIR]
+//!     --method dp-adam|adam|raptor|lora --batch 64 --tokens 128 --steps 3 --cache on|off \
+//!     [--model DIR] [--layer 5] [--micro-batch 64] [--interleave]
 //! ```
 //!
 //! The records are N = B synthetic records of T token ids (`[CLS]`, ids from a fixed generator,
@@ -15,7 +16,11 @@
 //! `--steps` timed updates (each: Poisson sample, forward, per-record clipping, noise, the
 //! accountant's charge, AdamW). Prints one JSON line: the first update's seconds, each timed
 //! update's seconds (wall clock and CPU time), the peak RSS of the timed updates (VmHWM after a reset with
-//! `/proc/self/clear_refs`), libtorch's threads. With `--interleave`, cached and uncached
+//! `/proc/self/clear_refs`), libtorch's threads. `raptor` (RAPTOR) and `lora` (its
+//! non-private reference, expert adapters in every layer) train the upcycled MoE-BERT of
+//! `--method raptor` (`all-minilm-l6-v2-moe8` of the cache; RAPTOR's layer `--layer`), and the
+//! line adds the seconds of the owner maps (each record routed alone, as a run does) and the
+//! peak RSS before the timed updates. With `--interleave`, cached and uncached
 //! updates of one trainer alternate (ABBA) and both series are printed instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -91,14 +96,25 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let method = match arg(&args, "--method").as_deref() {
         Some("adam") => Method::Adam,
+        Some("raptor") => Method::Raptor,
+        Some("lora") => Method::Lora,
         _ => Method::DpAdam,
     };
+    // RAPTOR and its non-private reference train the upcycled MiniLM (8 experts, top-1, in
+    // every layer) of `raptor train --data ... --method raptor`; `--layer` is RAPTOR's layer.
+    let moe = matches!(method, Method::Raptor | Method::Lora);
+    let layer: usize = arg(&args, "--layer").map_or(5, |s| s.parse().unwrap());
+    let micro: usize = arg(&args, "--micro-batch").map_or(64, |s| s.parse().unwrap());
     let b: usize = arg(&args, "--batch").map_or(64, |s| s.parse().unwrap());
     let t: usize = arg(&args, "--tokens").map_or(128, |s| s.parse().unwrap());
     let steps: usize = arg(&args, "--steps").map_or(3, |s| s.parse().unwrap());
     let cache_on = arg(&args, "--cache").as_deref() != Some("off");
     let dir = match arg(&args, "--model") {
         Some(d) => PathBuf::from(d),
+        None if moe => raptor_data::cache::default_cache_dir()
+            .expect("a cache folder")
+            .join("models")
+            .join("all-minilm-l6-v2-moe8"),
         None => {
             let cache = raptor_data::cache::default_cache_dir().expect("a cache folder");
             raptor_data::pretrained::ensure_model(
@@ -124,7 +140,12 @@ fn main() {
     let mut cfg = RunConfig::default();
     cfg.method.name = method;
     cfg.method.scope = Scope::Lora;
-    cfg.model.kind = ModelKind::Bert;
+    cfg.model.kind = if moe {
+        ModelKind::MoeBert
+    } else {
+        ModelKind::Bert
+    };
+    cfg.method.layer = raptor_train::config::LayerSpec::Block(layer);
     cfg.lora.attention_targets = (3..6).map(|i| format!("layer.{i}.attention")).collect();
     cfg.lora.r = 8;
     cfg.lora.alpha = 16.0;
@@ -132,14 +153,36 @@ fn main() {
     cfg.train.steps = Some(100);
     cfg.train.lr = 0.01;
     cfg.train.clip = 1.0;
-    cfg.train.micro_batch = 64;
+    cfg.train.micro_batch = micro;
     cfg.train.prefix_cache = if cache_on {
         PrefixCacheMode::Auto
     } else {
         PrefixCacheMode::Off
     };
-    let (plan, _) = raptor_models::rng::seeded(1, || build_plan(&cfg, model.as_mut(), b, None))
-        .expect("the plan");
+    let (plan, _) = raptor_models::rng::seeded(1, || {
+        build_plan(&cfg, model.as_mut(), b, moe.then_some(layer))
+    })
+    .expect("the plan");
+    // Owner maps as a run makes them (each record routed on its own), timed.
+    let t0 = Instant::now();
+    let owners = if method == Method::Raptor {
+        let toks: Vec<Vec<i64>> = data.iter().map(|e| e.tokens.clone()).collect();
+        raptor_models::owners_per_record(
+            model.as_ref(),
+            &toks,
+            0,
+            raptor_routing::OwnerRule::GateWeighted,
+            Device::Cpu,
+        )
+        .unwrap()
+        .into_iter()
+        .filter(|(l, _)| *l == layer)
+        .collect()
+    } else {
+        Default::default()
+    };
+    let owner_seconds = t0.elapsed().as_secs_f64();
+    let before_training_rss = status_kb("VmRSS:") / 1024.0;
     let optim = Optimizers::new(OptimSettings::adamw(cfg.train.lr), &plan.optim, Some(1));
     let opts = TrainerOptions {
         micro_batch: cfg.train.micro_batch,
@@ -149,8 +192,7 @@ fn main() {
         warmup_steps: 0,
         cosine: false,
     };
-    let mut tr =
-        Trainer::new(model.as_mut(), plan, &data, Default::default(), optim, opts).unwrap();
+    let mut tr = Trainer::new(model.as_mut(), plan, &data, owners, optim, opts).unwrap();
     let prefix = plan_prefix_cache(
         tr.model(),
         tr.scope(),
@@ -171,6 +213,7 @@ fn main() {
     tr.step(&mut noop).unwrap();
     let first = t0.elapsed().as_secs_f64();
     // Peak RSS of the timed updates only (5: reset VmHWM to the current RSS).
+    let process_peak = status_kb("VmHWM:") / 1024.0;
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let mut times = Vec::new();
     let mut cpu = Vec::new();
@@ -222,6 +265,9 @@ fn main() {
             "peak_rss_mb": status_kb("VmHWM:") / 1024.0,
             "threads": tch::get_num_threads(),
             "prefix_cache": prefix.caches(),
+            "owner_map_seconds": owner_seconds,
+            "rss_before_training_mb": before_training_rss,
+            "process_peak_rss_mb_before_reset": process_peak,
         })
     );
 }
