@@ -317,7 +317,7 @@ fn test(root: &Path, no_lint: bool, no_python: bool) -> anyhow::Result<()> {
         eprintln!(
             "MPI found (mpicc, mpirun): building with raptor-train/mpi (and the raptor program's mpi) and running its tests"
         );
-        vec!["--features", "raptor-train/mpi,raptor/mpi"]
+        vec!["--features", "raptor-train/mpi,raptor-run/mpi,raptor/mpi"]
     } else {
         eprintln!(
             "(MPI not found: the data-parallel tests are not built; apt-get install libopenmpi-dev \

@@ -525,11 +525,13 @@ fn symlink(target: &Path, link: &Path) -> anyhow::Result<bool> {
 /// The packages whose build outputs depend on which libtorch `target/libtorch` is (torch-sys
 /// decides at build time whether to link `libtorch_cuda`, and our build scripts force-link it):
 /// cargo cannot see a symlink change (`LIBTORCH` keeps its value), so they are cleaned.
-const LIBTORCH_DEPENDENT: [&str; 10] = [
+const LIBTORCH_DEPENDENT: [&str; 12] = [
     "torch-sys",
     "raptor-models",
     "raptor-optim",
     "raptor-train",
+    "raptor-run",
+    "raptor-audit",
     "raptor",
     "raptor-reproduce",
     "raptor-clip",

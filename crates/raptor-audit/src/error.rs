@@ -23,9 +23,12 @@ pub enum AuditError {
         /// The cause.
         source: std::io::Error,
     },
-    /// From preparing or running the training run (crate `raptor-train`).
+    /// From the trainer core (crate `raptor-train`).
     #[error(transparent)]
     Train(#[from] raptor_train::TrainError),
+    /// From preparing, running or recording the training run (crate `raptor-run`).
+    #[error(transparent)]
+    Training(#[from] raptor_run::RunError),
     /// From the accountant (the expert stream's own ε).
     #[error(transparent)]
     Accountant(#[from] raptor_accountant::AccountantError),

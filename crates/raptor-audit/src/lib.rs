@@ -55,7 +55,7 @@
 //! scores are also reported as a membership-inference attack on the canaries (AUC, TPR at 1 %
 //! and 0.1 % FPR). The coins, the scores and that report are not differentially private (loss
 //! canaries are made from, and scored beside, private records), so the file lives under
-//! `private/` with [`raptor_train::run::PRIVATE_NOTICE`], like everything else a run computes from
+//! `private/` with [`raptor_run::PRIVATE_NOTICE`], like everything else a run computes from
 //! private records without noise; the run's publishable `record.json` only notes that the run
 //! was an audit, with m and the kind.
 //!
@@ -78,11 +78,11 @@ use serde::{Deserialize, Serialize};
 use tch::Device;
 
 use raptor_train::config::RunConfig;
-use raptor_train::run::{
+use raptor_run::{
     PRIVATE_NOTICE, Progress, Record, new_run_id, train_prepared, train_prepared_with_canaries,
     write_atomic,
 };
-use raptor_train::session::{DataInfo, Session, is_classifier, prepare_counting, prepare_with};
+use raptor_run::session::{DataInfo, Session, is_classifier, prepare_counting, prepare_with};
 use raptor_train::streams::{Charge, GroupId, Plan};
 use raptor_train::trainer::{CanaryCoord, DiracCanaries, DiracCanary, Example};
 
@@ -167,7 +167,7 @@ pub const AUDIT_FILE: &str = "private/audit.json";
 /// Everything an audit reports (the audit file, [`AUDIT_FILE`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AuditReport {
-    /// [`raptor_train::run::PRIVATE_NOTICE`]: the coins, the scores and the membership-inference report
+    /// [`raptor_run::PRIVATE_NOTICE`]: the coins, the scores and the membership-inference report
     /// are not differentially private.
     #[serde(default)]
     pub notice: String,
@@ -535,10 +535,10 @@ fn audit_impl(
         ));
     }
     let mut canaries: Option<Canaries> = None;
-    // The hook speaks raptor-train's error type; the audit's own error is kept aside and
+    // The hook speaks raptor-run's error type; the audit's own error is kept aside and
     // returned as it is.
     let mut failed: Option<AuditError> = None;
-    let mut hook = |train: &mut Vec<Example>, info: &DataInfo| -> raptor_train::Result<()> {
+    let mut hook = |train: &mut Vec<Example>, info: &DataInfo| -> raptor_run::Result<()> {
         match insert_canaries(train, info, opts, kind, &mut coin_rng) {
             Ok(c) => {
                 canaries = Some(c);
@@ -547,7 +547,7 @@ fn audit_impl(
             Err(e) => {
                 let message = e.to_string();
                 failed = Some(e);
-                Err(raptor_train::TrainError::Config(message))
+                Err(raptor_run::RunError::Config(message))
             }
         }
     };
@@ -583,7 +583,7 @@ fn audit_impl(
     let included = canaries.coins.iter().filter(|c| **c).count();
     let notes = run_notes(cfg, &record);
     let report = AuditReport {
-        notice: raptor_train::run::PRIVATE_NOTICE.into(),
+        notice: raptor_run::PRIVATE_NOTICE.into(),
         run: dir.clone(),
         method: record.method.clone(),
         kind,

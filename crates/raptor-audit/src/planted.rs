@@ -6,7 +6,7 @@ use super::{AuditOptions, AuditReport, CanaryKind, Tamper, audit_impl};
 use crate::error::{AuditError, Result};
 use raptor_train::config::{LayerSpec, Method, ModelKind, RunConfig, TokenizerSpec};
 #[cfg(feature = "planted-faults")]
-use raptor_train::run::Progress;
+use raptor_run::Progress;
 #[cfg(feature = "planted-faults")]
 pub use raptor_train::trainer::PlantedFault;
 

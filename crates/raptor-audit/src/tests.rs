@@ -356,7 +356,7 @@ fn dirac_parameters_follow_the_plan() {
     let p0 = g.params[0].clone();
     assert_eq!(dirac_params(&s.plan, layer, None).unwrap()[&p0], 0.125);
     let mono =
-        raptor_train::session::prepare(&toy_switch(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
+        raptor_run::session::prepare(&toy_switch(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
     assert!(dirac_params(&mono.plan, None, Some(0)).is_err());
 }
 
@@ -404,7 +404,7 @@ fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
         assert_eq!(inn.epsilon_upper, out.epsilon_upper);
         let (a, b) = (inn.dirac.unwrap(), out.dirac.unwrap());
         assert_eq!((&a.param, &a.index), (&b.param, &b.index));
-        let phases = raptor_train::session::prepare_counting(&cfg, None, m / 2)
+        let phases = raptor_run::session::prepare_counting(&cfg, None, m / 2)
             .unwrap()
             .plan;
         let sigma = |param: &str| {
@@ -491,7 +491,7 @@ fn a_drawn_paired_canary_moves_its_score_by_one_over_sigma_eff() {
     assert_eq!((inn.kind, inn.sampling_rate), (CanaryKind::Paired, 1.0));
     let (a, b) = (inn.dirac.unwrap(), out.dirac.unwrap());
     assert_eq!(a.paired.len(), m);
-    let plan = raptor_train::session::prepare_counting(&cfg, None, m / 2)
+    let plan = raptor_run::session::prepare_counting(&cfg, None, m / 2)
         .unwrap()
         .plan;
     // One phase: the shared release and the expert releases of one sample.
@@ -543,7 +543,7 @@ fn a_drawn_paired_canary_moves_its_score_by_one_over_sigma_eff() {
 fn owner_masks_apply_to_canaries() {
     let data = tempfile::tempdir().unwrap();
     let cfg = one_sample_raptor(2, 1, data.path());
-    let session = || raptor_train::session::prepare_counting(&cfg, None, 1).unwrap();
+    let session = || raptor_run::session::prepare_counting(&cfg, None, 1).unwrap();
     let s = session();
     let layer = s.layer.as_ref().unwrap().layer;
     let (param, id) = s

@@ -125,7 +125,7 @@ impl Inputs {
                 validation: g("validation"),
             });
         let smol = models.join("smollm2-135m-instruct");
-        let llama = match raptor_train::session::gguf_model_file(&smol) {
+        let llama = match raptor_run::session::gguf_model_file(&smol) {
             Some(file) if smol.is_dir() => Ok(ModelInput {
                 path: file,
                 tokenizer: TokenizerSpec::Gguf,
@@ -409,7 +409,7 @@ fn upcycled(
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     let tmp = root.join(format!(".{name}-{key}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    raptor_train::upcycle::upcycle_folder(&bert.path, &tmp, &opts, None)
+    raptor_run::upcycle::upcycle_folder(&bert.path, &tmp, &opts, None)
         .with_context(|| format!("upcycling {}", bert.path.display()))?;
     std::fs::rename(&tmp, &dir).with_context(|| format!("writing {}", dir.display()))?;
     Ok((dir, layers))

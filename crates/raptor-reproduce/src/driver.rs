@@ -159,7 +159,7 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
             t.write(&ctx.out)?;
         }
         let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
-        raptor_train::run::write_atomic(
+        raptor_run::write_atomic(
             &index_dir.join(format!("{name}.json")),
             &serde_json::to_vec(&slugs)?,
         )?;
@@ -191,7 +191,7 @@ pub fn run(ctx: &Context, only: &[String]) -> anyhow::Result<Vec<Table>> {
             }
         }
     }
-    raptor_train::run::write_atomic(&ctx.out.join("README.md"), index.as_bytes())?;
+    raptor_run::write_atomic(&ctx.out.join("README.md"), index.as_bytes())?;
     if ctx.json {
         raptor_cli::print_json(&all)?;
     }

@@ -1,42 +1,28 @@
-//! raptor-train: the trainer core (one loop for every method), privacy plans, run folders and
-//! upcycling: the library of the `raptor` program.
+//! raptor-train: the private step and its config — what a run of any method does between
+//! drawing a Poisson sample and charging the ledger — and nothing else.
 //!
-//! - [`config`]: the run configuration (`run.toml`), every field documented with a default.
+//! - [`config`]: the run configuration (`run.toml`), every field documented with a default, and
+//!   its one validator.
 //! - [`streams`]: the one description every method is made of (phases of releases over clip
-//!   groups) and [`methods`], which turns a config into it (scope, layer, σ's).
+//!   groups) and [`methods`], the pure function that turns a config into it (scope, layer, σ's).
 //! - [`trainer`]: the loop: Poisson sample, per-record clipping, noise ÷ public denominator,
 //!   ledger charged before the update is applied, optimizers (crate `raptor-optim`, re-exported
 //!   as [`optim`]) on released gradients.
-//! - [`session`] and [`run`]: data and model preparation, run folders, checkpoints, resume,
-//!   evaluation.
 //! - [`dist`] (crate `raptor-dist`, re-exported): data-parallel private training over MPI
 //!   (cargo feature `mpi`): rank 0 samples and adds the noise once, the clipped sums are
 //!   all-reduced (the trainer's side is `trainer/collective.rs`).
-//! - [`upcycle`]: sparse upcycling of a dense checkpoint folder (`raptor upcycle`, and the
-//!   `backbones` part of the `raptor-reproduce` program) with routers trained on public text
-//!   read as a run reads it; the folder work is `raptor_models::upcycle::upcycle_folder`.
 //!
-//! The one-run canary audit (`raptor audit`) is crate `raptor-audit`, above this one: it adds
-//! its canaries to a prepared [`session::Session`] (records through
-//! [`session::prepare_with`]'s hook, or the trainer's white-box hook [`trainer::DiracCanaries`]
-//! through [`run::train_prepared_with_canaries`]).
-//!
-//! The `raptor` program (crate `raptor`) parses the command line and calls these modules; the
-//! experiment driver is the separate `raptor-reproduce` program (crate `raptor-reproduce`),
-//! both built on this library.
+//! Everything that prepares or records a run (data and model preparation, run folders,
+//! checkpoints and resume, records, export, the start report, diagnostics, public clip
+//! calibration, upcycling glue, device choice) is crate `raptor-run`, above this one; the audit
+//! (`raptor-audit`), the `raptor` program and the experiment driver (`raptor-reproduce`) are
+//! above that.
 
 pub mod config;
-pub mod device;
-pub mod diagnostics;
 pub mod error;
-pub mod launch;
 pub mod methods;
-pub mod public_clip;
-pub mod run;
-pub mod session;
 pub mod streams;
 pub mod trainer;
-pub mod upcycle;
 
 pub use error::{Result, TrainError};
 

@@ -49,7 +49,19 @@ pub struct PrivacyPlan {
     /// The budget split (RAPTOR) or `single`.
     pub split: String,
     /// Clip bounds chosen from public data (`train.clip_from_public`), if any.
-    pub public_clip: Option<crate::public_clip::PublicClip>,
+    pub public_clip: Option<PublicClip>,
+}
+
+/// Clip bounds calibrated on public data (`train.clip_from_public`; crate `raptor-run`'s
+/// `public_clip`), recorded in the run's privacy plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PublicClip {
+    /// The quantile.
+    pub quantile: f64,
+    /// Public records used.
+    pub records: usize,
+    /// Per phase and clip group: the chosen bound, and how many public records reached it.
+    pub bounds: Vec<(Stream, String, f64, usize)>,
 }
 
 /// What RAPTOR-family setup decided (public).

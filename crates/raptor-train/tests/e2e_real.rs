@@ -69,7 +69,7 @@ fn every_method_lowers_the_eval_nll_on_real_e2e() {
     for method in ["dp-sgd", "dp-adam", "dp-muon", "dp-muonbc", "muon", "adam"] {
         let c = cfg(&file, method);
         // The untrained model's NLL on the same validation records (same seed, same init).
-        let s = raptor_train::session::prepare(&c).unwrap();
+        let s = raptor_run::session::prepare(&c).unwrap();
         assert!(
             s.train.len() > 1000,
             "E2E dev has thousands of (mr, ref) pairs"
@@ -87,7 +87,7 @@ fn every_method_lowers_the_eval_nll_on_real_e2e() {
         let mut quiet =
             |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
         let (_, rec) =
-            raptor_train::run::train_in(&c, &dir.path().join(method), &mut quiet, None).unwrap();
+            raptor_run::train_in(&c, &dir.path().join(method), &mut quiet, None).unwrap();
         let after = rec.eval().unwrap().loss;
         assert!(
             after < before - 0.05,

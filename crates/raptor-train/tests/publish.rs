@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use raptor_train::config::RunConfig;
-use raptor_train::run::PRIVATE_NOTICE;
+use raptor_run::PRIVATE_NOTICE;
 
 mod common;
 
@@ -22,7 +22,7 @@ fn cfg(extra_data: &str) -> RunConfig {
 fn train(
     cfg: &RunConfig,
     dir: &Path,
-) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
+) -> raptor_run::Result<(PathBuf, raptor_run::Record)> {
     common::train_quietly(cfg, dir)
 }
 
@@ -151,22 +151,22 @@ fn clip_bounds_from_public_data_are_recorded() {
 
 /// Trains the toy run `cfg` in `dir`, stopping after `at` updates (checkpoint written).
 fn train_until(cfg: &RunConfig, dir: &Path, at: u64) {
-    let stop: raptor_train::run::StopFlag = Default::default();
+    let stop: raptor_run::StopFlag = Default::default();
     let flag = stop.clone();
     let mut progress = |done: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
         if done >= at {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         }
     };
-    let err = raptor_train::run::train_in(cfg, dir, &mut progress, Some(stop))
+    let err = raptor_run::train_in(cfg, dir, &mut progress, Some(stop))
         .unwrap_err()
         .to_string();
     assert!(err.contains(&format!("stopped at update {at}")), "{err}");
 }
 
-fn resume(dir: &Path) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
+fn resume(dir: &Path) -> raptor_run::Result<(PathBuf, raptor_run::Record)> {
     let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
-    raptor_train::run::train(
+    raptor_run::train(
         &RunConfig::default(),
         dir.parent().unwrap(),
         Some(dir),
@@ -204,7 +204,7 @@ fn a_resume_without_the_whole_ledger_is_refused() {
             raptor_accountant::SubsampledGaussian::new(0.05, 1.0).unwrap(),
         ))
         .unwrap();
-    raptor_train::run::write_checked_json(&ledger, &short).unwrap();
+    raptor_run::write_checked_json(&ledger, &short).unwrap();
     let err = resume(&run).unwrap_err().to_string();
     assert!(
         err.contains("ledger.json") && err.contains("holds 1 charged steps"),

@@ -23,7 +23,7 @@ fn e2e_file() -> Option<PathBuf> {
 
 #[test]
 fn smollm2_trains_privately_on_e2e() {
-    let model = raptor_train::session::gguf_model_file(Path::new("smollm2-135m-instruct"));
+    let model = raptor_run::session::gguf_model_file(Path::new("smollm2-135m-instruct"));
     let (Some(file), Some(_)) = (e2e_file(), model.as_ref()) else {
         eprintln!(
             "skipped smollm2_trains_privately_on_e2e: needs SmolLM2-135M-Instruct in <cache>/models (cargo xtask setup --models) and the E2E data (../shared/data/e2e or RAPTOR_E2E_DIR)"
@@ -61,7 +61,7 @@ max_sources = 1
         file.display()
     ))
     .unwrap();
-    let s = raptor_train::session::prepare(&c).unwrap();
+    let s = raptor_run::session::prepare(&c).unwrap();
     assert_eq!(s.model.vocab_size(), 49152);
     // The file's EOS (<|im_end|>) ends every record.
     assert!(s.train.iter().all(|e| e.tokens.last() == Some(&2)));
@@ -71,7 +71,7 @@ max_sources = 1
     let mut quiet = |_: u64, _: u64, m: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
         assert!(m.loss.is_finite() || m.sampled == 0);
     };
-    let (_, rec) = raptor_train::run::train_in(&c, dir.path(), &mut quiet, None).unwrap();
+    let (_, rec) = raptor_run::train_in(&c, dir.path(), &mut quiet, None).unwrap();
     let eps = rec.epsilon.as_ref().unwrap();
     assert!(
         eps.upper.is_finite() && eps.upper <= 8.0 * (1.0 + 1e-9),

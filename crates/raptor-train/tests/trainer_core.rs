@@ -1234,7 +1234,7 @@ fn public_clip_bounds_are_quantiles_of_single_record_norms() {
     let owners = owner_maps(&m, &public);
     let before = plan.clone();
     let got =
-        raptor_train::public_clip::calibrate(&m, &mut plan, &public, &owners, 0.5, 0, Device::Cpu)
+        raptor_run::public_clip::calibrate(&m, &mut plan, &public, &owners, 0.5, 0, Device::Cpu)
             .unwrap();
     assert_eq!(got.records, public.len());
     for (pi, ph) in before.phases.iter().enumerate() {

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use raptor_data::pretrained::{ALL_MINILM_L6_V2, ensure_corpus, ensure_model};
 
 use raptor_train::config::TokenizerSpec;
-use raptor_train::error::{Result, TrainError};
-use raptor_train::upcycle::{RouterData, upcycle_folder};
+use raptor_run::error::{Result, RunError};
+use raptor_run::upcycle::{RouterData, upcycle_folder};
 
 /// Experts per layer of the upcycled backbone.
 pub const MOE_EXPERTS: i64 = 8;
@@ -25,15 +25,15 @@ const DONE: &str = "raptor-upcycled.json";
 
 fn cache_dir() -> Result<PathBuf> {
     raptor_data::cache::default_cache_dir().ok_or_else(|| {
-        TrainError::Config(
+        RunError::Config(
             "no per-user cache folder: set RAPTOR_CACHE_DIR (or HOME) so the pretrained model can be fetched"
                 .into(),
         )
     })
 }
 
-fn fetch_err(e: raptor_data::DataError) -> TrainError {
-    TrainError::Data(e.to_string())
+fn fetch_err(e: raptor_data::DataError) -> RunError {
+    RunError::Data(e.to_string())
 }
 
 /// The folder of the pretrained backbone ([`crate::quickstart::BACKBONE`]) in the cache,
@@ -90,9 +90,9 @@ pub fn ensure_moe_backbone(quiet: bool) -> Result<PathBuf> {
         "router_public_file": router.file.display().to_string(),
         "router_loads": report.router_loads.as_ref().map(|(b, a)| serde_json::json!({"before": b, "after": a})),
     });
-    raptor_train::run::write_atomic(&tmp.join(DONE), &serde_json::to_vec_pretty(&marker)?)?;
+    raptor_run::write_atomic(&tmp.join(DONE), &serde_json::to_vec_pretty(&marker)?)?;
     let _ = std::fs::remove_dir_all(&out);
-    std::fs::rename(&tmp, &out).map_err(|source| TrainError::Io {
+    std::fs::rename(&tmp, &out).map_err(|source| RunError::Io {
         path: out.clone(),
         source,
     })?;

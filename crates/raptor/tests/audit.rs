@@ -63,7 +63,7 @@ fn private_audit_file(run: &Path) -> serde_json::Value {
     let file: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("private").join("audit.json")).unwrap())
             .unwrap();
-    assert_eq!(file["notice"], raptor_train::run::PRIVATE_NOTICE);
+    assert_eq!(file["notice"], raptor_run::PRIVATE_NOTICE);
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("record.json")).unwrap()).unwrap();
     for key in ["coins", "scores", "mia", "epsilon_lower"] {

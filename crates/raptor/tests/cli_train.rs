@@ -336,9 +336,9 @@ fn killed_and_resumed_run_never_undercounts() {
         .path();
     assert!(!run.join("record.json").exists());
     let ledger: raptor_accountant::Ledger =
-        raptor_train::run::read_checked_json(&run.join("checkpoint/ledger.json")).unwrap();
+        raptor_run::read_checked_json(&run.join("checkpoint/ledger.json")).unwrap();
     let state: serde_json::Value =
-        raptor_train::run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
+        raptor_run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
     let applied = state["update"].as_u64().unwrap();
     assert!(
         ledger.len() >= applied,
@@ -360,7 +360,7 @@ fn killed_and_resumed_run_never_undercounts() {
     assert_bad(&out, "train.steps");
     assert!(!run.join("record.json").exists());
     let after: serde_json::Value =
-        raptor_train::run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
+        raptor_run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
     assert_eq!(after, state);
     // Resume (the stale lock of the killed process is taken over).
     let out = raptor(&["train", "--resume", run.to_str().unwrap(), "--json"]);
@@ -657,7 +657,7 @@ fn a_flipped_byte_in_any_checkpoint_file_is_a_clear_error() {
         .path();
     let ck = run.join("checkpoint");
     let state: serde_json::Value =
-        raptor_train::run::read_checked_json(&ck.join("state.json")).unwrap();
+        raptor_run::read_checked_json(&ck.join("state.json")).unwrap();
     assert_eq!(state["update"].as_u64(), Some(10));
     let mut files: Vec<String> = std::fs::read_dir(&ck)
         .unwrap()

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use raptor_train::config::RunConfig;
-use raptor_train::run::{read_checked_json, train_in};
+use raptor_run::{read_checked_json, train_in};
 
 // The trainer tests' shared helpers (one copy, in raptor-train's tests).
 #[path = "../../raptor-train/tests/common/mod.rs"]
@@ -33,7 +33,7 @@ fn full_disk_at(path: &Path) {
 fn train(
     cfg: &RunConfig,
     dir: &Path,
-) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
+) -> raptor_run::Result<(PathBuf, raptor_run::Record)> {
     common::train_quietly(cfg, dir)
 }
 
@@ -52,7 +52,7 @@ fn a_full_disk_while_checkpointing_keeps_the_previous_checkpoint() {
     let state: serde_json::Value = read_checked_json(&run.join("checkpoint/state.json")).unwrap();
     assert_eq!(state["update"].as_u64(), Some(5), "{state}");
     // The previous checkpoint's tensors are intact (their checksums verify).
-    assert!(raptor_train::run::checkpoint_tensors(&run).is_ok());
+    assert!(raptor_run::checkpoint_tensors(&run).is_ok());
     // The ledger was charged for all 10 updates before they were applied: never behind.
     let ledger: raptor_accountant::Ledger =
         read_checked_json(&run.join("checkpoint/ledger.json")).unwrap();
@@ -151,7 +151,7 @@ fn a_read_only_run_folder_is_a_clear_error_and_loses_nothing() {
     let run = d.path().join("run");
     let cfg = cfg(10);
     // A run stopped after update 4 (as SIGINT would stop it): checkpoint and ledger written.
-    let stop: raptor_train::run::StopFlag = Arc::new(AtomicBool::new(false));
+    let stop: raptor_run::StopFlag = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let mut progress =
         move |done: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
@@ -208,7 +208,7 @@ fn a_read_only_run_folder_is_a_clear_error_and_loses_nothing() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     // The previous checkpoint is intact, byte for byte, and the ledger is not behind it.
     assert_eq!(checkpoint_bytes(&run), before);
-    assert!(raptor_train::run::checkpoint_tensors(&run).is_ok());
+    assert!(raptor_run::checkpoint_tensors(&run).is_ok());
     let ledger: raptor_accountant::Ledger =
         read_checked_json(&run.join("checkpoint/ledger.json")).unwrap();
     assert!(ledger.len() >= applied, "{} < {applied}", ledger.len());

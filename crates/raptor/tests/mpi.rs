@@ -73,7 +73,7 @@ fn only_run(dir: &Path) -> PathBuf {
 }
 
 fn params(run: &Path) -> BTreeMap<String, Vec<f32>> {
-    raptor_train::run::checkpoint_tensors(run)
+    raptor_run::checkpoint_tensors(run)
         .unwrap()
         .into_iter()
         .map(|(name, t)| {
@@ -198,7 +198,7 @@ fn a_dying_rank_ends_the_job_and_the_checkpoint_survives() {
     assert!(!o.status.success(), "the job survived a dead rank");
     let run = only_run(&runs);
     let state: serde_json::Value =
-        raptor_train::run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
+        raptor_run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
     assert_eq!(state["update"].as_u64(), Some(5), "{state}");
     assert!(!run.join("record.json").exists());
     // mpirun may return while it is still killing rank 0 (which holds the run folder's lock):
@@ -275,7 +275,7 @@ fn a_panicking_rank_ends_the_job_instead_of_hanging() {
     );
     let run = only_run(&runs);
     let state: serde_json::Value =
-        raptor_train::run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
+        raptor_run::read_checked_json(&run.join("checkpoint/state.json")).unwrap();
     assert_eq!(state["update"].as_u64(), Some(5), "{state}");
     assert!(!run.join("record.json").exists());
 }

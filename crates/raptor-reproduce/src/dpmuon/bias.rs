@@ -23,7 +23,7 @@ use raptor_muon::diagnostics::bias_monte_carlo;
 use raptor_muon::faer::Mat;
 use raptor_muon::{BcConfig, NsConfig, newton_schulz};
 use raptor_train::config::RunConfig;
-use raptor_train::run::BufferSampleInfo;
+use raptor_run::BufferSampleInfo;
 use serde::{Deserialize, Serialize};
 
 /// One bias estimate.
@@ -165,7 +165,7 @@ pub fn measure(
         }
     }
     if !rows.is_empty() {
-        raptor_train::run::write_atomic(&cached, &serde_json::to_vec_pretty(&rows)?)?;
+        raptor_run::write_atomic(&cached, &serde_json::to_vec_pretty(&rows)?)?;
     }
     Ok(rows)
 }

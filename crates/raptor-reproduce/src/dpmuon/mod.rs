@@ -643,7 +643,7 @@ fn start_score(p: &Prepared) -> anyhow::Result<Option<StartScore>> {
     {
         return Ok(Some(s));
     }
-    let r = raptor_train::run::eval_run(&pre.run, Some(&p.corpora.test)).with_context(|| {
+    let r = raptor_run::eval_run(&pre.run, Some(&p.corpora.test)).with_context(|| {
         format!(
             "scoring the pretrained {} model on its test file",
             p.corpora.task
@@ -654,7 +654,7 @@ fn start_score(p: &Prepared) -> anyhow::Result<Option<StartScore>> {
         bleu: r.generation.as_ref().map(|g| g.bleu),
         rouge_l: r.generation.as_ref().map(|g| g.rouge_l),
     };
-    raptor_train::run::write_atomic(&path, &serde_json::to_vec_pretty(&s)?)?;
+    raptor_run::write_atomic(&path, &serde_json::to_vec_pretty(&s)?)?;
     Ok(Some(s))
 }
 
@@ -903,8 +903,8 @@ pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let every = (steps / scale.taps.max(1)).max(1);
             let req = serde_json::json!({"every": every, "max_matrices": scale.tap_matrices});
-            raptor_train::run::write_atomic(
-                &dir.join(raptor_train::run::BUFFER_TAP_FILE),
+            raptor_run::write_atomic(
+                &dir.join(raptor_run::BUFFER_TAP_FILE),
                 &serde_json::to_vec(&req)?,
             )
             .with_context(|| format!("asking {label} to keep its buffers"))?;

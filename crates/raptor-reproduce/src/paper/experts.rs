@@ -152,9 +152,9 @@ fn public_tokens(
     cfg.model.path = Some(folder.to_path_buf());
     cfg.model.tokenizer = backbone.tokenizer.clone();
     cfg.data.max_length = spec.max_len;
-    let tok = raptor_train::session::open_run_tokenizer(&cfg)?;
+    let tok = raptor_run::session::open_run_tokenizer(&cfg)?;
     let vocab = raptor_models::hf_config::HfConfig::from_file(folder)?.vocab_size();
-    let ex = raptor_train::session::to_examples(&cfg, tok.as_ref(), &records, None, vocab)?;
+    let ex = raptor_run::session::to_examples(&cfg, tok.as_ref(), &records, None, vocab)?;
     Ok((
         ex.into_iter().map(|e| e.tokens).collect(),
         idx.iter().map(|&i| parts[i]).collect(),
@@ -214,7 +214,7 @@ pub fn route(
     })?;
     // A tokenizer file the backbone names by path stays where it is; one inside the folder was
     // copied by `route_folder`.
-    raptor_train::run::write_atomic(
+    raptor_run::write_atomic(
         &tmp.join("partition.json"),
         &serde_json::to_vec_pretty(&report)?,
     )?;

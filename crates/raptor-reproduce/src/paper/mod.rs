@@ -1169,7 +1169,7 @@ pub(super) fn write_e2e_csv(path: &Path, records: &[(String, String)]) -> anyhow
         text.push_str(&q(tgt));
         text.push('\n');
     }
-    raptor_train::run::write_atomic(path, text.as_bytes())?;
+    raptor_run::write_atomic(path, text.as_bytes())?;
     Ok(())
 }
 

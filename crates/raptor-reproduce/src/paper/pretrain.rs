@@ -105,9 +105,9 @@ impl Pretraining {
     pub fn export(&self) -> anyhow::Result<()> {
         if !self.cached() {
             let export = if self.drop_head {
-                raptor_train::run::export_encoder
+                raptor_run::export_encoder
             } else {
-                raptor_train::run::export_run
+                raptor_run::export_run
             };
             export(&self.run, &self.hf).with_context(|| format!("exporting {}", self.job.label))?;
         }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use raptor_train::config::RunConfig;
-use raptor_train::run::{Record, train_in, write_atomic};
+use raptor_run::{Record, train_in, write_atomic};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -76,7 +76,7 @@ pub struct Summary {
 }
 
 /// A run folder's list of validation groups (JSON: `[[name, file], …]`): when present, the
-/// worker scores the finished run on each file ([`raptor_train::run::eval_run`]) into
+/// worker scores the finished run on each file ([`raptor_run::eval_run`]) into
 /// [`Summary::group_accuracy`].
 pub const GROUPS_FILE: &str = "groups.json";
 
@@ -274,7 +274,7 @@ pub const WORKER_COMMAND: &str = "run-one";
 pub fn run_one(
     cfg: &RunConfig,
     dir: &Path,
-    progress: raptor_train::run::Progress<'_>,
+    progress: raptor_run::Progress<'_>,
 ) -> anyhow::Result<Summary> {
     let rss_reset = reset_peak_rss();
     let (_, record) = train_in(cfg, dir, progress, None)?;
@@ -298,7 +298,7 @@ fn group_accuracy(dir: &Path) -> anyhow::Result<Vec<(String, f64)>> {
         .with_context(|| format!("parsing {}", path.display()))?;
     let mut out = Vec::new();
     for (name, file) in groups {
-        let r = raptor_train::run::eval_run(dir, Some(&file))
+        let r = raptor_run::eval_run(dir, Some(&file))
             .with_context(|| format!("scoring {} on {}", dir.display(), file.display()))?;
         if let Some(a) = r.metrics.accuracy {
             out.push((name, a));

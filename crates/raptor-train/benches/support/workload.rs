@@ -14,7 +14,7 @@ use tch::Device;
 /// the CPU (`scripts/gpu-check.sh` sets `cuda`).
 pub fn bench_device() -> Device {
     match std::env::var("RAPTOR_BENCH_DEVICE") {
-        Ok(s) => raptor_train::device::open_device(
+        Ok(s) => raptor_run::device::open_device(
             s.parse()
                 .expect("RAPTOR_BENCH_DEVICE is cpu, cuda or cuda:N"),
         )

@@ -75,7 +75,7 @@ type CoordId = (usize, usize);
 
 /// The Dirac canaries of a white-box audit run (module docs). Only the audit (crate
 /// `raptor-audit`) builds them, and they enter a run only through
-/// [`crate::run::train_prepared_with_canaries`]; a run without them is untouched. Each canary
+/// crate `raptor-run`'s `train_prepared_with_canaries`; a run without them is untouched. Each canary
 /// is checked against the plan before the first update (coordinates of released parameters, no
 /// two the same, finite positive gradients, an owner the plan trains, a release it reaches).
 #[derive(Debug)]
@@ -237,10 +237,11 @@ fn fault_scale(fault: PlantedFault, release: &ReleaseSpec) -> f64 {
 impl Trainer<'_> {
     /// Adds the Dirac canaries of a white-box audit run (module docs): the sampler then draws
     /// the real records and the included canaries at the plan's q. Before the first update, on
-    /// one process only. Each coordinate must be one of a planned parameter, no two the same
+    /// one process only. The one caller is crate `raptor-run`'s `train_prepared_with_canaries`,
+    /// the audit's door into a run. Each coordinate must be one of a planned parameter, no two the same
     /// (in any canary), with a finite gradient > 0; an owner must be an expert the plan trains;
     /// every canary must reach a release of some phase.
-    pub(crate) fn with_dirac_canaries(mut self, mut canaries: DiracCanaries) -> Result<Self> {
+    pub fn with_dirac_canaries(mut self, mut canaries: DiracCanaries) -> Result<Self> {
         if self.update != 0 || self.comm.size() > 1 {
             return Err(TrainError::Run(
                 "Dirac canaries join a fresh single-process run only".into(),

@@ -11,7 +11,7 @@ pub use raptor_testkit::toy::toy_config;
 pub fn train_quietly(
     cfg: &raptor_train::config::RunConfig,
     dir: &Path,
-) -> raptor_train::Result<(PathBuf, raptor_train::run::Record)> {
+) -> raptor_run::Result<(PathBuf, raptor_run::Record)> {
     let mut quiet = |_: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {};
-    raptor_train::run::train_in(cfg, dir, &mut quiet, None)
+    raptor_run::train_in(cfg, dir, &mut quiet, None)
 }

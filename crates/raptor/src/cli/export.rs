@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use raptor_train::run::{ExportForm, Exported};
+use raptor_run::{ExportForm, Exported};
 
 /// Export a finished run's model: a run without LoRA adapters as a Hugging Face folder
 /// (`config.json` + `model.safetensors`) that `model.path` can start from; a LoRA run (the
@@ -32,7 +32,7 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<()> {
     } else {
         ExportForm::Adapter
     };
-    let what = raptor_train::run::export_run_as(&args.run, &args.out, form)?;
+    let what = raptor_run::export_run_as(&args.run, &args.out, form)?;
     let (run, out) = (args.run.display(), args.out.display());
     match what {
         Exported::Full => {

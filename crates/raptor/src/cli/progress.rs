@@ -10,7 +10,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-use raptor_train::launch::StartInfo;
+use raptor_run::launch::StartInfo;
 use raptor_train::trainer::UpdateMetrics;
 
 /// How progress is shown.

@@ -214,12 +214,12 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     };
     let result = {
         let cell = std::cell::RefCell::new(&mut reporter);
-        let mut on_start = |info: &raptor_train::launch::StartInfo| cell.borrow_mut().start(info);
+        let mut on_start = |info: &raptor_run::launch::StartInfo| cell.borrow_mut().start(info);
         let mut progress =
             |done: u64, total: u64, m: &raptor_train::trainer::UpdateMetrics, eps: Option<f64>| {
                 cell.borrow_mut().update(done, total, m, eps);
             };
-        raptor_train::launch::train_reporting(
+        raptor_run::launch::train_reporting(
             &cfg,
             &args.runs_dir,
             args.resume.as_deref(),
@@ -243,7 +243,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     // One file per run for scripts: the summary the experiment driver's runs have too.
-    raptor_train::run::Summary::from_record(&record, raptor_train::run::peak_rss_mib())
+    raptor_run::Summary::from_record(&record, raptor_run::peak_rss_mib())
         .write(&dir)?;
     if args.json {
         return super::print_json(&record);
@@ -360,7 +360,7 @@ pub(crate) fn load_config(path: &std::path::Path, quiet: bool) -> anyhow::Result
 
 /// Runs `raptor eval`.
 pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
-    let report = raptor_train::run::eval_run(&args.run, args.data.as_deref())
+    let report = raptor_run::eval_run(&args.run, args.data.as_deref())
         .with_context(|| format!("evaluating {}", args.run.display()))?;
     if args.json {
         return super::print_json(&report);

@@ -5,7 +5,7 @@
 //! under a new router drawn N(0, σ²) from a seeded stream; the router is frozen in training.
 //! With `--router-data` (MoE-BERT) the routers are first trained briefly on that **public**
 //! text, non-privately, with the Switch load-balancing loss, then frozen like random ones.
-//! The work is done by the library's [`raptor_train::upcycle::upcycle_folder`]; this module
+//! The work is done by the library's [`raptor_run::upcycle::upcycle_folder`]; this module
 //! parses the arguments and prints what was written.
 
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use raptor_models::upcycle::UpcycleOptions;
 
-use raptor_train::upcycle::{RouterData, UpcycledLayout, upcycle_folder};
+use raptor_run::upcycle::{RouterData, UpcycledLayout, upcycle_folder};
 
 /// Arguments of `raptor upcycle`.
 #[derive(Debug, Args)]
@@ -70,7 +70,7 @@ pub struct UpcycleArgs {
 /// was written.
 ///
 /// # Errors
-/// As [`raptor_train::upcycle::upcycle_folder`].
+/// As [`raptor_run::upcycle::upcycle_folder`].
 pub fn run_upcycle(a: UpcycleArgs) -> anyhow::Result<()> {
     // A bare name is a model of the cache (`cargo xtask setup --models`), as in configs.
     let cache = raptor_data::cache::default_cache_dir();

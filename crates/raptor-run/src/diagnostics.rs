@@ -27,7 +27,7 @@ use raptor_eval::moe::{
 };
 
 use crate::error::Result;
-use crate::trainer::{Example, make_batch};
+use raptor_train::trainer::{Example, make_batch};
 
 /// The roles the diagnostics tell apart (clip groups of the role-wise clip).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,9 +64,9 @@ impl fmt::Display for DiagRole {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DiagNoise {
     /// The expert releases' σ_e, bound C_e (C for a global clip), denominator D_e.
-    pub expert: crate::streams::ReleaseNoiseSpec,
+    pub expert: raptor_train::streams::ReleaseNoiseSpec,
     /// The shared release's σ_s and bound C_s.
-    pub shared: crate::streams::ReleaseNoiseSpec,
+    pub shared: raptor_train::streams::ReleaseNoiseSpec,
     /// Expected batch B.
     pub batch: f64,
 }
@@ -245,8 +245,8 @@ pub fn diagnostics(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::config::{Method, ModelKind, RunConfig};
-    use crate::streams::ReleaseNoiseSpec;
+    use raptor_train::config::{Method, ModelKind, RunConfig};
+    use raptor_train::streams::ReleaseNoiseSpec;
 
     /// A tiny Switch classifier with RAPTOR's scope (attention LoRA, head, expert LoRA of one
     /// sparse layer) and a few records of random tokens.
@@ -265,7 +265,7 @@ mod tests {
         let mut model = crate::session::build_model(&cfg, 50, 2, Device::Cpu).unwrap();
         let layer = *model.sparse_layers().last().unwrap();
         raptor_models::rng::seeded(3, || {
-            crate::methods::setup_scope(&cfg, model.as_mut(), Some(layer))
+            raptor_train::methods::setup_scope(&cfg, model.as_mut(), Some(layer))
         })
         .unwrap();
         let data = (0..7u64)
@@ -454,7 +454,7 @@ mod tests {
     /// The diagnostic batch is the run's expected size, within [32, 256] and the records held.
     #[test]
     fn the_diagnostic_batch_follows_the_run() {
-        use crate::run::diagnostic_records;
+        use crate::diagnostic_records;
         assert_eq!(diagnostic_records(64.0, 400), 64);
         assert_eq!(diagnostic_records(8.0, 400), 32);
         assert_eq!(diagnostic_records(1000.0, 4000), 256);

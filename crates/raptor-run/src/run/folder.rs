@@ -44,7 +44,7 @@ pub fn write_checked_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 pub fn read_checked_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let bytes = std::fs::read(path).map_err(io(path))?;
     let corrupt = |why: String| {
-        TrainError::Run(format!(
+        RunError::Run(format!(
             "{} is corrupt ({why}); restore it from a backup or start the run again",
             path.display()
         ))
@@ -69,7 +69,7 @@ pub(crate) fn read_checked_tensors(path: &Path, sha: &str) -> Result<Vec<(String
     let bytes = std::fs::read(path).map_err(io(path))?;
     let found = sha256_hex(&bytes);
     if found != sha {
-        return Err(TrainError::Run(format!(
+        return Err(RunError::Run(format!(
             "{} is corrupt (checksum mismatch: state.json recorded {sha}, the file hashes to {found}); restore it from a backup or start the run again",
             path.display()
         )));
@@ -101,7 +101,7 @@ impl RunLock {
                 let pid = holder.trim();
                 let alive = !pid.is_empty() && Path::new(&format!("/proc/{pid}")).exists();
                 if alive {
-                    Err(TrainError::Run(format!(
+                    Err(RunError::Run(format!(
                         "{} is in use by process {pid} (remove {} if that process is gone)",
                         dir.display(),
                         path.display()

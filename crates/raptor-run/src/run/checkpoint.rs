@@ -44,7 +44,7 @@ pub(crate) fn buffer_tap(dir: &Path) -> Result<Option<raptor_optim::BufferTap>> 
     }
     let bytes = std::fs::read(&path).map_err(io(&path))?;
     let r: TapRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| TrainError::Run(format!("{}: {e}", path.display())))?;
+        .map_err(|e| RunError::Run(format!("{}: {e}", path.display())))?;
     Ok(Some(raptor_optim::BufferTap::new(r.every, r.max_matrices)))
 }
 
@@ -160,7 +160,7 @@ pub(crate) fn checkpoint_state(dir: &Path) -> Result<Option<CheckpointState>> {
 /// The trainable tensors of a run folder's checkpoint (checksum verified).
 pub fn checkpoint_tensors(dir: &Path) -> Result<Vec<(String, tch::Tensor)>> {
     let st = checkpoint_state(dir)?.ok_or_else(|| {
-        TrainError::Run(format!(
+        RunError::Run(format!(
             "{} has no checkpoint (no checkpoint/state.json)",
             dir.display()
         ))
@@ -176,10 +176,10 @@ pub(crate) fn load_trainable(dir: &Path, model: &dyn raptor_models::Model) -> Re
     let vars = model.var_store().variables();
     for (name, t) in checkpoint_tensors(dir)? {
         let v = vars.get(&name).ok_or_else(|| {
-            TrainError::Run(format!("{}: unknown parameter {name}", path.display()))
+            RunError::Run(format!("{}: unknown parameter {name}", path.display()))
         })?;
         if v.size() != t.size() {
-            return Err(TrainError::Run(format!(
+            return Err(RunError::Run(format!(
                 "{}: {name} has shape {:?}, the model {:?}",
                 path.display(),
                 t.size(),

@@ -15,26 +15,16 @@
 use std::collections::BTreeMap;
 
 use raptor_models::{ClippedStep, Model};
-use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::error::{Result, TrainError};
-use crate::streams::{GroupId, Plan};
-use crate::trainer::{Example, make_batch};
+use crate::error::{Result, RunError};
+use raptor_train::streams::{GroupId, Plan};
+use raptor_train::trainer::{Example, make_batch};
 
 /// Public records per forward pass.
 const CHUNK: usize = 32;
 
-/// What the calibration chose (recorded in the run's privacy plan).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PublicClip {
-    /// The quantile.
-    pub quantile: f64,
-    /// Public records used.
-    pub records: usize,
-    /// Per phase and clip group: the chosen bound, and how many public records reached it.
-    pub bounds: Vec<(crate::streams::Stream, String, f64, usize)>,
-}
+pub use raptor_train::methods::PublicClip;
 
 /// The q-quantile (nearest rank, q ∈ (0, 1)) of `values` (at least one).
 pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
@@ -61,12 +51,12 @@ pub fn calibrate(
     device: Device,
 ) -> Result<PublicClip> {
     if !(q.is_finite() && q > 0.0 && q < 1.0) {
-        return Err(TrainError::Config(format!(
+        return Err(RunError::Config(format!(
             "train.clip_from_public: quantile {q} is outside (0, 1)"
         )));
     }
     if public.is_empty() {
-        return Err(TrainError::Config(
+        return Err(RunError::Config(
             "train.clip_from_public: the public file has no record".into(),
         ));
     }
@@ -86,7 +76,7 @@ pub fn calibrate(
             let mut own = BTreeMap::new();
             for &l in &phase.owner_layers {
                 let o = owners.get(&l).ok_or_else(|| {
-                    TrainError::Config(format!("no public owner map for layer {l}"))
+                    RunError::Config(format!("no public owner map for layer {l}"))
                 })?;
                 let part: Vec<i64> = o[first..first + chunk.len()].to_vec();
                 own.insert(l, Tensor::f_from_slice(&part)?.f_to(device)?);
@@ -133,7 +123,7 @@ pub fn calibrate(
                 .push((phase.name, g.name.to_string(), g.bound, reached));
         }
     }
-    plan.check()?;
+    plan.check().map_err(raptor_train::TrainError::from)?;
     Ok(out)
 }
 

@@ -53,11 +53,11 @@ pub struct Record {
     /// Class names.
     pub labels: Option<Vec<String>>,
     /// The privacy plan.
-    pub privacy_plan: crate::methods::PrivacyPlan,
+    pub privacy_plan: raptor_train::methods::PrivacyPlan,
     /// RAPTOR's layer choice (public).
-    pub layer: Option<crate::methods::LayerChoice>,
+    pub layer: Option<raptor_train::methods::LayerChoice>,
     /// Trainable parameters per phase.
-    pub trainable_parameters: BTreeMap<crate::streams::Stream, i64>,
+    pub trainable_parameters: BTreeMap<raptor_train::streams::Stream, i64>,
     /// Updates applied.
     pub updates: u64,
     /// Certified ε spent after an update (update, ε), every 10 updates and at the end
@@ -261,11 +261,11 @@ pub fn generation_metrics(
     }
     let refs: Vec<Vec<String>> = sources.iter().map(|s| s.references.clone()).collect();
     let bleu = raptor_eval::corpus_bleu(&hyps, &refs)
-        .map_err(|e| TrainError::Data(e.to_string()))?
+        .map_err(|e| RunError::Data(e.to_string()))?
         .score;
     // rouge-score's F-measure is in [0, 1]; reported ×100 like BLEU.
     let rouge = 100.0
-        * raptor_eval::corpus_rouge_l(&hyps, &refs).map_err(|e| TrainError::Data(e.to_string()))?;
+        * raptor_eval::corpus_rouge_l(&hyps, &refs).map_err(|e| RunError::Data(e.to_string()))?;
     let samples = sources
         .iter()
         .zip(&hyps)
@@ -300,8 +300,8 @@ pub(crate) fn strided(len: usize, n: usize) -> Vec<usize> {
 /// fewer than 2 records.
 pub(crate) fn membership_inference(
     model: &dyn raptor_models::Model,
-    train: &[crate::trainer::Example],
-    validation: &[crate::trainer::Example],
+    train: &[raptor_train::trainer::Example],
+    validation: &[raptor_train::trainer::Example],
     micro_batch: usize,
     pad_id: i64,
     device: tch::Device,
@@ -314,7 +314,7 @@ pub(crate) fn membership_inference(
     if n < 2 {
         return Ok(None);
     }
-    let members = crate::trainer::per_record_losses_cached(
+    let members = raptor_train::trainer::per_record_losses_cached(
         model,
         train,
         Some(&strided(train.len(), n)),
@@ -323,7 +323,7 @@ pub(crate) fn membership_inference(
         device,
         caches.0.as_mut(),
     )?;
-    let others = crate::trainer::per_record_losses_cached(
+    let others = raptor_train::trainer::per_record_losses_cached(
         model,
         validation,
         Some(&strided(validation.len(), n)),
@@ -334,5 +334,5 @@ pub(crate) fn membership_inference(
     )?;
     raptor_eval::mia::loss_attack(&members, &others)
         .map(Some)
-        .map_err(|e| TrainError::Data(format!("membership inference: {e}")))
+        .map_err(|e| RunError::Data(format!("membership inference: {e}")))
 }

@@ -1,7 +1,7 @@
 //! Devices (`train.device`: `cpu`, `cuda`, `cuda:N`) on libtorch.
 
-use crate::config::DeviceSpec;
-use crate::error::{Result, TrainError};
+use raptor_train::config::DeviceSpec;
+use crate::error::{Result, RunError};
 use tch::Device;
 
 /// The libtorch device of a configured one (`cuda` is CUDA device 0); does not check
@@ -16,8 +16,8 @@ pub fn to_device(spec: DeviceSpec) -> Device {
 /// Parses `cpu`, `cuda` or `cuda:N` (errors name the value); does not check availability.
 pub fn parse_device(s: &str) -> Result<Device> {
     s.parse::<DeviceSpec>().map(to_device).map_err(|e| match e {
-        TrainError::Config(m) => TrainError::Config(format!("train.device: {m}")),
-        other => other,
+        raptor_train::TrainError::Config(m) => RunError::Config(format!("train.device: {m}")),
+        other => RunError::Train(other),
     })
 }
 
@@ -27,7 +27,7 @@ pub fn open_device(spec: DeviceSpec) -> Result<Device> {
     if let Device::Cuda(i) = d
         && (!tch::Cuda::is_available() || i >= tch::Cuda::device_count() as usize)
     {
-        return Err(TrainError::Config(format!(
+        return Err(RunError::Config(format!(
             "train.device: {spec} requested but {} CUDA device(s) are available (raptor info tells)",
             if tch::Cuda::is_available() {
                 tch::Cuda::device_count()

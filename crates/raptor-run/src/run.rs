@@ -22,11 +22,11 @@ use raptor_models::PrefixCache;
 use raptor_models::checkpoint::{read_safetensors, write_safetensors};
 use serde::{Deserialize, Serialize};
 
-use crate::config::RunConfig;
-use crate::error::{Result, TrainError, io};
-use crate::optim::{OptimScalars, OptimSettings};
+use raptor_train::config::RunConfig;
+use crate::error::{Result, RunError, io};
+use raptor_train::optim::{OptimScalars, OptimSettings};
 use crate::session::{Session, prepare};
-use crate::trainer::{EvalMetrics, Trainer, TrainerOptions, UpdateMetrics, evaluate};
+use raptor_train::trainer::{EvalMetrics, Trainer, TrainerOptions, UpdateMetrics, evaluate};
 
 pub mod checkpoint;
 pub mod export;
@@ -72,11 +72,11 @@ pub fn train(
     progress: Progress<'_>,
     stop: Option<StopFlag>,
 ) -> Result<(PathBuf, Record)> {
-    train_with(cfg, runs_dir, resume, progress, stop, &crate::dist::Solo)
+    train_with(cfg, runs_dir, resume, progress, stop, &raptor_train::dist::Solo)
 }
 
 /// [`train`], data-parallel over the ranks of `comm` (every rank calls it with the same
-/// arguments; see [`crate::dist`]). Rank 0 names the run folder and is the only one that
+/// arguments; see [`raptor_train::dist`]). Rank 0 names the run folder and is the only one that
 /// writes to it; a resume needs the folder on a file system every rank can read.
 pub fn train_with(
     cfg: &RunConfig,
@@ -84,7 +84,7 @@ pub fn train_with(
     resume: Option<&Path>,
     progress: Progress<'_>,
     stop: Option<StopFlag>,
-    comm: &dyn crate::dist::Collective,
+    comm: &dyn raptor_train::dist::Collective,
 ) -> Result<(PathBuf, Record)> {
     let (cfg, dir, resuming) = match resume {
         Some(d) => {
@@ -106,7 +106,7 @@ pub fn train_with(
 }
 
 /// Broadcast a string from rank 0 (as bytes packed in `u64`s).
-pub(crate) fn broadcast_string(comm: &dyn crate::dist::Collective, s: &mut String) -> Result<()> {
+pub(crate) fn broadcast_string(comm: &dyn raptor_train::dist::Collective, s: &mut String) -> Result<()> {
     if comm.size() < 2 {
         return Ok(());
     }
@@ -122,7 +122,7 @@ pub(crate) fn broadcast_string(comm: &dyn crate::dist::Collective, s: &mut Strin
     let mut out: Vec<u8> = buf.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
     out.truncate(n);
     *s = String::from_utf8(out).map_err(|_| {
-        TrainError::Run("rank 0 broadcast a run folder name that is not UTF-8".into())
+        RunError::Run("rank 0 broadcast a run folder name that is not UTF-8".into())
     })?;
     Ok(())
 }
@@ -140,7 +140,7 @@ pub fn train_in(
     if cpath.exists() {
         let stored = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
         if &stored != cfg {
-            return Err(TrainError::Run(format!(
+            return Err(RunError::Run(format!(
                 "{} holds a run of another config; remove it or choose another folder",
                 dir.display()
             )));
@@ -160,15 +160,15 @@ fn train_impl(
 ) -> Result<(PathBuf, Record)> {
     // Everything is read and checked before the folder is created.
     let session = prepare(cfg)?;
-    train_session(session, dir, resuming, progress, stop, &crate::dist::Solo)
+    train_session(session, dir, resuming, progress, stop, &raptor_train::dist::Solo)
         .map(|(dir, record, _)| (dir, record))
 }
 
 /// Trainable parameters per phase (what the record reports).
 fn trainable_parameters(
-    plan: &crate::streams::Plan,
+    plan: &raptor_train::streams::Plan,
     model: &dyn raptor_models::Model,
-) -> std::collections::BTreeMap<crate::streams::Stream, i64> {
+) -> std::collections::BTreeMap<raptor_train::streams::Stream, i64> {
     let vars = model.var_store().variables();
     plan.phases
         .iter()
@@ -186,7 +186,7 @@ fn trainable_parameters(
 
 /// DP-MuonBC's probe seed. The probes are data-independent randomness; over several ranks they
 /// must be the same on every rank (rank 0 draws the seed from the OS unless the run is seeded).
-fn probe_seed(cfg: &RunConfig, comm: &dyn crate::dist::Collective) -> Result<Option<u64>> {
+fn probe_seed(cfg: &RunConfig, comm: &dyn raptor_train::dist::Collective) -> Result<Option<u64>> {
     Ok(match (cfg.train.insecure_seed, comm.size() > 1) {
         (Some(s), _) => Some(s),
         (None, false) => None,
@@ -214,7 +214,7 @@ fn labels_source(cfg: &RunConfig) -> String {
 /// releases not yet charged (a stop between a release and its charge).
 fn final_epsilon(
     trainer: &Trainer<'_>,
-    privacy: &crate::methods::PrivacyPlan,
+    privacy: &raptor_train::methods::PrivacyPlan,
     acc: &PrvAccountant,
 ) -> Result<Option<FinalEpsilon>> {
     if !privacy.private || trainer.ledger().is_empty() || trainer.unaccounted_releases() > 0 {
@@ -248,12 +248,12 @@ pub(crate) fn diagnostic_records(batch: f64, available: usize) -> usize {
 fn run_diagnostics(
     cfg: &RunConfig,
     expert_noise: Option<(
-        crate::streams::ReleaseNoiseSpec,
-        crate::streams::ReleaseNoiseSpec,
+        raptor_train::streams::ReleaseNoiseSpec,
+        raptor_train::streams::ReleaseNoiseSpec,
     )>,
     model: &dyn raptor_models::Model,
-    layer: Option<&crate::methods::LayerChoice>,
-    validation: &[crate::trainer::Example],
+    layer: Option<&raptor_train::methods::LayerChoice>,
+    validation: &[raptor_train::trainer::Example],
     pad_id: i64,
     device: tch::Device,
 ) -> Result<Option<crate::diagnostics::Diagnostics>> {
@@ -324,7 +324,7 @@ fn noise_source(cfg: &RunConfig, device_name: &str) -> String {
 /// applied: a missing or short `checkpoint/ledger.json` would make the run report ε for the
 /// updates after the resume only. Refused, naming the file.
 fn ledger_covers_checkpoint(
-    plan: &crate::streams::Plan,
+    plan: &raptor_train::streams::Plan,
     ledger: &Ledger,
     start_update: u64,
     dir: &Path,
@@ -337,7 +337,7 @@ fn ledger_covers_checkpoint(
         } else {
             "is missing".to_string()
         };
-        return Err(TrainError::Run(format!(
+        return Err(RunError::Run(format!(
             "cannot resume {}: the checkpoint is at update {start_update}, whose releases need {needed} charged steps, but {} {state}; resuming would report epsilon for the updates after the resume only. Restore the ledger file or start a new run",
             dir.display(),
             path.display()
@@ -349,7 +349,7 @@ fn ledger_covers_checkpoint(
 /// Under MPI: fails unless every rank resumes at the update rank 0 resumes at (they must read
 /// the same run folder).
 fn same_start_on_every_rank(
-    comm: &dyn crate::dist::Collective,
+    comm: &dyn raptor_train::dist::Collective,
     start_update: u64,
     dir: &Path,
 ) -> Result<()> {
@@ -357,7 +357,7 @@ fn same_start_on_every_rank(
         let mut at = vec![start_update];
         comm.broadcast_u64(&mut at)?;
         if at.first() != Some(&start_update) {
-            return Err(TrainError::Run(format!(
+            return Err(RunError::Run(format!(
                 "rank {} resumes at update {start_update} but rank 0 at {:?}: every rank must read the same run folder {} (a file system shared by all ranks)",
                 comm.rank(),
                 at.first(),
@@ -371,14 +371,14 @@ fn same_start_on_every_rank(
 /// The plan's optimizers, with the run folder's buffer tap and a resumed run's state.
 fn resumed_optimizers(
     cfg: &RunConfig,
-    plan: &crate::streams::Plan,
+    plan: &raptor_train::streams::Plan,
     dir: &Path,
     state: Option<(Vec<(String, tch::Tensor)>, OptimScalars)>,
     device: tch::Device,
-    comm: &dyn crate::dist::Collective,
-) -> Result<crate::optim::Optimizers> {
+    comm: &dyn raptor_train::dist::Collective,
+) -> Result<raptor_train::optim::Optimizers> {
     let mut optim =
-        crate::methods::optimizers(cfg, plan, optim_settings(cfg)?, probe_seed(cfg, comm)?)?;
+        raptor_train::methods::optimizers(cfg, plan, optim_settings(cfg)?, probe_seed(cfg, comm)?)?;
     if let Some(tap) = buffer_tap(dir)? {
         optim = optim.with_tap(tap);
     }
@@ -393,7 +393,7 @@ fn resumed_optimizers(
 /// from the private training file, noted on stderr) that the head reveals the labels.
 fn start_notes(
     cfg: &RunConfig,
-    layer: Option<&crate::methods::LayerChoice>,
+    layer: Option<&raptor_train::methods::LayerChoice>,
     labels_from_private: bool,
 ) -> Vec<String> {
     let mut notes = Vec::new();
@@ -432,14 +432,14 @@ fn measure(
     model: &dyn raptor_models::Model,
     tokenizer: &dyn raptor_models::tokenizer::TextTokenizer,
     cfg: &RunConfig,
-    train_set: &[crate::trainer::Example],
-    validation: &[crate::trainer::Example],
+    train_set: &[raptor_train::trainer::Example],
+    validation: &[raptor_train::trainer::Example],
     validation_sources: &[crate::session::SourceRefs],
     expert_noise: Option<(
-        crate::streams::ReleaseNoiseSpec,
-        crate::streams::ReleaseNoiseSpec,
+        raptor_train::streams::ReleaseNoiseSpec,
+        raptor_train::streams::ReleaseNoiseSpec,
     )>,
-    layer: Option<&crate::methods::LayerChoice>,
+    layer: Option<&raptor_train::methods::LayerChoice>,
     pad_id: i64,
     device: tch::Device,
     caches: &mut (Option<PrefixCache>, Option<PrefixCache>),
@@ -448,7 +448,7 @@ fn measure(
     let eval = if validation.is_empty() {
         None
     } else {
-        Some(crate::trainer::evaluate_cached(
+        Some(raptor_train::trainer::evaluate_cached(
             model,
             validation,
             mb,
@@ -488,8 +488,8 @@ pub(crate) fn prefix_settings(
     cfg: &RunConfig,
     records: usize,
     private_dir: Option<&Path>,
-) -> crate::trainer::PrefixSettings {
-    crate::trainer::PrefixSettings {
+) -> raptor_train::trainer::PrefixSettings {
+    raptor_train::trainer::PrefixSettings {
         mode: cfg.train.prefix_cache,
         private_dir: private_dir.map(Path::to_path_buf),
         memory_budget: None,
@@ -541,11 +541,11 @@ impl LoopFiles {
 /// What the update loop reads besides the trainer.
 struct LoopContext<'a> {
     cfg: &'a RunConfig,
-    privacy: &'a crate::methods::PrivacyPlan,
+    privacy: &'a raptor_train::methods::PrivacyPlan,
     accountant: &'a PrvAccountant,
-    validation: &'a [crate::trainer::Example],
+    validation: &'a [raptor_train::trainer::Example],
     resumed: u32,
-    comm: &'a dyn crate::dist::Collective,
+    comm: &'a dyn raptor_train::dist::Collective,
 }
 
 /// What the update loop collected.
@@ -592,11 +592,14 @@ fn run_updates(
             break;
         }
         #[cfg(feature = "mpi")]
-        crate::dist::fault_injection(comm, trainer.update());
+        raptor_train::dist::fault_injection(comm, trainer.update());
         let ledger_path = &files.ledger_path;
-        let mut write_ledger = |l: &Ledger| -> Result<()> {
+        // The trainer speaks its own error type: a failed write becomes its `Run` error, which
+        // names the file.
+        let mut write_ledger = |l: &Ledger| -> raptor_train::Result<()> {
             if writer {
-                write_checked_json(ledger_path, l)?;
+                write_checked_json(ledger_path, l)
+                    .map_err(|e| raptor_train::TrainError::Run(e.to_string()))?;
             }
             Ok(())
         };
@@ -650,17 +653,17 @@ pub fn train_prepared(
     dir: PathBuf,
     progress: Progress<'_>,
 ) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
-    train_session(session, dir, false, progress, None, &crate::dist::Solo)
+    train_session(session, dir, false, progress, None, &raptor_train::dist::Solo)
 }
 
 /// [`train_prepared`] with the white-box audit's Dirac canaries in the run (crate
-/// `raptor-audit` is the one caller; see [`crate::trainer::DiracCanaries`]): the one way
+/// `raptor-audit` is the one caller; see [`raptor_train::trainer::DiracCanaries`]): the one way
 /// canaries enter a run. The session must have been prepared by
 /// [`crate::session::prepare_counting`] with room for the canaries in its plan; each canary is
 /// checked against the plan before the first update.
 pub fn train_prepared_with_canaries(
     mut session: Session,
-    canaries: crate::trainer::DiracCanaries,
+    canaries: raptor_train::trainer::DiracCanaries,
     dir: PathBuf,
     progress: Progress<'_>,
 ) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
@@ -676,7 +679,7 @@ pub(crate) fn train_session(
     resuming: bool,
     progress: Progress<'_>,
     stop: Option<StopFlag>,
-    comm: &dyn crate::dist::Collective,
+    comm: &dyn raptor_train::dist::Collective,
 ) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
     // Only rank 0 writes (and locks) the run folder; the other ranks only read a resume's
     // checkpoint.
@@ -754,7 +757,7 @@ pub(crate) fn train_session(
     let private_dir = dir.join("private");
     // The frozen-prefix caches (said at start: `launch`; see `trainer::prefix`), the file
     // kind in the private folder, deleted with the caches.
-    let prefix_plan = crate::trainer::plan_prefix_cache(
+    let prefix_plan = raptor_train::trainer::plan_prefix_cache(
         trainer.model(),
         trainer.scope(),
         &prefix_settings(
@@ -870,7 +873,7 @@ pub(crate) fn train_session(
         noise_source,
         ranks: comm.size(),
         communicated_bytes: comm_stats.bytes,
-        libtorch: crate::libtorch_version(),
+        libtorch: raptor_train::libtorch_version(),
         method: cfg.method.name.name().into(),
         seed: cfg.train.seed,
         insecure_seeded: cfg.train.insecure_seed.is_some(),
@@ -914,7 +917,7 @@ pub(crate) fn train_session(
         )?;
     }
     if interrupted {
-        return Err(TrainError::Run(format!(
+        return Err(RunError::Run(format!(
             "stopped at update {updates} of {total}; checkpoint written. Resume with: raptor train --resume {}",
             dir.display()
         )));

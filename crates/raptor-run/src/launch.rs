@@ -1,7 +1,7 @@
 //! Training that tells what it is about to do: [`train_reporting`] prepares the run, hands a
 //! [`StartInfo`] (records, q, σ per stream, the planned ε and δ, updates, a time estimate from
 //! a short probe, the frozen-prefix cache's plan, and warnings about runs unlikely to learn) to
-//! the caller before the first update, then trains as [`crate::run::train_with`] does.
+//! the caller before the first update, then trains as [`crate::train_with`] does.
 //!
 //! Privacy of what it reports: N (records), the label set (read from the training file) and
 //! every field of the privacy plan are treated as public, as everywhere in raptor. The time
@@ -18,10 +18,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::config::RunConfig;
+use raptor_train::config::RunConfig;
 use crate::error::Result;
-use crate::methods::PrivacyPlan;
-use crate::run::{Progress, Record, StopFlag};
+use raptor_train::methods::PrivacyPlan;
+use crate::{Progress, Record, StopFlag};
 use crate::session::{Session, prepare};
 
 /// Updates below which a randomly initialized model is flagged as unlikely to learn.
@@ -125,7 +125,7 @@ pub struct StartInfo {
     /// the private records' lengths: shown to the data owner, never written to the record.
     pub estimate: Option<TimeEstimate>,
     /// What the run does about the frozen-prefix cache (None when it could not be planned).
-    pub prefix_cache: Option<crate::trainer::PrefixPlan>,
+    pub prefix_cache: Option<raptor_train::trainer::PrefixPlan>,
     /// Fraction of the training tokens the tokenizer maps to its unknown token. Computed on the
     /// private training records **without noise**: a diagnostic for the data owner, not part of
     /// the release. None for tokenizers without an unknown token.
@@ -138,11 +138,11 @@ pub struct StartInfo {
 /// Called once before the first update.
 pub type OnStart<'a> = &'a mut dyn FnMut(&StartInfo);
 
-/// [`crate::run::train_with`], calling `on_start` with what the run is about to do after
+/// [`crate::train_with`], calling `on_start` with what the run is about to do after
 /// everything is read and checked and before the first update.
 ///
 /// # Errors
-/// As [`crate::run::train_with`].
+/// As [`crate::train_with`].
 pub fn train_reporting(
     cfg: &RunConfig,
     runs_dir: &Path,
@@ -150,7 +150,7 @@ pub fn train_reporting(
     on_start: OnStart<'_>,
     progress: Progress<'_>,
     stop: Option<StopFlag>,
-    comm: &dyn crate::dist::Collective,
+    comm: &dyn raptor_train::dist::Collective,
 ) -> Result<(PathBuf, Record)> {
     let (cfg, dir, resuming) = match resume {
         Some(d) => {
@@ -159,8 +159,8 @@ pub fn train_reporting(
             (RunConfig::from_toml(&text)?, d.to_path_buf(), true)
         }
         None => {
-            let mut name = crate::run::new_run_id(cfg);
-            crate::run::broadcast_string(comm, &mut name)?;
+            let mut name = crate::new_run_id(cfg);
+            crate::broadcast_string(comm, &mut name)?;
             (cfg.clone(), runs_dir.join(name), false)
         }
     };
@@ -169,7 +169,7 @@ pub fn train_reporting(
         let info = start_info(&session, &dir, resuming);
         on_start(&info);
     }
-    crate::run::train_session(session, dir, resuming, progress, stop, comm)
+    crate::train_session(session, dir, resuming, progress, stop, comm)
         .map(|(dir, record, _)| (dir, record))
 }
 
@@ -205,11 +205,11 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
             unknown as f64 / total as f64
         }
     });
-    let scope = crate::trainer::training_scope(session.model.as_ref(), &session.plan);
-    let prefix_cache = crate::trainer::plan_prefix_cache(
+    let scope = raptor_train::trainer::training_scope(session.model.as_ref(), &session.plan);
+    let prefix_cache = raptor_train::trainer::plan_prefix_cache(
         session.model.as_ref(),
         &scope,
-        &crate::run::prefix_settings(
+        &crate::prefix_settings(
             cfg,
             session.train.len() + session.validation.len(),
             Some(&dir.join("private")),
@@ -322,7 +322,7 @@ pub fn learnability_warnings(l: &Learnability) -> Vec<String> {
 /// [`TimeEstimate`]): one warm-up, then the faster of two timed passes per phase of the plan's
 /// pattern (other work on the machine only slows), from the token ids and, with a
 /// frozen-prefix cache, from cached states; then scales to the run.
-fn probe(session: &Session, prefix: Option<&crate::trainer::PrefixPlan>) -> Result<TimeEstimate> {
+fn probe(session: &Session, prefix: Option<&raptor_train::trainer::PrefixPlan>) -> Result<TimeEstimate> {
     use raptor_models::{ClippedStep, ForwardCtx};
     use std::collections::BTreeMap;
     let cfg = &session.cfg;
@@ -353,7 +353,7 @@ fn probe(session: &Session, prefix: Option<&crate::trainer::PrefixPlan>) -> Resu
     )?;
     let model = session.model.as_ref();
     let cached = match prefix {
-        Some(crate::trainer::PrefixPlan::Cache { prefix, .. }) => {
+        Some(raptor_train::trainer::PrefixPlan::Cache { prefix, .. }) => {
             Some((prefix.layers, model.prefix_hidden(&batch, prefix.layers)?))
         }
         _ => None,
@@ -363,7 +363,7 @@ fn probe(session: &Session, prefix: Option<&crate::trainer::PrefixPlan>) -> Resu
     // gradients otherwise), from the token ids or the cached states. Gradients are asked of
     // autograd for the trainable tensors directly (nothing accumulates into `.grad`), on a
     // public, synthetic batch.
-    let run = |phase: &crate::streams::Phase, from: Option<&(usize, tch::Tensor)>| -> Result<f64> {
+    let run = |phase: &raptor_train::streams::Phase, from: Option<&(usize, tch::Tensor)>| -> Result<f64> {
         let t0 = Instant::now();
         let vars = model.var_store().variables();
         let keep = phase.params();

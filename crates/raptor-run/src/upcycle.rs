@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use raptor_models::upcycle::{RouterTokens, UpcycleOptions};
 pub use raptor_models::upcycle::{UpcycleReport, UpcycledLayout};
 
-use crate::error::{Result, TrainError};
+use crate::error::{Result, RunError};
 
 /// Public text to train the routers of an upcycled MoE-BERT on (see [`upcycle_folder`]).
 #[derive(Debug, Clone)]
@@ -19,7 +19,7 @@ pub struct RouterData {
     /// Its text column.
     pub text_column: String,
     /// `model.tokenizer` of the records (`model`: the dense folder's tokenizer.json).
-    pub tokenizer: crate::config::TokenizerSpec,
+    pub tokenizer: raptor_train::config::TokenizerSpec,
     /// Tokens per record (special tokens included).
     pub max_length: usize,
     /// Records used at most (an evenly strided subset; 0: all).
@@ -52,7 +52,7 @@ pub fn upcycle_folder(
     let vocab = match HfConfig::from_file(model)? {
         HfConfig::Bert(c) => c.vocab_size,
         _ => {
-            return Err(TrainError::Config(format!(
+            return Err(RunError::Config(format!(
                 "router training (--router-data) is implemented for BERT folders only; {} is a decoder",
                 model.display()
             )));
@@ -76,10 +76,10 @@ pub fn upcycle_folder(
 fn public_tokens(model: &Path, r: &RouterData, vocab: i64) -> Result<Vec<Vec<i64>>> {
     let spec = raptor_data::TableSpec::new(&r.text_column, None);
     let ds = raptor_data::read_table(&r.file, &spec)
-        .map_err(|e| TrainError::Data(format!("reading {}: {e}", r.file.display())))?;
+        .map_err(|e| RunError::Data(format!("reading {}: {e}", r.file.display())))?;
     let n = ds.records.len();
     if n == 0 {
-        return Err(TrainError::Data(format!(
+        return Err(RunError::Data(format!(
             "{}: no public record",
             r.file.display()
         )));
@@ -92,8 +92,8 @@ fn public_tokens(model: &Path, r: &RouterData, vocab: i64) -> Result<Vec<Vec<i64
     let records: Vec<raptor_data::Record> = (0..take)
         .filter_map(|i| ds.records.get(i * n / take).cloned())
         .collect();
-    let mut cfg = crate::config::RunConfig::default();
-    cfg.model.kind = crate::config::ModelKind::Bert;
+    let mut cfg = raptor_train::config::RunConfig::default();
+    cfg.model.kind = raptor_train::config::ModelKind::Bert;
     cfg.model.path = Some(model.to_path_buf());
     cfg.model.tokenizer = r.tokenizer.clone();
     cfg.data.max_length = r.max_length;

@@ -23,7 +23,7 @@ pub(crate) fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
     let labels = if classify {
         let lp = run.join("labels.json");
         let names: Vec<String> = serde_json::from_slice(&std::fs::read(&lp).map_err(io(&lp))?)?;
-        Some(raptor_data::LabelMap::from_list(names).map_err(|e| TrainError::Data(e.to_string()))?)
+        Some(raptor_data::LabelMap::from_list(names).map_err(|e| RunError::Data(e.to_string()))?)
     } else {
         None
     };
@@ -39,7 +39,7 @@ pub(crate) fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
         None
     };
     raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-        crate::methods::setup_scope(&cfg, model.as_mut(), layer)
+        raptor_train::methods::setup_scope(&cfg, model.as_mut(), layer)
     })?;
     load_trainable(run, model.as_ref())?;
     Ok(RunModel {
@@ -99,7 +99,7 @@ pub(crate) fn export_run_skipping(
 ) -> Result<Exported> {
     let cpath = run.join("config.toml");
     if !run.join("record.json").exists() {
-        return Err(TrainError::Run(format!(
+        return Err(RunError::Run(format!(
             "{} is not a finished run folder (no record.json)",
             run.display()
         )));
@@ -126,13 +126,13 @@ pub(crate) fn export_run_skipping(
         )?)),
         ExportForm::Adapter => {
             if rm.cfg.model.path.is_none() {
-                return Err(TrainError::Run(format!(
+                return Err(RunError::Run(format!(
                     "{}: the run's base model was initialized at random (no model.path), so there is no checkpoint to load an adapter onto: export it with --merged",
                     run.display()
                 )));
             }
             if !skip.is_empty() {
-                return Err(TrainError::Run(
+                return Err(RunError::Run(
                     "an adapter folder keeps the head (modules_to_save); export the merged form to leave it out".into(),
                 ));
             }
@@ -156,11 +156,11 @@ fn export_options(cfg: &RunConfig) -> raptor_models::peft::ExportOptions {
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
         pooling: cfg.model.kind.is_bert().then_some(match cfg.model.pooling {
-            crate::config::Pooling::Pooler => raptor_models::BertPooling::Pooler,
-            crate::config::Pooling::Mean => raptor_models::BertPooling::Mean,
+            raptor_train::config::Pooling::Pooler => raptor_models::BertPooling::Pooler,
+            raptor_train::config::Pooling::Mean => raptor_models::BertPooling::Mean,
         }),
         tokenizer_from: match (&cfg.model.tokenizer, base) {
-            (crate::config::TokenizerSpec::Model, Some(p)) if p.is_dir() => Some(p),
+            (raptor_train::config::TokenizerSpec::Model, Some(p)) if p.is_dir() => Some(p),
             _ => None,
         },
     }
@@ -186,7 +186,7 @@ pub struct EvalReport {
 pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
     let cpath = run.join("config.toml");
     if !cpath.exists() {
-        return Err(TrainError::Run(format!(
+        return Err(RunError::Run(format!(
             "{} is not a run folder (no config.toml)",
             run.display()
         )));
@@ -204,7 +204,7 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
         .map(Path::to_path_buf)
         .or(cfg.data.validation.clone())
         .ok_or_else(|| {
-            TrainError::Config("no evaluation data: pass --data or set data.validation".into())
+            RunError::Config("no evaluation data: pass --data or set data.validation".into())
         })?;
     let pad = i64::from(tok.pad_id());
     if cfg.data.format.is_data_to_text() {

@@ -11,12 +11,12 @@ use raptor_models::tokenizer::TextTokenizer;
 use raptor_models::{Batch, BertPooling, Model, Task};
 use tch::Device;
 
-use crate::config::{LayerSpec, Method, ModelKind, Pooling, RunConfig};
+use raptor_train::config::{LayerSpec, Method, ModelKind, Pooling, RunConfig};
 use crate::device::open_device;
-use crate::error::{Result, TrainError};
-use crate::methods::{LayerChoice, PrivacyPlan, build_plan, choose_layer, owner_rule};
-use crate::streams::Plan;
-use crate::trainer::Example;
+use crate::error::{Result, RunError};
+use raptor_train::methods::{LayerChoice, PrivacyPlan, build_plan, choose_layer, owner_rule};
+use raptor_train::streams::Plan;
+use raptor_train::trainer::Example;
 
 mod inputs;
 pub use inputs::{
@@ -54,8 +54,8 @@ pub struct Session {
     /// Data-to-text validation sources (prompt tokens, references) for generation metrics.
     pub validation_sources: Vec<SourceRefs>,
     /// A white-box audit run's Dirac canaries (set only by
-    /// [`crate::run::train_prepared_with_canaries`]; None for every other run).
-    pub(crate) canaries: Option<crate::trainer::DiracCanaries>,
+    /// [`crate::train_prepared_with_canaries`]; None for every other run).
+    pub(crate) canaries: Option<raptor_train::trainer::DiracCanaries>,
 }
 
 /// A data-to-text source and its references (for BLEU / ROUGE-L).
@@ -99,7 +99,7 @@ pub fn build_model(
         None => None,
         Some(p) if m.kind.is_bert() => {
             if !p.exists() {
-                return Err(TrainError::Config(format!(
+                return Err(RunError::Config(format!(
                     "model.path {} does not exist{}",
                     p.display(),
                     setup_hint(p)
@@ -138,7 +138,7 @@ pub fn build_model(
     };
     raptor_models::factory::build(&spec, device).map_err(|e| match e {
         // A checkpoint of another family: say which settings disagree.
-        raptor_models::ModelError::WrongFamily { path, found, .. } => TrainError::Config(format!(
+        raptor_models::ModelError::WrongFamily { path, found, .. } => RunError::Config(format!(
             "model.path {path} holds a {found} checkpoint, not model.kind {:?}",
             m.kind
         )),
@@ -202,7 +202,7 @@ fn apply_hook(
             .unwrap_or(0);
         h(train, &DataInfo { max_id, ..info })?;
         if train.is_empty() {
-            return Err(TrainError::Data(
+            return Err(RunError::Data(
                 "no training record is left after the hook".into(),
             ));
         }
@@ -227,11 +227,11 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
 fn label_map(cfg: &RunConfig, train_ds: &raptor_data::Dataset) -> Result<LabelMap> {
     let m = match &cfg.data.labels {
         Some(list) => LabelMap::from_list(list.clone())
-            .map_err(|e| TrainError::Config(format!("data.labels: {e}")))?,
+            .map_err(|e| RunError::Config(format!("data.labels: {e}")))?,
         None => LabelMap::from_records(&train_ds.records).map_err(data_err)?,
     };
     if m.len() < 2 {
-        return Err(TrainError::Data(format!(
+        return Err(RunError::Data(format!(
             "{}: column {} holds fewer than two distinct labels ({:?})",
             cfg.data.train.display(),
             cfg.data.label_column,
@@ -305,7 +305,7 @@ fn public_layer(
             && matches!(cfg.method.name, Method::DpAdamLora | Method::Lora)
             && model.sparse_layers().is_empty()
         {
-            return Err(TrainError::Config("the model has no sparse layer".into()));
+            return Err(RunError::Config("the model has no sparse layer".into()));
         }
         Ok(None)
     }
@@ -335,7 +335,7 @@ fn owner_maps(
         for l in owner_layers {
             let v = maps
                 .get(&l)
-                .ok_or_else(|| TrainError::Config(format!("no routing for layer {l}")))?;
+                .ok_or_else(|| RunError::Config(format!("no routing for layer {l}")))?;
             owners.insert(l, v.clone());
         }
     }
@@ -400,7 +400,7 @@ pub fn prepare_counting(
             }
             _ => "",
         };
-        return Err(TrainError::Data(format!(
+        return Err(RunError::Data(format!(
             "training file {} does not exist{hint}",
             cfg.data.train.display()
         )));
@@ -420,7 +420,7 @@ pub fn prepare_counting(
     };
     let (train_recs, valid_recs) = split_records(cfg, &train_ds, classify)?;
     if train_recs.is_empty() {
-        return Err(TrainError::Data(
+        return Err(RunError::Data(
             "no training record is left after the validation split".into(),
         ));
     }
@@ -467,11 +467,11 @@ pub fn prepare_counting(
             )
         })?;
     if cfg.lora.dropout > 0.0 && train.iter().any(|e| e.id == u64::MAX) {
-        return Err(TrainError::Config("LoRA dropout needs record ids".into()));
+        return Err(RunError::Config("LoRA dropout needs record ids".into()));
     }
     let owners = owner_maps(cfg, model.as_ref(), &plan, &train, pad_id, device)?;
     if model.task() == Task::Classification && labels.is_none() {
-        return Err(TrainError::Config(
+        return Err(RunError::Config(
             "a classifier needs a label column".into(),
         ));
     }
@@ -542,7 +542,7 @@ fn prepare_d2t(
         None => (train_ds.records.clone(), Vec::new()),
     };
     if train_recs.is_empty() {
-        return Err(TrainError::Data(
+        return Err(RunError::Data(
             "no training record is left after the validation split".into(),
         ));
     }

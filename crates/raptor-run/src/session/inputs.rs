@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use raptor_data::{LabelMap, TableSpec};
 use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
 
-use crate::config::{RunConfig, TokenizerSpec};
-use crate::error::{Result, TrainError};
-use crate::trainer::Example;
+use raptor_train::config::{RunConfig, TokenizerSpec};
+use crate::error::{Result, RunError};
+use raptor_train::trainer::Example;
 
-pub(super) fn data_err(e: raptor_data::DataError) -> TrainError {
-    TrainError::Data(e.to_string())
+pub(super) fn data_err(e: raptor_data::DataError) -> RunError {
+    RunError::Data(e.to_string())
 }
 
 /// Opens the configured tokenizer (never trained on private records); a `tokenizer.json` is read
@@ -26,7 +26,7 @@ pub fn open_tokenizer(spec: &str) -> Result<Box<dyn TextTokenizer>> {
         "gpt2" => Box::new(Gpt2Tokenizer::new()?),
         path => {
             if !Path::new(path).exists() {
-                return Err(TrainError::Config(format!(
+                return Err(RunError::Config(format!(
                     "model.tokenizer: {path} does not exist (use bytes, gpt2 or a tokenizer.json path)"
                 )));
             }
@@ -50,7 +50,7 @@ pub(super) fn model_source(path: &Path) -> Result<(PathBuf, bool)> {
         return Ok((f, true));
     }
     if !path.exists() {
-        return Err(TrainError::Config(format!(
+        return Err(RunError::Config(format!(
             "model.path {} does not exist (a bare name such as smollm2-135m-instruct means \
              <cache>/models/<name>/, which `cargo xtask setup --models` fills)",
             path.display()
@@ -75,10 +75,10 @@ pub fn open_model_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
 
 fn gguf_tokenizer_file(cfg: &RunConfig) -> Result<PathBuf> {
     let p = cfg.model.path.as_ref().ok_or_else(|| {
-        TrainError::Config("model.tokenizer = \"gguf\" needs model.path naming a GGUF model".into())
+        RunError::Config("model.tokenizer = \"gguf\" needs model.path naming a GGUF model".into())
     })?;
     gguf_model_file(p).ok_or_else(|| {
-        TrainError::Config(format!(
+        RunError::Config(format!(
             "model.tokenizer = \"gguf\": model.path {} is not a GGUF model",
             p.display()
         ))
@@ -118,7 +118,7 @@ pub fn open_run_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
         (TokenizerSpec::Gguf, _) => return open_model_tokenizer(cfg),
         (TokenizerSpec::Model, Some(p)) => p.join("tokenizer.json").to_string_lossy().into_owned(),
         (TokenizerSpec::Model, None) => {
-            return Err(TrainError::Config(
+            return Err(RunError::Config(
                 "model.tokenizer = \"model\" needs model.path".into(),
             ));
         }
@@ -132,7 +132,7 @@ pub fn open_run_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
     };
     if cfg.model.kind.is_bert() && json_file {
         if !Path::new(&spec).exists() {
-            return Err(TrainError::Config(format!(
+            return Err(RunError::Config(format!(
                 "model.tokenizer: {spec} does not exist{}",
                 setup_hint(Path::new(&spec))
             )));
@@ -165,7 +165,7 @@ pub fn read_records(cfg: &RunConfig, path: &Path, labelled: bool) -> Result<rapt
     let spec = TableSpec::new(&cfg.data.text_column, label);
     let ds = raptor_data::read_table(path, &spec).map_err(data_err)?;
     if ds.is_empty() {
-        return Err(TrainError::Data(format!(
+        return Err(RunError::Data(format!(
             "{} holds no record",
             path.display()
         )));
@@ -202,14 +202,14 @@ pub fn to_examples(
             ids.truncate(cfg.data.max_length);
         }
         if ids.is_empty() || (lm && ids.len() < 2) {
-            return Err(TrainError::Data(format!(
+            return Err(RunError::Data(format!(
                 "record {} (line {}) has no token after tokenization",
                 r.id,
                 r.id + 2
             )));
         }
         if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i >= vocab) {
-            return Err(TrainError::Data(format!(
+            return Err(RunError::Data(format!(
                 "record {}: token id {bad} is outside the model's vocabulary of {vocab}",
                 r.id
             )));
@@ -232,7 +232,7 @@ pub fn to_examples(
 pub fn read_d2t(cfg: &RunConfig, path: &Path) -> Result<raptor_data::D2tDataset> {
     let ds = raptor_data::read_d2t(cfg.data.format.name(), path).map_err(data_err)?;
     if ds.is_empty() {
-        return Err(TrainError::Data(format!(
+        return Err(RunError::Data(format!(
             "{} holds no record",
             path.display()
         )));
@@ -274,7 +274,7 @@ pub fn to_d2t_examples(
         tokens.extend(target);
         tokens.push(eos);
         if let Some(&bad) = tokens.iter().find(|&&i| i < 0 || i >= vocab) {
-            return Err(TrainError::Data(format!(
+            return Err(RunError::Data(format!(
                 "record {}: token id {bad} is outside the model's vocabulary of {vocab}",
                 r.id
             )));

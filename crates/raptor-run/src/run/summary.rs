@@ -208,7 +208,7 @@ impl Summary {
     /// A summary that does not serialize (never for one [`Summary::from_record`] made).
     pub fn split(&self) -> Result<(serde_json::Value, serde_json::Value)> {
         let serde_json::Value::Object(all) = serde_json::to_value(self)? else {
-            return Err(TrainError::Run("a summary serializes to an object".into()));
+            return Err(RunError::Run("a summary serializes to an object".into()));
         };
         let mut public = serde_json::Map::new();
         let mut private = serde_json::Map::new();
@@ -253,10 +253,10 @@ impl Summary {
     pub fn read(dir: &Path) -> Result<Self> {
         let read = |p: &Path| -> Result<serde_json::Map<String, serde_json::Value>> {
             let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).map_err(io(p))?)
-                .map_err(|e| TrainError::Run(format!("{} is not a summary: {e}", p.display())))?;
+                .map_err(|e| RunError::Run(format!("{} is not a summary: {e}", p.display())))?;
             match v {
                 serde_json::Value::Object(m) => Ok(m),
-                _ => Err(TrainError::Run(format!(
+                _ => Err(RunError::Run(format!(
                     "{} is not a JSON object",
                     p.display()
                 ))),
@@ -272,7 +272,7 @@ impl Summary {
             }
         }
         serde_json::from_value(all.into())
-            .map_err(|e| TrainError::Run(format!("{}: not a summary: {e}", dir.display())))
+            .map_err(|e| RunError::Run(format!("{}: not a summary: {e}", dir.display())))
     }
 }
 
