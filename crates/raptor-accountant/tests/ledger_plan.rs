@@ -3,8 +3,7 @@
 
 use raptor_accountant::{
     AccountantError, Accuracy, Composition, Ledger, MAX_LAYERS, MAX_TOTAL_STEPS, PlanRequest,
-    PrvAccountant,
-    SampleCharge, Stream, StreamSampling, SubsampledGaussian, plan_budget,
+    PrvAccountant, SampleCharge, Stream, StreamSampling, SubsampledGaussian, plan_budget,
 };
 
 #[test]
@@ -350,7 +349,11 @@ fn budget_plan_figures_are_what_they_claim() {
     assert!(close(e.epsilon_target, (1.0 - rho) * eps), "{e:?}");
     assert!(close(e.delta_target, (1.0 - rho) * delta), "{e:?}");
     assert_eq!(e.steps, te);
-    assert_eq!(e.epsilon_alone, expert_alone(e.sigma, e.delta_target), "{e:?}");
+    assert_eq!(
+        e.epsilon_alone,
+        expert_alone(e.sigma, e.delta_target),
+        "{e:?}"
+    );
     assert!(e.epsilon_alone <= e.epsilon_target, "{e:?}");
     assert!(expert_alone(e.sigma * 0.99, e.delta_target) > e.epsilon_target);
     assert_eq!((a.shared.q, a.expert.q), (qs, qe));

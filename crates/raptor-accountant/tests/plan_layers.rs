@@ -140,7 +140,10 @@ fn a_four_layer_plan_meets_its_target_on_the_one_sample_charge() {
     let p = plan_budget(&req, &acc).unwrap();
     for plan in [&p.joint, &p.additive] {
         assert!(plan.epsilon_claimed <= 8.0, "{plan:?}");
-        assert!(plan.epsilon_composed.upper <= 8.0 * (1.0 + 1e-9), "{plan:?}");
+        assert!(
+            plan.epsilon_composed.upper <= 8.0 * (1.0 + 1e-9),
+            "{plan:?}"
+        );
         let again = acc
             .epsilon(
                 &run_composition(&req, plan.shared.sigma, plan.expert.sigma).unwrap(),

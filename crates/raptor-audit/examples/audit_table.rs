@@ -52,12 +52,7 @@ const fn row(
 }
 
 /// A row of paired canaries on RAPTOR without alternation, `steps` updates at target `epsilon`.
-const fn paired(
-    what: &'static str,
-    epsilon: f64,
-    steps: u64,
-    fault: Option<PlantedFault>,
-) -> Row {
+const fn paired(what: &'static str, epsilon: f64, steps: u64, fault: Option<PlantedFault>) -> Row {
     Row {
         what,
         method: Method::Raptor,
@@ -122,24 +117,9 @@ const ROWS: [Row; 15] = [
         Some(0),
         Some(PlantedFault::HalfExperts),
     ),
-    paired(
-        "correct, paired, no alternation",
-        1.0,
-        SPLIT_STEPS,
-        None,
-    ),
-    paired(
-        "correct, paired, no alternation",
-        4.0,
-        SPLIT_STEPS,
-        None,
-    ),
-    paired(
-        "correct, paired, no alternation",
-        8.0,
-        SPLIT_STEPS,
-        None,
-    ),
+    paired("correct, paired, no alternation", 1.0, SPLIT_STEPS, None),
+    paired("correct, paired, no alternation", 4.0, SPLIT_STEPS, None),
+    paired("correct, paired, no alternation", 8.0, SPLIT_STEPS, None),
     paired(
         "**planted: streams charged as separate samples**, paired, no alternation",
         SPLIT_EPSILON,

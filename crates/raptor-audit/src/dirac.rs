@@ -204,7 +204,9 @@ pub(super) fn place_paired(
         let flat = expert_flat
             .get_mut(&e)
             .and_then(Iterator::next)
-            .ok_or_else(|| AuditError::Run("paired canary placement ran out of coordinates".into()))?;
+            .ok_or_else(|| {
+                AuditError::Run("paired canary placement ran out of coordinates".into())
+            })?;
         let (ep, ei) = at(&expert_starts[&e], flat);
         let shared_value = params[&sp];
         let expert_value = params[&ep];
@@ -306,7 +308,10 @@ pub(super) fn audit_dirac(
     };
     let names: Vec<String> = params.keys().cloned().collect();
     let position = |p: &str| names.iter().position(|n| n == p).unwrap_or(0);
-    let param_of: Vec<usize> = placed.iter().map(|c| position(&c.coords[0].param)).collect();
+    let param_of: Vec<usize> = placed
+        .iter()
+        .map(|c| position(&c.coords[0].param))
+        .collect();
     let index: Vec<i64> = placed.iter().map(|c| c.coords[0].index).collect();
     let value: Vec<f64> = placed.iter().map(|c| c.coords[0].gradient).collect();
     let paired: Vec<PairedCoord> = placed

@@ -77,12 +77,12 @@ use raptor_models::roles::ExpertId;
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
-use raptor_train::config::RunConfig;
+use raptor_run::session::{DataInfo, Session, is_classifier, prepare_counting, prepare_with};
 use raptor_run::{
     PRIVATE_NOTICE, Progress, Record, new_run_id, train_prepared, train_prepared_with_canaries,
     write_atomic,
 };
-use raptor_run::session::{DataInfo, Session, is_classifier, prepare_counting, prepare_with};
+use raptor_train::config::RunConfig;
 use raptor_train::streams::{Charge, GroupId, Plan};
 use raptor_train::trainer::{CanaryCoord, DiracCanaries, DiracCanary, Example};
 

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 use super::{AuditOptions, AuditReport, CanaryKind, Tamper, audit_impl};
 #[cfg(feature = "planted-faults")]
 use crate::error::{AuditError, Result};
-use raptor_train::config::{LayerSpec, Method, ModelKind, RunConfig, TokenizerSpec};
 #[cfg(feature = "planted-faults")]
 use raptor_run::Progress;
+use raptor_train::config::{LayerSpec, Method, ModelKind, RunConfig, TokenizerSpec};
 #[cfg(feature = "planted-faults")]
 pub use raptor_train::trainer::PlantedFault;
 

@@ -355,8 +355,7 @@ fn dirac_parameters_follow_the_plan() {
     g.bound = 0.125;
     let p0 = g.params[0].clone();
     assert_eq!(dirac_params(&s.plan, layer, None).unwrap()[&p0], 0.125);
-    let mono =
-        raptor_run::session::prepare(&toy_switch(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
+    let mono = raptor_run::session::prepare(&toy_switch(Method::DpAdamLora, 4.0, 100, 4)).unwrap();
     assert!(dirac_params(&mono.plan, None, Some(0)).is_err());
 }
 
@@ -582,7 +581,9 @@ fn owner_masks_apply_to_canaries() {
         kind: Some(CanaryKind::Paired),
         ..AuditOptions::default()
     };
-    let err = audit(&mono, &opts, dir.path(), &mut quiet).unwrap_err().to_string();
+    let err = audit(&mono, &opts, dir.path(), &mut quiet)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("--kind paired"), "{err}");
 }
 
@@ -680,7 +681,10 @@ fn the_planted_split_charge_under_reports_what_the_releases_cost() {
     )
     .unwrap();
     let good = audit(&cfg, &opts, dir.path(), &mut quiet).unwrap();
-    assert_eq!((bad.kind, good.kind), (CanaryKind::Paired, CanaryKind::Paired));
+    assert_eq!(
+        (bad.kind, good.kind),
+        (CanaryKind::Paired, CanaryKind::Paired)
+    );
     let (upper_bad, upper_good) = (bad.epsilon_upper.unwrap(), good.epsilon_upper.unwrap());
     eprintln!(
         "split charge: certified {upper_bad:.3} (correct ledger {upper_good:.3}); ε_lower {:.3} / {:.3}",

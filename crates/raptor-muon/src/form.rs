@@ -125,4 +125,3 @@ pub fn update_weights(form: MomentumForm, beta: f64, t: u64) -> Result<Vec<f64>,
         .collect();
     Ok(w)
 }
-

@@ -1,7 +1,7 @@
 //! Devices (`train.device`: `cpu`, `cuda`, `cuda:N`) on libtorch.
 
-use raptor_train::config::DeviceSpec;
 use crate::error::{Result, RunError};
+use raptor_train::config::DeviceSpec;
 use tch::Device;
 
 /// The libtorch device of a configured one (`cuda` is CUDA device 0); does not check

@@ -18,11 +18,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use raptor_train::config::RunConfig;
 use crate::error::Result;
-use raptor_train::methods::PrivacyPlan;
-use crate::{Progress, Record, StopFlag};
 use crate::session::{Session, prepare};
+use crate::{Progress, Record, StopFlag};
+use raptor_train::config::RunConfig;
+use raptor_train::methods::PrivacyPlan;
 
 /// Updates below which a randomly initialized model is flagged as unlikely to learn.
 pub const RANDOM_INIT_MIN_UPDATES: u64 = 1000;
@@ -322,7 +322,10 @@ pub fn learnability_warnings(l: &Learnability) -> Vec<String> {
 /// [`TimeEstimate`]): one warm-up, then the faster of two timed passes per phase of the plan's
 /// pattern (other work on the machine only slows), from the token ids and, with a
 /// frozen-prefix cache, from cached states; then scales to the run.
-fn probe(session: &Session, prefix: Option<&raptor_train::trainer::PrefixPlan>) -> Result<TimeEstimate> {
+fn probe(
+    session: &Session,
+    prefix: Option<&raptor_train::trainer::PrefixPlan>,
+) -> Result<TimeEstimate> {
     use raptor_models::{ClippedStep, ForwardCtx};
     use std::collections::BTreeMap;
     let cfg = &session.cfg;
@@ -363,7 +366,9 @@ fn probe(session: &Session, prefix: Option<&raptor_train::trainer::PrefixPlan>) 
     // gradients otherwise), from the token ids or the cached states. Gradients are asked of
     // autograd for the trainable tensors directly (nothing accumulates into `.grad`), on a
     // public, synthetic batch.
-    let run = |phase: &raptor_train::streams::Phase, from: Option<&(usize, tch::Tensor)>| -> Result<f64> {
+    let run = |phase: &raptor_train::streams::Phase,
+               from: Option<&(usize, tch::Tensor)>|
+     -> Result<f64> {
         let t0 = Instant::now();
         let vars = model.var_store().variables();
         let keep = phase.params();

@@ -22,10 +22,10 @@ use raptor_models::PrefixCache;
 use raptor_models::checkpoint::{read_safetensors, write_safetensors};
 use serde::{Deserialize, Serialize};
 
-use raptor_train::config::RunConfig;
 use crate::error::{Result, RunError, io};
-use raptor_train::optim::{OptimScalars, OptimSettings};
 use crate::session::{Session, prepare};
+use raptor_train::config::RunConfig;
+use raptor_train::optim::{OptimScalars, OptimSettings};
 use raptor_train::trainer::{EvalMetrics, Trainer, TrainerOptions, UpdateMetrics, evaluate};
 
 pub mod checkpoint;
@@ -72,7 +72,14 @@ pub fn train(
     progress: Progress<'_>,
     stop: Option<StopFlag>,
 ) -> Result<(PathBuf, Record)> {
-    train_with(cfg, runs_dir, resume, progress, stop, &raptor_train::dist::Solo)
+    train_with(
+        cfg,
+        runs_dir,
+        resume,
+        progress,
+        stop,
+        &raptor_train::dist::Solo,
+    )
 }
 
 /// [`train`], data-parallel over the ranks of `comm` (every rank calls it with the same
@@ -106,7 +113,10 @@ pub fn train_with(
 }
 
 /// Broadcast a string from rank 0 (as bytes packed in `u64`s).
-pub(crate) fn broadcast_string(comm: &dyn raptor_train::dist::Collective, s: &mut String) -> Result<()> {
+pub(crate) fn broadcast_string(
+    comm: &dyn raptor_train::dist::Collective,
+    s: &mut String,
+) -> Result<()> {
     if comm.size() < 2 {
         return Ok(());
     }
@@ -160,8 +170,15 @@ fn train_impl(
 ) -> Result<(PathBuf, Record)> {
     // Everything is read and checked before the folder is created.
     let session = prepare(cfg)?;
-    train_session(session, dir, resuming, progress, stop, &raptor_train::dist::Solo)
-        .map(|(dir, record, _)| (dir, record))
+    train_session(
+        session,
+        dir,
+        resuming,
+        progress,
+        stop,
+        &raptor_train::dist::Solo,
+    )
+    .map(|(dir, record, _)| (dir, record))
 }
 
 /// Trainable parameters per phase (what the record reports).
@@ -653,7 +670,14 @@ pub fn train_prepared(
     dir: PathBuf,
     progress: Progress<'_>,
 ) -> Result<(PathBuf, Record, Box<dyn raptor_models::Model>)> {
-    train_session(session, dir, false, progress, None, &raptor_train::dist::Solo)
+    train_session(
+        session,
+        dir,
+        false,
+        progress,
+        None,
+        &raptor_train::dist::Solo,
+    )
 }
 
 /// [`train_prepared`] with the white-box audit's Dirac canaries in the run (crate

@@ -61,9 +61,7 @@ fn summary(kind: &str, method: &str, extra: &str) -> String {
     let eps = rec.epsilon.as_ref().map_or("none".to_string(), |e| {
         format!("{} ({} releases)", sig(e.upper, 6), e.releases)
     });
-    let eval = rec
-        .eval()
-        .expect("the toy runs have a validation file");
+    let eval = rec.eval().expect("the toy runs have a validation file");
     format!(
         "{kind} {method} [{extra}]\n  q={} updates={} phases=[{}] split={}\n  sigmas=[{}] planned={}\n  eps={eps} loss={} acc={}\n",
         sig(plan.q, 6),

@@ -12,8 +12,8 @@ mod common;
 
 use raptor_models::checkpoint::read_safetensors;
 use raptor_models::peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX};
-use raptor_train::config::RunConfig;
 use raptor_run::{ExportForm, Exported, export_run, export_run_as};
+use raptor_train::config::RunConfig;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{Kind, Tensor};

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use raptor_train::config::RunConfig;
 use raptor_run::PRIVATE_NOTICE;
+use raptor_train::config::RunConfig;
 
 mod common;
 
@@ -19,10 +19,7 @@ fn cfg(extra_data: &str) -> RunConfig {
     RunConfig::from_toml(&text).unwrap()
 }
 
-fn train(
-    cfg: &RunConfig,
-    dir: &Path,
-) -> raptor_run::Result<(PathBuf, raptor_run::Record)> {
+fn train(cfg: &RunConfig, dir: &Path) -> raptor_run::Result<(PathBuf, raptor_run::Record)> {
     common::train_quietly(cfg, dir)
 }
 
@@ -153,11 +150,12 @@ fn clip_bounds_from_public_data_are_recorded() {
 fn train_until(cfg: &RunConfig, dir: &Path, at: u64) {
     let stop: raptor_run::StopFlag = Default::default();
     let flag = stop.clone();
-    let mut progress = |done: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
-        if done >= at {
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-    };
+    let mut progress =
+        |done: u64, _: u64, _: &raptor_train::trainer::UpdateMetrics, _: Option<f64>| {
+            if done >= at {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        };
     let err = raptor_run::train_in(cfg, dir, &mut progress, Some(stop))
         .unwrap_err()
         .to_string();
@@ -225,9 +223,13 @@ fn a_large_delta_is_refused_unless_allowed_and_recorded() {
     let mut c = cfg("");
     // The toy training file has 600 records: 1/N ≈ 1.7e-3.
     c.privacy.delta = Some(0.01);
-    let err = train(&c, &d.path().join("refused")).unwrap_err().to_string();
+    let err = train(&c, &d.path().join("refused"))
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.contains("privacy.delta") && err.contains("outright") && err.contains("allow_large_delta"),
+        err.contains("privacy.delta")
+            && err.contains("outright")
+            && err.contains("allow_large_delta"),
         "{err}"
     );
     c.privacy.allow_large_delta = true;
@@ -242,7 +244,10 @@ fn a_large_delta_is_refused_unless_allowed_and_recorded() {
     let mut c = cfg("");
     c.privacy.delta = Some(1e-4);
     let (_, rec) = train(&c, &d.path().join("small")).unwrap();
-    assert_eq!(rec.privacy_plan.delta_reason, "given in the config (privacy.delta)");
+    assert_eq!(
+        rec.privacy_plan.delta_reason,
+        "given in the config (privacy.delta)"
+    );
     // Held-out validation records cannot be declared public.
     let mut c = cfg("");
     c.data.validation = None;

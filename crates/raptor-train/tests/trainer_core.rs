@@ -701,7 +701,10 @@ fn each_release_adds_noise_of_std_sigma_bound_over_its_denominator() {
         let metrics = tr.step(&mut noop).unwrap();
         assert_eq!(metrics.sampled, 0);
         let after = snapshot(tr.model(), &all);
-        let ph = phases.iter().find(|p| p.name.name() == metrics.phase).unwrap();
+        let ph = phases
+            .iter()
+            .find(|p| p.name.name() == metrics.phase)
+            .unwrap();
         seen_phases.insert(ph.name.clone());
         for r in &ph.releases {
             let shared = r
@@ -825,7 +828,10 @@ fn each_release_hands_its_noise_std_to_the_optimizer() {
     while !tr.done() {
         let mut noop = |_: &raptor_accountant::Ledger| Ok(());
         let metrics = tr.step(&mut noop).unwrap();
-        let ph = phases.iter().find(|p| p.name.name() == metrics.phase).unwrap();
+        let ph = phases
+            .iter()
+            .find(|p| p.name.name() == metrics.phase)
+            .unwrap();
         for r in &ph.releases {
             let shared = r
                 .groups

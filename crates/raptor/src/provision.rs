@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use raptor_data::pretrained::{ALL_MINILM_L6_V2, ensure_corpus, ensure_model};
 
-use raptor_train::config::TokenizerSpec;
 use raptor_run::error::{Result, RunError};
 use raptor_run::upcycle::{RouterData, upcycle_folder};
+use raptor_train::config::TokenizerSpec;
 
 /// Experts per layer of the upcycled backbone.
 pub const MOE_EXPERTS: i64 = 8;

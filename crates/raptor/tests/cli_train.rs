@@ -656,8 +656,7 @@ fn a_flipped_byte_in_any_checkpoint_file_is_a_clear_error() {
         .unwrap()
         .path();
     let ck = run.join("checkpoint");
-    let state: serde_json::Value =
-        raptor_run::read_checked_json(&ck.join("state.json")).unwrap();
+    let state: serde_json::Value = raptor_run::read_checked_json(&ck.join("state.json")).unwrap();
     assert_eq!(state["update"].as_u64(), Some(10));
     let mut files: Vec<String> = std::fs::read_dir(&ck)
         .unwrap()

@@ -28,7 +28,8 @@ fn train(dir: &Path, method: &str, device: &str) -> serde_json::Value {
     );
     // The toy validation records are synthetic: declared public, their metrics are in the
     // record `--json` prints.
-    let text = common::toy_config(method, &train).replace("[data]\n", "[data]\nvalidation_public = true\n");
+    let text = common::toy_config(method, &train)
+        .replace("[data]\n", "[data]\nvalidation_public = true\n");
     std::fs::write(&cfg, text).unwrap();
     let runs = dir.join(format!("runs-{method}-{device}").replace(':', "_"));
     let o = Command::new(env!("CARGO_BIN_EXE_raptor"))
@@ -61,8 +62,12 @@ fn raptor_and_dp_adam_train_on_cuda_like_on_cpu() {
         // The same mechanism: the same ledger, the same certified epsilon.
         assert_eq!(gpu["epsilon"], cpu["epsilon"], "{method}");
         let (ag, ac) = (
-            gpu["validation_metrics"]["eval"]["accuracy"].as_f64().unwrap(),
-            cpu["validation_metrics"]["eval"]["accuracy"].as_f64().unwrap(),
+            gpu["validation_metrics"]["eval"]["accuracy"]
+                .as_f64()
+                .unwrap(),
+            cpu["validation_metrics"]["eval"]["accuracy"]
+                .as_f64()
+                .unwrap(),
         );
         // Same data and seeds (the initialization may draw from the device generator): the GPU run
         // learns about as well.

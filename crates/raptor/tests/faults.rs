@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use raptor_train::config::RunConfig;
 use raptor_run::{read_checked_json, train_in};
+use raptor_train::config::RunConfig;
 
 // The trainer tests' shared helpers (one copy, in raptor-train's tests).
 #[path = "../../raptor-train/tests/common/mod.rs"]
@@ -30,10 +30,7 @@ fn full_disk_at(path: &Path) {
     std::os::unix::fs::symlink("/dev/full", path).unwrap();
 }
 
-fn train(
-    cfg: &RunConfig,
-    dir: &Path,
-) -> raptor_run::Result<(PathBuf, raptor_run::Record)> {
+fn train(cfg: &RunConfig, dir: &Path) -> raptor_run::Result<(PathBuf, raptor_run::Record)> {
     common::train_quietly(cfg, dir)
 }
 

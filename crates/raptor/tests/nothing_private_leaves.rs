@@ -119,7 +119,10 @@ fn train_and_check(dir: &Path, config: &str) -> (PathBuf, serde_json::Value) {
         );
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("/private/"), "the end of run names private/: {stdout}");
+    assert!(
+        stdout.contains("/private/"),
+        "the end of run names private/: {stdout}"
+    );
     let run = the_run(&runs);
     assert!(assert_no_secret(&run) >= 3);
     // The private folder is where the text went (the test can see a leak).

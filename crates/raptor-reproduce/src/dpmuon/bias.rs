@@ -22,8 +22,8 @@ use std::path::Path;
 use raptor_muon::diagnostics::bias_monte_carlo;
 use raptor_muon::faer::Mat;
 use raptor_muon::{BcConfig, NsConfig, newton_schulz};
-use raptor_train::config::RunConfig;
 use raptor_run::BufferSampleInfo;
+use raptor_train::config::RunConfig;
 use serde::{Deserialize, Serialize};
 
 /// One bias estimate.

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use raptor_data::{LabelMap, TableSpec};
 use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
 
-use raptor_train::config::{RunConfig, TokenizerSpec};
 use crate::error::{Result, RunError};
+use raptor_train::config::{RunConfig, TokenizerSpec};
 use raptor_train::trainer::Example;
 
 pub(super) fn data_err(e: raptor_data::DataError) -> RunError {

@@ -11,9 +11,9 @@ use raptor_models::tokenizer::TextTokenizer;
 use raptor_models::{Batch, BertPooling, Model, Task};
 use tch::Device;
 
-use raptor_train::config::{LayerSpec, Method, ModelKind, Pooling, RunConfig};
 use crate::device::open_device;
 use crate::error::{Result, RunError};
+use raptor_train::config::{LayerSpec, Method, ModelKind, Pooling, RunConfig};
 use raptor_train::methods::{LayerChoice, PrivacyPlan, build_plan, choose_layer, owner_rule};
 use raptor_train::streams::Plan;
 use raptor_train::trainer::Example;
@@ -471,9 +471,7 @@ pub fn prepare_counting(
     }
     let owners = owner_maps(cfg, model.as_ref(), &plan, &train, pad_id, device)?;
     if model.task() == Task::Classification && labels.is_none() {
-        return Err(RunError::Config(
-            "a classifier needs a label column".into(),
-        ));
+        return Err(RunError::Config("a classifier needs a label column".into()));
     }
     let mut plan = plan;
     let mut privacy = privacy;

@@ -243,8 +243,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     // One file per run for scripts: the summary the experiment driver's runs have too.
-    raptor_run::Summary::from_record(&record, raptor_run::peak_rss_mib())
-        .write(&dir)?;
+    raptor_run::Summary::from_record(&record, raptor_run::peak_rss_mib()).write(&dir)?;
     if args.json {
         return super::print_json(&record);
     }
