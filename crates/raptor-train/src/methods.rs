@@ -436,7 +436,7 @@ pub fn plan_for(
         .phases
         .iter()
         .zip(plan.phase_counts())
-        .map(|(p, c)| (p.name.clone(), c))
+        .map(|(p, c)| (p.name, c))
         .collect();
     let privacy = PrivacyPlan {
         private,

@@ -344,9 +344,11 @@ impl Method {
 choice! {
     /// `train.prefix_cache`: the frozen-prefix cache (each record's hidden states after the
     /// frozen blocks, computed once; see `trainer::prefix`).
+    #[derive(Default)]
     pub enum PrefixCacheMode {
         /// Where it applies: in memory when it fits the budget, else in a file of the run's
         /// private folder.
+        #[default]
         Auto = "auto",
         /// Where it applies, in memory whatever its size.
         Memory = "memory",
@@ -361,12 +363,6 @@ impl PrefixCacheMode {
     /// Whether this is the default (`auto`: left out of a written config).
     pub fn is_auto(&self) -> bool {
         *self == PrefixCacheMode::Auto
-    }
-}
-
-impl Default for PrefixCacheMode {
-    fn default() -> Self {
-        PrefixCacheMode::Auto
     }
 }
 

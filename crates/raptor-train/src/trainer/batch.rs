@@ -49,6 +49,7 @@ pub fn make_batch(examples: &[&Example], task: Task, pad_id: i64, device: Device
 /// in micro-batches (no gradient, no dropout, natural routing) and hands each chunk, its
 /// batch, the logits and the per-record losses to `each`. With a frozen-prefix `cache` over
 /// the record set `data`, each pass starts from the cached hidden states.
+#[allow(clippy::too_many_arguments)]
 fn forward_chunks(
     model: &dyn Model,
     data: &[Example],
