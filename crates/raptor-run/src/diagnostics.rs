@@ -8,7 +8,8 @@
 //! - **Roles** are {attention, head, experts of the trained layer}; each role's norm mass is the
 //!   mean per-record norm of its clipped gradient (every role clipped at the expert bound).
 //! - **Streams** are clipped as the method clips, over a batch of the run's expected size B (at
-//!   most 256 held-out records): RAPTOR's shared group (attention adapters with the head) at C_s
+//!   most 256 held-out records, passed through the model in the run's micro-batches, so the
+//!   diagnostics take no more memory than an update): RAPTOR's shared group (attention adapters with the head) at C_s
 //!   and each routed expert of the diagnosed layer at C_e, or one global factor at C for a
 //!   monolithic method; the noise is that of the release carrying them (σ_e, C_e, D_e; σ_s, C_s).
 //! - **Clip suppression** compares, on owned records, the global clip factor with the factor of
@@ -71,14 +72,91 @@ pub struct DiagNoise {
     pub batch: f64,
 }
 
+/// One clipping's per-record norms and factors (concatenated over micro-batches) and sums
+/// (added).
+struct Merged {
+    records: i64,
+    out: raptor_models::ClipOutput,
+}
+
+impl Merged {
+    fn new() -> Self {
+        Self {
+            records: 0,
+            out: raptor_models::ClipOutput {
+                group_sq_norms: BTreeMap::new(),
+                clip_factors: BTreeMap::new(),
+                sums: BTreeMap::new(),
+                from_cache: Default::default(),
+            },
+        }
+    }
+
+    /// Appends a micro-batch of `n` records. A group the micro-batch does not reach (an expert
+    /// none of its records routes to) has norm 0 and factor 1 for its records, as it would in
+    /// one batch.
+    fn push(&mut self, part: raptor_models::ClipOutput, n: i64) -> Result<()> {
+        fn cat(
+            acc: &mut BTreeMap<String, Tensor>,
+            part: BTreeMap<String, Tensor>,
+            before: i64,
+            n: i64,
+            fill: f64,
+        ) -> Result<()> {
+            let keys: std::collections::BTreeSet<String> =
+                acc.keys().chain(part.keys()).cloned().collect();
+            for k in keys {
+                let p = match part.get(&k) {
+                    Some(t) => t.f_to(Device::Cpu)?,
+                    None => Tensor::f_full([n], fill, (tch::Kind::Float, Device::Cpu))?,
+                };
+                let a = match acc.remove(&k) {
+                    Some(t) => t,
+                    None => Tensor::f_full([before], fill, (p.kind(), Device::Cpu))?,
+                };
+                let p = p.f_to_kind(a.kind())?;
+                acc.insert(k, Tensor::f_cat(&[a, p], 0)?);
+            }
+            Ok(())
+        }
+        cat(
+            &mut self.out.group_sq_norms,
+            part.group_sq_norms,
+            self.records,
+            n,
+            0.0,
+        )?;
+        cat(
+            &mut self.out.clip_factors,
+            part.clip_factors,
+            self.records,
+            n,
+            1.0,
+        )?;
+        for (k, v) in part.sums {
+            let v = match self.out.sums.remove(&k) {
+                Some(a) => a.f_add(&v)?,
+                None => v,
+            };
+            self.out.sums.insert(k, v);
+        }
+        self.out.from_cache.extend(part.from_cache);
+        self.records += n;
+        Ok(())
+    }
+}
+
 /// Computes the diagnostics of an MoE classifier on `data` (held-out records; a batch of about
-/// the run's B) under the noise `noise` of the method.
+/// the run's B) under the noise `noise` of the method, `micro_batch` records per forward and
+/// backward pass (memory only: the numbers are those of one pass up to float round-off).
+#[allow(clippy::too_many_arguments)]
 pub fn diagnostics(
     model: &dyn Model,
     naming: Naming,
     layer: usize,
     data: &[Example],
     noise: &DiagNoise,
+    micro_batch: usize,
     pad_id: i64,
     device: Device,
 ) -> Result<Diagnostics> {
@@ -119,45 +197,10 @@ pub fn diagnostics(
         }
     }
     let result = (|| -> Result<Diagnostics> {
-        // Owner map of the diagnostic records, from the current model (as the reference code).
-        let refs: Vec<&Example> = data.iter().collect();
-        let b = make_batch(&refs, model.task(), pad_id, device)?;
-        let maps = raptor_models::owner_tensors(
-            model,
-            [&b],
-            raptor_routing::OwnerRule::GateWeighted,
-            Device::Cpu,
-        )?;
-        let owners_v: Vec<i64> = match maps.get(&layer) {
-            Some(t) => Vec::<i64>::try_from(t)?,
-            None => vec![0; data.len()],
-        };
-        let mut owners = BTreeMap::new();
-        owners.insert(layer, Tensor::f_from_slice(&owners_v)?.f_to(device)?);
-        let (_, grads) = ClippedStep::new(model)?
-            .with_record_ids(data.iter().map(|e| e.id).collect())
-            .per_sample(&b, &owners, false)?;
         let bounds: BTreeMap<String, f64> =
             role_of_group.keys().map(|g| (g.clone(), clip_e)).collect();
-        let role_clip = grads.clip(&groups, &ClipPolicy::RoleWise(bounds), &BTreeMap::new())?;
-        let global_clip = grads.clip(&groups, &ClipPolicy::Global(clip_e), &BTreeMap::new())?;
-        let n = data.len() as f64;
-        // Roles: attention, head, experts (all experts of the layer together).
-        let mut norm_mass: BTreeMap<String, f64> = BTreeMap::new();
-        let mut param_mass: BTreeMap<String, f64> = BTreeMap::new();
-        for (g, sq) in &role_clip.group_sq_norms {
-            let Some(&r) = role_of_group.get(g) else {
-                continue;
-            };
-            let role = r.mass_role().to_string();
-            let mean_norm = sq.f_sqrt()?.f_sum(Kind::Double)?.f_double_value(&[])? / n;
-            *norm_mass.entry(role.clone()).or_default() += mean_norm;
-            *param_mass.entry(role).or_default() +=
-                params_per_group.get(&r).copied().unwrap_or(0) as f64;
-        }
-        let (m_role, roles) = role_mismatch(&norm_mass, &param_mass);
-        // Per-stream signal and noise, clipped as the method clips: RAPTOR's shared group at
-        // C_s and each expert at C_e, or one global factor at C.
+        // Per-stream grouping, clipped as the method clips: RAPTOR's shared group at C_s and
+        // each expert at C_e, or one global factor at C.
         let mut streams = ParamGroups::new();
         let mut stream_params: BTreeMap<String, i64> = BTreeMap::new();
         for (p, grp) in groups.iter() {
@@ -177,7 +220,62 @@ pub fn diagnostics(
             b.insert("shared".into(), noise.shared.bound);
             ClipPolicy::RoleWise(b)
         };
-        let stream_clip = grads.clip(&streams, &policy, &BTreeMap::new())?;
+        // Micro-batches: the owner map of the records from the current model (as the reference
+        // code), then the three clippings of their per-record gradients.
+        let (mut role_clip, mut global_clip, mut stream_clip) =
+            (Merged::new(), Merged::new(), Merged::new());
+        let mut owners_v: Vec<i64> = Vec::with_capacity(data.len());
+        for chunk in data.chunks(micro_batch.max(1)) {
+            let refs: Vec<&Example> = chunk.iter().collect();
+            let b = make_batch(&refs, model.task(), pad_id, device)?;
+            let maps = raptor_models::owner_tensors(
+                model,
+                [&b],
+                raptor_routing::OwnerRule::GateWeighted,
+                Device::Cpu,
+            )?;
+            let own: Vec<i64> = match maps.get(&layer) {
+                Some(t) => Vec::<i64>::try_from(t)?,
+                None => vec![0; chunk.len()],
+            };
+            let mut owners = BTreeMap::new();
+            owners.insert(layer, Tensor::f_from_slice(&own)?.f_to(device)?);
+            owners_v.extend(own);
+            let (_, grads) = ClippedStep::new(model)?
+                .with_record_ids(chunk.iter().map(|e| e.id).collect())
+                .per_sample(&b, &owners, false)?;
+            let n = chunk.len() as i64;
+            role_clip.push(
+                grads.clip(
+                    &groups,
+                    &ClipPolicy::RoleWise(bounds.clone()),
+                    &BTreeMap::new(),
+                )?,
+                n,
+            )?;
+            global_clip.push(
+                grads.clip(&groups, &ClipPolicy::Global(clip_e), &BTreeMap::new())?,
+                n,
+            )?;
+            stream_clip.push(grads.into_clip(&streams, &policy, &BTreeMap::new())?, n)?;
+        }
+        let (role_clip, global_clip, stream_clip) =
+            (role_clip.out, global_clip.out, stream_clip.out);
+        let n = data.len() as f64;
+        // Roles: attention, head, experts (all experts of the layer together).
+        let mut norm_mass: BTreeMap<String, f64> = BTreeMap::new();
+        let mut param_mass: BTreeMap<String, f64> = BTreeMap::new();
+        for (g, sq) in &role_clip.group_sq_norms {
+            let Some(&r) = role_of_group.get(g) else {
+                continue;
+            };
+            let role = r.mass_role().to_string();
+            let mean_norm = sq.f_sqrt()?.f_sum(Kind::Double)?.f_double_value(&[])? / n;
+            *norm_mass.entry(role.clone()).or_default() += mean_norm;
+            *param_mass.entry(role).or_default() +=
+                params_per_group.get(&r).copied().unwrap_or(0) as f64;
+        }
+        let (m_role, roles) = role_mismatch(&norm_mass, &param_mass);
         let signal = |g: &str| -> Result<f64> {
             let mut sq = 0.0f64;
             for (p, grp) in streams.iter() {
@@ -362,7 +460,18 @@ mod tests {
             shared: spec(s_s, c_s, false),
             batch: 6.0,
         };
-        let d = diagnostics(model.as_ref(), naming, layer, &data, &noise, 0, Device::Cpu).unwrap();
+        // Micro-batches of 3 (3 + 3 + 1 records): the slow reference takes one record at a time.
+        let d = diagnostics(
+            model.as_ref(),
+            naming,
+            layer,
+            &data,
+            &noise,
+            3,
+            0,
+            Device::Cpu,
+        )
+        .unwrap();
         assert_eq!(d.records, data.len());
         let index = RoleIndex::of_model(model.as_ref(), naming);
         let vars = model.var_store().variables();
@@ -417,9 +526,40 @@ mod tests {
             shared: spec(2.0 * s_s, c_s, false),
             batch: 6.0,
         };
-        let d2 = diagnostics(model.as_ref(), naming, layer, &data, &loud, 0, Device::Cpu).unwrap();
+        let d2 = diagnostics(
+            model.as_ref(),
+            naming,
+            layer,
+            &data,
+            &loud,
+            3,
+            0,
+            Device::Cpu,
+        )
+        .unwrap();
         assert!((d2.shared.snr - d.shared.snr / 2.0).abs() < 1e-9);
         assert_eq!(d2.expert_signal_norms, d.expert_signal_norms);
+        // One batch of all the records: the same numbers up to float round-off.
+        let one = diagnostics(
+            model.as_ref(),
+            naming,
+            layer,
+            &data,
+            &noise,
+            64,
+            0,
+            Device::Cpu,
+        )
+        .unwrap();
+        assert!(
+            (one.shared.signal_norm - d.shared.signal_norm).abs() <= 1e-6 * d.shared.signal_norm
+        );
+        assert!((one.role_mismatch - d.role_mismatch).abs() <= 1e-6);
+        let (a, b) = (one.clip_suppressed_fraction, d.clip_suppressed_fraction);
+        assert!(
+            (a - b).abs() <= 1e-9 || (a.is_nan() && b.is_nan()),
+            "{a} vs {b}"
+        );
     }
 
     /// A monolithic method's global clip: one factor over every diagnosed coordinate, so the
@@ -440,6 +580,7 @@ mod tests {
             layer,
             &data,
             &noise,
+            2,
             0,
             Device::Cpu,
         )

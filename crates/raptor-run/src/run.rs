@@ -306,6 +306,7 @@ fn run_diagnostics(
             shared,
             batch: cfg.train.batch_size,
         },
+        cfg.train.micro_batch,
         pad_id,
         device,
     )?))
