@@ -345,7 +345,7 @@ impl Inputs {
 pub struct BowSummary {
     /// Majority class, naive Bayes and logistic regression on the whole validation set.
     pub all: raptor_eval::bow::BowReport,
-    /// Per group (a domain, `flipped`, `unflipped`): the same on its validation records.
+    /// Per domain: the same on its validation records.
     pub groups: Vec<(String, raptor_eval::bow::BowReport)>,
 }
 
@@ -413,8 +413,9 @@ pub struct Results {
     pub bow: BTreeMap<String, BowSummary>,
     /// Per task, the gate's outcome.
     pub gate: BTreeMap<String, GateOutcome>,
-    /// Per task, its validation groups (domains, then `flipped` and `unflipped`), in order.
-    pub groups: BTreeMap<String, Vec<String>>,
+    /// Per task, its domains (the validation groups every run is scored on), in order, and
+    /// whether each one's label meaning is flipped.
+    pub groups: BTreeMap<String, Vec<(String, bool)>>,
 }
 
 /// The label of a run in the grid.
@@ -526,8 +527,10 @@ pub(crate) struct ClsPrepared {
     pub(crate) proxy: (PathBuf, PathBuf, usize),
     /// How the experts are specialised (None: they are not).
     pub(crate) specialise: Option<experts::Specialisation>,
-    /// The validation groups (domains, then `flipped` and `unflipped`) with their files.
+    /// The validation groups (the domains) with their files.
     pub(crate) groups: Vec<(String, PathBuf)>,
+    /// The domains whose label meaning is flipped.
+    pub(crate) flipped: Vec<String>,
     /// The bag-of-words baselines.
     pub(crate) bow: Option<BowSummary>,
 }
@@ -693,6 +696,7 @@ pub(crate) fn finish_prepare(
         proxy: (md.proxy_train.clone(), md.proxy_valid.clone(), md.sizes.1),
         specialise,
         groups: md.groups.clone(),
+        flipped: md.flipped.iter().map(|&i| md.domains[i].clone()).collect(),
         bow: Some(bow),
     })
 }
@@ -896,19 +900,20 @@ pub(crate) fn proxy_jobs(
         let eps = eps.map(f64::from_bits);
         let eps_proxy = match eps {
             Some(e) => {
-                let key = e.to_bits();
-                if !matched.contains_key(&key) {
-                    let v = matched_proxy_epsilon(
-                        e,
-                        delta,
-                        q_private,
-                        q_proxy,
-                        s.finetune.0,
-                        base.privacy.accuracy,
-                    )?;
-                    matched.insert(key, v);
-                }
-                matched.get(&key).map(|v| v.0)
+                let v = match matched.entry(e.to_bits()) {
+                    std::collections::btree_map::Entry::Occupied(o) => *o.get(),
+                    std::collections::btree_map::Entry::Vacant(slot) => {
+                        *slot.insert(matched_proxy_epsilon(
+                            e,
+                            delta,
+                            q_private,
+                            q_proxy,
+                            s.finetune.0,
+                            base.privacy.accuracy,
+                        )?)
+                    }
+                };
+                Some(v.0)
             }
             None => None,
         };
@@ -1437,7 +1442,10 @@ pub(crate) fn run_cls_grid(
             .map(|c| {
                 (
                     c.task.name.clone(),
-                    c.groups.iter().map(|(g, _)| g.clone()).collect(),
+                    c.groups
+                        .iter()
+                        .map(|(g, _)| (g.clone(), c.flipped.contains(g)))
+                        .collect(),
                 )
             })
             .collect(),
@@ -1481,6 +1489,7 @@ pub(crate) mod tests {
             ),
             specialise: None,
             groups: vec![],
+            flipped: vec![],
             bow: None,
         }
     }

@@ -482,7 +482,30 @@ fn gate_reason(g: &super::GateOutcome, must_learn: bool) -> &'static str {
     }
 }
 
-/// Mean accuracy of a cell on one validation group over the seeds.
+/// The accuracy of a summary on a group: a domain's own, or — for [`FLIPPED`] and
+/// [`UNFLIPPED`] — the mean over those domains (they have equally many validation records).
+fn group_of(groups: &[(String, bool)], acc: &[(String, f64)], group: &str) -> Option<f64> {
+    let pick = |want: bool| -> Option<f64> {
+        let v: Vec<f64> = groups
+            .iter()
+            .filter(|(_, f)| *f == want)
+            .map(|(g, _)| acc.iter().find(|(x, _)| x == g).map(|(_, a)| *a))
+            .collect::<Option<Vec<f64>>>()?;
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    match group {
+        FLIPPED => pick(true),
+        UNFLIPPED => pick(false),
+        g => acc.iter().find(|(x, _)| x == g).map(|(_, a)| *a),
+    }
+}
+
+/// The group of the flipped domains.
+const FLIPPED: &str = "flipped";
+/// The group of the other domains.
+const UNFLIPPED: &str = "unflipped";
+
+/// Accuracy of a cell on one validation group, per seed.
 fn group_values(
     r: &Results,
     t: &str,
@@ -491,18 +514,28 @@ fn group_values(
     eps: Option<f64>,
     group: &str,
 ) -> Vec<f64> {
+    let groups = r.groups.get(t).cloned().unwrap_or_default();
     values(r, t, method, variant, eps, |s| {
-        s.group_accuracy
-            .iter()
-            .find(|(g, _)| g == group)
-            .map(|(_, a)| *a)
+        group_of(&groups, &s.group_accuracy, group)
     })
+}
+
+/// A bag-of-words baseline's accuracy on a group.
+fn bow_group(
+    r: &Results,
+    t: &str,
+    b: &super::BowSummary,
+    group: &str,
+    f: fn(&raptor_eval::bow::BowReport) -> f64,
+) -> Option<f64> {
+    let groups = r.groups.get(t).cloned().unwrap_or_default();
+    let acc: Vec<(String, f64)> = b.groups.iter().map(|(g, v)| (g.clone(), f(v))).collect();
+    group_of(&groups, &acc, group)
 }
 
 /// Sentences on the flipped and unflipped domains: where the experts must act.
 fn domain_notes(r: &Results, t: &str) -> Vec<String> {
-    let f = super::domains::MultiDomain::FLIPPED;
-    let u = super::domains::MultiDomain::UNFLIPPED;
+    let (f, u) = (FLIPPED, UNFLIPPED);
     let mut out = Vec::new();
     let show = |method: &str, variant: &str, eps: Option<f64>| -> Option<String> {
         let a = est(&group_values(r, t, method, variant, eps, f))?;
@@ -534,14 +567,15 @@ fn domain_notes(r: &Results, t: &str) -> Vec<String> {
         }
     }
     if let Some(b) = r.bow.get(t) {
-        let g = |name: &str| b.groups.iter().find(|(x, _)| x == name).map(|(_, v)| v);
-        if let (Some(a), Some(c)) = (g(f), g(u)) {
+        let nb = |g| bow_group(r, t, b, g, |x| x.naive_bayes);
+        let lr = |g| bow_group(r, t, b, g, |x| x.logistic_regression);
+        if let (Some(a), Some(c), Some(d), Some(e)) = (nb(f), nb(u), lr(f), lr(u)) {
             parts.push(format!(
                 "naive Bayes {} % vs {} %, logistic regression {} % vs {} %",
-                pct(a.naive_bayes),
-                pct(c.naive_bayes),
-                pct(a.logistic_regression),
-                pct(c.logistic_regression)
+                pct(a),
+                pct(c),
+                pct(d),
+                pct(e)
             ));
         }
     }
@@ -604,7 +638,14 @@ fn sigma_notes(r: &Results, t: &str) -> Vec<String> {
 /// baselines' single numbers beside them.
 fn domains(r: &Results, names: &EvidenceNames) -> anyhow::Result<Table> {
     let mut columns = vec!["task".to_string(), "method".to_string()];
-    let groups: Vec<String> = r.groups.values().next().cloned().unwrap_or_default();
+    let mut groups: Vec<String> = r
+        .groups
+        .values()
+        .next()
+        .map(|g| g.iter().map(|(n, _)| n.clone()).collect())
+        .unwrap_or_default();
+    groups.push(FLIPPED.into());
+    groups.push(UNFLIPPED.into());
     columns.extend(groups.iter().cloned());
     columns.push("all".into());
     let mut rows = Vec::new();
@@ -623,12 +664,7 @@ fn domains(r: &Results, names: &EvidenceNames) -> anyhow::Result<Table> {
             ] {
                 let mut row = vec![t.clone(), name.to_string()];
                 for g in &groups {
-                    row.push(
-                        b.groups
-                            .iter()
-                            .find(|(x, _)| x == g)
-                            .map_or("—".into(), |(_, v)| pct(f(v))),
-                    );
+                    row.push(bow_group(r, t, b, g, f).map_or("—".into(), pct));
                 }
                 row.push(pct(f(&b.all)));
                 rows.push(row);
@@ -669,7 +705,7 @@ fn domains(r: &Results, names: &EvidenceNames) -> anyhow::Result<Table> {
         rows,
         notes: vec![
             seeds_note(r),
-            "Each group's records are the validation set's records of that group (every domain has the same number of negative and positive records; `flipped`: the domains whose label meaning is flipped, `unflipped`: the others). The bag-of-words baselines are fitted once on the private training records (no seeds).".into(),
+            "Each domain's column scores the validation set's records of that domain (every domain has as many negative as positive records, and as many records as every other domain); `flipped` is the mean over the domains whose label meaning is flipped, `unflipped` over the others. The bag-of-words baselines are fitted once on the private training records (no seeds).".into(),
         ],
     })
 }

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use raptor_train::config::RunConfig;
 use raptor_run::{Record, train_in, write_atomic};
+use raptor_train::config::RunConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -69,8 +69,8 @@ pub struct Summary {
     /// Sampling rate q = B/N of the run.
     #[serde(default)]
     pub q: Option<f64>,
-    /// Validation accuracy per group of validation records (a domain, `flipped`,
-    /// `unflipped`), when the job asked for groups ([`GROUPS_FILE`]).
+    /// Validation accuracy per group of validation records (a domain), when the job asked for
+    /// groups ([`GROUPS_FILE`]).
     #[serde(default)]
     pub group_accuracy: Vec<(String, f64)>,
 }
