@@ -125,7 +125,7 @@ pub struct StartInfo {
     /// the private records' lengths: shown to the data owner, never written to the record.
     pub estimate: Option<TimeEstimate>,
     /// What the run does about the frozen-prefix cache (None when it could not be planned).
-    pub prefix_cache: Option<raptor_train::trainer::PrefixPlan>,
+    pub prefix_cache: Option<crate::prefix::PrefixPlan>,
     /// Fraction of the training tokens the tokenizer maps to its unknown token. Computed on the
     /// private training records **without noise**: a diagnostic for the data owner, not part of
     /// the release. None for tokenizers without an unknown token.
@@ -205,8 +205,8 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
             unknown as f64 / total as f64
         }
     });
-    let scope = raptor_train::trainer::training_scope(session.model.as_ref(), &session.plan);
-    let prefix_cache = raptor_train::trainer::plan_prefix_cache(
+    let scope = crate::prefix::training_scope(session.model.as_ref(), &session.plan);
+    let prefix_cache = crate::prefix::plan_prefix_cache(
         session.model.as_ref(),
         &scope,
         &crate::prefix_settings(
@@ -324,7 +324,7 @@ pub fn learnability_warnings(l: &Learnability) -> Vec<String> {
 /// frozen-prefix cache, from cached states; then scales to the run.
 fn probe(
     session: &Session,
-    prefix: Option<&raptor_train::trainer::PrefixPlan>,
+    prefix: Option<&crate::prefix::PrefixPlan>,
 ) -> Result<TimeEstimate> {
     use raptor_models::{ClippedStep, ForwardCtx};
     use std::collections::BTreeMap;
@@ -356,7 +356,7 @@ fn probe(
     )?;
     let model = session.model.as_ref();
     let cached = match prefix {
-        Some(raptor_train::trainer::PrefixPlan::Cache { prefix, .. }) => {
+        Some(crate::prefix::PrefixPlan::Cache { prefix, .. }) => {
             Some((prefix.layers, model.prefix_hidden(&batch, prefix.layers)?))
         }
         _ => None,

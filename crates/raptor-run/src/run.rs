@@ -506,8 +506,8 @@ pub(crate) fn prefix_settings(
     cfg: &RunConfig,
     records: usize,
     private_dir: Option<&Path>,
-) -> raptor_train::trainer::PrefixSettings {
-    raptor_train::trainer::PrefixSettings {
+) -> crate::prefix::PrefixSettings {
+    crate::prefix::PrefixSettings {
         mode: cfg.train.prefix_cache,
         private_dir: private_dir.map(Path::to_path_buf),
         memory_budget: None,
@@ -782,7 +782,7 @@ pub(crate) fn train_session(
     let private_dir = dir.join("private");
     // The frozen-prefix caches (said at start: `launch`; see `trainer::prefix`), the file
     // kind in the private folder, deleted with the caches.
-    let prefix_plan = raptor_train::trainer::plan_prefix_cache(
+    let prefix_plan = crate::prefix::plan_prefix_cache(
         trainer.model(),
         trainer.scope(),
         &prefix_settings(

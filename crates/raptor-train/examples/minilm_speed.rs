@@ -32,7 +32,8 @@ use raptor_models::{BertPooling, Model};
 use raptor_train::config::{Method, ModelKind, PrefixCacheMode, RunConfig, Scope};
 use raptor_train::methods::build_plan;
 use raptor_train::optim::{OptimSettings, Optimizers};
-use raptor_train::trainer::{Example, PrefixSettings, Trainer, TrainerOptions, plan_prefix_cache};
+use raptor_run::prefix::{PrefixSettings, plan_prefix_cache};
+use raptor_train::trainer::{Example, Trainer, TrainerOptions};
 use tch::Device;
 
 fn arg(args: &[String], name: &str) -> Option<String> {

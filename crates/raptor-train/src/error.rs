@@ -102,9 +102,3 @@ impl fmt::Display for ConfigIssues {
 
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, TrainError>;
-
-/// Attaches a path to an I/O error.
-pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> TrainError {
-    let path = path.into();
-    move |source| TrainError::Io { path, source }
-}

@@ -12,9 +12,8 @@ use raptor_train::config::{LayerSpec, Method, ModelKind, PrefixCacheMode, RunCon
 use raptor_train::methods::build_plan;
 use raptor_train::optim::{OptimSettings, Optimizers};
 use raptor_train::streams::{Optim, Plan};
-use raptor_train::trainer::{
-    Example, PrefixPlan, PrefixSettings, Trainer, TrainerOptions, plan_prefix_cache,
-};
+use raptor_run::prefix::{PrefixPlan, PrefixSettings, plan_prefix_cache};
+use raptor_train::trainer::{Example, Trainer, TrainerOptions};
 use tch::{Device, Tensor};
 
 const N: usize = 24;

@@ -36,10 +36,6 @@ use crate::streams::{Charge, Phase, PhaseCharge, Plan, ReleaseSpec, Residual};
 use raptor_models::PrefixCache;
 
 pub use batch::{evaluate_cached, per_record_losses_cached};
-pub use prefix::{
-    F16_TOLERANCE, MEMORY_FRACTION, PrefixPlan, PrefixSettings, memory_budget, plan_prefix_cache,
-    training_scope,
-};
 
 mod batch;
 mod canaries;
@@ -317,7 +313,7 @@ impl<'a> Trainer<'a> {
     }
 
     /// Every parameter some phase of the plan trains (and every one trainable at the start):
-    /// what the frozen prefix must not reach ([`plan_prefix_cache`]).
+    /// what the frozen prefix must not reach (crate `raptor-run`'s `prefix::plan_prefix_cache`).
     pub fn scope(&self) -> &[String] {
         &self.scope
     }
