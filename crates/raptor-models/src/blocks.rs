@@ -70,11 +70,15 @@ pub(crate) fn attend(
         k = k.f_repeat_interleave_self_int(rep, 1, None::<i64>)?;
         v = v.f_repeat_interleave_self_int(rep, 1, None::<i64>)?;
     }
+    // Scaled and masked in place: the scores are `[B, H, T, T]`, the largest tensors of a
+    // forward pass (a fresh one per operation costs an allocation and its page faults each
+    // time), and the product's backward does not read its own output.
     let mut scores = q.f_matmul(&k.f_transpose(2, 3)?)?;
     if let Some(s) = scale {
-        scores = scores.f_mul_scalar(s)?;
+        let _ = scores.f_mul_scalar_(s)?;
     }
-    let attn = scores.f_add(bias)?.f_softmax(-1, None::<Kind>)?;
+    let _ = scores.f_add_(bias)?;
+    let attn = scores.f_softmax(-1, None::<Kind>)?;
     Ok(attn
         .f_matmul(&v)?
         .f_transpose(1, 2)?

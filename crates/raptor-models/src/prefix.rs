@@ -83,6 +83,7 @@ enum Backing {
 /// ```
 /// use raptor_models::{Bert, BertConfig, Model, PrefixCache, PrefixPrecision, PrefixStore};
 /// let model = Bert::new(BertConfig::tiny(2), tch::Device::Cpu).unwrap();
+/// raptor_models::freeze_all(&model).unwrap();
 /// // Nothing trains but the head: both blocks are a frozen prefix.
 /// let p = model.frozen_prefix(&["classifier.weight".to_string()]).unwrap();
 /// let mut cache = PrefixCache::new(p.layers, p.width, 3, PrefixPrecision::F32, PrefixStore::Memory).unwrap();
