@@ -30,15 +30,17 @@ use raptor_clip::{ClipError, ClipPolicy, ParamGroups};
 use raptor_models::roles::ExpertId;
 use serde::{Serialize, Serializer};
 
-/// The streams a plan calibrates noise for.
+/// The streams a plan calibrates noise for. Declared in the order of their names, so that maps
+/// keyed by a stream (a record's updates per phase) list them as maps keyed by the name did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stream {
-    /// RAPTOR's shared stream (everything trainable outside the routed experts).
-    Shared,
+    /// The one stream of a monolithic method (every trainable parameter), or RAPTOR's shared
+    /// and expert releases from one sample.
+    All,
     /// RAPTOR's expert stream (the routed experts of its layer, one release per expert).
     Experts,
-    /// The one stream of a monolithic method (every trainable parameter).
-    All,
+    /// RAPTOR's shared stream (everything trainable outside the routed experts).
+    Shared,
 }
 
 impl Stream {
