@@ -705,7 +705,7 @@ fn each_release_adds_noise_of_std_sigma_bound_over_its_denominator() {
             .iter()
             .find(|p| p.name.name() == metrics.phase)
             .unwrap();
-        seen_phases.insert(ph.name.clone());
+        seen_phases.insert(ph.name);
         for r in &ph.releases {
             let shared = r
                 .groups
