@@ -220,24 +220,28 @@ pub fn diagnostics(
             b.insert("shared".into(), noise.shared.bound);
             ClipPolicy::RoleWise(b)
         };
-        // Micro-batches: the owner map of the records from the current model (as the reference
-        // code), then the three clippings of their per-record gradients.
+        // The owner of each record from the current model, each routed alone (as a run's owner
+        // maps: a record's owner does not depend on the records beside it, nor on the
+        // micro-batches); then, micro-batch by micro-batch, the three clippings of the records'
+        // per-record gradients.
+        let tokens: Vec<Vec<i64>> = data.iter().map(|e| e.tokens.clone()).collect();
+        let all_owners: Vec<i64> = raptor_models::owners_per_record(
+            model,
+            &tokens,
+            pad_id,
+            raptor_routing::OwnerRule::GateWeighted,
+            device,
+        )?
+        .remove(&layer)
+        .unwrap_or_else(|| vec![0; data.len()]);
         let (mut role_clip, mut global_clip, mut stream_clip) =
             (Merged::new(), Merged::new(), Merged::new());
         let mut owners_v: Vec<i64> = Vec::with_capacity(data.len());
-        for chunk in data.chunks(micro_batch.max(1)) {
+        for (ci, chunk) in data.chunks(micro_batch.max(1)).enumerate() {
             let refs: Vec<&Example> = chunk.iter().collect();
             let b = make_batch(&refs, model.task(), pad_id, device)?;
-            let maps = raptor_models::owner_tensors(
-                model,
-                [&b],
-                raptor_routing::OwnerRule::GateWeighted,
-                Device::Cpu,
-            )?;
-            let own: Vec<i64> = match maps.get(&layer) {
-                Some(t) => Vec::<i64>::try_from(t)?,
-                None => vec![0; chunk.len()],
-            };
+            let start = ci * micro_batch.max(1);
+            let own: Vec<i64> = all_owners[start..start + chunk.len()].to_vec();
             let mut owners = BTreeMap::new();
             owners.insert(layer, Tensor::f_from_slice(&own)?.f_to(device)?);
             owners_v.extend(own);

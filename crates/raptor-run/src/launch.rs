@@ -65,6 +65,62 @@ pub struct TimeEstimate {
     pub total_seconds: f64,
 }
 
+/// The run's expected peak memory, from the same probe: what is resident before it (the model,
+/// the records) plus the most resident memory a probe update added per synthetic record, times
+/// the records of a micro-batch, plus the frozen-prefix cache when it is kept in memory (its
+/// bound from public sizes). Read from `/proc/self/status` (Linux), sampled every 2 ms while
+/// the probe's updates run.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct MemoryEstimate {
+    /// Resident bytes before the probe.
+    pub resident_bytes: u64,
+    /// Largest resident bytes a probe update added, per record of its batch.
+    pub per_record_bytes: u64,
+    /// Records of a micro-batch of the run (`train.micro_batch`, at most the expected batch).
+    pub micro_batch: usize,
+    /// The frozen-prefix cache's bound when it is kept in memory (0 otherwise).
+    pub cache_bytes: u64,
+    /// `resident + per_record × micro_batch + cache`.
+    pub peak_bytes: u64,
+}
+
+/// Resident bytes of this process (`VmRSS` of `/proc/self/status`; None where unreadable).
+fn resident_bytes() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
+}
+
+/// The largest resident memory while `f` runs, sampled every 2 ms on a thread of its own.
+fn peak_resident_during<T>(f: impl FnOnce() -> T) -> (T, Option<u64>) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(resident_bytes().unwrap_or(0)));
+    let sampler = {
+        let (stop, peak) = (Arc::clone(&stop), Arc::clone(&peak));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(r) = resident_bytes() {
+                    peak.fetch_max(r, Ordering::Relaxed);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        })
+    };
+    let out = f();
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let p = peak.load(Ordering::Relaxed);
+    (out, (p > 0).then_some(p))
+}
+
 /// Expected seconds of `updates` updates at sampling rate `q`, expected batch `b`, when a
 /// record costs `full` seconds until its first draw and `cached` after it: Σ_t b·(u_t·full +
 /// (1 − u_t)·cached) with u_t = (1 − q)^t.
@@ -126,6 +182,8 @@ pub struct StartInfo {
     pub estimate: Option<TimeEstimate>,
     /// What the run does about the frozen-prefix cache (None when it could not be planned).
     pub prefix_cache: Option<crate::prefix::PrefixPlan>,
+    /// The expected peak memory (None when the probe could not measure it).
+    pub memory: Option<MemoryEstimate>,
     /// Fraction of the training tokens the tokenizer maps to its unknown token. Computed on the
     /// private training records **without noise**: a diagnostic for the data owner, not part of
     /// the release. None for tokenizers without an unknown token.
@@ -216,7 +274,10 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         ),
     )
     .ok();
-    let estimate = probe(session, prefix_cache.as_ref()).ok();
+    let (estimate, memory) = match probe(session, prefix_cache.as_ref()) {
+        Ok((t, m)) => (Some(t), m),
+        Err(_) => (None, None),
+    };
     let mut warnings = learnability_warnings(&Learnability::of(
         cfg,
         &session.privacy,
@@ -236,6 +297,7 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         max_length: cfg.data.max_length,
         estimate,
         prefix_cache,
+        memory,
         unknown_token_fraction,
         warnings,
     }
@@ -321,11 +383,12 @@ pub fn learnability_warnings(l: &Learnability) -> Vec<String> {
 /// Times the run's update over synthetic records of the expected padded length (see
 /// [`TimeEstimate`]): one warm-up, then the faster of two timed passes per phase of the plan's
 /// pattern (other work on the machine only slows), from the token ids and, with a
-/// frozen-prefix cache, from cached states; then scales to the run.
+/// frozen-prefix cache, from cached states; then scales to the run. The resident memory it
+/// adds gives the [`MemoryEstimate`].
 fn probe(
     session: &Session,
     prefix: Option<&crate::prefix::PrefixPlan>,
-) -> Result<TimeEstimate> {
+) -> Result<(TimeEstimate, Option<MemoryEstimate>)> {
     use raptor_models::{ClippedStep, ForwardCtx};
     use std::collections::BTreeMap;
     let cfg = &session.cfg;
@@ -421,18 +484,47 @@ fn probe(
     let mut distinct: Vec<usize> = plan.pattern.clone();
     distinct.sort_unstable();
     distinct.dedup();
-    // Per-record seconds of each phase, uncached and cached; averaged over the pattern.
+    // Per-record seconds of each phase, uncached and cached; averaged over the pattern. The
+    // resident memory is sampled meanwhile (the cached update needs less: the uncached one's
+    // peak is the run's first epoch).
     let mut full: BTreeMap<usize, f64> = BTreeMap::new();
     let mut from_cache: BTreeMap<usize, f64> = BTreeMap::new();
-    for &pi in &distinct {
-        let ph = &plan.phases[pi];
-        run(ph, None)?;
-        full.insert(pi, run(ph, None)?.min(run(ph, None)?) / n as f64);
-        if let Some(c) = &cached {
-            run(ph, Some(c))?;
-            from_cache.insert(pi, run(ph, Some(c))?.min(run(ph, Some(c))?) / n as f64);
+    let before = resident_bytes();
+    let (timed, peak) = peak_resident_during(|| -> Result<()> {
+        for &pi in &distinct {
+            let ph = &plan.phases[pi];
+            run(ph, None)?;
+            full.insert(pi, run(ph, None)?.min(run(ph, None)?) / n as f64);
+            if let Some(c) = &cached {
+                run(ph, Some(c))?;
+                from_cache.insert(pi, run(ph, Some(c))?.min(run(ph, Some(c))?) / n as f64);
+            }
         }
-    }
+        Ok(())
+    });
+    timed?;
+    let micro = m.max(1);
+    let cache_bytes = match prefix {
+        Some(crate::prefix::PrefixPlan::Cache {
+            file: false,
+            bound_bytes,
+            ..
+        }) => *bound_bytes,
+        _ => 0,
+    };
+    let memory = match (before, peak) {
+        (Some(before), Some(peak)) => {
+            let per_record = peak.saturating_sub(before).div_ceil(n as u64);
+            Some(MemoryEstimate {
+                resident_bytes: before,
+                per_record_bytes: per_record,
+                micro_batch: micro,
+                cache_bytes,
+                peak_bytes: before + per_record * micro as u64 + cache_bytes,
+            })
+        }
+        _ => None,
+    };
     let mean = |m: &BTreeMap<usize, f64>| -> f64 {
         let v: Vec<f64> = plan
             .pattern
@@ -454,15 +546,18 @@ fn probe(
         expected_update_seconds(session.privacy.updates, plan.q, b, per_record_step, later);
     let eval_records = session.validation.len() as f64
         + 2.0 * session.train.len().min(session.validation.len()).min(1000) as f64;
-    Ok(TimeEstimate {
-        forward_seconds_per_record: per_record,
-        step_seconds_per_record: per_record_step,
-        cached_step_seconds_per_record: per_record_cached,
-        padded_length: len,
-        seconds_per_update: per_record_step * b,
-        later_seconds_per_update: later * b,
-        total_seconds: updates + per_record * eval_records,
-    })
+    Ok((
+        TimeEstimate {
+            forward_seconds_per_record: per_record,
+            step_seconds_per_record: per_record_step,
+            cached_step_seconds_per_record: per_record_cached,
+            padded_length: len,
+            seconds_per_update: per_record_step * b,
+            later_seconds_per_update: later * b,
+            total_seconds: updates + per_record * eval_records,
+        },
+        memory,
+    ))
 }
 
 #[cfg(test)]

@@ -146,6 +146,8 @@ fn one_command_trains_from_the_cached_backbone_with_progress_lines() {
         "sigma per stream: all ",
         updates.as_str(),
         "time: about",
+        "memory: about",
+        "frozen-prefix cache:",
     ] {
         assert!(se.contains(want), "{want:?} missing from stderr:\n{se}");
     }
