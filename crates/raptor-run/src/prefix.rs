@@ -309,4 +309,3 @@ pub fn training_scope(model: &dyn Model, plan: &raptor_train::streams::Plan) -> 
     scope.dedup();
     scope
 }
-

@@ -29,10 +29,10 @@ use std::time::Instant;
 
 use raptor_models::checkpoint::{LoadOptions, load_bert};
 use raptor_models::{BertPooling, Model};
+use raptor_run::prefix::{PrefixSettings, plan_prefix_cache};
 use raptor_train::config::{Method, ModelKind, PrefixCacheMode, RunConfig, Scope};
 use raptor_train::methods::build_plan;
 use raptor_train::optim::{OptimSettings, Optimizers};
-use raptor_run::prefix::{PrefixSettings, plan_prefix_cache};
 use raptor_train::trainer::{Example, Trainer, TrainerOptions};
 use tch::Device;
 

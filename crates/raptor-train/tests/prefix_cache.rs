@@ -8,11 +8,11 @@
 use std::collections::BTreeMap;
 
 use raptor_models::{Bert, BertConfig, BertMoeConfig, Model, PrefixStore};
+use raptor_run::prefix::{PrefixPlan, PrefixSettings, plan_prefix_cache};
 use raptor_train::config::{LayerSpec, Method, ModelKind, PrefixCacheMode, RunConfig};
 use raptor_train::methods::build_plan;
 use raptor_train::optim::{OptimSettings, Optimizers};
 use raptor_train::streams::{Optim, Plan};
-use raptor_run::prefix::{PrefixPlan, PrefixSettings, plan_prefix_cache};
 use raptor_train::trainer::{Example, Trainer, TrainerOptions};
 use tch::{Device, Tensor};
 

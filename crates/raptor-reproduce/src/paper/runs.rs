@@ -8,171 +8,20 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use raptor_run::{Record, train_in, write_atomic};
+use raptor_run::{train_in, write_atomic};
 use raptor_train::config::RunConfig;
-use serde::{Deserialize, Serialize};
+
 use sha2::{Digest, Sha256};
 
-/// What the tables and plots need from one finished run (`summary.json` in its folder).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Summary {
-    /// Method name.
-    pub method: String,
-    /// Validation accuracy (classifiers).
-    pub accuracy: Option<f64>,
-    /// Validation loss (classifiers: cross-entropy; decoders: mean token NLL).
-    pub loss: Option<f64>,
-    /// Corpus BLEU (data-to-text).
-    pub bleu: Option<f64>,
-    /// ROUGE-L F (data-to-text).
-    pub rouge_l: Option<f64>,
-    /// Certified ε (upper bound) spent; None for non-private methods.
-    pub epsilon: Option<f64>,
-    /// Updates applied.
-    pub updates: u64,
-    /// Wall seconds per update (training loop, periodic evaluations excluded).
-    pub seconds_per_update: f64,
-    /// Peak resident memory of the process during the run (MiB; Linux), None elsewhere.
-    pub peak_rss_mib: Option<f64>,
-    /// Training loss per update.
-    pub loss_curve: Vec<(u64, f64)>,
-    /// Validation (update, loss, accuracy) every `eval_every` updates and at the end.
-    pub eval_curve: Vec<(u64, f64, Option<f64>)>,
-    /// Certified ε spent after an update.
-    pub epsilon_curve: Vec<(u64, f64)>,
-    /// RAPTOR's trained sparse layer.
-    pub layer: Option<usize>,
-    /// Public routing entropy per sparse layer (layer, normalized entropy).
-    pub public_entropy: Vec<(usize, f64)>,
-    /// Per-expert SNR (diagnostics); None where undefined (an expert no held-out record uses).
-    pub snr: Vec<Option<f64>>,
-    /// SNR coefficient of variation.
-    pub snr_cv: Option<f64>,
-    /// Role mismatch M_role.
-    pub role_mismatch: Option<f64>,
-    /// The shared stream's SNR (signal / noise norm) in the diagnostics; None in summaries
-    /// written before it was measured.
-    #[serde(default)]
-    pub shared_snr: Option<f64>,
-    /// Fraction of owned rows whose global clip factor suppresses the expert gradient.
-    #[serde(default)]
-    pub clip_suppressed: Option<f64>,
-    /// Least-loaded expert's expected owned records per batch / D_e.
-    #[serde(default)]
-    pub dilution: Option<f64>,
-    /// Held-out records the diagnostics read.
-    #[serde(default)]
-    pub diagnostic_records: Option<usize>,
-    /// The noise multiplier of every stream of the run's plan (empty for a non-private run).
-    #[serde(default)]
-    pub sigmas: Vec<(String, f64)>,
-    /// Sampling rate q = B/N of the run.
-    #[serde(default)]
-    pub q: Option<f64>,
-    /// Validation accuracy per group of validation records (a domain), when the job asked for
-    /// groups ([`GROUPS_FILE`]).
-    #[serde(default)]
-    pub group_accuracy: Vec<(String, f64)>,
-}
+/// What the tables and plots need from one finished run: raptor-run's summary, the one `raptor
+/// train` writes too (`summary.json` and its private part `private/summary.json` in the run
+/// folder; [`Summary::group_accuracy`] filled by the worker from [`GROUPS_FILE`]).
+pub use raptor_run::Summary;
 
 /// A run folder's list of validation groups (JSON: `[[name, file], …]`): when present, the
 /// worker scores the finished run on each file ([`raptor_run::eval_run`]) into
 /// [`Summary::group_accuracy`].
 pub const GROUPS_FILE: &str = "groups.json";
-
-impl Summary {
-    /// Extracts the summary of a finished run.
-    pub fn from_record(r: &Record, peak_rss_mib: Option<f64>) -> Self {
-        let mut eval_curve: Vec<(u64, f64, Option<f64>)> = r
-            .eval_curve()
-            .iter()
-            .map(|(u, m)| (*u, m.loss, m.accuracy))
-            .collect();
-        if let Some(m) = r.eval() {
-            eval_curve.push((r.updates, m.loss, m.accuracy));
-        }
-        // JSON has no NaN: a non-finite point would not read back.
-        eval_curve.retain(|(_, l, a)| l.is_finite() && a.is_none_or(f64::is_finite));
-        let public_entropy = r
-            .layer
-            .as_ref()
-            .map(|l| {
-                l.public_stats
-                    .iter()
-                    .filter_map(|v| {
-                        Some((
-                            v.get("layer")?.as_u64()? as usize,
-                            v.get("normalized_entropy")?.as_f64()?,
-                        ))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        Self {
-            method: r.method.clone(),
-            accuracy: r.eval().and_then(|e| e.accuracy),
-            loss: r.eval().map(|e| e.loss),
-            bleu: r.generation().map(|g| g.bleu),
-            rouge_l: r.generation().map(|g| g.rouge_l),
-            epsilon: r.epsilon.as_ref().map(|e| e.upper),
-            updates: r.updates,
-            seconds_per_update: if r.updates > 0 {
-                (r.wall_seconds - r.eval_seconds).max(0.0) / r.updates as f64
-            } else {
-                0.0
-            },
-            peak_rss_mib,
-            loss_curve: r
-                .private
-                .metrics
-                .iter()
-                .filter(|m| m.loss.is_finite())
-                .map(|m| (m.update + 1, m.loss))
-                .collect(),
-            eval_curve,
-            epsilon_curve: r
-                .epsilon_curve
-                .iter()
-                .copied()
-                .filter(|(_, e)| e.is_finite())
-                .collect(),
-            layer: r.layer.as_ref().map(|l| l.layer),
-            public_entropy,
-            snr: r
-                .private
-                .diagnostics
-                .as_ref()
-                .map(|d| d.snr.iter().map(|&x| x.is_finite().then_some(x)).collect())
-                .unwrap_or_default(),
-            snr_cv: r.private.diagnostics.as_ref().map(|d| d.snr_cv),
-            role_mismatch: r.private.diagnostics.as_ref().map(|d| d.role_mismatch),
-            shared_snr: r
-                .private
-                .diagnostics
-                .as_ref()
-                .map(|d| d.shared.snr)
-                .filter(|x| x.is_finite()),
-            clip_suppressed: r
-                .private
-                .diagnostics
-                .as_ref()
-                .map(|d| d.clip_suppressed_fraction),
-            dilution: r.private.diagnostics.as_ref().map(|d| d.dilution),
-            diagnostic_records: r.private.diagnostics.as_ref().map(|d| d.records),
-            sigmas: if r.privacy_plan.private {
-                r.privacy_plan
-                    .sigmas
-                    .iter()
-                    .map(|(st, x)| (st.name().to_string(), x))
-                    .collect()
-            } else {
-                Vec::new()
-            },
-            q: Some(r.privacy_plan.q),
-            group_accuracy: Vec::new(),
-        }
-    }
-}
 
 /// One run of the grid.
 #[derive(Debug, Clone)]
@@ -249,20 +98,6 @@ pub fn file_hash(path: &Path) -> anyhow::Result<String> {
         .collect())
 }
 
-/// Resets the peak-RSS counter of this process (Linux: `/proc/self/clear_refs`); false where
-/// that is not possible.
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// Peak RSS (`VmHWM`) of this process in MiB (Linux).
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
-
 /// The hidden subcommand of `raptor-reproduce` that runs one job: the worker process of a
 /// parallel reproduce (`raptor-reproduce run-one --config <job.toml> --dir <run folder>`, see
 /// [`run_one`]).
@@ -276,15 +111,16 @@ pub fn run_one(
     dir: &Path,
     progress: raptor_run::Progress<'_>,
 ) -> anyhow::Result<Summary> {
-    let rss_reset = reset_peak_rss();
+    let rss_reset = raptor_run::reset_peak_rss();
     let (_, record) = train_in(cfg, dir, progress, None)?;
-    let rss = if rss_reset { peak_rss_mib() } else { None };
+    let rss = if rss_reset {
+        raptor_run::peak_rss_mib()
+    } else {
+        None
+    };
     let mut summary = Summary::from_record(&record, rss);
     summary.group_accuracy = group_accuracy(dir)?;
-    write_atomic(
-        &dir.join("summary.json"),
-        &serde_json::to_vec_pretty(&summary)?,
-    )?;
+    summary.write(dir)?;
     Ok(summary)
 }
 
@@ -308,11 +144,7 @@ fn group_accuracy(dir: &Path) -> anyhow::Result<Vec<(String, f64)>> {
 }
 
 fn read_summary(dir: &Path) -> anyhow::Result<Summary> {
-    let spath = dir.join("summary.json");
-    serde_json::from_slice(
-        &std::fs::read(&spath).with_context(|| format!("reading {}", spath.display()))?,
-    )
-    .with_context(|| format!("parsing {}", spath.display()))
+    Summary::read(dir).with_context(|| format!("reading the summary of {}", dir.display()))
 }
 
 fn what(s: &Summary) -> String {
@@ -450,7 +282,7 @@ impl Runner {
                     // A run finished before its groups were asked for: score it now.
                     self.write_groups(d)?;
                     s.group_accuracy = group_accuracy(d)?;
-                    write_atomic(&d.join("summary.json"), &serde_json::to_vec_pretty(&s)?)?;
+                    s.write(d)?;
                 }
                 out.insert(j.label.clone(), s);
                 self.finish(&j.label, "reused");

@@ -232,10 +232,7 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
     // Every gate and DP run was scored per group of validation records.
     let summaries: Vec<crate::paper::runs::Summary> = std::fs::read_dir(out.join("runs"))
         .unwrap()
-        .map(|e| {
-            serde_json::from_slice(&std::fs::read(e.unwrap().path().join("summary.json")).unwrap())
-                .unwrap()
-        })
+        .map(|e| crate::paper::runs::Summary::read(&e.unwrap().path()).unwrap())
         .collect();
     let grouped = summaries
         .iter()
