@@ -35,7 +35,7 @@ use raptor_train::config::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::driver::{Context, Profile, ProfileScale};
+use crate::driver::{Context, Dims, Profile, ProfileScale, RouterSchedule, Schedule};
 use crate::paper::report::{DiagnosticsNames, EvidenceNames, diagnostics, dp_ran, evidence_tables};
 use crate::paper::runs::{Job, Runner, Summary, file_hash};
 use crate::paper::{
@@ -182,8 +182,10 @@ pub struct Scale {
     pub lora_r: i64,
     /// Tokens per data-to-text record.
     pub d2t_max_len: usize,
-    /// Fine-tuning updates, expected batch, AdamW learning rate, Muon learning rate.
-    pub d2t_finetune: (u64, f64, f64, f64),
+    /// Fine-tuning of the decoder: updates, expected batch, AdamW learning rate.
+    pub d2t_finetune: Schedule,
+    /// The Muon learning rate of the decoder's fine-tuning (its hidden matrices).
+    pub d2t_muon_lr: f64,
     /// Test sources scored (NLL over all their references; one greedy generation each;
     /// 0: all).
     pub d2t_sources: usize,
@@ -202,7 +204,12 @@ impl ProfileScale for Scale {
             cls,
             lora_r: 2,
             d2t_max_len: 40,
-            d2t_finetune: (2, 8.0, 1e-3, 2e-2),
+            d2t_finetune: Schedule {
+                updates: 2,
+                batch: 8.0,
+                lr: 1e-3,
+            },
+            d2t_muon_lr: 2e-2,
             d2t_sources: 3,
             d2t_new_tokens: 4,
         }
@@ -221,21 +228,48 @@ impl ProfileScale for Scale {
                 epsilons: vec![8.0],
                 cls_vocab: 0,
                 cls_max_len: 32,
-                enc: (0, 0, 0, 0, 0),
-                pretrain: (0, 0.0, 0.0),
-                finetune: (30, 32.0, 3e-3),
+                enc: Dims {
+                    width: 0,
+                    blocks: 0,
+                    heads: 0,
+                    ffn: 0,
+                    experts: 0,
+                },
+                pretrain: Schedule {
+                    updates: 0,
+                    batch: 0.0,
+                    lr: 0.0,
+                },
+                finetune: Schedule {
+                    updates: 30,
+                    batch: 32.0,
+                    lr: 3e-3,
+                },
                 max_validation: 36,
                 max_train: 100,
                 proxy_lrs: vec![1e-3, 3e-3, 1e-2],
                 expert_grid: vec![(StreamOptimizer::Adamw, 1.0)],
                 clip_public_records: 128,
-                router: (200, 1e-2, 2000),
-                specialise: (60, 32.0, 1e-3),
+                router: RouterSchedule {
+                    steps: 200,
+                    lr: 1e-2,
+                    max_records: 2000,
+                },
+                specialise: Schedule {
+                    updates: 60,
+                    batch: 32.0,
+                    lr: 1e-3,
+                },
                 gate: GATE,
             },
             lora_r: 8,
             d2t_max_len: 64,
-            d2t_finetune: (4, 16.0, 1e-3, 2e-2),
+            d2t_finetune: Schedule {
+                updates: 4,
+                batch: 16.0,
+                lr: 1e-3,
+            },
+            d2t_muon_lr: 2e-2,
             d2t_sources: 3,
             d2t_new_tokens: 12,
         }
@@ -253,21 +287,48 @@ impl ProfileScale for Scale {
                 epsilons: vec![1.0, 8.0],
                 cls_vocab: 0,
                 cls_max_len: 32,
-                enc: (0, 0, 0, 0, 0),
-                pretrain: (0, 0.0, 0.0),
-                finetune: (60, 64.0, 3e-3),
+                enc: Dims {
+                    width: 0,
+                    blocks: 0,
+                    heads: 0,
+                    ffn: 0,
+                    experts: 0,
+                },
+                pretrain: Schedule {
+                    updates: 0,
+                    batch: 0.0,
+                    lr: 0.0,
+                },
+                finetune: Schedule {
+                    updates: 60,
+                    batch: 64.0,
+                    lr: 3e-3,
+                },
                 max_validation: 0,
                 max_train: 0,
                 proxy_lrs: vec![1e-3, 3e-3, 1e-2],
                 expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Adamw, 0.3)],
                 clip_public_records: 0,
-                router: (300, 1e-2, 0),
-                specialise: (200, 64.0, 1e-3),
+                router: RouterSchedule {
+                    steps: 300,
+                    lr: 1e-2,
+                    max_records: 0,
+                },
+                specialise: Schedule {
+                    updates: 200,
+                    batch: 64.0,
+                    lr: 1e-3,
+                },
                 gate: GATE,
             },
             lora_r: 8,
             d2t_max_len: 64,
-            d2t_finetune: (6, 16.0, 1e-3, 2e-2),
+            d2t_finetune: Schedule {
+                updates: 6,
+                batch: 16.0,
+                lr: 1e-3,
+            },
+            d2t_muon_lr: 2e-2,
             d2t_sources: 4,
             d2t_new_tokens: 16,
         }
@@ -284,9 +345,23 @@ impl ProfileScale for Scale {
                 epsilons: vec![1.0, 4.0, 8.0],
                 cls_vocab: 0,
                 cls_max_len: 64,
-                enc: (0, 0, 0, 0, 0),
-                pretrain: (0, 0.0, 0.0),
-                finetune: (300, 256.0, 3e-3),
+                enc: Dims {
+                    width: 0,
+                    blocks: 0,
+                    heads: 0,
+                    ffn: 0,
+                    experts: 0,
+                },
+                pretrain: Schedule {
+                    updates: 0,
+                    batch: 0.0,
+                    lr: 0.0,
+                },
+                finetune: Schedule {
+                    updates: 300,
+                    batch: 256.0,
+                    lr: 3e-3,
+                },
                 max_validation: 0,
                 max_train: 0,
                 proxy_lrs: vec![1e-3, 3e-3, 1e-2],
@@ -296,13 +371,26 @@ impl ProfileScale for Scale {
                     (StreamOptimizer::Sgd, 10.0),
                 ],
                 clip_public_records: 0,
-                router: (500, 1e-2, 0),
-                specialise: (1000, 128.0, 1e-3),
+                router: RouterSchedule {
+                    steps: 500,
+                    lr: 1e-2,
+                    max_records: 0,
+                },
+                specialise: Schedule {
+                    updates: 1000,
+                    batch: 128.0,
+                    lr: 1e-3,
+                },
                 gate: GATE,
             },
             lora_r: 8,
             d2t_max_len: 96,
-            d2t_finetune: (200, 64.0, 2e-3, 2e-2),
+            d2t_finetune: Schedule {
+                updates: 200,
+                batch: 64.0,
+                lr: 2e-3,
+            },
+            d2t_muon_lr: 2e-2,
             d2t_sources: 0,
             d2t_new_tokens: 64,
         }
@@ -580,12 +668,12 @@ fn d2t_jobs(d: &D2tPrepared, s: &Scale, seeds: &[u64], device: DeviceSpec) -> Ve
     base.model.path = Some(d.model.path.clone());
     base.model.tokenizer = d.model.tokenizer.clone();
     base.method.scope = Scope::Lora;
-    base.method.muon_lr = s.d2t_finetune.3;
+    base.method.muon_lr = s.d2t_muon_lr;
     base.lora.r = s.lora_r;
     base.lora.alpha = 2.0 * s.lora_r as f64;
-    base.train.steps = Some(s.d2t_finetune.0);
-    base.train.batch_size = fit_batch(s.d2t_finetune.1, d.private_records);
-    base.train.lr = s.d2t_finetune.2;
+    base.train.steps = Some(s.d2t_finetune.updates);
+    base.train.batch_size = fit_batch(s.d2t_finetune.batch, d.private_records);
+    base.train.lr = s.d2t_finetune.lr;
     base.train.micro_batch = 8;
     base.train.checkpoint_every = 0;
     base.train.eval_every = 0;
@@ -749,10 +837,10 @@ fn d2t_table(
             },
             s.lora_r,
             2 * s.lora_r,
-            s.d2t_finetune.0,
-            fit_batch(s.d2t_finetune.1, d.private_records),
-            s.d2t_finetune.2,
-            s.d2t_finetune.3
+            s.d2t_finetune.updates,
+            fit_batch(s.d2t_finetune.batch, d.private_records),
+            s.d2t_finetune.lr,
+            s.d2t_muon_lr
         ),
         seeds_note(seeds),
         format!(

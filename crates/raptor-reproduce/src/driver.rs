@@ -233,3 +233,41 @@ fn environment(ctx: &Context) -> anyhow::Result<Vec<Table>> {
         notes: vec![],
     }])
 }
+
+/// An optimizer's schedule in a profile: how many updates, of which (expected) batch, at which
+/// learning rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Schedule {
+    /// Updates.
+    pub updates: u64,
+    /// Expected batch (records per update; capped at the records there are).
+    pub batch: f64,
+    /// Learning rate.
+    pub lr: f64,
+}
+
+/// Sizes of a transformer built from scratch in a profile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dims {
+    /// Model width (d_model).
+    pub width: i64,
+    /// Blocks.
+    pub blocks: i64,
+    /// Attention heads.
+    pub heads: i64,
+    /// Feed-forward size.
+    pub ffn: i64,
+    /// Experts per sparse layer (0 for a dense model).
+    pub experts: i64,
+}
+
+/// Router training toward a public partition in a profile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouterSchedule {
+    /// Adam steps.
+    pub steps: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// Public records read at most (0: all).
+    pub max_records: usize,
+}

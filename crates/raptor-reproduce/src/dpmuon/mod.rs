@@ -48,7 +48,7 @@ use raptor_train::config::{
     DataFormat, DeviceSpec, Method, ModelKind, RunConfig, Scope, TokenizerSpec,
 };
 
-use crate::driver::{Context, Profile, ProfileScale, Table};
+use crate::driver::{Context, Dims, Profile, ProfileScale, Schedule, Table};
 use crate::paper::runs::{Job, Placed, Runner, Summary};
 use crate::paper::{D2tTask, Inputs, fit_batch, label, pretrain, seeded};
 
@@ -98,9 +98,9 @@ pub struct Scale {
     /// Tokens per record.
     pub max_len: usize,
     /// Decoder width, blocks, heads, FFN size.
-    pub dec: (i64, i64, i64, i64),
+    pub dec: Dims,
     /// Pretraining updates, batch, learning rate.
-    pub pretrain: (u64, f64, f64),
+    pub pretrain: Schedule,
     /// Per-example clipping bound.
     pub clip: f64,
     /// Learning-rate grid of AdamW (DP-Adam, Adam).
@@ -167,8 +167,18 @@ impl ProfileScale for Scale {
             min_steps: 2,
             vocab: 200,
             max_len: 40,
-            dec: (16, 1, 2, 32),
-            pretrain: (6, 16.0, 5e-3),
+            dec: Dims {
+                width: 16,
+                blocks: 1,
+                heads: 2,
+                ffn: 32,
+                experts: 0,
+            },
+            pretrain: Schedule {
+                updates: 6,
+                batch: 16.0,
+                lr: 5e-3,
+            },
             clip: 1.0,
             adam_lrs: vec![1e-3, 1e-2],
             muon_lrs: vec![1e-2, 5e-2],
@@ -197,8 +207,18 @@ impl ProfileScale for Scale {
             min_steps: 3,
             vocab: 800,
             max_len: 64,
-            dec: (48, 2, 4, 192),
-            pretrain: (300, 32.0, 3e-3),
+            dec: Dims {
+                width: 48,
+                blocks: 2,
+                heads: 4,
+                ffn: 192,
+                experts: 0,
+            },
+            pretrain: Schedule {
+                updates: 300,
+                batch: 32.0,
+                lr: 3e-3,
+            },
             clip: 1.0,
             adam_lrs: vec![1e-3, 3e-3],
             muon_lrs: vec![3e-3, 1e-2],
@@ -226,8 +246,18 @@ impl ProfileScale for Scale {
             min_steps: 4,
             vocab: 1000,
             max_len: 64,
-            dec: (64, 2, 4, 256),
-            pretrain: (600, 32.0, 3e-3),
+            dec: Dims {
+                width: 64,
+                blocks: 2,
+                heads: 4,
+                ffn: 256,
+                experts: 0,
+            },
+            pretrain: Schedule {
+                updates: 600,
+                batch: 32.0,
+                lr: 3e-3,
+            },
             clip: 1.0,
             adam_lrs: vec![3e-4, 1e-3, 3e-3],
             muon_lrs: vec![1e-3, 3e-3, 1e-2],
@@ -255,8 +285,18 @@ impl ProfileScale for Scale {
             min_steps: 10,
             vocab: 8000,
             max_len: 128,
-            dec: (256, 6, 4, 1024),
-            pretrain: (3000, 64.0, 1e-3),
+            dec: Dims {
+                width: 256,
+                blocks: 6,
+                heads: 4,
+                ffn: 1024,
+                experts: 0,
+            },
+            pretrain: Schedule {
+                updates: 3000,
+                batch: 64.0,
+                lr: 1e-3,
+            },
             clip: 1.0,
             adam_lrs: vec![3e-4, 1e-3, 3e-3],
             muon_lrs: vec![5e-3, 2e-2, 5e-2],
@@ -603,11 +643,14 @@ fn prepare(
     p.data.max_length = s.max_len;
     p.model.kind = ModelKind::Gpt2;
     p.model.tokenizer = TokenizerSpec::from(tok.as_path());
-    (p.model.d_model, p.model.layers, p.model.heads, p.model.d_ff) = s.dec;
+    p.model.d_model = s.dec.width;
+    p.model.layers = s.dec.blocks;
+    p.model.heads = s.dec.heads;
+    p.model.d_ff = s.dec.ffn;
     p.method.name = Method::Adam;
-    p.train.steps = Some(s.pretrain.0);
-    p.train.batch_size = fit_batch(s.pretrain.1, corpora.pretrain_lines.len());
-    p.train.lr = s.pretrain.2;
+    p.train.steps = Some(s.pretrain.updates);
+    p.train.batch_size = fit_batch(s.pretrain.batch, corpora.pretrain_lines.len());
+    p.train.lr = s.pretrain.lr;
     p.train.micro_batch = 64;
     p.train.checkpoint_every = 0;
     p.train.insecure_seed = Some(7);

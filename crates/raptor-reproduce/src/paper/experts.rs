@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::runs::file_hash;
 use super::{Backbone, domains::domain_parts, fit_batch, pretrain};
+use crate::driver::Schedule;
 
 /// The settings of the specialisation.
 #[derive(Debug, Clone)]
@@ -37,7 +38,7 @@ pub struct Specialisation {
     /// all).
     pub max_records: usize,
     /// Continued public training: updates, expected batch, learning rate.
-    pub cont: (u64, f64, f64),
+    pub cont: Schedule,
     /// Records per forward pass of the continued training.
     pub micro_batch: usize,
     /// The per-user cache (the routed folders go to `<cache>/reproduce/routed/`, the continued
@@ -259,9 +260,9 @@ pub fn continued(
     p.lora.experts = true;
     p.lora.r = CONTINUED_RANK;
     p.lora.alpha = 2.0 * CONTINUED_RANK as f64;
-    p.train.steps = Some(spec.cont.0);
-    p.train.batch_size = fit_batch(spec.cont.1, n);
-    p.train.lr = spec.cont.2;
+    p.train.steps = Some(spec.cont.updates);
+    p.train.batch_size = fit_batch(spec.cont.batch, n);
+    p.train.lr = spec.cont.lr;
     p.train.micro_batch = spec.micro_batch;
     p.train.checkpoint_every = 0;
     p.train.insecure_seed = Some(7);

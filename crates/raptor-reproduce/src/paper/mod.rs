@@ -38,7 +38,7 @@ use raptor_train::config::{
     TokenizerSpec,
 };
 
-use crate::driver::{Context, Profile, ProfileScale, Table};
+use crate::driver::{Context, Dims, Profile, ProfileScale, RouterSchedule, Schedule, Table};
 use runs::{Job, Placed, Runner, Summary};
 
 pub use runs::run_one;
@@ -76,12 +76,12 @@ pub struct Scale {
     /// Tokens per classification record.
     pub cls_max_len: usize,
     /// Encoder width, blocks, heads, FFN size, experts.
-    pub enc: (i64, i64, i64, i64, i64),
+    pub enc: Dims,
     /// Pretraining updates, batch, learning rate (classification).
-    pub pretrain: (u64, f64, f64),
+    pub pretrain: Schedule,
     /// Fine-tuning updates, expected batch, learning rate (classification; the learning rate
     /// of every cell comes from the public proxy).
-    pub finetune: (u64, f64, f64),
+    pub finetune: Schedule,
     /// Validation records per (domain, label) cell at most (0: the smallest cell's count).
     pub max_validation: usize,
     /// Private training records per (domain, label) cell at most (0: the smallest cell's
@@ -98,10 +98,10 @@ pub struct Scale {
     pub clip_public_records: usize,
     /// Router training toward the domains: Adam steps, learning rate, public records read at
     /// most (0: all).
-    pub router: (usize, f64, usize),
+    pub router: RouterSchedule,
     /// Continued public training of the routed model (the experts specialise): updates,
     /// batch, learning rate.
-    pub specialise: (u64, f64, f64),
+    pub specialise: Schedule,
     /// The positive control's gate.
     pub gate: GateRule,
 }
@@ -120,16 +120,38 @@ impl ProfileScale for Scale {
             epsilons: vec![1.0, 8.0],
             cls_vocab: 200,
             cls_max_len: 24,
-            enc: (16, 2, 2, 32, 4),
-            pretrain: (6, 32.0, 5e-3),
-            finetune: (4, 32.0, 1e-2),
+            enc: Dims {
+                width: 16,
+                blocks: 2,
+                heads: 2,
+                ffn: 32,
+                experts: 4,
+            },
+            pretrain: Schedule {
+                updates: 6,
+                batch: 32.0,
+                lr: 5e-3,
+            },
+            finetune: Schedule {
+                updates: 4,
+                batch: 32.0,
+                lr: 1e-2,
+            },
             max_validation: 0,
             max_train: 0,
             proxy_lrs: vec![1e-2],
             expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
             clip_public_records: 0,
-            router: (20, 5e-2, 0),
-            specialise: (4, 32.0, 5e-3),
+            router: RouterSchedule {
+                steps: 20,
+                lr: 5e-2,
+                max_records: 0,
+            },
+            specialise: Schedule {
+                updates: 4,
+                batch: 32.0,
+                lr: 5e-3,
+            },
             gate: GateRule {
                 min_points: -100.0,
                 backbone_must_learn: false,
@@ -146,16 +168,38 @@ impl ProfileScale for Scale {
             epsilons: vec![1.0, 8.0],
             cls_vocab: 2000,
             cls_max_len: 32,
-            enc: (64, 2, 4, 128, 4),
-            pretrain: (1500, 64.0, 3e-3),
-            finetune: (60, 128.0, 1e-2),
+            enc: Dims {
+                width: 64,
+                blocks: 2,
+                heads: 4,
+                ffn: 128,
+                experts: 4,
+            },
+            pretrain: Schedule {
+                updates: 1500,
+                batch: 64.0,
+                lr: 3e-3,
+            },
+            finetune: Schedule {
+                updates: 60,
+                batch: 128.0,
+                lr: 1e-2,
+            },
             max_validation: 0,
             max_train: 0,
             proxy_lrs: vec![3e-3, 1e-2, 3e-2],
             expert_grid: vec![(StreamOptimizer::Adamw, 1.0), (StreamOptimizer::Sgd, 10.0)],
             clip_public_records: 256,
-            router: (1000, 3e-2, 0),
-            specialise: (300, 64.0, 3e-3),
+            router: RouterSchedule {
+                steps: 1000,
+                lr: 3e-2,
+                max_records: 0,
+            },
+            specialise: Schedule {
+                updates: 300,
+                batch: 64.0,
+                lr: 3e-3,
+            },
             gate: GATE,
         }
     }
@@ -168,9 +212,23 @@ impl ProfileScale for Scale {
             epsilons: vec![1.0, 8.0],
             cls_vocab: 3000,
             cls_max_len: 32,
-            enc: (64, 4, 4, 128, 4),
-            pretrain: (600, 64.0, 3e-3),
-            finetune: (60, 128.0, 1e-2),
+            enc: Dims {
+                width: 64,
+                blocks: 4,
+                heads: 4,
+                ffn: 128,
+                experts: 4,
+            },
+            pretrain: Schedule {
+                updates: 600,
+                batch: 64.0,
+                lr: 3e-3,
+            },
+            finetune: Schedule {
+                updates: 60,
+                batch: 128.0,
+                lr: 1e-2,
+            },
             max_validation: 0,
             max_train: 0,
             proxy_lrs: vec![1e-3, 3e-3, 1e-2, 3e-2],
@@ -181,8 +239,16 @@ impl ProfileScale for Scale {
                 (StreamOptimizer::Sgd, 50.0),
             ],
             clip_public_records: 0,
-            router: (300, 1e-2, 0),
-            specialise: (300, 64.0, 3e-3),
+            router: RouterSchedule {
+                steps: 300,
+                lr: 1e-2,
+                max_records: 0,
+            },
+            specialise: Schedule {
+                updates: 300,
+                batch: 64.0,
+                lr: 3e-3,
+            },
             gate: GATE,
         }
     }
@@ -194,9 +260,23 @@ impl ProfileScale for Scale {
             epsilons: vec![1.0, 4.0, 8.0],
             cls_vocab: 8000,
             cls_max_len: 64,
-            enc: (256, 8, 4, 1024, 4),
-            pretrain: (3000, 128.0, 1e-3),
-            finetune: (300, 256.0, 5e-3),
+            enc: Dims {
+                width: 256,
+                blocks: 8,
+                heads: 4,
+                ffn: 1024,
+                experts: 4,
+            },
+            pretrain: Schedule {
+                updates: 3000,
+                batch: 128.0,
+                lr: 1e-3,
+            },
+            finetune: Schedule {
+                updates: 300,
+                batch: 256.0,
+                lr: 5e-3,
+            },
             max_validation: 0,
             max_train: 0,
             proxy_lrs: vec![1e-3, 3e-3, 1e-2, 3e-2],
@@ -208,8 +288,16 @@ impl ProfileScale for Scale {
                 (StreamOptimizer::Sgd, 50.0),
             ],
             clip_public_records: 0,
-            router: (500, 1e-2, 0),
-            specialise: (1000, 128.0, 1e-3),
+            router: RouterSchedule {
+                steps: 500,
+                lr: 1e-2,
+                max_records: 0,
+            },
+            specialise: Schedule {
+                updates: 1000,
+                batch: 128.0,
+                lr: 1e-3,
+            },
             gate: GATE,
         }
     }
@@ -472,9 +560,9 @@ fn cls_base(c: &ClsPrepared, s: &Scale, device: DeviceSpec) -> RunConfig {
     if let Some(p) = c.backbone.pooling {
         c2.model.pooling = p;
     }
-    c2.train.steps = Some(s.finetune.0);
-    c2.train.batch_size = s.finetune.1;
-    c2.train.lr = s.finetune.2;
+    c2.train.steps = Some(s.finetune.updates);
+    c2.train.batch_size = s.finetune.batch;
+    c2.train.lr = s.finetune.lr;
     c2.train.micro_batch = 256;
     c2.train.checkpoint_every = 0;
     c2.train.eval_every = 0;
@@ -611,18 +699,16 @@ fn prepare_cls(
     p.data.max_length = s.cls_max_len;
     p.model.kind = ModelKind::Switch;
     p.model.tokenizer = TokenizerSpec::from(tok.as_path());
-    (
-        p.model.d_model,
-        p.model.layers,
-        p.model.heads,
-        p.model.d_ff,
-        p.model.experts,
-    ) = s.enc;
+    p.model.d_model = s.enc.width;
+    p.model.layers = s.enc.blocks;
+    p.model.heads = s.enc.heads;
+    p.model.d_ff = s.enc.ffn;
+    p.model.experts = s.enc.experts;
     p.model.experts = p.model.experts.max(md.domains.len() as i64);
     p.method.name = Method::Full;
-    p.train.steps = Some(s.pretrain.0);
-    p.train.batch_size = fit_batch(s.pretrain.1, pre_records);
-    p.train.lr = s.pretrain.2;
+    p.train.steps = Some(s.pretrain.updates);
+    p.train.batch_size = fit_batch(s.pretrain.batch, pre_records);
+    p.train.lr = s.pretrain.lr;
     p.train.micro_batch = 256;
     p.train.checkpoint_every = 0;
     p.train.insecure_seed = Some(7);
@@ -654,10 +740,10 @@ pub(crate) fn specialisation(
         validation: md.proxy_valid_natural.clone(),
         domains: md.domains.clone(),
         router: RouterTraining {
-            steps: s.router.0,
-            lr: s.router.1,
+            steps: s.router.steps,
+            lr: s.router.lr,
         },
-        max_records: s.router.2,
+        max_records: s.router.max_records,
         cont: s.specialise,
         micro_batch: 128,
         cache: cache.to_path_buf(),
@@ -908,7 +994,7 @@ pub(crate) fn proxy_jobs(
                             delta,
                             q_private,
                             q_proxy,
-                            s.finetune.0,
+                            s.finetune.updates,
                             base.privacy.accuracy,
                         )?)
                     }
@@ -1112,7 +1198,7 @@ pub(crate) fn dp_jobs(
                     && eps == max_eps
                     && matches!(m, Method::Raptor | Method::DpAdamLora)
                 {
-                    cfg.train.eval_every = (s.finetune.0 / 4).max(1);
+                    cfg.train.eval_every = (s.finetune.updates / 4).max(1);
                 }
                 jobs.push(Job {
                     label: label(&task.name, m.name(), "", Some(eps), seed),
@@ -1569,7 +1655,7 @@ pub(crate) mod tests {
             // The proxy runs at the private run's expected batch (capped at half the proxy's
             // records), and a private cell's at a larger ε than the private run's (its q is
             // larger: the same σ costs more ε).
-            let b = fit_batch(s.finetune.1, 2592);
+            let b = fit_batch(s.finetune.batch, 2592);
             for j in control.iter().chain(&first).chain(&second) {
                 assert_eq!(j.cfg.data.train, PathBuf::from("/a/pt.tsv"));
                 assert_eq!(j.cfg.train.batch_size, b.min(168.0), "{name}");
