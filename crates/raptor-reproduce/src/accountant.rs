@@ -10,7 +10,7 @@ use raptor_accountant::{
     SubsampledGaussian, plan_budget,
 };
 
-use crate::driver::{Context, Table};
+use crate::context::{Context, Table};
 
 struct Golden {
     name: String,

@@ -35,7 +35,7 @@ use raptor_train::config::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::driver::{Context, Dims, Profile, ProfileScale, RouterSchedule, Schedule};
+use crate::context::{Context, Dims, Profile, ProfileScale, RouterSchedule, Schedule};
 use crate::paper::report::{DiagnosticsNames, EvidenceNames, diagnostics, dp_ran, evidence_tables};
 use crate::paper::runs::{Job, Runner, Summary, file_hash};
 use crate::paper::{
@@ -918,10 +918,10 @@ fn d2t_table(
 ///
 /// # Errors
 /// A failed run, upcycling or data file.
-pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
+pub fn tables(ctx: &Context, given: Option<&Inputs>) -> anyhow::Result<Vec<Table>> {
     let scale = Scale::for_profile(ctx.profile);
     let standard = matches!(ctx.profile, Profile::Small | Profile::Standard);
-    let inputs = match &ctx.backbones {
+    let inputs = match given {
         Some(i) => i.clone(),
         None => {
             let cache = match &ctx.cache {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use raptor_clip::workload::synthetic_gradients;
 use tch::{Kind, Tensor};
 
-use crate::driver::{Context, Table};
+use crate::context::{Context, Table};
 
 /// Wall time in seconds of `f`: the fastest of 3 back-to-back calls after a warm-up call (which
 /// wakes the thread pools and warms the caches, as in a training loop).

@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 
 mod accountant;
 mod backbones;
+mod context;
 mod dpmuon;
 mod driver;
 mod kernels;
@@ -134,13 +135,12 @@ fn reproduce(a: ReproduceArgs) -> anyhow::Result<()> {
             profile: driver::Profile::from_flags(a.quick, a.standard, a.full),
             cache: a.cache,
             d2t_data,
-            inputs: None,
-            backbones: None,
             device: a.device,
             exe: std::env::current_exe().ok(),
             workers,
             json: a.json,
         },
+        &driver::Overrides::default(),
         &a.only,
     )
     .map(|_| ())

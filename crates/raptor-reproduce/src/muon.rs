@@ -8,7 +8,7 @@ use raptor_muon::diagnostics::{bias_monte_carlo, gaussian_matrix, planted_matrix
 use raptor_muon::{BcConfig, NsConfig, newton_schulz};
 use tch::{Device, Kind, Tensor};
 
-use crate::driver::{Context, Table};
+use crate::context::{Context, Table};
 
 fn bias_table(ctx: &Context) -> anyhow::Result<Table> {
     let (rows, cols) = (6usize, 10usize);

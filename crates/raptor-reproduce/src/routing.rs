@@ -6,7 +6,7 @@ use std::time::Instant;
 use raptor_routing::synth::{SynthSpec, generate, profile_entropy, zipf_profile};
 use raptor_routing::{OwnerRule, PublicCorpus, SelectionConfig, owner_map, select_layer};
 
-use crate::driver::{Context, Table};
+use crate::context::{Context, Table};
 
 /// Sparse-layer ids (every other block of a 12-block encoder, as in Switch) and their planted
 /// owner profiles over E = 8 experts.

@@ -48,7 +48,7 @@ use raptor_train::config::{
     DataFormat, DeviceSpec, Method, ModelKind, RunConfig, Scope, TokenizerSpec,
 };
 
-use crate::driver::{Context, Dims, Profile, ProfileScale, Schedule, Table};
+use crate::context::{Context, Dims, Profile, ProfileScale, Schedule, Table};
 use crate::paper::runs::{Job, Placed, Runner, Summary};
 use crate::paper::{D2tTask, Inputs, fit_batch, label, pretrain, seeded};
 
@@ -802,10 +802,10 @@ pub fn d2t_folders(ctx: &Context) -> Vec<PathBuf> {
 }
 
 /// Runs the part and returns its tables (plots are written beside them).
-pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
+pub fn tables(ctx: &Context, given: Option<&Inputs>) -> anyhow::Result<Vec<Table>> {
     let started = std::time::Instant::now();
     let scale = Scale::for_profile(ctx.profile);
-    let (inputs, sources) = match &ctx.inputs {
+    let (inputs, sources) = match given {
         Some(i) => (i.clone(), Vec::new()),
         None => {
             let cache = match &ctx.cache {

@@ -860,8 +860,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::context::ProfileScale;
     use crate::dpmuon::{Scale, StartScore};
-    use crate::driver::ProfileScale;
 
     #[test]
     fn controls_read_the_interval_on_the_right_side() {

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::runs::file_hash;
 use super::{Backbone, domains::domain_parts, fit_batch, pretrain};
-use crate::driver::Schedule;
+use crate::context::Schedule;
 
 /// The settings of the specialisation.
 #[derive(Debug, Clone)]

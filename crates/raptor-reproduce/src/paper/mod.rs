@@ -38,7 +38,7 @@ use raptor_train::config::{
     TokenizerSpec,
 };
 
-use crate::driver::{Context, Dims, Profile, ProfileScale, RouterSchedule, Schedule, Table};
+use crate::context::{Context, Dims, Profile, ProfileScale, RouterSchedule, Schedule, Table};
 use runs::{Job, Placed, Runner, Summary};
 
 pub use runs::run_one;
@@ -1270,9 +1270,9 @@ pub(super) fn read_d2t(format: &str, path: &Path) -> anyhow::Result<raptor_data:
 
 /// Runs the classification grid (RAPTOR and its baselines) on the multi-domain task and returns
 /// its tables (plots are written beside them).
-pub fn tables(ctx: &Context) -> anyhow::Result<Vec<Table>> {
+pub fn tables(ctx: &Context, given: Option<&Inputs>) -> anyhow::Result<Vec<Table>> {
     let scale = Scale::for_profile(ctx.profile);
-    let inputs = match &ctx.inputs {
+    let inputs = match given {
         Some(i) => i.clone(),
         None => {
             let cache = match &ctx.cache {

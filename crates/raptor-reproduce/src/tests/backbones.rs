@@ -15,7 +15,7 @@ use raptor_models::checkpoint::save_pretrained;
 use raptor_models::{Bert, BertConfig, Decoder, DecoderConfig, DecoderFamily, DecoderHead};
 
 use crate::backbones::{Inputs, ModelInput};
-use crate::driver::{Context, run};
+use crate::driver::{Context, Overrides, run};
 use crate::paper::D2tTask;
 
 fn root() -> PathBuf {
@@ -53,20 +53,23 @@ fn tiny_models(dir: &Path) -> (PathBuf, PathBuf) {
     (dir.join("bert"), dir.join("llama"))
 }
 
-fn ctx(out: &Path, d2t: &Path, backbones: Inputs, exe: bool) -> Context {
-    Context {
+fn ctx(out: &Path, d2t: &Path, backbones: Inputs, exe: bool) -> (Context, Overrides) {
+    let over = Overrides {
+        paper: None,
+        backbones: Some(backbones),
+    };
+    let c = Context {
         root: root(),
         out: out.to_path_buf(),
         profile: crate::driver::Profile::Quick,
         cache: None,
         d2t_data: d2t.to_path_buf(),
-        inputs: None,
-        backbones: Some(backbones),
         device: raptor_train::config::DeviceSpec::Cpu,
         exe: exe.then(super::worker_exe),
         workers: 2,
         json: false,
-    }
+    };
+    (c, over)
 }
 
 fn md(out: &Path, slug: &str) -> String {
@@ -109,7 +112,7 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
     let out = tmp.path().join("results");
     let c = ctx(&out, &d2t, inputs, true);
     let only = vec!["backbones".to_string()];
-    let tables = run(&c, &only).unwrap();
+    let tables = run(&c.0, &c.1, &only).unwrap();
     let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
     assert_eq!(
         slugs,
@@ -264,7 +267,8 @@ fn quick_backbones_part_runs_end_to_end_and_reuses_finished_runs() {
         md(&out, "backbones-minilm-moe"),
         md(&out, "backbones-smollm2"),
     );
-    let again = run(&ctx(&out, &d2t, c.backbones.clone().unwrap(), false), &only).unwrap();
+    let c2 = ctx(&out, &d2t, c.1.backbones.clone().unwrap(), false);
+    let again = run(&c2.0, &c2.1, &only).unwrap();
     assert_eq!(again.len(), 4);
     assert_eq!(
         (
@@ -291,7 +295,8 @@ fn missing_checkpoints_and_corpora_are_skipped_with_the_reason() {
         raptor_train::config::DeviceSpec::Cpu,
     );
     let out = tmp.path().join("results");
-    let tables = run(&ctx(&out, tmp.path(), inputs, false), &["backbones".into()]).unwrap();
+    let c = ctx(&out, tmp.path(), inputs, false);
+    let tables = run(&c.0, &c.1, &["backbones".into()]).unwrap();
     assert_eq!(tables.len(), 2);
     let why = &tables[0].rows[0][0];
     assert!(tables[0].title.ends_with("skipped"), "{}", tables[0].title);

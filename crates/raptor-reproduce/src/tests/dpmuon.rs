@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::driver::{Context, run};
+use crate::driver::{Context, Overrides, run};
 use crate::paper::{D2tTask, Inputs};
 
 fn root() -> PathBuf {
@@ -125,21 +125,23 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
         device: raptor_train::config::DeviceSpec::Cpu,
     };
     let out = tmp.path().join("results");
+    let over = Overrides {
+        paper: Some(inputs),
+        backbones: None,
+    };
     let ctx = Context {
         root: root(),
         out: out.clone(),
         profile: crate::driver::Profile::Quick,
         cache: None,
         d2t_data: d.clone(),
-        inputs: Some(inputs),
-        backbones: None,
         device: raptor_train::config::DeviceSpec::Cpu,
         exe: Some(super::worker_exe()),
         workers: 2,
         json: false,
     };
     let only = vec!["dpmuon".to_string()];
-    let tables = run(&ctx, &only).unwrap();
+    let tables = run(&ctx, &over, &only).unwrap();
     let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
     assert_eq!(
         slugs,
@@ -265,7 +267,7 @@ fn quick_dpmuon_part_runs_end_to_end_and_reuses_finished_runs() {
     }
     // A second reproduce reuses every run, the pretraining and the bias estimates.
     let before = std::fs::read_to_string(out.join("dpmuon-lr.md")).unwrap();
-    let again = run(&ctx, &only).unwrap();
+    let again = run(&ctx, &over, &only).unwrap();
     assert_eq!(again.len(), 4);
     assert_eq!(
         std::fs::read_to_string(out.join("dpmuon-lr.md")).unwrap(),

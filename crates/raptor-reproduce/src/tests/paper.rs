@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::driver::{Context, run};
+use crate::driver::{Context, Overrides, run};
 use crate::paper::{ClsTask, D2tTask, Inputs};
 
 fn root() -> PathBuf {
@@ -104,21 +104,23 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
         device: raptor_train::config::DeviceSpec::Cpu,
     };
     let out = tmp.path().join("results");
+    let over = Overrides {
+        paper: Some(inputs),
+        backbones: None,
+    };
     let ctx = Context {
         root: root(),
         out: out.clone(),
         profile: crate::driver::Profile::Quick,
         cache: None,
         d2t_data: d2t.clone(),
-        inputs: Some(inputs),
-        backbones: None,
         device: raptor_train::config::DeviceSpec::Cpu,
         exe: Some(super::worker_exe()),
         workers: 2,
         json: false,
     };
     let only = vec!["paper".to_string()];
-    let tables = run(&ctx, &only).unwrap();
+    let tables = run(&ctx, &over, &only).unwrap();
     let slugs: Vec<&str> = tables.iter().map(|t| t.slug.as_str()).collect();
     assert_eq!(
         slugs,
@@ -258,7 +260,7 @@ fn quick_paper_grid_runs_end_to_end_and_reuses_finished_runs() {
         .unwrap()
         .count();
     assert_eq!(routed, 1);
-    let again = run(&ctx, &only).unwrap();
+    let again = run(&ctx, &over, &only).unwrap();
     assert_eq!(again.len(), tables.len());
     assert_eq!(md(&out, "paper-table1"), before);
     let runs_after = std::fs::read_dir(out.join("runs")).unwrap().count();
@@ -278,20 +280,22 @@ fn missing_corpora_are_reported_not_fatal() {
     assert!(why.contains("cargo xtask setup --data"), "{why}");
     assert_eq!(inputs.d2t_missing.len(), 2);
     let out = tmp.path().join("results");
+    let over = Overrides {
+        paper: Some(inputs),
+        backbones: None,
+    };
     let ctx = Context {
         root: root(),
         out: out.clone(),
         profile: crate::driver::Profile::Quick,
         cache: None,
         d2t_data: tmp.path().to_path_buf(),
-        inputs: Some(inputs),
-        backbones: None,
         device: raptor_train::config::DeviceSpec::Cpu,
         exe: None,
         workers: 1,
         json: false,
     };
-    let tables = run(&ctx, &["paper".into(), "dpmuon".into()]).unwrap();
+    let tables = run(&ctx, &over, &["paper".into(), "dpmuon".into()]).unwrap();
     // One skipped paper table, then the data-to-text part's.
     assert!(tables.len() >= 2, "{}", tables.len());
     assert_eq!(
@@ -308,6 +312,8 @@ fn missing_corpora_are_reported_not_fatal() {
         "{:?}",
         tables[1]
     );
-    let err = run(&ctx, &["tables".into()]).unwrap_err().to_string();
+    let err = run(&ctx, &over, &["tables".into()])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unknown part"), "{err}");
 }
