@@ -28,7 +28,6 @@ use crate::blocks::{
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, Linear, RmsNorm, RowSpec};
 use crate::model::Model;
-use crate::olmoe::DecoderHead;
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
@@ -589,6 +588,36 @@ impl Model for Decoder {
             (DecoderHead::Classification { .. }, None) => Err(ModelError::InvalidConfig(
                 "classification decoder without a score head".into(),
             )),
+        }
+    }
+}
+
+/// What a decoder's head computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum DecoderHead {
+    /// Next-token logits `[B, T, V]`.
+    LanguageModel,
+    /// Class logits `[B, C]` from the hidden state of each record's last valid token.
+    Classification {
+        /// Number of classes.
+        num_labels: i64,
+    },
+}
+
+impl DecoderHead {
+    /// The loss this head trains with.
+    pub fn task(&self) -> Task {
+        match self {
+            DecoderHead::LanguageModel => Task::LanguageModel,
+            DecoderHead::Classification { .. } => Task::Classification,
+        }
+    }
+
+    /// Number of classes (`None` for the language-model head).
+    pub fn num_labels(&self) -> Option<i64> {
+        match self {
+            DecoderHead::LanguageModel => None,
+            DecoderHead::Classification { num_labels } => Some(*num_labels),
         }
     }
 }

@@ -20,11 +20,10 @@
 //! ```
 
 use crate::blocks::RopeScaling;
-use crate::checkpoint::HfLayout;
+use crate::decoder::DecoderHead;
 use crate::decoder::{DecoderConfig, DecoderFamily, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::Act;
-use crate::olmoe::DecoderHead;
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -1146,6 +1145,175 @@ impl HfBertConfig {
             pooling,
             num_labels,
             moe: self.moe.clone(),
+        })
+    }
+}
+
+/// How a Hugging Face checkpoint's tensors differ from this crate's variables (see the module
+/// docs). Patterns are [`glob_match`](crate::layers::glob_match) patterns over whole names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HfLayout {
+    /// Variable names whose 2-D weight is stored transposed (`[in, out]`) in the file.
+    pub transposed: Vec<String>,
+    /// Tied weights `(alias, source)`: the file stores `source` only.
+    pub tied: Vec<(String, String)>,
+    /// Prefixes a file may omit (`transformer.`): variable `transformer.h.0.x` is also looked
+    /// up as `h.0.x`.
+    pub optional_prefixes: Vec<String>,
+    /// Checkpoint tensors that are never reported as unexpected.
+    pub ignore_unexpected: Vec<String>,
+}
+
+impl HfLayout {
+    /// Names and shapes as they are.
+    pub fn identity() -> Self {
+        Self::default()
+    }
+
+    /// `GPT2LMHeadModel`: Conv1D weights transposed, `lm_head.weight` tied to
+    /// `transformer.wte.weight`, optional `transformer.` prefix, causal-mask buffers ignored.
+    pub fn gpt2() -> Self {
+        Self {
+            transposed: [
+                "*.attn.c_attn.weight",
+                "*.attn.c_proj.weight",
+                "*.mlp.c_fc.weight",
+                "*.mlp.c_proj.weight",
+            ]
+            .map(String::from)
+            .to_vec(),
+            tied: vec![("lm_head.weight".into(), "transformer.wte.weight".into())],
+            optional_prefixes: vec!["transformer.".into()],
+            ignore_unexpected: ["*.attn.bias", "*.attn.masked_bias"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+
+    /// `SwitchTransformersEncoderModel` (also reads full `SwitchTransformersModel` /
+    /// `…ForConditionalGeneration` checkpoints, ignoring the decoder): embeddings tied to
+    /// `shared.weight`.
+    pub fn switch_transformers() -> Self {
+        Self {
+            transposed: vec![],
+            tied: vec![
+                ("encoder.embed_tokens.weight".into(), "shared.weight".into()),
+                ("decoder.embed_tokens.weight".into(), "shared.weight".into()),
+                ("lm_head.weight".into(), "shared.weight".into()),
+            ],
+            optional_prefixes: vec![],
+            ignore_unexpected: ["decoder.*", "lm_head.weight"].map(String::from).to_vec(),
+        }
+    }
+
+    /// `OlmoeForCausalLM` (hub layout: one matrix per expert; `lm_head.weight` untied unless
+    /// the config ties it, see [`HfLayout::with_tied`]).
+    pub fn olmoe() -> Self {
+        Self {
+            transposed: vec![],
+            tied: vec![],
+            optional_prefixes: vec![],
+            ignore_unexpected: vec![],
+        }
+    }
+
+    /// `LlamaForCausalLM`, `MixtralForCausalLM`, `Qwen2MoeForCausalLM` (hub layout: one matrix
+    /// per expert). With `tied`, `lm_head.weight` is `model.embed_tokens.weight` (a file that
+    /// stores both is read); old checkpoints' `rotary_emb.inv_freq` buffers are ignored.
+    pub fn llama_family(tied: bool) -> Self {
+        let mut l = Self {
+            ignore_unexpected: vec!["*.rotary_emb.inv_freq".into()],
+            ..Self::default()
+        };
+        if tied {
+            l.ignore_unexpected.push("lm_head.weight".into());
+        }
+        l
+    }
+
+    /// `BertForSequenceClassification` (also reads a `BertModel` checkpoint, whose names lack
+    /// the `bert.` prefix); `position_ids` buffers and, when the model pools by mean, the
+    /// checkpoint's pooler are never unexpected.
+    pub fn bert() -> Self {
+        Self {
+            transposed: vec![],
+            tied: vec![],
+            optional_prefixes: vec!["bert.".into()],
+            ignore_unexpected: ["*position_ids", "*pooler.dense.*"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+
+    /// Adds a tie `(alias, source)`.
+    pub fn with_tied(mut self, alias: &str, source: &str) -> Self {
+        self.tied.push((alias.to_string(), source.to_string()));
+        self
+    }
+
+    /// The layout for a Hugging Face `model_type` (`gpt2`, `switch_transformers`, `olmoe`).
+    pub fn for_model_type(model_type: &str) -> Result<Self> {
+        match model_type {
+            "gpt2" => Ok(Self::gpt2()),
+            "switch_transformers" => Ok(Self::switch_transformers()),
+            "olmoe" => Ok(Self::olmoe()),
+            "llama" | "mixtral" | "qwen2_moe" => Ok(Self::llama_family(false)),
+            "bert" => Ok(Self::bert()),
+            other => Err(ModelError::InvalidConfig(format!(
+                "no checkpoint layout for model_type {other:?} (known: gpt2, switch_transformers, olmoe, llama, mixtral, qwen2_moe, bert)"
+            ))),
+        }
+    }
+
+    pub(crate) fn is_transposed(&self, var: &str) -> bool {
+        crate::layers::any_match(&self.transposed, var)
+    }
+
+    /// File names to try for variable `var`, best first.
+    pub(crate) fn candidates(&self, var: &str) -> Vec<(String, bool)> {
+        let mut direct = vec![var.to_string()];
+        for p in &self.optional_prefixes {
+            if let Some(rest) = var.strip_prefix(p.as_str()) {
+                direct.push(rest.to_string());
+            }
+        }
+        let mut out: Vec<(String, bool)> = direct.iter().map(|n| (n.clone(), false)).collect();
+        for (alias, source) in &self.tied {
+            if alias == var {
+                out.push((source.clone(), true));
+                for p in &self.optional_prefixes {
+                    if let Some(rest) = source.strip_prefix(p.as_str()) {
+                        out.push((rest.to_string(), true));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// When checkpoint tensor `name` is the alias of a tied weight (e.g. an old GPT-2 file that
+    /// stores both `lm_head.weight` and `wte.weight`), the source's name in `available`.
+    pub(crate) fn tied_source_in(
+        &self,
+        name: &str,
+        available: &std::collections::BTreeSet<String>,
+    ) -> Option<String> {
+        self.tied.iter().find_map(|(alias, source)| {
+            let matches = alias == name
+                || self
+                    .optional_prefixes
+                    .iter()
+                    .any(|p| alias.strip_prefix(p.as_str()) == Some(name));
+            if !matches {
+                return None;
+            }
+            std::iter::once(source.clone())
+                .chain(
+                    self.optional_prefixes
+                        .iter()
+                        .filter_map(|p| source.strip_prefix(p.as_str()).map(str::to_string)),
+                )
+                .find(|s| available.contains(s))
         })
     }
 }

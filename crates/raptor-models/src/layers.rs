@@ -1,7 +1,6 @@
 //! Building blocks: linear maps with optional LoRA, norms, embeddings, the forward context.
 
 use crate::error::{ModelError, Result};
-use crate::moe::RouterOutput;
 use crate::tape::{Part, Rows, Tape};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -36,7 +35,7 @@ pub struct ForwardCtx {
     /// dropout masks; `None`: their positions `0..B` in the batch.
     pub record_ids: Option<Vec<u64>>,
     /// When `Some`, each sparse layer of a MoE-BERT appends (layer, the hidden states `[B, T,
-    /// d]` its router reads) here: what [`crate::upcycle::train_bert_routers`] trains on.
+    /// d]` its router reads) here: what `train_bert_routers` of the `upcycle` module trains on.
     pub router_inputs: Option<Vec<(usize, Tensor)>>,
     /// Start the forward pass from cached hidden states instead of the token ids: `(k, h)`,
     /// `h` `[B, T, d]` the output of the embeddings and the first `k` blocks for this batch
@@ -209,7 +208,7 @@ pub fn name_matches(name: &str, pattern: &str) -> bool {
     if !pattern.contains('*') {
         return name.contains(pattern);
     }
-    crate::checkpoint::glob_match(pattern, name)
+    glob_match(pattern, name)
 }
 
 /// Creates variable `name` (dot-separated, e.g. `encoder.block.0.layer.0.SelfAttention.q.weight`)
@@ -658,4 +657,57 @@ pub(crate) fn mask_min(kind: Kind) -> f64 {
         Kind::BFloat16 => -3.3895313892515355e38,
         _ => f32::MIN as f64,
     }
+}
+
+/// `*`-wildcard match of a whole name (`*` matches any run of characters, dots included).
+///
+/// ```
+/// use raptor_models::checkpoint::glob_match; // also `raptor_models::layers::glob_match`
+/// assert!(glob_match("*.attn.c_attn.weight", "transformer.h.3.attn.c_attn.weight"));
+/// assert!(glob_match("decoder.*", "decoder.block.0.layer.0.SelfAttention.q.weight"));
+/// assert!(!glob_match("*.attn.c_attn.weight", "transformer.h.3.attn.c_attn.lora_A.weight"));
+/// ```
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, s) = (pattern.as_bytes(), name.as_bytes());
+    let (mut pi, mut si) = (0usize, 0usize);
+    let (mut star, mut mark) = (None::<usize>, 0usize);
+    while si < s.len() {
+        if pi < p.len() && p[pi] != b'*' && p[pi] == s[si] {
+            pi += 1;
+            si += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some(pi);
+            mark = si;
+            pi += 1;
+        } else if let Some(st) = star {
+            pi = st + 1;
+            mark += 1;
+            si = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == b'*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// One sparse layer's router decisions, in the form `raptor-routing` takes
+/// (`LayerRouting::push_tensors(&indices, &weights, &mask)`).
+#[derive(Debug)]
+pub struct RouterOutput {
+    /// Block / layer index of the sparse layer.
+    pub layer: usize,
+    /// Selected experts `[B, T, k]` (i64).
+    pub indices: Tensor,
+    /// Gate weights `[B, T, k]` (the weights that multiply the expert outputs).
+    pub weights: Tensor,
+    /// Valid-token mask `[B, T]` (the batch's attention mask).
+    pub mask: Tensor,
+}
+
+/// Whether `name` matches any of `patterns` ([`glob_match`]).
+pub(crate) fn any_match(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|p| glob_match(p, name))
 }

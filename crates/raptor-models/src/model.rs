@@ -42,7 +42,7 @@ pub trait Model {
     fn router_params(&self) -> Vec<String> {
         Vec::new()
     }
-    /// The Hugging Face `config.json` of this model (what [`crate::checkpoint::save_pretrained`]
+    /// The Hugging Face `config.json` of this model (what `save_pretrained` of the `checkpoint` module
     /// writes beside the weights); None when the family cannot be exported.
     fn hf_config_json(&self) -> Option<serde_json::Value> {
         None

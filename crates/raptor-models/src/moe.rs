@@ -1,23 +1,10 @@
 //! Token routing to experts: router outputs per sparse layer and the dispatch loop.
 
 use crate::error::{ModelError, Result};
+pub use crate::layers::RouterOutput;
 use crate::layers::{ForwardCtx, RowSpec};
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
-
-/// One sparse layer's router decisions, in the form `raptor-routing` takes
-/// (`LayerRouting::push_tensors(&indices, &weights, &mask)`).
-#[derive(Debug)]
-pub struct RouterOutput {
-    /// Block / layer index of the sparse layer.
-    pub layer: usize,
-    /// Selected experts `[B, T, k]` (i64).
-    pub indices: Tensor,
-    /// Gate weights `[B, T, k]` (the weights that multiply the expert outputs).
-    pub weights: Tensor,
-    /// Valid-token mask `[B, T]` (the batch's attention mask).
-    pub mask: Tensor,
-}
 
 /// Runs `expert(e, x_e, rows, owner_mask, ctx)` on the tokens routed to each expert and sums
 /// the gate-weighted outputs. `x` `[B, T, d]`, `sel`/`gate` `[B, T, k]`, `keep` optional

@@ -7,42 +7,12 @@
 //! `model.norm.weight`, `lm_head.weight`); a classification head is `score.weight` (no bias) on
 //! the last valid token.
 
-use crate::batch::Task;
 use crate::blocks::RopeScaling;
+pub use crate::decoder::DecoderHead;
 use crate::decoder::{Decoder, DecoderConfig, DecoderFamily, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::Act;
 use tch::Device;
-
-/// What a decoder's head computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum DecoderHead {
-    /// Next-token logits `[B, T, V]`.
-    LanguageModel,
-    /// Class logits `[B, C]` from the hidden state of each record's last valid token.
-    Classification {
-        /// Number of classes.
-        num_labels: i64,
-    },
-}
-
-impl DecoderHead {
-    /// The loss this head trains with.
-    pub fn task(&self) -> Task {
-        match self {
-            DecoderHead::LanguageModel => Task::LanguageModel,
-            DecoderHead::Classification { .. } => Task::Classification,
-        }
-    }
-
-    /// Number of classes (`None` for the language-model head).
-    pub fn num_labels(&self) -> Option<i64> {
-        match self {
-            DecoderHead::LanguageModel => None,
-            DecoderHead::Classification { num_labels } => Some(*num_labels),
-        }
-    }
-}
 
 /// Configuration of [`OlmoeDecoder`] (field names follow Hugging Face `OlmoeConfig`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
