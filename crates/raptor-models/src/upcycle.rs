@@ -508,47 +508,63 @@ pub fn train_bert_routers(
             .get(&name)
             .ok_or_else(|| ModelError::InvalidConfig(format!("the model lacks {name}")))?
             .shallow_clone();
-        // A fresh float leaf (a copy, not a view of the frozen router).
-        let w = target
-            .f_detach()?
-            .f_to_kind(Kind::Float)?
-            .f_mul_scalar(1.0)?
-            .f_set_requires_grad(true)?;
-        let mut m = w.f_zeros_like()?;
-        let mut v = w.f_zeros_like()?;
-        let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8);
-        for t in 1..=opts.steps {
-            let (_, loss) = balance(x, &w, k)?;
-            let lv = loss.f_double_value(&[])?;
-            if !lv.is_finite() {
-                return Err(ModelError::InvalidConfig(format!(
-                    "router training of layer {l}: non-finite loss at step {t}"
-                )));
-            }
-            let g = Tensor::f_run_backward(&[&loss], &[&w], false, false)?
-                .into_iter()
-                .next()
-                .ok_or_else(|| ModelError::InvalidConfig("no router gradient".into()))?;
-            tch::no_grad(|| -> Result<()> {
-                m = m.f_mul_scalar(b1)?.f_add(&g.f_mul_scalar(1.0 - b1)?)?;
-                v = v
-                    .f_mul_scalar(b2)?
-                    .f_add(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
-                let mh = m.f_div_scalar(1.0 - b1.powi(t as i32))?;
-                let vh = v.f_div_scalar(1.0 - b2.powi(t as i32))?;
-                let step = mh
-                    .f_div(&vh.f_sqrt()?.f_add_scalar(eps)?)?
-                    .f_mul_scalar(opts.lr)?;
-                let mut w2 = w.shallow_clone();
-                let _ = w2.f_sub_(&step)?;
-                Ok(())
-            })?;
-        }
-        tch::no_grad(|| -> Result<()> {
-            target.f_copy_(&w.f_detach()?.f_to_kind(target.kind())?)?;
-            Ok(())
+        adam_train_router(&mut target, l, opts.steps, opts.lr, |w| {
+            Ok(balance(x, w, k)?.1)
         })?;
     }
     let after = bert_router_loads(moe, &inputs)?;
     Ok((before, after))
+}
+
+/// Trains one router weight in place by `steps` Adam steps (β 0.9 / 0.999, ε 1e-8, no weight
+/// decay) on `loss(w)`, starting from a float copy of `target` (never a view of the
+/// frozen router), then writes the result back in `target`'s kind. A non-finite loss is an
+/// error naming `layer` and the step.
+pub(crate) fn adam_train_router(
+    target: &mut Tensor,
+    layer: usize,
+    steps: usize,
+    lr: f64,
+    mut loss: impl FnMut(&Tensor) -> Result<Tensor>,
+) -> Result<()> {
+    let w = target
+        .f_detach()?
+        .f_to_kind(Kind::Float)?
+        .f_mul_scalar(1.0)?
+        .f_set_requires_grad(true)?;
+    let mut m = w.f_zeros_like()?;
+    let mut v = w.f_zeros_like()?;
+    let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8);
+    for t in 1..=steps {
+        let loss = loss(&w)?;
+        let lv = loss.f_double_value(&[])?;
+        if !lv.is_finite() {
+            return Err(ModelError::InvalidConfig(format!(
+                "router training of layer {layer}: non-finite loss at step {t}"
+            )));
+        }
+        let g = Tensor::f_run_backward(&[&loss], &[&w], false, false)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| ModelError::InvalidConfig("no router gradient".into()))?;
+        tch::no_grad(|| -> Result<()> {
+            m = m.f_mul_scalar(b1)?.f_add(&g.f_mul_scalar(1.0 - b1)?)?;
+            v = v
+                .f_mul_scalar(b2)?
+                .f_add(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
+            let mh = m.f_div_scalar(1.0 - b1.powi(t as i32))?;
+            let vh = v.f_div_scalar(1.0 - b2.powi(t as i32))?;
+            let step = mh
+                .f_div(&vh.f_sqrt()?.f_add_scalar(eps)?)?
+                .f_mul_scalar(lr)?;
+            let mut w2 = w.shallow_clone();
+            let _ = w2.f_sub_(&step)?;
+            Ok(())
+        })?;
+    }
+    tch::no_grad(|| -> Result<()> {
+        let kind = target.kind();
+        target.f_copy_(&w.f_detach()?.f_to_kind(kind)?)?;
+        Ok(())
+    })
 }

@@ -317,50 +317,16 @@ pub fn train_routers_to_partition<M: Model + ?Sized>(
             .and_then(|b| vars.get(b))
             .map(Tensor::f_detach)
             .transpose()?;
-        let w = target_w
-            .f_detach()?
-            .f_to_kind(Kind::Float)?
-            .f_mul_scalar(1.0)?
-            .f_set_requires_grad(true)?;
-        let mut m = w.f_zeros_like()?;
-        let mut v = w.f_zeros_like()?;
-        let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8);
-        for t in 1..=opts.steps {
-            let loss = logits(&x, &w, bias.as_ref())?.f_cross_entropy_loss::<Tensor>(
-                &want,
-                None,
-                tch::Reduction::Mean,
-                -100,
-                0.0,
-            )?;
-            let lv = loss.f_double_value(&[])?;
-            if !lv.is_finite() {
-                return Err(ModelError::InvalidConfig(format!(
-                    "router training of layer {l}: non-finite loss at step {t}"
-                )));
-            }
-            let g = Tensor::f_run_backward(&[&loss], &[&w], false, false)?
-                .into_iter()
-                .next()
-                .ok_or_else(|| ModelError::InvalidConfig("no router gradient".into()))?;
-            tch::no_grad(|| -> Result<()> {
-                m = m.f_mul_scalar(b1)?.f_add(&g.f_mul_scalar(1.0 - b1)?)?;
-                v = v
-                    .f_mul_scalar(b2)?
-                    .f_add(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
-                let mh = m.f_div_scalar(1.0 - b1.powi(t as i32))?;
-                let vh = v.f_div_scalar(1.0 - b2.powi(t as i32))?;
-                let step = mh
-                    .f_div(&vh.f_sqrt()?.f_add_scalar(eps)?)?
-                    .f_mul_scalar(opts.lr)?;
-                let mut w2 = w.shallow_clone();
-                let _ = w2.f_sub_(&step)?;
-                Ok(())
-            })?;
-        }
-        tch::no_grad(|| -> Result<()> {
-            target_w.f_copy_(&w.f_detach()?.f_to_kind(target_w.kind())?)?;
-            Ok(())
+        super::adam_train_router(&mut target_w, *l, opts.steps, opts.lr, |w| {
+            Ok(
+                logits(&x, w, bias.as_ref())?.f_cross_entropy_loss::<Tensor>(
+                    &want,
+                    None,
+                    tch::Reduction::Mean,
+                    -100,
+                    0.0,
+                )?,
+            )
         })?;
     }
     let after = partition_agreement(&*model, public, parts)?;
@@ -629,7 +595,7 @@ mod tests {
         cfg.num_layers = 2;
         cfg.encoder_sparse_step = 2;
         cfg.num_experts = 4;
-        let mut m = SwitchEncoder::new(cfg, tch::Device::Cpu).unwrap();
+        let mut m = crate::rng::seeded(5, || SwitchEncoder::new(cfg, tch::Device::Cpu).unwrap());
         let b = batches(&recs);
         let opts = RouterTraining {
             steps: 200,
@@ -655,10 +621,13 @@ mod tests {
     #[test]
     fn moe_bert_routers_learn_it_too_and_the_reference_agrees_before_training() {
         let (recs, parts) = public();
-        let dense = Bert::new(BertConfig::tiny(2), tch::Device::Cpu).unwrap();
-        let mut o = super::super::UpcycleOptions::new(2, 1);
-        o.layers = Some(vec![1]);
-        let mut m = super::super::upcycle_bert(&dense, &o).unwrap();
+        // Seeded: an unseeded tiny BERT now and then starts where 200 steps do not reach 99 %.
+        let mut m = crate::rng::seeded(5, || {
+            let dense = Bert::new(BertConfig::tiny(2), tch::Device::Cpu).unwrap();
+            let mut o = super::super::UpcycleOptions::new(2, 1);
+            o.layers = Some(vec![1]);
+            super::super::upcycle_bert(&dense, &o).unwrap()
+        });
         let b = batches(&recs);
         let before = partition_agreement(&m, &b, &parts).unwrap();
         let reference = reference_record_agreement(&m, &recs, &parts);
