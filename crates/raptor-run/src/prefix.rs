@@ -297,13 +297,7 @@ fn f16_error(model: &dyn Model, layers: usize, max_tokens: usize) -> Result<f64>
 /// `model` now (the method's scope) and the plan's (what [`plan_prefix_cache`] takes, and what
 /// the trainer's `scope` holds).
 pub fn training_scope(model: &dyn Model, plan: &raptor_train::streams::Plan) -> Vec<String> {
-    let mut scope: Vec<String> = model
-        .var_store()
-        .variables()
-        .into_iter()
-        .filter(|(_, t)| t.requires_grad())
-        .map(|(n, _)| n)
-        .collect();
+    let mut scope = raptor_models::trainable_params(model);
     scope.extend(plan.params());
     scope.sort();
     scope.dedup();
