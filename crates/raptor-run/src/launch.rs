@@ -210,18 +210,7 @@ pub fn train_reporting(
     stop: Option<StopFlag>,
     comm: &dyn raptor_train::dist::Collective,
 ) -> Result<(PathBuf, Record)> {
-    let (cfg, dir, resuming) = match resume {
-        Some(d) => {
-            let path = d.join("config.toml");
-            let text = std::fs::read_to_string(&path).map_err(crate::error::io(&path))?;
-            (RunConfig::from_toml(&text)?, d.to_path_buf(), true)
-        }
-        None => {
-            let mut name = crate::new_run_id(cfg);
-            crate::broadcast_string(comm, &mut name)?;
-            (cfg.clone(), runs_dir.join(name), false)
-        }
-    };
+    let (cfg, dir, resuming) = crate::run::resolve_run(cfg, runs_dir, resume, comm)?;
     let session = prepare(&cfg)?;
     if comm.is_writer() {
         let info = start_info(&session, &dir, resuming);

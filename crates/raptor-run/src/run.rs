@@ -93,23 +93,32 @@ pub fn train_with(
     stop: Option<StopFlag>,
     comm: &dyn raptor_train::dist::Collective,
 ) -> Result<(PathBuf, Record)> {
-    let (cfg, dir, resuming) = match resume {
+    let (cfg, dir, resuming) = resolve_run(cfg, runs_dir, resume, comm)?;
+    let session = prepare(&cfg)?;
+    train_session(session, dir, resuming, progress, stop, comm)
+        .map(|(dir, record, _)| (dir, record))
+}
+
+/// The config, folder and resume flag of a run: a resumed run's own `config.toml` and folder,
+/// or `cfg` in a new folder under `runs_dir` (its name chosen on rank 0 and broadcast).
+pub(crate) fn resolve_run(
+    cfg: &RunConfig,
+    runs_dir: &Path,
+    resume: Option<&Path>,
+    comm: &dyn raptor_train::dist::Collective,
+) -> Result<(RunConfig, PathBuf, bool)> {
+    Ok(match resume {
         Some(d) => {
-            let c = RunConfig::from_toml(
-                &std::fs::read_to_string(d.join("config.toml"))
-                    .map_err(io(d.join("config.toml")))?,
-            )?;
-            (c, d.to_path_buf(), true)
+            let path = d.join("config.toml");
+            let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+            (RunConfig::from_toml(&text)?, d.to_path_buf(), true)
         }
         None => {
             let mut name = new_run_id(cfg);
             broadcast_string(comm, &mut name)?;
             (cfg.clone(), runs_dir.join(name), false)
         }
-    };
-    let session = prepare(&cfg)?;
-    train_session(session, dir, resuming, progress, stop, comm)
-        .map(|(dir, record, _)| (dir, record))
+    })
 }
 
 /// Broadcast a string from rank 0 (as bytes packed in `u64`s).
