@@ -55,9 +55,10 @@ struct ReproduceArgs {
     /// Tiny models and a few updates (a smoke test of every part).
     #[arg(long, conflicts_with_all = ["full", "standard"])]
     quick: bool,
-    /// The evidence grids behind the README's tables: 5 paired seeds, more records and
-    /// updates (hours on 2 CPU cores; finished runs are reused). Without a profile flag the
-    /// same designs run at sizes that fit about half an hour on 2 CPU cores.
+    /// The evidence grids behind the README's tables: 8 paired seeds at ε 1 and 8, every
+    /// record of the tasks, more updates and ablations (hours on 2 CPU cores; finished runs
+    /// are reused). Without a profile flag the same designs run at sizes that fit half an
+    /// hour on 2 CPU cores.
     #[arg(long, conflicts_with = "full")]
     standard: bool,
     /// The paper-sized grid (more updates, seeds and larger models; for a GPU or a long CPU
