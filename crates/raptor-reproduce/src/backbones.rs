@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_report::{BarPlot, Estimate, Series, Table, bar_plot, estimate, ordering};
+use raptor_train::config::Choice as _;
 use raptor_train::config::{
     DataFormat, DeviceSpec, Method, ModelKind, Pooling, RunConfig, Scope, StreamOptimizer,
     TokenizerSpec,

@@ -908,7 +908,7 @@ pub(crate) fn train_session(
         ranks: comm.size(),
         communicated_bytes: comm_stats.bytes,
         libtorch: raptor_train::libtorch_version(),
-        method: cfg.method.name.name().into(),
+        method: cfg.method.name.to_string(),
         seed: cfg.train.seed,
         insecure_seeded: cfg.train.insecure_seed.is_some(),
         train_records: train_set.len(),

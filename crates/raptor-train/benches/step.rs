@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use raptor_train::config::Method;
+use raptor_train::config::{Choice, Method};
 
 #[path = "support/workload.rs"]
 mod workload;

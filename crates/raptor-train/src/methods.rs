@@ -754,7 +754,7 @@ fn two_streams_plan(inputs: &PlanInputs<'_>, streams: &Streams) -> Result<Family
             &inputs.acc,
         )?;
         split = if alternate {
-            cfg.privacy.split.name().to_string()
+            cfg.privacy.split.to_string()
         } else {
             // One mechanism per update: no additive split exists.
             "joint (one sample per update)".to_string()

@@ -240,7 +240,7 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
         )));
         notes.push(format!(
             "model: {BACKBONE} upcycled to a MoE-BERT ({MOE_BACKBONE}: 8 experts, top-1, routers trained on public text and frozen), because {} needs routed experts; public text for the layer choice: the Rotten Tomatoes public split",
-            method.name()
+            method
         ));
     } else {
         cfg.model.kind = ModelKind::Bert;

@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
+use raptor_train::config::Choice as _;
 use raptor_train::config::{
     DataFormat, DeviceSpec, Method, ModelKind, RunConfig, Scope, TokenizerSpec,
 };

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use raptor_report::{BarPlot, Estimate, LinePlot, Series, Table, bar_plot, estimate, line_plot};
+use raptor_train::config::Choice as _;
 use raptor_train::config::Method;
 
 use super::{

@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
 use raptor_models::upcycle::RouterTraining;
+use raptor_train::config::Choice as _;
 use raptor_train::config::{
     Budget, DataFormat, DeviceSpec, LayerSpec, Method, ModelKind, RunConfig, StreamOptimizer,
     TokenizerSpec,

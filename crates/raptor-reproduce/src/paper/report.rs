@@ -6,6 +6,7 @@ use std::path::Path;
 use raptor_report::{
     BarPlot, Estimate, LinePlot, Series, Table, bar_plot, estimate, line_plot, ordering,
 };
+use raptor_train::config::Choice as _;
 use raptor_train::config::{ExpertClip, ExpertDenominator, Method, ResidualWeight, RunConfig};
 
 use super::{Results, label};

@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use raptor_run::{train_in, write_atomic};
+use raptor_train::config::Choice as _;
 use raptor_train::config::RunConfig;
 
 use sha2::{Digest, Sha256};

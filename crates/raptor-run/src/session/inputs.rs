@@ -11,7 +11,7 @@ use raptor_data::{LabelMap, TableSpec};
 use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
 
 use crate::error::{Result, RunError};
-use raptor_train::config::{RunConfig, TokenizerSpec};
+use raptor_train::config::{Choice, RunConfig, TokenizerSpec};
 use raptor_train::trainer::Example;
 
 pub(super) fn data_err(e: raptor_data::DataError) -> RunError {

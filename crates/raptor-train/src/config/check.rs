@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::{Method, MethodFamily, ModelConfig, NsPolynomial, RunConfig, Scope};
+use super::{Choice, Method, MethodFamily, ModelConfig, NsPolynomial, RunConfig, Scope};
 use crate::error::{ConfigIssue, ConfigIssues, Result, TrainError};
 
 /// Collects the problems of one config.

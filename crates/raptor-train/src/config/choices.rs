@@ -1,9 +1,10 @@
-//! The settings of a run config that take one of a fixed set of values, as enums: each value's
-//! name in the TOML is written once (in the `choice!` declaration), and parsing, printing and the list of
-//! accepted names all come from it. A name that is not accepted is an error that gives the bad
-//! value and every accepted name ([`RunConfig::from_toml`](super::RunConfig::from_toml) adds the
-//! setting). Settings that also take a free form (a block index, a file path, a CUDA device
-//! number) are enums with a data variant and hand-written (de)serialization.
+//! The settings of a run config that take one of a fixed set of values, as enums: serde's
+//! `rename_all` and strum's `serialize_all` (both kebab-case) give each value its name in the
+//! TOML, and parsing, printing and the list of accepted names all come from the derives (a test
+//! checks that the two agree for every value). A name that is not accepted is an error that gives
+//! the bad value and every accepted name ([`RunConfig::from_toml`](super::RunConfig::from_toml)
+//! adds the setting). Settings that also take a free form (a block index, a file path, a CUDA
+//! device number) are enums with a data variant and hand-written (de)serialization.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -11,133 +12,58 @@ use std::str::FromStr;
 
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use strum::{Display, IntoStaticStr, VariantArray};
 
 use crate::error::{Result, TrainError};
 
-/// A setting that takes one of a fixed set of names.
-pub trait Choice: Copy + Sized + 'static {
+/// A setting that takes one of a fixed set of names: every enum that derives strum's
+/// `VariantArray` and `IntoStaticStr`.
+pub trait Choice: Copy + VariantArray + Into<&'static str> {
     /// Every value, in declaration order.
-    const ALL: &'static [Self];
+    const ALL: &'static [Self] = Self::VARIANTS;
 
-    /// The value's name in configs.
-    fn config_name(self) -> &'static str;
+    /// The value's name in configs and tables.
+    fn name(self) -> &'static str {
+        self.into()
+    }
 
     /// The value named `s`, if any (names are matched exactly).
     fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|v| v.config_name() == s)
+        Self::ALL.iter().copied().find(|v| v.name() == s)
     }
 
     /// The accepted names, comma separated.
     fn accepted() -> String {
         Self::ALL
             .iter()
-            .map(|v| v.config_name())
+            .map(|v| v.name())
             .collect::<Vec<_>>()
             .join(", ")
     }
 }
 
-/// The error of a name that is not one of `T`'s.
-fn unknown<T: Choice>(s: &str) -> String {
-    format!("unknown value {s:?}; accepted: {}", T::accepted())
-}
+impl<T: Copy + VariantArray + Into<&'static str>> Choice for T {}
 
-/// Parses a name of `T` (the error gives the bad value and the accepted names).
+/// Parses a name of `T`; the error gives the bad value and the accepted names (`unknown value
+/// "x"; accepted: a, b, c`).
 pub fn parse_choice<T: Choice>(s: &str) -> Result<T> {
-    T::from_name(s).ok_or_else(|| TrainError::Config(unknown::<T>(s)))
+    T::from_name(s).ok_or_else(|| {
+        TrainError::Config(format!("unknown value {s:?}; accepted: {}", T::accepted()))
+    })
 }
 
-struct ChoiceVisitor<T>(std::marker::PhantomData<T>);
-
-impl<T: Choice> Visitor<'_> for ChoiceVisitor<T> {
-    type Value = T;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "one of: {}", T::accepted())
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<T, E> {
-        T::from_name(v).ok_or_else(|| E::custom(unknown::<T>(v)))
-    }
-}
-
-/// Deserializes a name of `T`.
-fn deserialize_choice<'de, D: Deserializer<'de>, T: Choice>(
-    d: D,
-) -> std::result::Result<T, D::Error> {
-    d.deserialize_str(ChoiceVisitor(std::marker::PhantomData))
-}
-
-/// Declares a [`Choice`] enum: its variants with their config names, an inherent `name()`,
-/// `Display`, `FromStr`, and (de)serialization as the name.
-macro_rules! choice {
-    (
-        $(#[$meta:meta])*
-        pub enum $ty:ident {
-            $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )+
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub enum $ty {
-            $( $(#[$vmeta])* $variant, )+
-        }
-
-        impl $ty {
-            /// The name used in configs and tables.
-            pub fn name(self) -> &'static str {
-                match self {
-                    $( $ty::$variant => $text, )+
-                }
-            }
-        }
-
-        impl Choice for $ty {
-            const ALL: &'static [Self] = &[$( $ty::$variant, )+];
-
-            fn config_name(self) -> &'static str {
-                self.name()
-            }
-        }
-
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.name())
-            }
-        }
-
-        impl FromStr for $ty {
-            type Err = TrainError;
-
-            fn from_str(s: &str) -> Result<Self> {
-                parse_choice(s)
-            }
-        }
-
-        impl Serialize for $ty {
-            fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-                s.serialize_str(self.name())
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $ty {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-                deserialize_choice(d)
-            }
-        }
-    };
-}
-
-choice! {
-    /// `data.format`: how the data files are read.
-    pub enum DataFormat {
-        /// A classification table (CSV/TSV/JSONL with text and label columns).
-        Table = "table",
-        /// E2E-style data-to-text CSV (`mr`, `ref`).
-        E2e = "e2e",
-        /// DART data-to-text (JSON, or WebNLG-style XML by extension).
-        Dart = "dart",
-    }
+/// `data.format`: how the data files are read.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DataFormat {
+    /// A classification table (CSV/TSV/JSONL with text and label columns).
+    Table,
+    /// E2E-style data-to-text CSV (`mr`, `ref`).
+    E2e,
+    /// DART data-to-text (JSON, or WebNLG-style XML by extension).
+    Dart,
 }
 
 impl DataFormat {
@@ -150,28 +76,30 @@ impl DataFormat {
     }
 }
 
-choice! {
-    /// Supported architectures (`model.kind`).
-    pub enum ModelKind {
-        /// Switch-Transformers-style MoE encoder with a classification head.
-        Switch = "switch",
-        /// OLMoE-style MoE decoder (classification head on the last token).
-        Olmoe = "olmoe",
-        /// GPT-2 dense decoder (language modelling head).
-        Gpt2 = "gpt2",
-        /// Llama-style dense decoder (language modelling head; tied or untied).
-        Llama = "llama",
-        /// Mixtral-style MoE decoder (classification head on the last token).
-        Mixtral = "mixtral",
-        /// Qwen2-MoE-style decoder, routed experts plus a shared expert in the shared stream
-        /// (classification head on the last token).
-        Qwen2Moe = "qwen2-moe",
-        /// BERT-style encoder classifier (mean pooling over the valid tokens).
-        Bert = "bert",
-        /// MoE-BERT classifier (raptor's layout: routed experts in place of chosen layers'
-        /// FFNs, e.g. from `raptor upcycle` on a BERT folder).
-        MoeBert = "moe-bert",
-    }
+/// Supported architectures (`model.kind`).
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ModelKind {
+    /// Switch-Transformers-style MoE encoder with a classification head.
+    Switch,
+    /// OLMoE-style MoE decoder (classification head on the last token).
+    Olmoe,
+    /// GPT-2 dense decoder (language modelling head).
+    Gpt2,
+    /// Llama-style dense decoder (language modelling head; tied or untied).
+    Llama,
+    /// Mixtral-style MoE decoder (classification head on the last token).
+    Mixtral,
+    /// Qwen2-MoE-style decoder, routed experts plus a shared expert in the shared stream
+    /// (classification head on the last token).
+    Qwen2Moe,
+    /// BERT-style encoder classifier (mean pooling over the valid tokens).
+    Bert,
+    /// MoE-BERT classifier (raptor's layout: routed experts in place of chosen layers'
+    /// FFNs, e.g. from `raptor upcycle` on a BERT folder).
+    MoeBert,
 }
 
 impl ModelKind {
@@ -213,14 +141,16 @@ impl ModelKind {
     }
 }
 
-choice! {
-    /// `model.pooling`: how a `bert` / `moe-bert` classifier pools its tokens.
-    pub enum Pooling {
-        /// Mean over the valid tokens (as sentence-transformers).
-        Mean = "mean",
-        /// `tanh(pooler.dense(h[CLS]))`, the checkpoint's pooler.
-        Pooler = "pooler",
-    }
+/// `model.pooling`: how a `bert` / `moe-bert` classifier pools its tokens.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Pooling {
+    /// Mean over the valid tokens (as sentence-transformers).
+    Mean,
+    /// `tanh(pooler.dense(h[CLS]))`, the checkpoint's pooler.
+    Pooler,
 }
 
 impl Pooling {
@@ -230,38 +160,40 @@ impl Pooling {
     }
 }
 
-choice! {
-    /// The training methods (`method.name`).
-    pub enum Method {
-        /// RAPTOR: shared + per-expert streams.
-        Raptor = "raptor",
-        /// Monolithic DP-Adam over all LoRA adapters and the head.
-        DpAdamLora = "dp-adam-lora",
-        /// Monolithic DP-Adam over all parameters except routers.
-        DpAdamFull = "dp-adam-full",
-        /// RAPTOR's scope, one global clip and one σ (Baseline A).
-        MatchedScope = "matched-scope",
-        /// RAPTOR's shared stream alone.
-        SharedOnly = "shared-only",
-        /// RAPTOR's expert streams alone.
-        ExpertOnly = "expert-only",
-        /// Non-private LoRA.
-        Lora = "lora",
-        /// Non-private full fine-tuning.
-        Full = "full",
-        /// DP-SGD (flat clip, plain SGD).
-        DpSgd = "dp-sgd",
-        /// DP-Adam (flat clip, AdamW).
-        DpAdam = "dp-adam",
-        /// DP-Muon (per-matrix clip, Muon on hidden matrices, AdamW on the rest).
-        DpMuon = "dp-muon",
-        /// DP-Muon with the antithetic bias correction.
-        DpMuonbc = "dp-muonbc",
-        /// Non-private Muon.
-        Muon = "muon",
-        /// Non-private AdamW.
-        Adam = "adam",
-    }
+/// The training methods (`method.name`).
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Method {
+    /// RAPTOR: shared + per-expert streams.
+    Raptor,
+    /// Monolithic DP-Adam over all LoRA adapters and the head.
+    DpAdamLora,
+    /// Monolithic DP-Adam over all parameters except routers.
+    DpAdamFull,
+    /// RAPTOR's scope, one global clip and one σ (Baseline A).
+    MatchedScope,
+    /// RAPTOR's shared stream alone.
+    SharedOnly,
+    /// RAPTOR's expert streams alone.
+    ExpertOnly,
+    /// Non-private LoRA.
+    Lora,
+    /// Non-private full fine-tuning.
+    Full,
+    /// DP-SGD (flat clip, plain SGD).
+    DpSgd,
+    /// DP-Adam (flat clip, AdamW).
+    DpAdam,
+    /// DP-Muon (per-matrix clip, Muon on hidden matrices, AdamW on the rest).
+    DpMuon,
+    /// DP-Muon with the antithetic bias correction.
+    DpMuonbc,
+    /// Non-private Muon.
+    Muon,
+    /// Non-private AdamW.
+    Adam,
 }
 
 /// The families of methods, by how the plan is built from the config.
@@ -341,22 +273,23 @@ impl Method {
     }
 }
 
-choice! {
-    /// `train.prefix_cache`: the frozen-prefix cache (each record's hidden states after the
-    /// frozen blocks, computed once; see `trainer::prefix`).
-    #[derive(Default)]
-    pub enum PrefixCacheMode {
-        /// Where it applies: in memory when it fits the budget, else in a file of the run's
-        /// private folder.
-        #[default]
-        Auto = "auto",
-        /// Where it applies, in memory whatever its size.
-        Memory = "memory",
-        /// Where it applies, in a file of the run's private folder.
-        File = "file",
-        /// Never: every update computes the frozen blocks.
-        Off = "off",
-    }
+/// `train.prefix_cache`: the frozen-prefix cache (each record's hidden states after the
+/// frozen blocks, computed once; see `trainer::prefix`).
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum PrefixCacheMode {
+    /// Where it applies: in memory when it fits the budget, else in a file of the run's
+    /// private folder.
+    #[default]
+    Auto,
+    /// Where it applies, in memory whatever its size.
+    Memory,
+    /// Where it applies, in a file of the run's private folder.
+    File,
+    /// Never: every update computes the frozen blocks.
+    Off,
 }
 
 impl PrefixCacheMode {
@@ -366,14 +299,16 @@ impl PrefixCacheMode {
     }
 }
 
-choice! {
-    /// `method.owner_rule`: which expert owns a record.
-    pub enum OwnerRule {
-        /// The expert with the largest summed gate weight over the record's tokens.
-        GateWeighted = "gate-weighted",
-        /// The expert routed the most tokens of the record (plurality).
-        TokenCount = "token-count",
-    }
+/// `method.owner_rule`: which expert owns a record.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OwnerRule {
+    /// The expert with the largest summed gate weight over the record's tokens.
+    GateWeighted,
+    /// The expert routed the most tokens of the record (plurality).
+    TokenCount,
 }
 
 impl From<OwnerRule> for raptor_routing::OwnerRule {
@@ -385,58 +320,68 @@ impl From<OwnerRule> for raptor_routing::OwnerRule {
     }
 }
 
-choice! {
-    /// `method.expert_denominator`: the public denominator of RAPTOR's expert releases.
-    pub enum ExpertDenominator {
-        /// D_e = B/E, the expected records per expert.
-        ExpectedOwner = "expected-owner",
-        /// D_e = B, the expected batch.
-        Batch = "batch",
-    }
+/// `method.expert_denominator`: the public denominator of RAPTOR's expert releases.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ExpertDenominator {
+    /// D_e = B/E, the expected records per expert.
+    ExpectedOwner,
+    /// D_e = B, the expected batch.
+    Batch,
 }
 
-choice! {
-    /// `method.expert_clip`: how RAPTOR clips the expert streams.
-    pub enum ExpertClip {
-        /// Each stream its own bound (`train.clip`, `train.clip_expert`).
-        Role = "role",
-        /// One factor per record over the shared and expert gradients together (`train.clip`).
-        Global = "global",
-    }
+/// `method.expert_clip`: how RAPTOR clips the expert streams.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ExpertClip {
+    /// Each stream its own bound (`train.clip`, `train.clip_expert`).
+    Role,
+    /// One factor per record over the shared and expert gradients together (`train.clip`).
+    Global,
 }
 
-choice! {
-    /// `method.residual`: the weight of a record in RAPTOR's expert loss.
-    pub enum ResidualWeight {
-        /// w = 1 − p_shared(y|x).
-        Prob = "prob",
-        /// w = 1 if the shared margin p(y) − max_{c≠y} p(c) < 0.2, else 0.
-        Margin = "margin",
-        /// No weighting (w = 1).
-        None = "none",
-    }
+/// `method.residual`: the weight of a record in RAPTOR's expert loss.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ResidualWeight {
+    /// w = 1 − p_shared(y|x).
+    Prob,
+    /// w = 1 if the shared margin p(y) − max_{c≠y} p(c) < 0.2, else 0.
+    Margin,
+    /// No weighting (w = 1).
+    None,
 }
 
-choice! {
-    /// `method.scope`: the trainable scope of the dense-decoder methods.
-    pub enum Scope {
-        /// Every parameter but the routers.
-        Full = "full",
-        /// LoRA on the attention projections, and the head.
-        Lora = "lora",
-    }
+/// `method.scope`: the trainable scope of the dense-decoder methods.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// Every parameter but the routers.
+    Full,
+    /// LoRA on the attention projections, and the head.
+    Lora,
 }
 
-choice! {
-    /// `method.muon_momentum`: the momentum form of Muon.
-    pub enum MuonMomentum {
-        /// Heavy-ball: m ← βm + g, direction m.
-        HeavyBall = "heavy-ball",
-        /// Exponential moving average: m ← βm + (1 − β)g, direction m.
-        Ema = "ema",
-        /// Nesterov: m ← βm + g, direction g + βm.
-        Nesterov = "nesterov",
-    }
+/// `method.muon_momentum`: the momentum form of Muon.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MuonMomentum {
+    /// Heavy-ball: m ← βm + g, direction m.
+    HeavyBall,
+    /// Exponential moving average: m ← βm + (1 − β)g, direction m.
+    Ema,
+    /// Nesterov: m ← βm + g, direction g + βm.
+    Nesterov,
 }
 
 impl From<MuonMomentum> for raptor_muon::MomentumForm {
@@ -449,45 +394,53 @@ impl From<MuonMomentum> for raptor_muon::MomentumForm {
     }
 }
 
-choice! {
-    /// `method.ns_polynomial`: the Newton–Schulz polynomial.
-    pub enum NsPolynomial {
-        /// Keller Jordan's quintic.
-        Keller = "keller",
-        /// The Taylor polynomial p_κ of degree `method.ns_kappa`.
-        Taylor = "taylor",
-    }
+/// `method.ns_polynomial`: the Newton–Schulz polynomial.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NsPolynomial {
+    /// Keller Jordan's quintic.
+    Keller,
+    /// The Taylor polynomial p_κ of degree `method.ns_kappa`.
+    Taylor,
 }
 
-choice! {
-    /// `privacy.split`: how RAPTOR's budget is split between its streams.
-    pub enum BudgetSplit {
-        /// Both σ's calibrated together on the one composed PRV (spends the whole ε).
-        Joint = "joint",
-        /// Each stream calibrated alone on its share ρ / 1 − ρ (the paper's; leaves part of ε
-        /// unspent).
-        Additive = "additive",
-    }
+/// `privacy.split`: how RAPTOR's budget is split between its streams.
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BudgetSplit {
+    /// Both σ's calibrated together on the one composed PRV (spends the whole ε).
+    Joint,
+    /// Each stream calibrated alone on its share ρ / 1 − ρ (the paper's; leaves part of ε
+    /// unspent).
+    Additive,
 }
 
-choice! {
-    /// The optimizer of one RAPTOR stream (`train.shared_optimizer`, `train.expert_optimizer`).
-    pub enum StreamOptimizer {
-        /// AdamW (scale-invariant per coordinate).
-        Adamw = "adamw",
-        /// SGD, with `train.momentum` (steps proportional to the release).
-        Sgd = "sgd",
-    }
+/// The optimizer of one RAPTOR stream (`train.shared_optimizer`, `train.expert_optimizer`).
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StreamOptimizer {
+    /// AdamW (scale-invariant per coordinate).
+    Adamw,
+    /// SGD, with `train.momentum` (steps proportional to the release).
+    Sgd,
 }
 
-choice! {
-    /// What a run's update budget counts (`train.budget`).
-    pub enum Budget {
-        /// Updates (phase executions).
-        Updates = "updates",
-        /// Updates per stream (alternating plans run one cycle per `shared_steps` of them).
-        StreamUpdates = "stream-updates",
-    }
+/// What a run's update budget counts (`train.budget`).
+#[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Budget {
+    /// Updates (phase executions).
+    Updates,
+    /// Updates per stream (alternating plans run one cycle per `shared_steps` of them).
+    StreamUpdates,
 }
 
 /// Deserializes `T` from a string through its `FromStr` (for the enums with a free form).
@@ -744,13 +697,13 @@ mod tests {
             set(&mut c, v);
             let text = c.to_toml().unwrap();
             assert!(
-                text.contains(&format!("{key} = \"{}\"", v.config_name())),
+                text.contains(&format!("{key} = \"{}\"", v.name())),
                 "{key}: {v:?} in\n{text}"
             );
             let back = RunConfig::from_toml(&text).unwrap();
             assert_eq!(get(&back), v, "{key}");
             assert_eq!(back, c, "{key}: {v:?}");
-            assert_eq!(v.config_name().parse::<ChoiceOf<T>>().unwrap().0, v);
+            assert_eq!(v.name().parse::<ChoiceOf<T>>().unwrap().0, v);
         }
     }
 
@@ -834,7 +787,7 @@ mod tests {
     #[test]
     fn the_names_are_the_ones_configs_always_used() {
         fn names<T: Choice>() -> Vec<&'static str> {
-            T::ALL.iter().map(|v| v.config_name()).collect()
+            T::ALL.iter().map(|v| v.name()).collect()
         }
         assert_eq!(names::<DataFormat>(), ["table", "e2e", "dart"]);
         assert_eq!(names::<Pooling>(), ["mean", "pooler"]);
@@ -848,6 +801,10 @@ mod tests {
         assert_eq!(names::<BudgetSplit>(), ["joint", "additive"]);
         assert_eq!(names::<StreamOptimizer>(), ["adamw", "sgd"]);
         assert_eq!(names::<Budget>(), ["updates", "stream-updates"]);
+        assert_eq!(
+            names::<PrefixCacheMode>(),
+            ["auto", "memory", "file", "off"]
+        );
         assert_eq!(
             names::<ModelKind>(),
             [
@@ -880,6 +837,44 @@ mod tests {
                 "adam"
             ]
         );
+    }
+
+    /// serde (the TOML) and strum (`name`, `Display`) derive the names separately: they agree
+    /// for every value of every choice, and each name reads back as its value.
+    #[test]
+    fn serde_and_strum_give_every_value_the_same_name() {
+        fn agree<T>()
+        where
+            T: Choice
+                + Serialize
+                + serde::de::DeserializeOwned
+                + fmt::Display
+                + PartialEq
+                + fmt::Debug,
+        {
+            for &v in T::ALL {
+                let serde_name = serde_json::to_value(v).unwrap();
+                assert_eq!(serde_name, serde_json::Value::from(v.name()), "{v:?}");
+                assert_eq!(v.to_string(), v.name(), "{v:?}");
+                assert_eq!(serde_json::from_value::<T>(serde_name).unwrap(), v);
+                assert_eq!(parse_choice::<T>(v.name()).unwrap(), v);
+            }
+        }
+        agree::<DataFormat>();
+        agree::<ModelKind>();
+        agree::<Pooling>();
+        agree::<Method>();
+        agree::<PrefixCacheMode>();
+        agree::<OwnerRule>();
+        agree::<ExpertDenominator>();
+        agree::<ExpertClip>();
+        agree::<ResidualWeight>();
+        agree::<Scope>();
+        agree::<MuonMomentum>();
+        agree::<NsPolynomial>();
+        agree::<BudgetSplit>();
+        agree::<StreamOptimizer>();
+        agree::<Budget>();
     }
 
     #[test]
@@ -932,138 +927,141 @@ mod tests {
     /// bad value and the accepted values, however the TOML writes the key.
     #[test]
     fn an_unknown_value_names_the_setting_the_value_and_the_accepted_ones() {
-        for (toml, setting, bad, accepted) in [
+        let cases = [
             (
                 "[method]\nresidual = \"probability\"\n",
                 "method.residual",
-                "\"probability\"",
-                "prob, margin, none",
+                "probability",
+                "prob margin none",
             ),
             (
                 "method.residual = \"probability\"\n",
                 "method.residual",
-                "\"probability\"",
-                "prob, margin, none",
+                "probability",
+                "prob margin none",
             ),
             (
                 "method = { name = \"raptor\", residual = \"probability\" }\n",
                 "method.residual",
-                "\"probability\"",
-                "prob, margin, none",
+                "probability",
+                "prob margin none",
             ),
             (
                 "[data]\nformat = \"csv\"\n",
                 "data.format",
-                "\"csv\"",
-                "table, e2e, dart",
+                "csv",
+                "table e2e dart",
             ),
             (
                 "[model]\nkind = \"gpt3\"\n",
                 "model.kind",
-                "\"gpt3\"",
-                "switch, olmoe, gpt2",
+                "gpt3",
+                "switch olmoe gpt2 llama mixtral qwen2-moe bert moe-bert",
             ),
             (
                 "[model]\npooling = \"max\"\n",
                 "model.pooling",
-                "\"max\"",
-                "mean, pooler",
+                "max",
+                "mean pooler",
             ),
             (
                 "[model]\ntokenizer = \"\"\n",
                 "model.tokenizer",
                 "empty",
-                "bytes, gpt2, gguf, model",
+                "bytes gpt2 gguf model tokenizer.json",
             ),
             (
                 "[method]\nname = \"dp-adam-lorax\"\n",
                 "method.name",
-                "\"dp-adam-lorax\"",
-                "raptor, dp-adam-lora",
+                "dp-adam-lorax",
+                "raptor dp-adam-lora dp-adam-full matched-scope shared-only expert-only lora full dp-sgd dp-adam dp-muon dp-muonbc muon adam",
             ),
             (
                 "[method]\nlayer = \"middle\"\n",
                 "method.layer",
-                "\"middle\"",
-                "entropy, first, last or a block index",
+                "middle",
+                "entropy first last block",
             ),
             (
                 "[method]\nlayer = -1\n",
                 "method.layer",
                 "-1",
-                "entropy, first, last or a block index",
+                "entropy first last block",
             ),
             (
                 "[method]\nowner_rule = \"gate\"\n",
                 "method.owner_rule",
-                "\"gate\"",
-                "gate-weighted, token-count",
+                "gate",
+                "gate-weighted token-count",
             ),
             (
                 "[method]\nexpert_denominator = \"b\"\n",
                 "method.expert_denominator",
-                "\"b\"",
-                "expected-owner, batch",
+                "b",
+                "expected-owner batch",
             ),
             (
                 "[method]\nexpert_clip = \"per-role\"\n",
                 "method.expert_clip",
-                "\"per-role\"",
-                "role, global",
+                "per-role",
+                "role global",
             ),
             (
                 "[method]\nscope = \"adapters\"\n",
                 "method.scope",
-                "\"adapters\"",
-                "full, lora",
+                "adapters",
+                "full lora",
             ),
             (
                 "[method]\nmuon_momentum = \"nesterov2\"\n",
                 "method.muon_momentum",
-                "\"nesterov2\"",
-                "heavy-ball, ema, nesterov",
+                "nesterov2",
+                "heavy-ball ema nesterov",
             ),
             (
                 "[method]\nns_polynomial = \"quintic\"\n",
                 "method.ns_polynomial",
-                "\"quintic\"",
-                "keller, taylor",
+                "quintic",
+                "keller taylor",
             ),
             (
                 "[privacy]\nsplit = \"equal\"\n",
                 "privacy.split",
-                "\"equal\"",
-                "joint, additive",
+                "equal",
+                "joint additive",
             ),
             (
                 "[train]\nshared_optimizer = \"adam\"\n",
                 "train.shared_optimizer",
-                "\"adam\"",
-                "adamw, sgd",
+                "adam",
+                "adamw sgd",
             ),
             (
                 "[train]\nexpert_optimizer = \"adam\"\n",
                 "train.expert_optimizer",
-                "\"adam\"",
-                "adamw, sgd",
+                "adam",
+                "adamw sgd",
             ),
             (
                 "[train]\nbudget = \"samples\"\n",
                 "train.budget",
-                "\"samples\"",
-                "updates, stream-updates",
+                "samples",
+                "updates stream-updates",
             ),
             (
                 "[train]\ndevice = \"gpu\"\n",
                 "train.device",
-                "\"gpu\"",
-                "cpu, cuda, cuda:N",
+                "gpu",
+                "cpu cuda cuda:N",
             ),
-        ] {
+        ];
+        for (toml, setting, bad, accepted) in cases {
             let e = RunConfig::from_toml(toml).unwrap_err().to_string();
             assert!(e.contains(&format!("{setting}: ")), "{toml}: {e}");
             assert!(e.contains(bad), "{toml}: {e}");
-            assert!(e.contains(accepted), "{toml}: {e}");
+            for name in accepted.split_whitespace() {
+                assert!(e.contains(name), "{toml}: {name} not in {e}");
+            }
         }
         // The line is given too.
         let e = RunConfig::from_toml("[data]\nformat = \"table\"\n\n[method]\nresidual = \"x\"\n")
@@ -1089,8 +1087,11 @@ mod tests {
 
     #[test]
     fn from_str_gives_the_accepted_values() {
-        let e = "probability".parse::<ResidualWeight>().unwrap_err();
-        assert!(e.to_string().contains("prob, margin, none"), "{e}");
+        let e = parse_choice::<ResidualWeight>("probability").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config: unknown value \"probability\"; accepted: prob, margin, none"
+        );
         assert_eq!(
             "cuda:1".parse::<DeviceSpec>().unwrap(),
             DeviceSpec::Cuda(Some(1))

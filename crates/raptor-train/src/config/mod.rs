@@ -18,7 +18,7 @@ pub use crate::error::{ConfigIssue, ConfigIssues};
 pub use choices::{
     Budget, BudgetSplit, Choice, DataFormat, DeviceSpec, ExpertClip, ExpertDenominator, LayerSpec,
     Method, MethodFamily, ModelKind, MuonMomentum, NsPolynomial, OwnerRule, Pooling,
-    PrefixCacheMode, ResidualWeight, Scope, StreamOptimizer, TokenizerSpec,
+    PrefixCacheMode, ResidualWeight, Scope, StreamOptimizer, TokenizerSpec, parse_choice,
 };
 
 /// A whole run: data, model, method, privacy target and training schedule.

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Context as _;
 
 use crate::quickstart::{QuickStart, Resolved};
-use raptor_train::config::{Choice, DEFAULT_CONFIG, Method, MethodFamily, RunConfig, Scope};
+use raptor_train::config::{
+    Choice, DEFAULT_CONFIG, Method, MethodFamily, RunConfig, Scope, parse_choice,
+};
 
 use super::progress::{Mode, Reporter};
 
@@ -79,8 +81,7 @@ pub struct QuickArgs {
 
 /// A method name as in configs (`raptor`, `dp-adam`, …).
 pub fn parse_method(s: &str) -> Result<Method, String> {
-    s.parse()
-        .map_err(|_| format!("one of {}", <Method as Choice>::accepted()))
+    parse_choice(s).map_err(|_| format!("one of {}", Method::accepted()))
 }
 
 impl QuickArgs {
