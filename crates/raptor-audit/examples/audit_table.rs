@@ -238,7 +238,9 @@ fn main() -> anyhow::Result<()> {
         for &seed in &seeds {
             let mut cfg = toy_switch(r.method, r.epsilon, m, r.steps);
             cfg.train.insecure_seed = Some(seed);
-            cfg.method.alternate = !r.paired;
+            if let Some(a) = cfg.method.alternation_mut() {
+                a.alternate = !r.paired;
+            }
             let opts = AuditOptions {
                 canaries: Some(m),
                 kind: Some(if r.paired {

@@ -507,7 +507,7 @@ fn audit_impl(
         )));
     }
     let classifier = is_classifier(cfg);
-    let kind = opts.kind.unwrap_or(if cfg.method.name.is_private() {
+    let kind = opts.kind.unwrap_or(if cfg.method.name().is_private() {
         CanaryKind::Dirac
     } else if classifier {
         CanaryKind::Mislabel

@@ -73,10 +73,12 @@ pub fn toy_switch(method: Method, epsilon: f64, m: usize, steps: u64) -> RunConf
     c.model.experts = 4;
     c.lora.r = 32;
     c.lora.alpha = 32.0;
-    c.method.name = method;
+    c.method = raptor_train::config::MethodConfig::new(method);
     // RAPTOR's knobs only where they apply (the validator reports them elsewhere).
     if method == Method::Raptor {
-        c.method.layer = LayerSpec::Last;
+        if let Some(e) = c.method.expert_layer_mut() {
+            e.layer = LayerSpec::Last;
+        }
         c.privacy.rho = 0.5;
     }
     c.privacy.epsilon = epsilon;

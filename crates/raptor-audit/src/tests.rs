@@ -34,7 +34,7 @@ fn small_cfg(epsilon: f64) -> RunConfig {
     c.model.heads = 2;
     c.model.d_ff = 64;
     c.model.experts = 2;
-    c.method.name = Method::DpAdam;
+    c.method = raptor_train::config::MethodConfig::new(Method::DpAdam);
     c.privacy.epsilon = epsilon;
     c.privacy.accuracy = 0.01;
     // 2·m·δ enters the bound: δ = 1/N (10⁻³ here) would leave almost no power to 300
@@ -447,7 +447,7 @@ fn a_drawn_canary_moves_its_release_by_exactly_its_value() {
 /// `m` canaries, `steps` updates, learning rate 1e-12 (the real gradients stay put).
 fn one_sample_raptor(m: usize, steps: u64, data: &Path) -> RunConfig {
     let mut cfg = toy_switch(Method::Raptor, 4.0, m, steps);
-    cfg.method.alternate = false;
+    cfg.method.alternation_mut().unwrap().alternate = false;
     let text = std::fs::read_to_string(&cfg.data.train).unwrap();
     let head: Vec<&str> = text.lines().take(61).collect();
     cfg.data.train = data.join("train.csv");
@@ -664,7 +664,7 @@ fn the_planted_split_charge_under_reports_what_the_releases_cost() {
     tch::set_num_threads(1);
     let m = 4_000;
     let mut cfg = toy_switch(Method::Raptor, 8.0, m, 20);
-    cfg.method.alternate = false;
+    cfg.method.alternation_mut().unwrap().alternate = false;
     let opts = AuditOptions {
         canaries: Some(m),
         kind: Some(CanaryKind::Paired),

@@ -31,8 +31,8 @@ use anyhow::Context as _;
 use raptor_report::{BarPlot, Estimate, Series, Table, bar_plot, estimate, ordering};
 use raptor_train::config::Choice as _;
 use raptor_train::config::{
-    DataFormat, DeviceSpec, Method, ModelKind, Pooling, RunConfig, Scope, StreamOptimizer,
-    TokenizerSpec,
+    DataFormat, DeviceSpec, Method, MethodConfig, ModelKind, Pooling, RunConfig, Scope,
+    StreamOptimizer, TokenizerSpec,
 };
 use sha2::{Digest, Sha256};
 
@@ -671,8 +671,6 @@ fn d2t_jobs(d: &D2tPrepared, s: &Scale, seeds: &[u64], device: DeviceSpec) -> Ve
     base.model.kind = ModelKind::Llama;
     base.model.path = Some(d.model.path.clone());
     base.model.tokenizer = d.model.tokenizer.clone();
-    base.method.scope = Scope::Lora;
-    base.method.muon_lr = s.d2t_muon_lr;
     base.lora.r = s.lora_r;
     base.lora.alpha = 2.0 * s.lora_r as f64;
     base.train.steps = Some(s.d2t_finetune.updates);
@@ -691,7 +689,14 @@ fn d2t_jobs(d: &D2tPrepared, s: &Scale, seeds: &[u64], device: DeviceSpec) -> Ve
         for &eps in &s.epsilons {
             for m in D2T_METHODS {
                 let mut cfg = base.clone();
-                cfg.method.name = m;
+                // Attention LoRA for every method, and the Muon rate for the Muon ones.
+                cfg.method = MethodConfig::new(m);
+                if let Some(scope) = cfg.method.scope_mut() {
+                    *scope = Scope::Lora;
+                }
+                if let Some(muon) = cfg.method.muon_mut() {
+                    muon.muon_lr = s.d2t_muon_lr;
+                }
                 cfg.privacy.epsilon = eps;
                 jobs.push(Job {
                     label: label(&d.task.name, m.name(), "", Some(eps), seed),

@@ -362,7 +362,7 @@ mod tests {
             cfg.model.d_ff,
             cfg.model.experts,
         ) = (16, 2, 2, 32, 3);
-        cfg.method.name = Method::Raptor;
+        cfg.method = raptor_train::config::MethodConfig::new(Method::Raptor);
         cfg.lora.r = 2;
         let mut model = crate::session::build_model(&cfg, 50, 2, Device::Cpu).unwrap();
         let layer = *model.sparse_layers().last().unwrap();

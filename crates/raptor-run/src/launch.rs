@@ -276,7 +276,7 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
     StartInfo {
         dir: dir.to_path_buf(),
         resuming,
-        method: cfg.method.name.to_string(),
+        method: cfg.method.name().to_string(),
         model,
         train_records: session.train.len(),
         validation_records: session.validation.len(),

@@ -41,19 +41,22 @@ pub use record::*;
 pub use summary::*;
 
 fn optim_settings(cfg: &RunConfig) -> Result<OptimSettings> {
-    let m = &cfg.method;
-    let ns = m.ns_config();
+    // A method without Muon (or its bias correction) reads their defaults, which its
+    // optimizers never use.
+    let muon = cfg.method.muon().copied().unwrap_or_default();
+    let bc = cfg.method.bias_correction().copied().unwrap_or_default();
+    let ns = muon.ns_config();
     ns.validate()?;
     Ok(OptimSettings {
         lr: cfg.train.lr,
         betas: (0.9, 0.999),
         eps: 1e-8,
         weight_decay: cfg.train.weight_decay,
-        muon_lr: m.muon_lr,
-        muon_beta: m.muon_beta,
-        muon_form: m.muon_momentum.into(),
+        muon_lr: muon.muon_lr,
+        muon_beta: muon.muon_beta,
+        muon_form: muon.muon_momentum.into(),
         ns,
-        bc_probe_pairs: m.bc_probe_pairs,
+        bc_probe_pairs: bc.bc_probe_pairs,
     })
 }
 
@@ -111,7 +114,7 @@ pub(crate) fn resolve_run(
         Some(d) => {
             let path = d.join("config.toml");
             let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-            (RunConfig::from_toml(&text)?, d.to_path_buf(), true)
+            (RunConfig::from_written_toml(&text)?, d.to_path_buf(), true)
         }
         None => {
             let mut name = new_run_id(cfg);
@@ -157,7 +160,8 @@ pub fn train_in(
 ) -> Result<(PathBuf, Record)> {
     let cpath = dir.join("config.toml");
     if cpath.exists() {
-        let stored = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+        let stored =
+            RunConfig::from_written_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
         if &stored != cfg {
             return Err(RunError::Run(format!(
                 "{} holds a run of another config; remove it or choose another folder",
@@ -303,7 +307,7 @@ fn run_diagnostics(
     let Some((mut expert, shared)) = expert_noise else {
         return Ok(None);
     };
-    expert.global_clip = expert.global_clip || !cfg.method.name.needs_experts();
+    expert.global_clip = expert.global_clip || !cfg.method.name().needs_experts();
     let n = diagnostic_records(cfg.train.batch_size, validation.len());
     Ok(Some(crate::diagnostics::diagnostics(
         model,
@@ -908,7 +912,7 @@ pub(crate) fn train_session(
         ranks: comm.size(),
         communicated_bytes: comm_stats.bytes,
         libtorch: raptor_train::libtorch_version(),
-        method: cfg.method.name.to_string(),
+        method: cfg.method.name().to_string(),
         seed: cfg.train.seed,
         insecure_seeded: cfg.train.insecure_seed.is_some(),
         train_records: train_set.len(),

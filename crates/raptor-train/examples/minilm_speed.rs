@@ -138,15 +138,21 @@ fn main() {
         .model,
     );
     let data = records(b, t);
-    let mut cfg = RunConfig::default();
-    cfg.method.name = method;
-    cfg.method.scope = Scope::Lora;
+    let mut cfg = RunConfig {
+        method: raptor_train::config::MethodConfig::new(method),
+        ..RunConfig::default()
+    };
+    if let Some(scope) = cfg.method.scope_mut() {
+        *scope = Scope::Lora;
+    }
     cfg.model.kind = if moe {
         ModelKind::MoeBert
     } else {
         ModelKind::Bert
     };
-    cfg.method.layer = raptor_train::config::LayerSpec::Block(layer);
+    if let Some(e) = cfg.method.expert_layer_mut() {
+        e.layer = raptor_train::config::LayerSpec::Block(layer);
+    }
     cfg.lora.attention_targets = (3..6).map(|i| format!("layer.{i}.attention")).collect();
     cfg.lora.r = 8;
     cfg.lora.alpha = 16.0;

@@ -93,7 +93,9 @@ pub fn choose_layer(
         public_stats: Vec::new(),
         warnings: Vec::new(),
     };
-    match cfg.method.layer {
+    // The methods without a layer of their own (never asked) read the defaults.
+    let experts = cfg.method.expert_layer().copied().unwrap_or_default();
+    match experts.layer {
         LayerSpec::First => Ok(simple(sparse[0], "first sparse layer")),
         LayerSpec::Last => Ok(simple(last, "last sparse layer")),
         LayerSpec::Entropy => match public {
@@ -109,7 +111,7 @@ pub fn choose_layer(
                 let sel = raptor_routing::select_layer(
                     corpus,
                     &raptor_routing::SelectionConfig {
-                        rule: cfg.method.owner_rule.into(),
+                        rule: experts.owner_rule.into(),
                         ..Default::default()
                     },
                 )?;
@@ -144,9 +146,10 @@ pub fn choose_layer(
     }
 }
 
-/// The owner rule of the config.
+/// The owner rule of the config (the default for a method without one).
 pub fn owner_rule(cfg: &RunConfig) -> raptor_routing::OwnerRule {
-    cfg.method.owner_rule.into()
+    let experts = cfg.method.expert_layer().copied().unwrap_or_default();
+    experts.owner_rule.into()
 }
 
 /// Number of updates: `train.steps`, else ceil(epochs · N / B); with `train.budget =
@@ -157,13 +160,14 @@ pub fn total_updates(cfg: &RunConfig, n: usize) -> u64 {
         Some(s) => s,
         None => ((cfg.train.epochs * n as f64 / cfg.train.batch_size).ceil() as u64).max(1),
     };
-    let m = &cfg.method;
-    let alternating = matches!(m.name, Method::Raptor) && m.alternate;
-    if cfg.train.budget == Budget::StreamUpdates && alternating && m.shared_steps > 0 {
-        let cycle = m.shared_steps + m.expert_steps;
-        base.div_ceil(m.shared_steps).saturating_mul(cycle)
-    } else {
-        base
+    match cfg.method.alternation() {
+        Some(a)
+            if cfg.train.budget == Budget::StreamUpdates && a.alternate && a.shared_steps > 0 =>
+        {
+            let cycle = a.shared_steps + a.expert_steps;
+            base.div_ceil(a.shared_steps).saturating_mul(cycle)
+        }
+        _ => base,
     }
 }
 
@@ -214,7 +218,7 @@ fn lora_cfg(cfg: &RunConfig, targets: Vec<String>) -> LoraConfig {
 /// the routed experts of RAPTOR's layer or of every sparse layer for the monolithic LoRA
 /// methods) with the head trainable, or everything but the routers for full fine-tuning.
 pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>) -> Result<()> {
-    let method = cfg.method.name;
+    let method = cfg.method.name();
     let fam = cfg.model.kind.naming();
     let att_targets = if !cfg.lora.attention {
         Vec::new()
@@ -362,7 +366,7 @@ pub fn plan_for(
             "the method leaves no trainable parameter".into(),
         ));
     }
-    let method = cfg.method.name;
+    let method = cfg.method.name();
     let fam = cfg.model.kind.naming();
     let experts = usize::try_from(scope.experts).unwrap_or(0);
     let inputs = PlanInputs {
@@ -475,7 +479,7 @@ fn optimizer_of(inputs: &PlanInputs<'_>, name: &str) -> Optim {
             .is_some_and(|s| inputs.fam.is_hidden_matrix(name, s.len()))
     };
     let t = &inputs.cfg.train;
-    match inputs.cfg.method.name {
+    match inputs.cfg.method.name() {
         Method::Raptor | Method::SharedOnly | Method::ExpertOnly => {
             if inputs.expert_of(name).is_some() {
                 stream_optim(t.expert_optimizer)
@@ -529,12 +533,14 @@ impl Streams {
     fn new(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<Self> {
         let cfg = inputs.cfg;
         let l = layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
-        let residual = match cfg.method.residual {
+        // shared-only reads the defaults (its plan releases no expert stream).
+        let knobs = cfg.method.expert_streams().copied().unwrap_or_default();
+        let residual = match knobs.residual {
             ResidualWeight::Prob => Residual::Prob,
             ResidualWeight::Margin => Residual::Margin,
             ResidualWeight::None => Residual::None,
         };
-        let global = match cfg.method.expert_clip {
+        let global = match knobs.expert_clip {
             ExpertClip::Global => true,
             ExpertClip::Role => false,
         };
@@ -575,7 +581,7 @@ impl Streams {
             layer: l,
             experts: inputs.experts,
             b: inputs.b,
-            d_e: match cfg.method.expert_denominator {
+            d_e: match knobs.expert_denominator {
                 ExpertDenominator::Batch => inputs.b,
                 ExpertDenominator::ExpectedOwner => inputs.b / inputs.experts as f64,
             },
@@ -679,7 +685,7 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
         planned_epsilon: pe,
         split: "single".into(),
     };
-    match inputs.cfg.method.name {
+    match inputs.cfg.method.name() {
         Method::SharedOnly => {
             let (s, pe) = inputs.single_sigma(updates)?;
             Ok(one_stream(streams.shared_phase(s), Stream::Shared, s, pe))
@@ -714,10 +720,11 @@ fn streams_plan(inputs: &PlanInputs<'_>, layer: Option<usize>) -> Result<FamilyP
 fn two_streams_plan(inputs: &PlanInputs<'_>, streams: &Streams) -> Result<FamilyPlan> {
     let cfg = inputs.cfg;
     let updates = inputs.updates;
-    let alternate = cfg.method.alternate;
+    // Only RAPTOR has two streams; its schedule (the defaults for a method without one).
+    let schedule = cfg.method.alternation().copied().unwrap_or_default();
+    let alternate = schedule.alternate;
     let (pattern, ts, te) = if alternate {
-        let pattern =
-            alternating_pattern(cfg.method.shared_steps, cfg.method.expert_steps, updates);
+        let pattern = alternating_pattern(schedule.shared_steps, schedule.expert_steps, updates);
         let counts = crate::streams::pattern_counts(&pattern, 2, updates);
         (pattern, counts[0], counts[1])
     } else {
@@ -795,7 +802,7 @@ fn one_release_plan(inputs: &PlanInputs<'_>) -> Result<FamilyPlan> {
     } else {
         (0.0, f64::INFINITY)
     };
-    let per_matrix = match cfg.method.name {
+    let per_matrix = match cfg.method.name() {
         Method::DpMuon | Method::DpMuonbc => true,
         Method::Raptor
         | Method::DpAdamLora
@@ -932,7 +939,7 @@ mod tests {
     fn a_plan_needs_no_model() {
         let mut c = RunConfig::default();
         c.model.kind = ModelKind::Gpt2;
-        c.method.name = Method::DpMuon;
+        c.method = crate::config::MethodConfig::new(Method::DpMuon);
         c.train.steps = Some(10);
         c.train.batch_size = 10.0;
         c.privacy.accuracy = 0.05;
@@ -985,7 +992,9 @@ mod tests {
     #[allow(clippy::unwrap_used)]
     fn raptor_without_alternation_releases_both_streams_from_one_sample() {
         let mut c = RunConfig::default();
-        c.method.alternate = false;
+        if let Some(a) = c.method.alternation_mut() {
+            a.alternate = false;
+        }
         c.train.steps = Some(10);
         c.train.batch_size = 10.0;
         c.privacy.accuracy = 0.05;
@@ -1054,6 +1063,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unwrap_used)]
     fn stream_updates_give_each_alternating_stream_the_budget() {
         let mut c = RunConfig::default();
         c.train.steps = Some(25);
@@ -1061,15 +1071,15 @@ mod tests {
         c.train.budget = Budget::StreamUpdates;
         // 1:1 cycles: 25 shared and 25 expert updates.
         assert_eq!(total_updates(&c, 1000), 50);
-        c.method.shared_steps = 2;
-        c.method.expert_steps = 1;
+        let a = c.method.alternation_mut().unwrap();
+        a.shared_steps = 2;
+        a.expert_steps = 1;
         // 13 cycles of (2 shared, 1 expert): 26 shared updates ≥ 25.
         assert_eq!(total_updates(&c, 1000), 39);
         // Not alternating, or not RAPTOR: the budget is the updates.
-        c.method.alternate = false;
+        c.method.alternation_mut().unwrap().alternate = false;
         assert_eq!(total_updates(&c, 1000), 25);
-        c.method.alternate = true;
-        c.method.name = Method::DpAdamLora;
+        c.method = crate::config::MethodConfig::new(Method::DpAdamLora);
         assert_eq!(total_updates(&c, 1000), 25);
     }
 }

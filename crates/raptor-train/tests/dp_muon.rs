@@ -55,9 +55,11 @@ fn gpt2() -> Gpt2 {
 fn cfg(method: Method, n: usize) -> RunConfig {
     let mut c = RunConfig::default();
     c.model.kind = ModelKind::Gpt2;
-    c.method.name = method;
-    c.method.scope = Scope::Full;
-    c.method.muon_momentum = MuonMomentum::HeavyBall;
+    // The full scope (the default); heavy-ball momentum for the Muon methods.
+    c.method = raptor_train::config::MethodConfig::new(method);
+    if let Some(muon) = c.method.muon_mut() {
+        muon.muon_momentum = MuonMomentum::HeavyBall;
+    }
     c.train.batch_size = n as f64;
     c.train.steps = Some(3);
     c.train.weight_decay = 0.0;
@@ -462,7 +464,7 @@ fn on_a_lora_scope_dp_muon_updates_the_adapters_with_muon() {
         for method in [Method::DpAdam, Method::DpMuon, Method::DpMuonbc] {
             let mut c = cfg(method, data.len());
             c.model.kind = kind;
-            c.method.scope = Scope::Lora;
+            *c.method.scope_mut().unwrap() = Scope::Lora;
             c.lora.r = 2;
             c.train.seed = 5;
             // Seeded model and LoRA draws from libtorch's one generator (see `rng_lock`).

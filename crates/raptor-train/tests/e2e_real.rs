@@ -37,7 +37,6 @@ d_ff = 64
 [method]
 name = "{method}"
 scope = "full"
-muon_lr = 0.02
 [privacy]
 epsilon = 8.0
 [train]

@@ -56,15 +56,21 @@ fn model(moe: bool) -> Bert {
 }
 
 fn cfg(method: Method) -> RunConfig {
-    let mut c = RunConfig::default();
-    c.method.name = method;
+    let mut c = RunConfig {
+        method: raptor_train::config::MethodConfig::new(method),
+        ..RunConfig::default()
+    };
     c.model.kind = if method == Method::Raptor {
         ModelKind::MoeBert
     } else {
         ModelKind::Bert
     };
-    c.method.layer = LayerSpec::Block(2);
-    c.method.scope = raptor_train::config::Scope::Lora;
+    if let Some(e) = c.method.expert_layer_mut() {
+        e.layer = LayerSpec::Block(2);
+    }
+    if let Some(scope) = c.method.scope_mut() {
+        *scope = raptor_train::config::Scope::Lora;
+    }
     c.lora.attention_targets = vec!["layer.1.attention".into(), "layer.2.attention".into()];
     c.lora.r = 2;
     c.lora.dropout = 0.1;

@@ -55,10 +55,17 @@ fn model() -> SwitchEncoder {
 }
 
 fn cfg(method: Method, n: usize) -> RunConfig {
-    let mut c = RunConfig::default();
-    c.method.name = method;
-    c.method.residual = ResidualWeight::None;
-    c.method.layer = LayerSpec::Block(SPARSE);
+    // No residual weight and the toy's sparse layer, for the methods that take them.
+    let mut c = RunConfig {
+        method: raptor_train::config::MethodConfig::new(method),
+        ..RunConfig::default()
+    };
+    if let Some(s) = c.method.expert_streams_mut() {
+        s.residual = ResidualWeight::None;
+    }
+    if let Some(e) = c.method.expert_layer_mut() {
+        e.layer = LayerSpec::Block(SPARSE);
+    }
     c.train.batch_size = n as f64;
     c.train.steps = Some(4);
     c.train.weight_decay = 0.0;
@@ -526,7 +533,7 @@ fn residual_weights_scale_each_records_gradient_in_the_weighted_groups() {
         let mut m = model();
         let data = examples(n, m.vocab_size(), 4);
         let mut c = cfg(Method::Raptor, n);
-        c.method.residual = residual;
+        c.method.expert_streams_mut().unwrap().residual = residual;
         let (mut plan, _) = build_plan(&c, &mut m, n, Some(SPARSE)).unwrap();
         m.var_store_mut().double();
         let names = plan.params();
@@ -927,8 +934,12 @@ fn golden_setting(
     let data = examples(40, vocab, 5);
     let mut m = model();
     let mut c = cfg(method, data.len());
-    c.method.alternate = alternate;
-    c.method.scope = Scope::Lora;
+    if let Some(a) = c.method.alternation_mut() {
+        a.alternate = alternate;
+    }
+    if let Some(scope) = c.method.scope_mut() {
+        *scope = Scope::Lora;
+    }
     c.train.batch_size = 8.0;
     c.train.steps = Some(5);
     let (plan, privacy) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
@@ -1078,7 +1089,7 @@ fn a_nonfinite_residual_weight_is_zero_and_counted_not_an_error() {
     let data = examples(12, vocab, 4);
     let mut m = model();
     let mut c = cfg(Method::Raptor, data.len());
-    c.method.residual = ResidualWeight::Prob;
+    c.method.expert_streams_mut().unwrap().residual = ResidualWeight::Prob;
     c.train.steps = Some(2);
     let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
     // NaN head: every record's shared-only logits, hence its residual weight, are NaN.

@@ -106,7 +106,7 @@ pub fn ensure_moe_backbone(quiet: bool) -> Result<PathBuf> {
 /// choice when the config gives no public file. Call [`provide`] next to fetch them.
 pub fn apply_default_model(cfg: &mut raptor_train::config::RunConfig) {
     use raptor_train::config::{Method, ModelKind};
-    let m = cfg.method.name;
+    let m = cfg.method.name();
     let moe = m.needs_experts()
         || matches!(
             m,

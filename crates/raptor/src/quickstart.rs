@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 use raptor_data::detect::detect_columns;
 
-use raptor_train::config::{Method, ModelKind, RunConfig, Scope, TokenizerSpec};
+use raptor_train::config::{Method, MethodConfig, ModelKind, RunConfig, Scope, TokenizerSpec};
 use raptor_train::error::{Result, TrainError};
 
 /// The pretrained backbone of a run with no model given (a model of
@@ -211,7 +211,7 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
         _ => MAX_LENGTH,
     };
     let method = q.method.unwrap_or(Method::DpAdam);
-    cfg.method.name = method;
+    cfg.method = MethodConfig::new(method);
     let moe = method.needs_experts()
         || matches!(
             method,
@@ -250,8 +250,8 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
             "model: {BACKBONE} (pretrained BERT, mean pooling, new linear head)"
         ));
     }
-    if !moe {
-        cfg.method.scope = Scope::Lora;
+    if !moe && let Some(scope) = cfg.method.scope_mut() {
+        *scope = Scope::Lora;
     }
     if let (Some(l), false) = (backbone.layers, q.random_init) {
         cfg.lora.attention_targets = upper_half_targets(l);
@@ -311,7 +311,12 @@ pub fn commented_toml(r: &Resolved) -> Result<String> {
     for n in &r.notes {
         out.push_str(&format!("#   - {n}\n"));
     }
-    out.push_str("#\n# Every field of `raptor train --print-default-config` may be added.\n\n");
+    out.push_str(
+        "#\n# Every field of `raptor train --print-default-config` may be added; [method]\n",
+    );
+    out.push_str(
+        "# takes the knobs of the method it names (another method's knob is an error).\n\n",
+    );
     out.push_str(&r.config.to_toml()?);
     Ok(out)
 }
@@ -420,10 +425,10 @@ mod tests {
         assert_eq!(c.lora.attention_targets.len(), 3);
         assert_eq!(c.data.max_length, MAX_LENGTH);
         assert_eq!(
-            (c.model.kind, c.method.name),
+            (c.model.kind, c.method.name()),
             (ModelKind::Bert, Method::DpAdam)
         );
-        assert_eq!(c.method.scope, Scope::Lora);
+        assert_eq!(c.method.scope(), Some(Scope::Lora));
         assert_eq!(c.model.path.as_deref(), Some(Path::new(BACKBONE)));
         assert_eq!(c.privacy.delta, None, "δ is left to the privacy default");
         c.validate().unwrap();

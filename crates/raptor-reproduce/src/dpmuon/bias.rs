@@ -60,9 +60,10 @@ pub struct BiasRow {
     pub draws: usize,
 }
 
-/// The Newton–Schulz map a run used (as `raptor train` builds it from the config).
+/// The Newton–Schulz map a run used (as `raptor train` builds it from the config; Muon's
+/// defaults for a method without Muon).
 pub fn ns_of(cfg: &RunConfig) -> NsConfig {
-    cfg.method.ns_config()
+    cfg.method.muon().copied().unwrap_or_default().ns_config()
 }
 
 /// Measures the kept buffers of the run in `dir` (nothing when it kept none) and writes the
@@ -97,10 +98,16 @@ pub fn measure(
     files.sort();
     let ns = ns_of(cfg);
     let bc = BcConfig {
-        probe_pairs: cfg.method.bc_probe_pairs.max(1),
+        probe_pairs: cfg
+            .method
+            .bias_correction()
+            .copied()
+            .unwrap_or_default()
+            .bc_probe_pairs
+            .max(1),
         ..BcConfig::default()
     };
-    let sweep_last = cfg.method.name == raptor_train::config::Method::DpMuon;
+    let sweep_last = cfg.method.name() == raptor_train::config::Method::DpMuon;
     let mut rows = Vec::new();
     for (fi, f) in files.iter().enumerate() {
         let info: Vec<BufferSampleInfo> = serde_json::from_slice(&std::fs::read(f)?)?;

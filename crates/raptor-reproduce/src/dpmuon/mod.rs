@@ -46,7 +46,7 @@ use anyhow::Context as _;
 use raptor_models::tokenizer::CorpusModel;
 use raptor_train::config::Choice as _;
 use raptor_train::config::{
-    DataFormat, DeviceSpec, Method, ModelKind, RunConfig, Scope, TokenizerSpec,
+    DataFormat, DeviceSpec, Method, MethodConfig, ModelKind, RunConfig, TokenizerSpec,
 };
 
 use crate::context::{Context, Dims, Profile, ProfileScale, Schedule, Table};
@@ -421,7 +421,6 @@ fn base_cfg(
     c.model.kind = ModelKind::Gpt2;
     c.model.path = Some(p.start.clone());
     c.model.tokenizer = TokenizerSpec::from(p.tok.as_path());
-    c.method.scope = Scope::Full;
     c.train.steps = Some(cell.steps);
     c.train.batch_size = fit_batch(cell.setting.batch, n);
     c.train.micro_batch = 64;
@@ -455,9 +454,12 @@ fn proxy_cfg(p: &Prepared, s: &Scale, cell: &Cell, device: DeviceSpec) -> RunCon
 }
 
 fn with_method(mut c: RunConfig, m: Method, lr: f64, adam_lr: f64) -> RunConfig {
-    c.method.name = m;
+    // Every method at the full scope (the default), Muon's rate where it has Muon.
+    c.method = MethodConfig::new(m);
+    if let Some(muon) = c.method.muon_mut() {
+        muon.muon_lr = lr;
+    }
     if tuned_is_muon(m) {
-        c.method.muon_lr = lr;
         c.train.lr = adam_lr;
     } else {
         c.train.lr = lr;
@@ -648,7 +650,7 @@ fn prepare(
     p.model.layers = s.dec.blocks;
     p.model.heads = s.dec.heads;
     p.model.d_ff = s.dec.ffn;
-    p.method.name = Method::Adam;
+    p.method = MethodConfig::new(Method::Adam);
     p.train.steps = Some(s.pretrain.updates);
     p.train.batch_size = fit_batch(s.pretrain.batch, corpora.pretrain_lines.len());
     p.train.lr = s.pretrain.lr;

@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use raptor_models::upcycle::{
     ExpertSpread, LayerAgreement, PartitionReport, PartitionTokens, RouterTraining,
 };
-use raptor_train::config::{DeviceSpec, Method, RunConfig};
+use raptor_train::config::{DeviceSpec, Method, MethodConfig, RunConfig};
 use sha2::{Digest, Sha256};
 
 use super::runs::file_hash;
@@ -255,7 +255,7 @@ pub fn continued(
     if let Some(pool) = backbone.pooling {
         p.model.pooling = pool;
     }
-    p.method.name = Method::Lora;
+    p.method = MethodConfig::new(Method::Lora);
     p.lora.attention = false;
     p.lora.experts = true;
     p.lora.r = CONTINUED_RANK;

@@ -35,8 +35,8 @@ use raptor_models::tokenizer::CorpusModel;
 use raptor_models::upcycle::RouterTraining;
 use raptor_train::config::Choice as _;
 use raptor_train::config::{
-    Budget, DataFormat, DeviceSpec, LayerSpec, Method, ModelKind, RunConfig, StreamOptimizer,
-    TokenizerSpec,
+    Budget, DataFormat, DeviceSpec, LayerSpec, Method, MethodConfig, ModelKind, RunConfig,
+    StreamOptimizer, TokenizerSpec,
 };
 
 use crate::context::{Context, Dims, Profile, ProfileScale, RouterSchedule, Schedule, Table};
@@ -706,7 +706,7 @@ fn prepare_cls(
     p.model.d_ff = s.enc.ffn;
     p.model.experts = s.enc.experts;
     p.model.experts = p.model.experts.max(md.domains.len() as i64);
-    p.method.name = Method::Full;
+    p.method = MethodConfig::new(Method::Full);
     p.train.steps = Some(s.pretrain.updates);
     p.train.batch_size = fit_batch(s.pretrain.batch, pre_records);
     p.train.lr = s.pretrain.lr;
@@ -852,7 +852,7 @@ fn cell_of(m: Method, variant: &'static str, eps: Option<f64>) -> Cell {
 /// split (median gradient norm) and RAPTOR counts its budget per stream (each stream gets the
 /// updates a monolithic run gets).
 fn method_cfg(mut c: RunConfig, m: Method, variant: &str, eps: Option<f64>) -> RunConfig {
-    c.method.name = m;
+    c.method = c.method.switched_to(m);
     if variant == "no-experts" {
         c.lora.experts = false;
     }
@@ -1220,7 +1220,9 @@ pub(crate) fn dp_jobs(
             }
             for layer in [LayerSpec::First, LayerSpec::Last] {
                 let mut cfg = tuned(Method::Raptor, Some(max_eps));
-                cfg.method.layer = layer;
+                if let Some(e) = cfg.method.expert_layer_mut() {
+                    e.layer = layer;
+                }
                 jobs.push(Job {
                     label: label(
                         &task.name,
@@ -1661,7 +1663,7 @@ pub(crate) mod tests {
                 assert_eq!(j.cfg.data.train, PathBuf::from("/a/pt.tsv"));
                 assert_eq!(j.cfg.train.batch_size, b.min(168.0), "{name}");
                 assert!(j.cfg.privacy.delta.is_some());
-                if j.cfg.method.name.is_private() {
+                if j.cfg.method.name().is_private() {
                     assert!(j.cfg.privacy.epsilon > 1.0, "{name}: {}", j.label);
                 }
             }
@@ -1677,7 +1679,7 @@ pub(crate) mod tests {
             // The chosen learning rate reached the main grid.
             assert!(
                 main.iter()
-                    .filter(|j| j.cfg.method.name == Method::SharedOnly)
+                    .filter(|j| j.cfg.method.name() == Method::SharedOnly)
                     .all(|j| j.cfg.train.lr == s.proxy_lrs[0])
             );
             jobs.extend(gate);

@@ -72,7 +72,7 @@ impl Pretraining {
         data_hash: &str,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(
-            !cfg.method.name.is_private(),
+            !cfg.method.name().is_private(),
             "pretraining is non-private by design: it must only see public data"
         );
         let key_src = format!("{}|{data_hash}", run_key(cfg)?);

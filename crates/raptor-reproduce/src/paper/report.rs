@@ -21,15 +21,25 @@ pub type Ablation = (&'static str, fn(&mut RunConfig));
 
 /// Paper Table 5's ablations of RAPTOR.
 pub const ABLATIONS: [Ablation; 4] = [
-    ("no-alternation", |c| c.method.alternate = false),
+    ("no-alternation", |c| {
+        if let Some(a) = c.method.alternation_mut() {
+            a.alternate = false;
+        }
+    }),
     ("no-public-denominator", |c| {
-        c.method.expert_denominator = ExpertDenominator::Batch
+        if let Some(s) = c.method.expert_streams_mut() {
+            s.expert_denominator = ExpertDenominator::Batch;
+        }
     }),
     ("no-expert-clipping", |c| {
-        c.method.expert_clip = ExpertClip::Global
+        if let Some(s) = c.method.expert_streams_mut() {
+            s.expert_clip = ExpertClip::Global;
+        }
     }),
     ("no-residual-weight", |c| {
-        c.method.residual = ResidualWeight::None
+        if let Some(s) = c.method.expert_streams_mut() {
+            s.residual = ResidualWeight::None;
+        }
     }),
 ];
 

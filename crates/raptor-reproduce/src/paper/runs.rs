@@ -47,7 +47,7 @@ pub fn run_key(cfg: &RunConfig) -> anyhow::Result<String> {
     }
     let digest = Sha256::digest(text.as_bytes());
     let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    Ok(format!("{}-{hex}", cfg.method.name.name()))
+    Ok(format!("{}-{hex}", cfg.method.name().name()))
 }
 
 /// The files a run reads, by its config: the data files, the tokenizer file and, for

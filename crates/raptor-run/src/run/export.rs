@@ -30,7 +30,7 @@ pub(crate) fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
     let num_labels = labels.as_ref().map_or(0, |l| l.len() as i64);
     let mut model = crate::session::build_model(&cfg, tok.vocab_size() as i64, num_labels, device)?;
     // Rebuild the trainable scope (LoRA adapters) as training did, then load its weights.
-    let layer = if cfg.method.name.needs_experts() {
+    let layer = if cfg.method.name().needs_experts() {
         let rec: serde_json::Value = serde_json::from_slice(
             &std::fs::read(run.join("record.json")).map_err(io(run.join("record.json")))?,
         )?;
@@ -104,7 +104,7 @@ pub(crate) fn export_run_skipping(
             run.display()
         )));
     }
-    let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+    let cfg = RunConfig::from_written_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
     let mut rm = load_run_model(run, cfg)?;
     let has_adapters = rm
         .model
@@ -191,7 +191,7 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
             run.display()
         )));
     }
-    let cfg = RunConfig::from_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
+    let cfg = RunConfig::from_written_toml(&std::fs::read_to_string(&cpath).map_err(io(&cpath))?)?;
     let RunModel {
         cfg,
         model,

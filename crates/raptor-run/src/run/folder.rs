@@ -133,7 +133,7 @@ pub fn new_run_id(cfg: &RunConfig) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let base = format!("{}-{secs}-{}", cfg.method.name, std::process::id());
+    let base = format!("{}-{secs}-{}", cfg.method.name(), std::process::id());
     match STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
         0 => base,
         n => format!("{base}-{n}"),

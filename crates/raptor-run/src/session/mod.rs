@@ -72,7 +72,7 @@ pub struct SourceRefs {
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("method", &self.cfg.method.name)
+            .field("method", &self.cfg.method.name())
             .field("train", &self.train.len())
             .field("validation", &self.validation.len())
             .finish_non_exhaustive()
@@ -282,11 +282,11 @@ fn public_layer(
 ) -> Result<Option<LayerChoice>> {
     let classify = is_classifier(cfg);
     let model_vocab = model.vocab_size();
-    if cfg.method.name.needs_experts() {
+    if cfg.method.name().needs_experts() {
         let sparse = model.sparse_layers();
         // Only the entropy rule reads the public corpus's routing.
-        let public = match (&cfg.data.public, cfg.method.layer) {
-            (Some(p), LayerSpec::Entropy) => {
+        let public = match (&cfg.data.public, cfg.method.layer()) {
+            (Some(p), Some(LayerSpec::Entropy)) => {
                 let ds = read_records(cfg, p, false)?;
                 let ex = to_examples(cfg, tokenizer, &ds.records, None, model_vocab)?;
                 let bs = batches(&ex, 64, pad_id, device, classify)?;
@@ -297,12 +297,12 @@ fn public_layer(
                 }
                 Some(corpus)
             }
-            (None, _) | (Some(_), LayerSpec::First | LayerSpec::Last | LayerSpec::Block(_)) => None,
+            _ => None,
         };
         Ok(Some(choose_layer(cfg, &sparse, public.as_ref())?))
     } else {
         if !cfg.model.kind.is_language_model()
-            && matches!(cfg.method.name, Method::DpAdamLora | Method::Lora)
+            && matches!(cfg.method.name(), Method::DpAdamLora | Method::Lora)
             && model.sparse_layers().is_empty()
         {
             return Err(RunError::Config("the model has no sparse layer".into()));

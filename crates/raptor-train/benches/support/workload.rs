@@ -67,9 +67,13 @@ fn model() -> SwitchEncoder {
 pub fn timed_updates(method: Method, updates: u64) -> Duration {
     let mut m = model();
     let d = data(m.vocab_size());
-    let mut cfg = RunConfig::default();
-    cfg.method.name = method;
-    cfg.method.layer = raptor_train::config::LayerSpec::Block(3);
+    let mut cfg = RunConfig {
+        method: raptor_train::config::MethodConfig::new(method),
+        ..RunConfig::default()
+    };
+    if let Some(e) = cfg.method.expert_layer_mut() {
+        e.layer = raptor_train::config::LayerSpec::Block(3);
+    }
     cfg.train.batch_size = B;
     cfg.train.steps = Some(1_000_000);
     cfg.privacy.accuracy = 0.05;
@@ -158,10 +162,12 @@ pub fn timed_decoder_updates(method: Method, updates: u64) -> Duration {
             prompt_len: 8,
         })
         .collect();
-    let mut cfg = RunConfig::default();
+    // The full scope: every scoped method's default.
+    let mut cfg = RunConfig {
+        method: raptor_train::config::MethodConfig::new(method),
+        ..RunConfig::default()
+    };
     cfg.model.kind = raptor_train::config::ModelKind::Gpt2;
-    cfg.method.name = method;
-    cfg.method.scope = raptor_train::config::Scope::Full;
     cfg.train.batch_size = 32.0;
     cfg.train.steps = Some(1_000_000);
     cfg.privacy.accuracy = 0.05;

@@ -1,10 +1,12 @@
 //! The one validator of a run config: every value that can be checked without the data, and
-//! every knob set (to a value other than its default) for a method that does not use it. All
-//! problems are collected and reported together, each with its setting.
+//! every setting outside `[method]` set (to a value other than its default) for a method that
+//! does not use it (`[method]` holds only its method's knobs: a knob of another method is
+//! reported when the TOML is read). All problems are collected and reported together, each with
+//! its setting.
 
 use std::fmt;
 
-use super::{Choice, Method, MethodFamily, ModelConfig, NsPolynomial, RunConfig, Scope};
+use super::{Choice, Method, ModelConfig, MuonKnobs, NsPolynomial, RunConfig, Scope};
 use crate::error::{ConfigIssue, ConfigIssues, Result, TrainError};
 
 /// Collects the problems of one config.
@@ -18,30 +20,30 @@ impl Issues {
         });
     }
 
-    /// `setting` set to `value` (not its default) for a method that does not use it.
-    fn unused(&mut self, setting: &str, value: impl fmt::Display, cfg: &RunConfig, users: &str) {
+    /// `setting` set to `value` (not its default) for a method that does not use it; `uses`
+    /// tells which methods do.
+    fn unused(
+        &mut self,
+        setting: &str,
+        value: impl fmt::Display,
+        cfg: &RunConfig,
+        uses: impl Fn(Method) -> bool,
+    ) {
+        let users: Vec<&str> = Method::ALL
+            .iter()
+            .copied()
+            .filter(|&m| uses(m))
+            .map(Choice::name)
+            .collect();
         self.add(
             setting,
             format!(
-                "set to {value}, but {} does not use it (it applies to {users})",
-                cfg.method.name.name()
+                "set to {value}, but {} does not use it; used by {}",
+                cfg.method.name(),
+                users.join(", ")
             ),
         );
     }
-}
-
-/// For each field `f` of `[fields]` set away from its default (`cur.f != def.f`), reports
-/// `"<table>.f"` as set for a method that does not use it (`users` are the methods it applies
-/// to): one line per table instead of one block per setting, and the setting's name cannot
-/// drift from the field's.
-macro_rules! unused {
-    ($out:expr, $cfg:expr, $users:expr, $table:literal, $cur:expr, $def:expr, [$($f:ident),+ $(,)?]) => {
-        $(
-            if $cur.$f != $def.$f {
-                $out.unused(concat!($table, ".", stringify!($f)), $cur.$f, $cfg, $users);
-            }
-        )+
-    };
 }
 
 /// Whether the method trains routed expert parameters of the configured model (where
@@ -52,7 +54,7 @@ fn trains_routed_experts(cfg: &RunConfig) -> bool {
     if !cfg.model.kind.is_moe() {
         return false;
     }
-    match cfg.method.name {
+    match cfg.method.name() {
         Method::Raptor | Method::ExpertOnly | Method::MatchedScope => true,
         Method::SharedOnly => false,
         Method::DpAdamLora | Method::Lora => cfg.lora.experts,
@@ -62,7 +64,7 @@ fn trains_routed_experts(cfg: &RunConfig) -> bool {
         | Method::DpMuon
         | Method::DpMuonbc
         | Method::Muon
-        | Method::Adam => cfg.method.scope == Scope::Full,
+        | Method::Adam => cfg.method.scope() == Some(Scope::Full),
     }
 }
 
@@ -151,26 +153,32 @@ impl RunConfig {
             );
         }
         let m = &self.method;
-        if m.name.needs_experts() && !self.model.kind.is_moe() {
+        if m.name().needs_experts() && !self.model.kind.is_moe() {
             out.add(
                 "method.name",
                 format!(
                     "{} needs an MoE model (switch, olmoe, mixtral, qwen2-moe or moe-bert), not {}",
-                    m.name, self.model.kind
+                    m.name(),
+                    self.model.kind
                 ),
             );
         }
-        if m.alternate && (m.shared_steps == 0 || m.expert_steps == 0) {
+        if let Some(a) = m.alternation()
+            && a.alternate
+            && (a.shared_steps == 0 || a.expert_steps == 0)
+        {
             out.add(
                 "method.shared_steps / expert_steps",
                 "must be >= 1 when alternating",
             );
         }
-        if let Err(e) = m.ns_config().validate() {
+        if let Some(muon) = m.muon()
+            && let Err(e) = muon.ns_config().validate()
+        {
             out.add("method.ns_steps / ns_kappa", e.to_string());
         }
         let p = &self.privacy;
-        if m.name.is_private() && !(p.epsilon.is_finite() && p.epsilon > 0.0) {
+        if m.name().is_private() && !(p.epsilon.is_finite() && p.epsilon > 0.0) {
             out.add(
                 "privacy.epsilon",
                 format!("{} must be finite and > 0", p.epsilon),
@@ -248,11 +256,11 @@ impl RunConfig {
         }
     }
 
-    /// Knobs set away from their defaults for a method (or model) that does not use them.
+    /// Settings outside `[method]` set away from their defaults for a method (or model) that
+    /// does not use them, and the Taylor degree beside Keller's polynomial.
     fn check_unused(&self, out: &mut Issues) {
         let def = RunConfig::default();
-        let (m, dm) = (&self.method, &def.method);
-        let name = m.name;
+        let name = self.method.name();
         if self.model.pooling != def.model.pooling && !self.model.kind.is_bert() {
             out.add(
                 "model.pooling",
@@ -262,56 +270,42 @@ impl RunConfig {
                 ),
             );
         }
-        const LAYER_USERS: &str = "raptor, matched-scope, shared-only and expert-only";
-        if !name.needs_experts() {
-            unused!(out, self, LAYER_USERS, "method", m, dm, [layer, owner_rule]);
-        }
+        let raptor = |m: Method| m == Method::Raptor;
+        let (p, dp) = (&self.privacy, &def.privacy);
+        let (t, dt) = (&self.train, &def.train);
         if name != Method::Raptor {
-            const USERS: &str = "raptor";
-            unused!(
-                out,
-                self,
-                USERS,
-                "method",
-                m,
-                dm,
-                [alternate, shared_steps, expert_steps]
-            );
-            let (p, dp) = (&self.privacy, &def.privacy);
-            unused!(out, self, USERS, "privacy", p, dp, [split, rho]);
-            if self.train.budget != def.train.budget {
-                out.unused("train.budget", self.train.budget, self, USERS);
+            if p.split != dp.split {
+                out.unused("privacy.split", p.split, self, raptor);
+            }
+            if p.rho != dp.rho {
+                out.unused("privacy.rho", p.rho, self, raptor);
+            }
+            if t.budget != dt.budget {
+                out.unused("train.budget", t.budget, self, raptor);
             }
         }
-        let (t, dt) = (&self.train, &def.train);
         if !name.has_expert_streams() {
-            const USERS: &str = "raptor and expert-only";
-            unused!(
-                out,
-                self,
-                USERS,
-                "method",
-                m,
-                dm,
-                [expert_denominator, expert_clip, residual]
-            );
-            unused!(
-                out,
-                self,
-                USERS,
-                "train",
-                t,
-                dt,
-                [clip_expert, expert_optimizer]
-            );
+            if t.clip_expert != dt.clip_expert {
+                out.unused(
+                    "train.clip_expert",
+                    t.clip_expert,
+                    self,
+                    Method::has_expert_streams,
+                );
+            }
+            if t.expert_optimizer != dt.expert_optimizer {
+                let o = t.expert_optimizer;
+                out.unused(
+                    "train.expert_optimizer",
+                    o,
+                    self,
+                    Method::has_expert_streams,
+                );
+            }
         }
         if !name.has_shared_stream() && t.shared_optimizer != dt.shared_optimizer {
-            out.unused(
-                "train.shared_optimizer",
-                t.shared_optimizer,
-                self,
-                "raptor and shared-only",
-            );
+            let o = t.shared_optimizer;
+            out.unused("train.shared_optimizer", o, self, Method::has_shared_stream);
         }
         if let Some(lr) = t.expert_lr
             && !trains_routed_experts(self)
@@ -326,33 +320,10 @@ impl RunConfig {
                 ),
             );
         }
-        if name.family() != MethodFamily::Scoped && m.scope != dm.scope {
-            out.unused(
-                "method.scope",
-                m.scope,
-                self,
-                "dp-sgd, dp-adam, dp-muon, dp-muonbc, muon and adam",
-            );
-        }
-        if !name.uses_muon() {
-            const USERS: &str = "dp-muon, dp-muonbc and muon";
-            unused!(
-                out,
-                self,
-                USERS,
-                "method",
-                m,
-                dm,
-                [
-                    muon_beta,
-                    muon_momentum,
-                    ns_polynomial,
-                    ns_steps,
-                    ns_kappa,
-                    muon_lr
-                ]
-            );
-        } else if m.ns_polynomial != NsPolynomial::Taylor && m.ns_kappa != dm.ns_kappa {
+        if let Some(m) = self.method.muon()
+            && m.ns_polynomial != NsPolynomial::Taylor
+            && m.ns_kappa != MuonKnobs::default().ns_kappa
+        {
             out.add(
                 "method.ns_kappa",
                 format!(
@@ -362,15 +333,13 @@ impl RunConfig {
                 ),
             );
         }
-        if name != Method::DpMuonbc && m.bc_probe_pairs != dm.bc_probe_pairs {
-            out.unused("method.bc_probe_pairs", m.bc_probe_pairs, self, "dp-muonbc");
-        }
         if !self.lora_scope() && self.lora.attention != def.lora.attention {
-            out.unused(
+            out.add(
                 "lora.attention",
-                self.lora.attention,
-                self,
-                "the LoRA-scope methods",
+                format!(
+                    "set to {}, but {name} does not use it; used by the LoRA-scope methods",
+                    self.lora.attention
+                ),
             );
         }
         if !self.lora.attention && !self.lora.attention_targets.is_empty() {
@@ -379,15 +348,9 @@ impl RunConfig {
                 "set, but lora.attention = false leaves every attention projection frozen",
             );
         }
-        if !matches!(name, Method::DpAdamLora | Method::Lora)
-            && self.lora.experts != def.lora.experts
-        {
-            out.unused(
-                "lora.experts",
-                self.lora.experts,
-                self,
-                "dp-adam-lora and lora",
-            );
+        let lora_experts = |m: Method| matches!(m, Method::DpAdamLora | Method::Lora);
+        if !lora_experts(name) && self.lora.experts != def.lora.experts {
+            out.unused("lora.experts", self.lora.experts, self, lora_experts);
         }
     }
 }
@@ -396,9 +359,7 @@ impl RunConfig {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::config::{
-        BudgetSplit, ExpertDenominator, ModelKind, MuonMomentum, ResidualWeight, TokenizerSpec,
-    };
+    use crate::config::{BudgetSplit, MethodConfig, ModelKind, MuonMomentum, TokenizerSpec};
 
     fn settings(c: &RunConfig) -> Vec<String> {
         c.issues().into_iter().map(|i| i.setting).collect()
@@ -406,12 +367,25 @@ mod tests {
 
     /// A config of `m` on a model it can run on, every other knob at its default.
     fn plain(m: Method) -> RunConfig {
-        let mut c = RunConfig::default();
-        c.method.name = m;
+        let mut c = RunConfig {
+            method: MethodConfig::new(m),
+            ..RunConfig::default()
+        };
         if !m.needs_experts() {
             c.model.kind = ModelKind::Gpt2;
         }
         c
+    }
+
+    /// The settings of the problems `text` is refused for, sorted.
+    fn refused(text: &str) -> Vec<String> {
+        let e = RunConfig::from_toml(text).unwrap_err();
+        let TrainError::Invalid(issues) = &e else {
+            panic!("{e:?}")
+        };
+        let mut s: Vec<String> = issues.0.iter().map(|i| i.setting.clone()).collect();
+        s.sort();
+        s
     }
 
     #[test]
@@ -435,12 +409,12 @@ mod tests {
 
     #[test]
     fn every_problem_is_listed_at_once() {
-        let mut c = RunConfig::default();
+        let mut c = plain(Method::DpMuon);
         c.privacy.epsilon = 0.0;
         c.train.batch_size = 0.0;
         c.lora.r = 0;
         c.data.max_length = 1;
-        c.method.ns_steps = 20_000;
+        c.method.muon_mut().unwrap().ns_steps = 20_000;
         c.model.tokenizer = TokenizerSpec::Model;
         let found = settings(&c);
         for s in [
@@ -478,52 +452,25 @@ mod tests {
 
     #[test]
     fn every_method_validates_with_the_defaults() {
-        for &m in <Method as crate::config::Choice>::ALL {
+        for &m in Method::ALL {
             assert_eq!(plain(m).issues(), Vec::new(), "{m}");
         }
     }
 
-    /// A knob of one family set on a method of another is reported, naming the knob, its
-    /// value and the methods it applies to.
+    /// A setting outside `[method]` that belongs to another family, set on a method that does
+    /// not use it, is reported, naming the setting, its value and the methods it applies to.
     #[test]
-    fn a_knob_the_method_does_not_use_is_reported() {
+    fn a_setting_the_method_does_not_use_is_reported() {
         let mut c = plain(Method::DpMuon);
         c.train.expert_lr = Some(1e-4);
-        c.method.expert_denominator = ExpertDenominator::Batch;
-        c.method.alternate = false;
-        c.method.residual = ResidualWeight::None;
         c.privacy.split = BudgetSplit::Additive;
-        c.method.layer = crate::config::LayerSpec::First;
-        let found = settings(&c);
-        assert_eq!(
-            found,
-            [
-                "method.layer",
-                "method.alternate",
-                "privacy.split",
-                "method.expert_denominator",
-                "method.residual",
-                "train.expert_lr"
-            ]
-        );
+        assert_eq!(settings(&c), ["privacy.split", "train.expert_lr"]);
         let text = c.validate().unwrap_err().to_string();
         assert!(
             text.contains(
-                "method.alternate: set to false, but dp-muon does not use it (it applies to raptor)"
+                "privacy.split: set to additive, but dp-muon does not use it; used by raptor"
             ),
             "{text}"
-        );
-        let mut c = plain(Method::Raptor);
-        c.method.muon_momentum = MuonMomentum::HeavyBall;
-        c.method.scope = crate::config::Scope::Lora;
-        c.method.bc_probe_pairs = 4;
-        assert_eq!(
-            settings(&c),
-            [
-                "method.scope",
-                "method.muon_momentum",
-                "method.bc_probe_pairs"
-            ]
         );
         // Expert knobs on shared-only, the shared stream's optimizer on expert-only.
         let mut c = plain(Method::SharedOnly);
@@ -533,12 +480,18 @@ mod tests {
             settings(&c),
             ["train.clip_expert", "train.expert_optimizer"]
         );
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("used by raptor, expert-only")
+        );
         let mut c = plain(Method::ExpertOnly);
         c.train.shared_optimizer = crate::config::StreamOptimizer::Sgd;
         assert_eq!(settings(&c), ["train.shared_optimizer"]);
         // The Taylor degree with Keller's polynomial; pooling on a model without it.
         let mut c = plain(Method::DpMuon);
-        c.method.ns_kappa = 3;
+        c.method.muon_mut().unwrap().ns_kappa = 3;
         c.model.pooling = crate::config::Pooling::Pooler;
         assert_eq!(settings(&c), ["model.pooling", "method.ns_kappa"]);
         // expert_lr on a full-scope dense method of a model without experts, or with the
@@ -558,30 +511,181 @@ mod tests {
         assert_eq!(settings(&c), ["lora.attention_targets"]);
     }
 
-    /// The same knobs on the methods that use them are fine.
+    /// A knob of another method in `[method]` is refused with the methods that take it, even
+    /// at its default value, and with every other problem of the config at once.
     #[test]
-    fn a_knob_the_method_uses_is_not_reported() {
+    fn a_knob_of_another_method_is_refused_with_its_users() {
+        let e = RunConfig::from_toml("[method]\nname = \"dp-adam-lora\"\nmuon_beta = 0.95\n")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config: method.muon_beta: dp-adam-lora does not use it; used by dp-muon, dp-muonbc, muon (line 3)"
+        );
+        assert!(matches!(&e, TrainError::Invalid(i) if i.mentions("method.muon_beta")));
+        let text = "[model]\nkind = \"gpt2\"\n\n[method]\nname = \"dp-muon\"\n\
+                    expert_denominator = \"expected-owner\"\nalternate = false\n\
+                    residual = \"none\"\nlayer = \"first\"\nbc_probe_pairs = 2\n\
+                    ns_steps = \"five\"\n\n[privacy]\nsplit = \"additive\"\nepsilon = 0.0\n";
+        assert_eq!(
+            refused(text),
+            [
+                "method.alternate",
+                "method.bc_probe_pairs",
+                "method.expert_denominator",
+                "method.layer",
+                "method.ns_steps",
+                "method.residual",
+                "privacy.epsilon",
+                "privacy.split",
+            ]
+        );
+        let e = RunConfig::from_toml(text).unwrap_err().to_string();
+        for line in [
+            "method.alternate: dp-muon does not use it; used by raptor (line 7)",
+            "method.layer: dp-muon does not use it; used by raptor, matched-scope, shared-only, expert-only (line 9)",
+            "method.bc_probe_pairs: dp-muon does not use it; used by dp-muonbc (line 10)",
+            "method.expert_denominator: dp-muon does not use it; used by raptor, expert-only (line 6)",
+            "privacy.epsilon: 0 must be finite and > 0",
+        ] {
+            assert!(e.contains(line), "{line} not in {e}");
+        }
+        assert!(
+            e.contains("method.ns_steps: invalid type") && e.contains("(line 11)"),
+            "{e}"
+        );
+        // A key no method takes; a method without knobs; the default method.
+        let e = RunConfig::from_toml("[method]\nname = \"dp-adam\"\nscopes = \"lora\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("method.scopes: unknown field `scopes` (dp-adam takes scope)"),
+            "{e}"
+        );
+        let e = RunConfig::from_toml("[method]\nname = \"lora\"\nscope = \"lora\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("method.scope: lora does not use it; used by dp-sgd, dp-adam, dp-muon, dp-muonbc, muon, adam"), "{e}");
+        assert_eq!(
+            refused("[method]\nmuon_lr = 0.02\n"),
+            ["method.muon_lr"],
+            "no name is raptor"
+        );
+    }
+
+    /// Each method reads its own knobs, at values other than their defaults, from the flat
+    /// `[method]` table; the written config holds them and reads back the same.
+    #[test]
+    fn every_method_reads_its_own_knobs() {
+        let text = |name: &str, knobs: &str| format!("[method]\nname = \"{name}\"\n{knobs}\n");
+        let read = |name: &str, knobs: &str| RunConfig::from_toml(&text(name, knobs)).unwrap();
+        let expert = "layer = 3\nowner_rule = \"token-count\"\n";
+        let streams =
+            "expert_denominator = \"batch\"\nexpert_clip = \"global\"\nresidual = \"margin\"\n";
+        let muon = "scope = \"lora\"\nmuon_beta = 0.9\nmuon_momentum = \"ema\"\n\
+                    ns_polynomial = \"taylor\"\nns_steps = 7\nns_kappa = 3\nmuon_lr = 0.05\n";
+        let c = read(
+            "raptor",
+            &format!("{expert}{streams}alternate = false\nshared_steps = 2\nexpert_steps = 3"),
+        );
+        let l = c.method.expert_layer().unwrap();
+        assert_eq!(
+            (l.layer, l.owner_rule),
+            (
+                crate::config::LayerSpec::Block(3),
+                crate::config::OwnerRule::TokenCount
+            )
+        );
+        assert_eq!(
+            c.method.alternation(),
+            Some(&crate::config::Alternation {
+                alternate: false,
+                shared_steps: 2,
+                expert_steps: 3
+            })
+        );
+        let s = c.method.expert_streams().unwrap();
+        assert_eq!(
+            (s.expert_denominator, s.expert_clip, s.residual),
+            (
+                crate::config::ExpertDenominator::Batch,
+                crate::config::ExpertClip::Global,
+                crate::config::ResidualWeight::Margin
+            )
+        );
+        let c = read("expert-only", &format!("{expert}{streams}"));
+        assert_eq!(c.method.expert_streams(), Some(s));
+        assert_eq!(c.method.layer(), Some(crate::config::LayerSpec::Block(3)));
+        for m in ["matched-scope", "shared-only"] {
+            let c = read(m, expert);
+            assert_eq!(
+                c.method.owner_rule(),
+                Some(crate::config::OwnerRule::TokenCount)
+            );
+        }
+        for m in ["dp-sgd", "dp-adam", "adam"] {
+            assert_eq!(
+                read(m, "scope = \"lora\"").method.scope(),
+                Some(Scope::Lora)
+            );
+        }
+        for m in ["dp-muon", "muon", "dp-muonbc"] {
+            let c = read(m, muon);
+            let k = c.method.muon().unwrap();
+            assert_eq!(c.method.scope(), Some(Scope::Lora));
+            assert_eq!(
+                (
+                    k.muon_beta,
+                    k.muon_momentum,
+                    k.ns_polynomial,
+                    k.ns_steps,
+                    k.ns_kappa,
+                    k.muon_lr
+                ),
+                (0.9, MuonMomentum::Ema, NsPolynomial::Taylor, 7, 3, 0.05)
+            );
+        }
+        let c = read("dp-muonbc", "bc_probe_pairs = 4");
+        assert_eq!(c.method.bias_correction().unwrap().bc_probe_pairs, 4);
+        for m in ["dp-adam-lora", "dp-adam-full", "lora", "full"] {
+            assert_eq!(read(m, "").method.name().name(), m);
+        }
+        // Written and read back: only the method's own knobs are written.
+        for &m in Method::ALL {
+            let mut c = plain(m);
+            c.method = read(m.name(), "").method;
+            let t = c.to_toml().unwrap();
+            assert_eq!(RunConfig::from_toml(&t).unwrap(), c, "{m}");
+            let table: toml::Table = toml::from_str(&t).unwrap();
+            let keys: Vec<&String> = table["method"].as_table().unwrap().keys().collect();
+            assert_eq!(
+                keys.len(),
+                crate::config::method::knobs(m).len() + 1,
+                "{m}: {t}"
+            );
+        }
+    }
+
+    /// The same settings on the methods that use them are fine.
+    #[test]
+    fn a_setting_the_method_uses_is_not_reported() {
         let mut c = plain(Method::Raptor);
         c.train.expert_lr = Some(1e-4);
-        c.method.expert_denominator = ExpertDenominator::Batch;
-        c.method.alternate = false;
-        c.method.residual = ResidualWeight::None;
         c.privacy.split = BudgetSplit::Additive;
         c.privacy.rho = 0.5;
         c.train.budget = crate::config::Budget::StreamUpdates;
         c.train.shared_optimizer = crate::config::StreamOptimizer::Sgd;
         c.train.expert_optimizer = crate::config::StreamOptimizer::Sgd;
         c.train.clip_expert = 0.5;
-        c.method.layer = crate::config::LayerSpec::Last;
         c.lora.attention = false;
         assert_eq!(c.issues(), Vec::new());
         let mut c = plain(Method::DpMuonbc);
-        c.method.muon_momentum = MuonMomentum::Ema;
-        c.method.ns_polynomial = NsPolynomial::Taylor;
-        c.method.ns_kappa = 3;
-        c.method.bc_probe_pairs = 2;
-        c.method.muon_lr = 0.05;
-        c.method.scope = Scope::Lora;
+        let k = c.method.muon_mut().unwrap();
+        k.muon_momentum = MuonMomentum::Ema;
+        k.ns_polynomial = NsPolynomial::Taylor;
+        k.ns_kappa = 3;
+        k.muon_lr = 0.05;
+        c.method.bias_correction_mut().unwrap().bc_probe_pairs = 2;
+        *c.method.scope_mut().unwrap() = Scope::Lora;
         assert_eq!(c.issues(), Vec::new());
         let mut c = plain(Method::DpAdam);
         c.model.kind = ModelKind::Mixtral;
@@ -591,7 +695,7 @@ mod tests {
             Vec::new(),
             "full scope on a MoE model trains experts"
         );
-        c.method.scope = Scope::Lora;
+        *c.method.scope_mut().unwrap() = Scope::Lora;
         assert_eq!(settings(&c), ["train.expert_lr"]);
         let mut c = plain(Method::Lora);
         c.model.kind = ModelKind::Switch;

@@ -362,9 +362,10 @@ pub enum ResidualWeight {
 #[derive(Serialize, Deserialize, Display, IntoStaticStr, VariantArray)]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Scope {
-    /// Every parameter but the routers.
+    /// Every parameter but the routers (the default).
+    #[default]
     Full,
     /// LoRA on the attention projections, and the head.
     Lora,
@@ -683,7 +684,12 @@ impl<'de> Deserialize<'de> for DeviceSpec {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::config::RunConfig;
+    use crate::config::{MethodConfig, RunConfig};
+
+    /// A default config whose method is `m` (at its defaults).
+    fn with_method(c: &mut RunConfig, m: Method) {
+        c.method = MethodConfig::new(m);
+    }
 
     /// Every value of `T` written into a config through `set` comes back from its TOML, which
     /// holds `key = "<name>"`.
@@ -721,37 +727,51 @@ mod tests {
     fn every_accepted_name_round_trips_through_the_toml() {
         round_trip("format", |c, v| c.data.format = v, |c| c.data.format);
         round_trip("kind", |c, v| c.model.kind = v, |c| c.model.kind);
-        round_trip("name", |c, v| c.method.name = v, |c| c.method.name);
+        round_trip("name", with_method, |c| c.method.name());
+        // The knobs of `[method]`, each on a method that takes it.
         round_trip(
             "owner_rule",
-            |c, v| c.method.owner_rule = v,
-            |c| c.method.owner_rule,
+            |c, v| c.method.expert_layer_mut().unwrap().owner_rule = v,
+            |c| c.method.owner_rule().unwrap(),
         );
         round_trip(
             "expert_denominator",
-            |c, v| c.method.expert_denominator = v,
-            |c| c.method.expert_denominator,
+            |c, v| c.method.expert_streams_mut().unwrap().expert_denominator = v,
+            |c| c.method.expert_streams().unwrap().expert_denominator,
         );
         round_trip(
             "expert_clip",
-            |c, v| c.method.expert_clip = v,
-            |c| c.method.expert_clip,
+            |c, v| c.method.expert_streams_mut().unwrap().expert_clip = v,
+            |c| c.method.expert_streams().unwrap().expert_clip,
         );
         round_trip(
             "residual",
-            |c, v| c.method.residual = v,
-            |c| c.method.residual,
+            |c, v| c.method.expert_streams_mut().unwrap().residual = v,
+            |c| c.method.expert_streams().unwrap().residual,
         );
-        round_trip("scope", |c, v| c.method.scope = v, |c| c.method.scope);
+        round_trip(
+            "scope",
+            |c, v| {
+                with_method(c, Method::DpAdam);
+                *c.method.scope_mut().unwrap() = v;
+            },
+            |c| c.method.scope().unwrap(),
+        );
         round_trip(
             "muon_momentum",
-            |c, v| c.method.muon_momentum = v,
-            |c| c.method.muon_momentum,
+            |c, v| {
+                with_method(c, Method::DpMuon);
+                c.method.muon_mut().unwrap().muon_momentum = v;
+            },
+            |c| c.method.muon().unwrap().muon_momentum,
         );
         round_trip(
             "ns_polynomial",
-            |c, v| c.method.ns_polynomial = v,
-            |c| c.method.ns_polynomial,
+            |c, v| {
+                with_method(c, Method::Muon);
+                c.method.muon_mut().unwrap().ns_polynomial = v;
+            },
+            |c| c.method.muon().unwrap().ns_polynomial,
         );
         round_trip("split", |c, v| c.privacy.split = v, |c| c.privacy.split);
         round_trip(
@@ -886,14 +906,14 @@ mod tests {
             ("3", LayerSpec::Block(3)),
         ] {
             let c = RunConfig::from_toml(&format!("[method]\nlayer = \"{text}\"\n")).unwrap();
-            assert_eq!(c.method.layer, layer);
+            assert_eq!(c.method.layer(), Some(layer));
             let out = c.to_toml().unwrap();
             assert!(out.contains(&format!("layer = \"{text}\"")), "{out}");
             assert_eq!(RunConfig::from_toml(&out).unwrap(), c);
         }
         // An integer block index is accepted too (and written back as a string).
         let c = RunConfig::from_toml("[method]\nlayer = 2\n").unwrap();
-        assert_eq!(c.method.layer, LayerSpec::Block(2));
+        assert_eq!(c.method.layer(), Some(LayerSpec::Block(2)));
         for (text, tok) in [
             ("bytes", TokenizerSpec::Bytes),
             ("gpt2", TokenizerSpec::Gpt2),
@@ -1007,19 +1027,19 @@ mod tests {
                 "role global",
             ),
             (
-                "[method]\nscope = \"adapters\"\n",
+                "[method]\nname = \"dp-adam\"\nscope = \"adapters\"\n",
                 "method.scope",
                 "adapters",
                 "full lora",
             ),
             (
-                "[method]\nmuon_momentum = \"nesterov2\"\n",
+                "[method]\nname = \"dp-muon\"\nmuon_momentum = \"nesterov2\"\n",
                 "method.muon_momentum",
                 "nesterov2",
                 "heavy-ball ema nesterov",
             ),
             (
-                "[method]\nns_polynomial = \"quintic\"\n",
+                "[method]\nname = \"muon\"\nns_polynomial = \"quintic\"\n",
                 "method.ns_polynomial",
                 "quintic",
                 "keller taylor",

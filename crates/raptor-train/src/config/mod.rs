@@ -1,9 +1,11 @@
 //! The run configuration (`run.toml`): every knob is a documented field with a default; unknown
 //! fields are an error that names them. Every setting that takes one of a fixed set of values is
 //! an enum ([`choices`]), so a value the TOML does not accept fails to parse (naming the setting,
-//! the value and the accepted ones) and no code matches on strings; [`RunConfig::validate`] is
-//! the one validator of the rest, listing every problem at once. The same struct backs the file,
-//! the builder in code and the resolved copy written into the run folder.
+//! the value and the accepted ones) and no code matches on strings. `[method]` is an enum tagged
+//! by `name` whose variants carry only their own knobs ([`method`]); [`RunConfig::validate`] is
+//! the one validator of the rest, listing every problem at once (a knob of another method in
+//! `[method]` among them). The same struct backs the file, the builder in code and the resolved
+//! copy written into the run folder.
 
 use std::path::{Path, PathBuf};
 
@@ -13,12 +15,16 @@ use crate::error::{Result, TrainError};
 
 mod check;
 pub mod choices;
+pub mod method;
 
 pub use crate::error::{ConfigIssue, ConfigIssues};
 pub use choices::{
     Budget, BudgetSplit, Choice, DataFormat, DeviceSpec, ExpertClip, ExpertDenominator, LayerSpec,
     Method, MethodFamily, ModelKind, MuonMomentum, NsPolynomial, OwnerRule, Pooling,
     PrefixCacheMode, ResidualWeight, Scope, StreamOptimizer, TokenizerSpec, parse_choice,
+};
+pub use method::{
+    Alternation, BiasCorrection, ExpertLayer, ExpertStreams, MethodConfig, MuonKnobs,
 };
 
 /// A whole run: data, model, method, privacy target and training schedule.
@@ -29,7 +35,8 @@ pub struct RunConfig {
     pub data: DataConfig,
     /// The model to fine-tune.
     pub model: ModelConfig,
-    /// The training method and its knobs.
+    /// The training method and its own knobs (`name` left out: `raptor`).
+    #[serde(deserialize_with = "method::deserialize_or_raptor")]
     pub method: MethodConfig,
     /// The privacy target.
     pub privacy: PrivacyConfig,
@@ -167,90 +174,6 @@ impl Default for ModelConfig {
             heads: 2,
             d_ff: 64,
             experts: 4,
-        }
-    }
-}
-
-/// The method.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MethodConfig {
-    /// `raptor`, `dp-adam-lora`, `dp-adam-full`, `matched-scope`, `shared-only`,
-    /// `expert-only`, `lora`, `full` (MoE classifiers); `dp-sgd`, `dp-adam`, `dp-muon`,
-    /// `dp-muonbc`, `muon`, `adam` (decoders, and any model).
-    pub name: Method,
-    /// Sparse layer(s) RAPTOR trains: `entropy` (public-corpus routing entropy; the last sparse
-    /// layer without a public file), `first`, `last`, or a block index.
-    pub layer: LayerSpec,
-    /// Owner rule: `gate-weighted` (default) or `token-count` plurality.
-    pub owner_rule: OwnerRule,
-    /// Alternate shared and expert updates (RAPTOR); false: both streams from one sample per
-    /// update, charged as one mechanism (1/σ_eff² = 1/σ_s² + 1/σ_e²) and calibrated on it.
-    pub alternate: bool,
-    /// Shared updates per cycle (alternating schedule).
-    pub shared_steps: u64,
-    /// Expert updates per cycle (alternating schedule).
-    pub expert_steps: u64,
-    /// Expert denominator: `expected-owner` (D_e = B/E) or `batch` (B).
-    pub expert_denominator: ExpertDenominator,
-    /// Expert clipping: `role` (each stream its own bound) or `global` (one factor).
-    pub expert_clip: ExpertClip,
-    /// Residual weight of the expert loss: `prob` (1 − p_shared(y|x)), `margin`, `none`.
-    pub residual: ResidualWeight,
-    /// Trainable scope of the dense-decoder methods: `full` or `lora` (LoRA on the attention
-    /// projections; DP-Muon and DP-MuonBC then orthogonalize each adapter factor's update).
-    pub scope: Scope,
-    /// Muon momentum β.
-    pub muon_beta: f64,
-    /// Muon momentum form: `heavy-ball`, `ema`, `nesterov`.
-    pub muon_momentum: MuonMomentum,
-    /// Newton–Schulz polynomial: `keller` (quintic) or `taylor`.
-    pub ns_polynomial: NsPolynomial,
-    /// Newton–Schulz steps.
-    pub ns_steps: usize,
-    /// Taylor degree κ (for `taylor`).
-    pub ns_kappa: usize,
-    /// DP-MuonBC antithetic probe pairs K.
-    pub bc_probe_pairs: usize,
-    /// Learning rate of the Muon-updated matrices (the other parameters use `train.lr`).
-    pub muon_lr: f64,
-}
-
-impl Default for MethodConfig {
-    fn default() -> Self {
-        Self {
-            name: Method::Raptor,
-            layer: LayerSpec::Entropy,
-            owner_rule: OwnerRule::GateWeighted,
-            alternate: true,
-            shared_steps: 1,
-            expert_steps: 1,
-            expert_denominator: ExpertDenominator::ExpectedOwner,
-            expert_clip: ExpertClip::Role,
-            residual: ResidualWeight::Prob,
-            scope: Scope::Full,
-            muon_beta: 0.95,
-            muon_momentum: MuonMomentum::Nesterov,
-            ns_polynomial: NsPolynomial::Keller,
-            ns_steps: 5,
-            ns_kappa: 2,
-            bc_probe_pairs: 1,
-            muon_lr: 0.02,
-        }
-    }
-}
-
-impl MethodConfig {
-    /// The Newton–Schulz iteration of the Muon methods: `ns_polynomial` with `ns_steps` steps
-    /// (and degree `ns_kappa` for `taylor`).
-    pub fn ns_config(&self) -> raptor_muon::NsConfig {
-        match self.ns_polynomial {
-            NsPolynomial::Taylor => raptor_muon::NsConfig::taylor(self.ns_kappa, self.ns_steps),
-            NsPolynomial::Keller => {
-                let mut c = raptor_muon::NsConfig::keller();
-                c.steps = self.ns_steps;
-                c
-            }
         }
     }
 }
@@ -477,7 +400,7 @@ impl RunConfig {
     /// Whether the method trains LoRA adapters (with the head) rather than full weights:
     /// RAPTOR and its ablations, the LoRA methods, and the others at `method.scope = "lora"`.
     pub fn lora_scope(&self) -> bool {
-        match self.method.name {
+        match self.method.name() {
             Method::Raptor
             | Method::MatchedScope
             | Method::SharedOnly
@@ -490,7 +413,7 @@ impl RunConfig {
             | Method::DpMuon
             | Method::DpMuonbc
             | Method::Muon
-            | Method::Adam => self.method.scope == Scope::Lora,
+            | Method::Adam => self.method.scope() == Some(Scope::Lora),
         }
     }
 
@@ -513,8 +436,81 @@ impl RunConfig {
     /// Parses TOML text. An error names the setting (`section.field`) it is about, with the
     /// line: an unknown field, a value of the wrong type, or a value a setting does not accept
     /// (the error then gives the bad value and every accepted one).
+    ///
+    /// `[method]` takes the knobs of the method it names, and only those: a knob of another
+    /// method (with the methods that take it) and a knob's bad value are reported together with
+    /// every problem [`RunConfig::validate`] finds in the rest of the config
+    /// ([`TrainError::Invalid`]).
     pub fn from_toml(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| TrainError::Config(describe_toml_error(text, &e)))
+        let describe = |e: toml::de::Error| TrainError::Config(describe_toml_error(text, &e));
+        let doc: toml::Table = toml::from_str(text).map_err(describe)?;
+        let Some(toml::Value::Table(table)) = doc.get("method") else {
+            return toml::from_str(text).map_err(describe);
+        };
+        let at_line = |key: &str, reason: String| ConfigIssue {
+            setting: format!("method.{key}"),
+            reason: match key_line(text, &["method", key]) {
+                Some(line) => format!("{reason} (line {line})"),
+                None => reason,
+            },
+        };
+        let m = method::named(table)
+            .map_err(|i| TrainError::Config(at_line(&i.key, i.reason).to_string()))?;
+        let mut bad = method::table_issues(m, table);
+        bad.sort_by_key(|i| key_line(text, &["method", &i.key]));
+        if bad.is_empty() {
+            return toml::from_str(text).map_err(describe);
+        }
+        // The rest of the config, read without the knobs reported, so that every problem is
+        // listed at once.
+        let mut rest = doc.clone();
+        if let Some(toml::Value::Table(t)) = rest.get_mut("method") {
+            for i in &bad {
+                t.remove(&i.key);
+            }
+        }
+        let mut issues: Vec<ConfigIssue> =
+            bad.into_iter().map(|i| at_line(&i.key, i.reason)).collect();
+        let rest_text = toml::to_string(&rest).map_err(|e| TrainError::Config(e.to_string()))?;
+        match toml::from_str::<RunConfig>(&rest_text) {
+            Ok(cfg) => issues.extend(cfg.issues()),
+            Err(e) => {
+                let setting = e.span().and_then(|s| setting_at(&rest_text, s.start));
+                let path: Vec<&str> = setting
+                    .as_deref()
+                    .map_or(Vec::new(), |s| s.split('.').collect());
+                let line = key_line(text, &path);
+                issues.push(ConfigIssue {
+                    setting: setting.clone().unwrap_or_else(|| "config".into()),
+                    reason: match line {
+                        Some(l) => format!("{} (line {l})", e.message().trim_end()),
+                        None => e.message().trim_end().to_string(),
+                    },
+                });
+            }
+        }
+        Err(TrainError::Invalid(ConfigIssues(issues)))
+    }
+
+    /// Reads a config that raptor wrote into a run folder (`config.toml`), as
+    /// [`RunConfig::from_toml`] does, except that a knob of another method at that method's
+    /// default is dropped: the configs written before `[method]` held only its method's knobs
+    /// carry every method's knobs at their defaults, and their runs can still be resumed,
+    /// evaluated and exported. A knob of another method away from its default is still an error.
+    pub fn from_written_toml(text: &str) -> Result<Self> {
+        let mut doc: toml::Table =
+            toml::from_str(text).map_err(|e| TrainError::Config(describe_toml_error(text, &e)))?;
+        let dropped = match doc.get_mut("method") {
+            Some(toml::Value::Table(table)) => match method::named(table) {
+                Ok(m) => method::drop_foreign_defaults(m, table),
+                Err(_) => 0,
+            },
+            _ => 0,
+        };
+        if dropped == 0 {
+            return Self::from_toml(text);
+        }
+        Self::from_toml(&toml::to_string(&doc).map_err(|e| TrainError::Config(e.to_string()))?)
     }
 
     /// The config as TOML.
@@ -630,6 +626,23 @@ fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
+/// The line (from 1) where the key at `path` (`["method", "residual"]`) is written in `text`.
+fn key_line(text: &str, path: &[&str]) -> Option<usize> {
+    let doc = toml::de::DeTable::parse(text).ok()?;
+    let (last, parents) = path.split_last()?;
+    let mut table = doc.get_ref();
+    for p in parents {
+        let (_, v) = table.iter().find(|(k, _)| k.get_ref() == p)?;
+        let toml::de::DeValue::Table(inner) = v.get_ref() else {
+            return None;
+        };
+        table = inner;
+    }
+    let (k, _) = table.iter().find(|(k, _)| k.get_ref() == last)?;
+    text.get(..k.span().start)
+        .map(|before| before.matches('\n').count() + 1)
+}
+
 /// The dotted key (`method.residual`) whose key or value holds byte `at` of `text`, if any.
 fn setting_at(text: &str, at: usize) -> Option<String> {
     let doc = toml::de::DeTable::parse(text).ok()?;
@@ -722,6 +735,30 @@ mod tests {
         assert_eq!(b.differences(&a).unwrap(), a.differences(&b).unwrap());
     }
 
+    /// A run folder's config written when `[method]` held every method's knobs (each at its
+    /// default) still reads; a user's config with such a knob does not, nor a written one
+    /// whose foreign knob is away from its default.
+    #[test]
+    fn a_config_written_with_every_methods_knobs_still_reads_from_a_run_folder() {
+        let old = "[method]\nname = \"dp-adam\"\nlayer = \"entropy\"\n\
+                   owner_rule = \"gate-weighted\"\nalternate = true\nshared_steps = 1\n\
+                   expert_steps = 1\nexpert_denominator = \"expected-owner\"\n\
+                   expert_clip = \"role\"\nresidual = \"prob\"\nscope = \"lora\"\n\
+                   muon_beta = 0.95\nmuon_momentum = \"nesterov\"\nns_polynomial = \"keller\"\n\
+                   ns_steps = 5\nns_kappa = 2\nbc_probe_pairs = 1\nmuon_lr = 0.02\n";
+        let c = RunConfig::from_written_toml(old).unwrap();
+        assert_eq!(c.method, MethodConfig::DpAdam { scope: Scope::Lora });
+        assert!(RunConfig::from_toml(old).is_err());
+        let changed = old.replace("muon_lr = 0.02", "muon_lr = 0.05");
+        let e = RunConfig::from_written_toml(&changed)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("method.muon_lr: dp-adam does not use it"), "{e}");
+        // A config of the present form reads the same either way.
+        let t = c.to_toml().unwrap();
+        assert_eq!(RunConfig::from_written_toml(&t).unwrap(), c);
+    }
+
     #[test]
     fn unknown_field_is_named() {
         let e = RunConfig::from_toml("[train]\nbatchsize = 3\n").unwrap_err();
@@ -753,8 +790,10 @@ mod tests {
         let mut c = RunConfig::default();
         c.privacy.epsilon = 0.0;
         assert!(c.validate().is_err());
-        let mut c = RunConfig::default();
-        c.method.name = Method::Lora;
+        let mut c = RunConfig {
+            method: MethodConfig::new(Method::Lora),
+            ..RunConfig::default()
+        };
         c.privacy.epsilon = 0.0;
         assert!(c.validate().is_ok());
     }

@@ -157,7 +157,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
             let stored = run.join("config.toml");
             let text = std::fs::read_to_string(&stored)
                 .with_context(|| format!("cannot read {}", stored.display()))?;
-            let diff = given.differences(&RunConfig::from_toml(&text)?)?;
+            let diff = given.differences(&RunConfig::from_written_toml(&text)?)?;
             if !diff.is_empty() {
                 anyhow::bail!(
                     "{} differs from the config {} started with ({}): a run resumes with its own config; drop --config to resume it, or train a new run",
@@ -310,10 +310,10 @@ fn end_lines(dir: &std::path::Path, cfg: &RunConfig) -> Vec<String> {
         format!("evaluate: raptor eval --run {d} --data <file with the same columns>"),
         format!("repeat:   raptor train --config {d}/config.toml"),
     ];
-    let adapters = match cfg.method.name.family() {
+    let adapters = match cfg.method.name().family() {
         MethodFamily::Streams | MethodFamily::MatchedScope => true,
-        MethodFamily::Monolithic => matches!(cfg.method.name, Method::DpAdamLora | Method::Lora),
-        MethodFamily::Scoped => cfg.method.scope == Scope::Lora,
+        MethodFamily::Monolithic => matches!(cfg.method.name(), Method::DpAdamLora | Method::Lora),
+        MethodFamily::Scoped => cfg.method.scope() == Some(Scope::Lora),
     };
     // The adapter form needs a dense BERT with a base checkpoint to load onto.
     let peft = cfg.model.kind == raptor_train::config::ModelKind::Bert && cfg.model.path.is_some();
