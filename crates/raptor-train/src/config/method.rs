@@ -3,8 +3,8 @@
 //! [`ExpertStreams`], [`Alternation`], [`MuonKnobs`], [`BiasCorrection`], `scope`). The TOML
 //! keeps its flat shape (`[method]`, `name = "raptor"`, `layer = "entropy"`); a knob of another
 //! method cannot be held by the type, and [`RunConfig::from_toml`](super::RunConfig::from_toml)
-//! reports it with the methods that take it ([`table_issues`]). Which method takes which knob is
-//! read from the TOML of each method's defaults ([`knobs`]), never listed by hand.
+//! reports it with the methods that take it, from the parsed table. Which method takes which knob
+//! is read from the TOML of each method's defaults ([`knobs`]), never listed by hand.
 
 use serde::{Deserialize, Deserializer, Serialize};
 
