@@ -389,7 +389,11 @@ mod tests {
             let r = resolve(&x, Backbone::default()).unwrap();
             assert_eq!(r.config.train.lr, lr, "{m:?}");
             // DP-SGD's momentum comes with its rate; every other method keeps plain steps.
-            let momentum = if m == Method::DpSgd { DP_SGD_MOMENTUM } else { 0.0 };
+            let momentum = if m == Method::DpSgd {
+                DP_SGD_MOMENTUM
+            } else {
+                0.0
+            };
             assert_eq!(r.config.train.momentum, momentum, "{m:?}");
             assert!(
                 r.notes.iter().any(|n| n.contains(&format!("lr {lr} ("))),
