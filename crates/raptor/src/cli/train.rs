@@ -62,7 +62,8 @@ pub struct QuickArgs {
     #[arg(long, requires = "data")]
     pub validation: Option<PathBuf>,
     /// The method (default: dp-adam over LoRA on the pretrained backbone; raptor and its
-    /// baselines use the backbone upcycled to a MoE).
+    /// baselines use the backbone upcycled to a MoE; expert-only is refused here, since it
+    /// would leave the new classification head untrained).
     #[arg(long, requires = "data", value_parser = parse_method)]
     pub method: Option<Method>,
     /// Target epsilon.
