@@ -149,10 +149,20 @@ pub const FULL_LR: f64 = 1e-4;
 /// majority, 65.2 % against 45.7 %). Full fine-tuning's 1e-4 is the usual rate for every
 /// weight of a BERT-sized encoder, not measured here.
 pub fn default_lr(method: Method) -> f64 {
+    lr_rule(method).0
+}
+
+/// The rate of [`default_lr`] for `method`, and why, in a few words (for the start notes).
+fn lr_rule(method: Method) -> (f64, &'static str) {
     match method {
-        Method::DpSgd => DP_SGD_LR,
-        Method::DpAdamFull | Method::Full => FULL_LR,
-        Method::Adam | Method::Lora | Method::Muon => NON_PRIVATE_LR,
+        Method::DpSgd => (DP_SGD_LR, "SGD with momentum 0.9"),
+        Method::DpAdamFull | Method::Full => {
+            (FULL_LR, "full fine-tuning of the pretrained weights")
+        }
+        Method::Adam | Method::Lora | Method::Muon => (
+            NON_PRIVATE_LR,
+            "a non-private reference: no noise, a tenth of the private rate",
+        ),
         Method::Raptor
         | Method::DpAdamLora
         | Method::MatchedScope
@@ -160,7 +170,7 @@ pub fn default_lr(method: Method) -> f64 {
         | Method::ExpertOnly
         | Method::DpAdam
         | Method::DpMuon
-        | Method::DpMuonbc => DEFAULT_LR,
+        | Method::DpMuonbc => (DEFAULT_LR, "private, over LoRA"),
     }
 }
 
@@ -300,7 +310,7 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
     cfg.train.checkpoint_every = (t / 4).max(10);
     notes.push(format!(
         "schedule: {n_train} training records -> expected batch {b:.0} (N/8 within [32, 256]), {t} updates ({EPOCHS} epochs within [20, 100]), lr {lr} ({}), clip 1.0",
-        lr_reason(method)
+        lr_rule(method).1
     ));
     notes.extend(notes_early);
     Ok(Resolved {
@@ -308,25 +318,6 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
         records: n,
         notes,
     })
-}
-
-/// Why [`default_lr`] gives `method` its rate, in a few words (for the start notes).
-fn lr_reason(method: Method) -> &'static str {
-    match method {
-        Method::DpSgd => "SGD with momentum 0.9",
-        Method::DpAdamFull | Method::Full => "full fine-tuning of the pretrained weights",
-        Method::Adam | Method::Lora | Method::Muon => {
-            "a non-private reference: no noise, a tenth of the private rate"
-        }
-        Method::Raptor
-        | Method::DpAdamLora
-        | Method::MatchedScope
-        | Method::SharedOnly
-        | Method::ExpertOnly
-        | Method::DpAdam
-        | Method::DpMuon
-        | Method::DpMuonbc => "private, over LoRA",
-    }
 }
 
 /// The config as commented TOML for editing (`raptor init`): a header that says where it came
