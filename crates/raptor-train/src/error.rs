@@ -12,6 +12,14 @@ pub enum TrainError {
     /// A config that does not validate: every problem found, each naming its setting.
     #[error("config: {0}")]
     Invalid(ConfigIssues),
+    /// A config file that does not validate: the file, and every problem found in it.
+    #[error("config: {}: {issues}", path.display())]
+    InvalidFile {
+        /// The config file.
+        path: std::path::PathBuf,
+        /// Every problem found, each naming its setting.
+        issues: ConfigIssues,
+    },
     /// Bad data (the message names the file and record).
     #[error("data: {0}")]
     Data(String),

@@ -426,6 +426,10 @@ impl RunConfig {
         })?;
         let mut cfg = Self::from_toml(&text).map_err(|e| match e {
             TrainError::Config(msg) => TrainError::Config(format!("{}: {msg}", path.display())),
+            TrainError::Invalid(issues) => TrainError::InvalidFile {
+                path: path.to_path_buf(),
+                issues,
+            },
             other => other,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -802,6 +806,39 @@ mod tests {
 #[cfg(test)]
 mod path_tests {
     use super::*;
+
+    /// Every error of a config file names the file: a value that does not parse and the
+    /// problems collected with a misplaced `[method]` knob alike.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_config_files_errors_name_the_file() {
+        let dir = std::env::temp_dir().join(format!("raptor-config-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text, setting) in [
+            (
+                "bad-value.toml",
+                "[method]\nname = \"raptor\"\nresidual = \"x\"\n",
+                "method.residual",
+            ),
+            (
+                "misplaced.toml",
+                "[method]\nname = \"dp-adam\"\nmuon_beta = 0.9\n",
+                "method.muon_beta",
+            ),
+            (
+                "both.toml",
+                "[method]\nname = \"dp-adam\"\nmuon_beta = 0.9\n[train]\nlr = -1.0\n",
+                "train.lr",
+            ),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let e = RunConfig::from_file(&path).unwrap_err().to_string();
+            assert!(e.contains(&path.display().to_string()), "{name}: {e}");
+            assert!(e.contains(setting), "{name}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     #[allow(clippy::unwrap_used)]
