@@ -30,8 +30,9 @@ use clap::{Parser, Subcommand};
 /// The core crates (the tch-free data and metrics crates, the libtorch-free programs built on
 /// them, and the test kit every crate's tests may use): they must not depend on tch with default
 /// features.
-const CORE_CRATES: [&str; 12] = [
+const CORE_CRATES: [&str; 13] = [
     "raptor-accountant",
+    "raptor-config",
     "raptor-dist",
     "raptor-plan",
     "raptor-routing",

@@ -16,8 +16,10 @@ pub fn to_device(spec: DeviceSpec) -> Device {
 /// Parses `cpu`, `cuda` or `cuda:N` (errors name the value); does not check availability.
 pub fn parse_device(s: &str) -> Result<Device> {
     s.parse::<DeviceSpec>().map(to_device).map_err(|e| match e {
-        raptor_train::TrainError::Config(m) => RunError::Config(format!("train.device: {m}")),
-        other => RunError::Train(other),
+        raptor_train::config::ConfigError::Value(m) => {
+            RunError::Config(format!("train.device: {m}"))
+        }
+        other => RunError::RunConfig(other),
     })
 }
 

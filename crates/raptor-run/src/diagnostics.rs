@@ -367,7 +367,7 @@ mod tests {
         let mut model = crate::session::build_model(&cfg, 50, 2, Device::Cpu).unwrap();
         let layer = *model.sparse_layers().last().unwrap();
         raptor_models::rng::seeded(3, || {
-            raptor_train::methods::setup_scope(&cfg, model.as_mut(), Some(layer))
+            raptor_train::methods::setup_scope((&cfg).into(), model.as_mut(), Some(layer))
         })
         .unwrap();
         let data = (0..7u64)

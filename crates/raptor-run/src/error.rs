@@ -22,7 +22,10 @@ pub enum RunError {
     /// A run folder or checkpoint is missing, locked or inconsistent.
     #[error("run folder: {0}")]
     Run(String),
-    /// From the trainer core (config validation, plans, the private step).
+    /// From the config crate: a config that does not parse or validate.
+    #[error(transparent)]
+    RunConfig(#[from] raptor_train::config::ConfigError),
+    /// From the trainer core (plans, the private step).
     #[error(transparent)]
     Train(#[from] raptor_train::TrainError),
     /// From the models crate.

@@ -295,7 +295,7 @@ fn run_diagnostics(
     {
         return Ok(None);
     }
-    let naming = cfg.model.kind.naming();
+    let naming = raptor_train::methods::naming(cfg.model.kind);
     let Some(layer_id) = layer
         .map(|l| l.layer)
         .or_else(|| model.sparse_layers().last().copied())
@@ -408,8 +408,12 @@ fn resumed_optimizers(
     device: tch::Device,
     comm: &dyn raptor_train::dist::Collective,
 ) -> Result<raptor_train::optim::Optimizers> {
-    let mut optim =
-        raptor_train::methods::optimizers(cfg, plan, optim_settings(cfg)?, probe_seed(cfg, comm)?)?;
+    let mut optim = raptor_train::methods::optimizers(
+        &cfg.train,
+        plan,
+        optim_settings(cfg)?,
+        probe_seed(cfg, comm)?,
+    )?;
     if let Some(tap) = buffer_tap(dir)? {
         optim = optim.with_tap(tap);
     }

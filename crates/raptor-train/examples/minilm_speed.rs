@@ -167,7 +167,7 @@ fn main() {
         PrefixCacheMode::Off
     };
     let (plan, _) = raptor_models::rng::seeded(1, || {
-        build_plan(&cfg, model.as_mut(), b, moe.then_some(layer))
+        build_plan((&cfg).into(), model.as_mut(), b, moe.then_some(layer))
     })
     .expect("the plan");
     // Owner maps as a run makes them (each record routed on its own), timed.

@@ -1,8 +1,8 @@
 //! raptor-train: the private step and its config — what a run of any method does between
 //! drawing a Poisson sample and charging the ledger — and nothing else.
 //!
-//! - [`config`]: the run configuration (`run.toml`), every field documented with a default, and
-//!   its one validator.
+//! - [`config`] (crate `raptor-config`, re-exported): the run configuration (`run.toml`), every
+//!   field documented with a default, and its one validator.
 //! - [`streams`]: the one description every method is made of (phases of releases over clip
 //!   groups) and [`methods`], the pure function that turns a config into it (scope, layer, σ's).
 //! - [`trainer`]: the loop: Poisson sample, per-record clipping, noise ÷ public denominator,
@@ -18,13 +18,16 @@
 //! (`raptor-audit`), the `raptor` program and the experiment driver (`raptor-reproduce`) are
 //! above that.
 
-pub mod config;
 pub mod error;
 pub mod methods;
 pub mod streams;
 pub mod trainer;
 
 pub use error::{Result, TrainError};
+
+/// The run configuration (crate `raptor-config`, re-exported): `run.toml`'s types, their
+/// choices and their one validator.
+pub use raptor_config as config;
 
 /// The optimizers on released gradients (crate `raptor-optim`).
 pub use raptor_optim as optim;

@@ -13,13 +13,57 @@ use raptor_models::{LoraConfig, Model, attach_lora, freeze_all, set_trainable};
 use serde::Serialize;
 
 use crate::config::{
-    Budget, BudgetSplit, ExpertClip, ExpertDenominator, LayerSpec, Method, MethodFamily,
-    ResidualWeight, RunConfig, StreamOptimizer,
+    Budget, BudgetSplit, ExpertClip, ExpertDenominator, LayerSpec, LoraSettings, Method,
+    MethodConfig, MethodFamily, ModelKind, PrivacyConfig, ResidualWeight, RunConfig,
+    StreamOptimizer, TrainConfig,
 };
 use crate::error::{Result, TrainError};
 use crate::streams::{
     Charge, ClipGroup, GroupId, Optim, Phase, Plan, ReleaseSpec, Residual, Sigmas, Stream,
 };
+
+/// The parameter-name conventions of a model kind (where its experts, attention and head are).
+pub fn naming(kind: ModelKind) -> Naming {
+    match kind {
+        ModelKind::Switch => Naming::Switch,
+        ModelKind::Olmoe => Naming::Olmoe,
+        ModelKind::Gpt2 => Naming::Gpt2,
+        ModelKind::Llama => Naming::Llama,
+        ModelKind::Mixtral => Naming::Mixtral,
+        ModelKind::Qwen2Moe => Naming::Qwen2Moe,
+        ModelKind::Bert => Naming::Bert,
+        ModelKind::MoeBert => Naming::MoeBert,
+    }
+}
+
+/// What a plan is made of: the config's method, privacy target, schedule and adapter settings,
+/// and the model's kind. The data, the model's files, evaluation and the run's folder play no
+/// part in a plan, so the plan functions never see them.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanSettings<'a> {
+    /// The model's kind (its parameter-name conventions).
+    pub kind: ModelKind,
+    /// `[method]`.
+    pub method: &'a MethodConfig,
+    /// `[privacy]`.
+    pub privacy: &'a PrivacyConfig,
+    /// `[train]`.
+    pub train: &'a TrainConfig,
+    /// `[lora]`.
+    pub lora: &'a LoraSettings,
+}
+
+impl<'a> From<&'a RunConfig> for PlanSettings<'a> {
+    fn from(c: &'a RunConfig) -> Self {
+        Self {
+            kind: c.model.kind,
+            method: &c.method,
+            privacy: &c.privacy,
+            train: &c.train,
+            lora: &c.lora,
+        }
+    }
+}
 
 /// The privacy plan as recorded in the run record.
 #[derive(Debug, Clone, Serialize)]
@@ -80,7 +124,7 @@ pub struct LayerChoice {
 
 /// Picks RAPTOR's sparse layer from the config and, for `entropy`, a public corpus's routing.
 pub fn choose_layer(
-    cfg: &RunConfig,
+    method: &MethodConfig,
     sparse: &[usize],
     public: Option<&raptor_routing::PublicCorpus>,
 ) -> Result<LayerChoice> {
@@ -94,7 +138,7 @@ pub fn choose_layer(
         warnings: Vec::new(),
     };
     // The methods without a layer of their own (never asked) read the defaults.
-    let experts = cfg.method.expert_layer().copied().unwrap_or_default();
+    let experts = method.expert_layer().copied().unwrap_or_default();
     match experts.layer {
         LayerSpec::First => Ok(simple(sparse[0], "first sparse layer")),
         LayerSpec::Last => Ok(simple(last, "last sparse layer")),
@@ -147,23 +191,21 @@ pub fn choose_layer(
 }
 
 /// The owner rule of the config (the default for a method without one).
-pub fn owner_rule(cfg: &RunConfig) -> raptor_routing::OwnerRule {
-    let experts = cfg.method.expert_layer().copied().unwrap_or_default();
+pub fn owner_rule(method: &MethodConfig) -> raptor_routing::OwnerRule {
+    let experts = method.expert_layer().copied().unwrap_or_default();
     experts.owner_rule.into()
 }
 
 /// Number of updates: `train.steps`, else ceil(epochs · N / B); with `train.budget =
 /// "stream-updates"`, an alternating RAPTOR plan runs enough whole cycles that its shared
 /// stream gets that many updates (each cycle gives it `shared_steps`).
-pub fn total_updates(cfg: &RunConfig, n: usize) -> u64 {
-    let base = match cfg.train.steps {
+pub fn total_updates(method: &MethodConfig, train: &TrainConfig, n: usize) -> u64 {
+    let base = match train.steps {
         Some(s) => s,
-        None => ((cfg.train.epochs * n as f64 / cfg.train.batch_size).ceil() as u64).max(1),
+        None => ((train.epochs * n as f64 / train.batch_size).ceil() as u64).max(1),
     };
-    match cfg.method.alternation() {
-        Some(a)
-            if cfg.train.budget == Budget::StreamUpdates && a.alternate && a.shared_steps > 0 =>
-        {
+    match method.alternation() {
+        Some(a) if train.budget == Budget::StreamUpdates && a.alternate && a.shared_steps > 0 => {
             let cycle = a.shared_steps + a.expert_steps;
             base.div_ceil(a.shared_steps).saturating_mul(cycle)
         }
@@ -190,14 +232,14 @@ pub fn alternating_pattern(shared_steps: u64, expert_steps: u64, updates: u64) -
 /// The optimizers of a run's plan: `train.lr` for every AdamW / SGD parameter but RAPTOR's
 /// routed-expert ones, which get `train.expert_lr` when it is set; `train.momentum` for SGD.
 pub fn optimizers(
-    cfg: &RunConfig,
+    train: &TrainConfig,
     plan: &Plan,
     settings: raptor_optim::OptimSettings,
     probe_seed: Option<u64>,
 ) -> Result<raptor_optim::Optimizers> {
     let mut o = raptor_optim::Optimizers::new(settings, &plan.optim, probe_seed)
-        .with_sgd_momentum(cfg.train.momentum)?;
-    if let Some(lr) = cfg.train.expert_lr {
+        .with_sgd_momentum(train.momentum)?;
+    if let Some(lr) = train.expert_lr {
         for p in plan.routed.keys() {
             o = o.with_param_lr(p, lr)?;
         }
@@ -205,11 +247,11 @@ pub fn optimizers(
     Ok(o)
 }
 
-fn lora_cfg(cfg: &RunConfig, targets: Vec<String>) -> LoraConfig {
+fn lora_cfg(lora: &LoraSettings, targets: Vec<String>) -> LoraConfig {
     LoraConfig {
-        r: cfg.lora.r,
-        alpha: cfg.lora.alpha,
-        dropout: cfg.lora.dropout,
+        r: lora.r,
+        alpha: lora.alpha,
+        dropout: lora.dropout,
         targets,
     }
 }
@@ -217,9 +259,13 @@ fn lora_cfg(cfg: &RunConfig, targets: Vec<String>) -> LoraConfig {
 /// Sets the method's trainable scope on `model`: LoRA adapters (attention of every block, plus
 /// the routed experts of RAPTOR's layer or of every sparse layer for the monolithic LoRA
 /// methods) with the head trainable, or everything but the routers for full fine-tuning.
-pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>) -> Result<()> {
+pub fn setup_scope(
+    cfg: PlanSettings<'_>,
+    model: &mut dyn Model,
+    layer: Option<usize>,
+) -> Result<()> {
     let method = cfg.method.name();
-    let fam = cfg.model.kind.naming();
+    let fam = naming(cfg.kind);
     let att_targets = if !cfg.lora.attention {
         Vec::new()
     } else if cfg.lora.attention_targets.is_empty() {
@@ -228,7 +274,7 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
         cfg.lora.attention_targets.clone()
     };
     let sparse = model.sparse_layers();
-    let lora_scope = cfg.lora_scope();
+    let lora_scope = cfg.method.lora_scope();
     let mut expert_layers: Vec<usize> = Vec::new();
     if method.needs_experts() {
         let l = layer.ok_or_else(|| TrainError::Config("RAPTOR needs a sparse layer".into()))?;
@@ -244,7 +290,7 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
         }
         // Nothing to adapt (attention frozen, no experts): the head alone trains.
         if !targets.is_empty() {
-            attach_lora(model, &lora_cfg(cfg, targets))?;
+            attach_lora(model, &lora_cfg(cfg.lora, targets))?;
         }
         if cfg.lora.freeze_a {
             // FFA-LoRA: A stays at its random initialization; only B (zero at start) trains.
@@ -260,12 +306,12 @@ pub fn setup_scope(cfg: &RunConfig, model: &mut dyn Model, layer: Option<usize>)
 /// builds the plan from what is then trainable ([`plan_for`]). `n` is the number of private
 /// training records; `layer` RAPTOR's layer (MoE methods).
 pub fn build_plan(
-    cfg: &RunConfig,
+    cfg: PlanSettings<'_>,
     model: &mut dyn Model,
     n: usize,
     layer: Option<usize>,
 ) -> Result<(Plan, PrivacyPlan)> {
-    check_batch(cfg, n)?;
+    check_batch(cfg.train, n)?;
     let experts = model.num_experts();
     let sparse_layers = model.sparse_layers();
     setup_scope(cfg, model, layer)?;
@@ -296,8 +342,8 @@ pub struct TrainableScope {
 }
 
 /// B ≤ N: q = B/N is a probability.
-fn check_batch(cfg: &RunConfig, n: usize) -> Result<()> {
-    let b = cfg.train.batch_size;
+fn check_batch(train: &TrainConfig, n: usize) -> Result<()> {
+    let b = train.batch_size;
     if b > n as f64 {
         return Err(TrainError::Config(format!(
             "train.batch_size: B = {b} is larger than the {n} training records (q = B/N must be <= 1)"
@@ -309,7 +355,7 @@ fn check_batch(cfg: &RunConfig, n: usize) -> Result<()> {
 /// What every family's plan builder needs: the public quantities of the run, the trainable
 /// parameters and the accountant.
 struct PlanInputs<'a> {
-    cfg: &'a RunConfig,
+    cfg: PlanSettings<'a>,
     fam: Naming,
     /// The role of every trainable parameter (which routed expert owns it).
     roles: RoleIndex,
@@ -353,12 +399,12 @@ struct FamilyPlan {
 /// The plan of `cfg` over a trainable scope (no model involved: the same inputs give the same
 /// plan). `n` is the number of private training records; `layer` RAPTOR's layer (MoE methods).
 pub fn plan_for(
-    cfg: &RunConfig,
+    cfg: PlanSettings<'_>,
     scope: &TrainableScope,
     n: usize,
     layer: Option<usize>,
 ) -> Result<(Plan, PrivacyPlan)> {
-    check_batch(cfg, n)?;
+    check_batch(cfg.train, n)?;
     let b = cfg.train.batch_size;
     let names: Vec<String> = scope.shapes.keys().cloned().collect();
     if names.is_empty() {
@@ -367,7 +413,7 @@ pub fn plan_for(
         ));
     }
     let method = cfg.method.name();
-    let fam = cfg.model.kind.naming();
+    let fam = naming(cfg.kind);
     let experts = usize::try_from(scope.experts).unwrap_or(0);
     let inputs = PlanInputs {
         cfg,
@@ -385,13 +431,13 @@ pub fn plan_for(
         b,
         q: b / n as f64,
         delta: if method.is_private() {
-            crate::config::run_delta(&cfg.privacy, n)?
+            crate::config::run_delta(cfg.privacy, n)?
         } else {
             cfg.privacy
                 .delta
                 .unwrap_or_else(|| crate::config::default_delta(n))
         },
-        updates: total_updates(cfg, n),
+        updates: total_updates(cfg.method, cfg.train, n),
         private: method.is_private(),
         acc: PrvAccountant::new(Accuracy::relative(cfg.privacy.accuracy))?,
     };
@@ -953,7 +999,7 @@ mod tests {
             vec![],
             0,
         );
-        let (plan, privacy) = plan_for(&c, &s, 100, None).unwrap();
+        let (plan, privacy) = plan_for((&c).into(), &s, 100, None).unwrap();
         assert_eq!(plan.phases.len(), 1);
         let groups: Vec<(GroupId, f64)> = plan.phases[0]
             .groups
@@ -982,8 +1028,8 @@ mod tests {
         assert_eq!(privacy.split, "single");
         assert!(privacy.planned_epsilon <= c.privacy.epsilon);
         // B > N and an empty scope are errors, not plans.
-        assert!(plan_for(&c, &s, 5, None).is_err());
-        assert!(plan_for(&c, &scope(&[], vec![], 0), 100, None).is_err());
+        assert!(plan_for((&c).into(), &s, 5, None).is_err());
+        assert!(plan_for((&c).into(), &scope(&[], vec![], 0), 100, None).is_err());
     }
 
     /// RAPTOR over one sample per update: one phase releases the shared stream (÷B, its own σ)
@@ -1013,7 +1059,7 @@ mod tests {
             vec![1],
             2,
         );
-        let (plan, privacy) = plan_for(&c, &s, 100, Some(1)).unwrap();
+        let (plan, privacy) = plan_for((&c).into(), &s, 100, Some(1)).unwrap();
         assert_eq!(plan.pattern, [0]);
         let ph = &plan.phases[0];
         assert_eq!(ph.name, Stream::All);
@@ -1067,19 +1113,19 @@ mod tests {
     fn stream_updates_give_each_alternating_stream_the_budget() {
         let mut c = RunConfig::default();
         c.train.steps = Some(25);
-        assert_eq!(total_updates(&c, 1000), 25);
+        assert_eq!(total_updates(&c.method, &c.train, 1000), 25);
         c.train.budget = Budget::StreamUpdates;
         // 1:1 cycles: 25 shared and 25 expert updates.
-        assert_eq!(total_updates(&c, 1000), 50);
+        assert_eq!(total_updates(&c.method, &c.train, 1000), 50);
         let a = c.method.alternation_mut().unwrap();
         a.shared_steps = 2;
         a.expert_steps = 1;
         // 13 cycles of (2 shared, 1 expert): 26 shared updates ≥ 25.
-        assert_eq!(total_updates(&c, 1000), 39);
+        assert_eq!(total_updates(&c.method, &c.train, 1000), 39);
         // Not alternating, or not RAPTOR: the budget is the updates.
         c.method.alternation_mut().unwrap().alternate = false;
-        assert_eq!(total_updates(&c, 1000), 25);
+        assert_eq!(total_updates(&c.method, &c.train, 1000), 25);
         c.method = crate::config::MethodConfig::new(Method::DpAdamLora);
-        assert_eq!(total_updates(&c, 1000), 25);
+        assert_eq!(total_updates(&c.method, &c.train, 1000), 25);
     }
 }

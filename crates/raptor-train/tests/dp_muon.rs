@@ -119,7 +119,7 @@ fn no_privacy(plan: &mut Plan) {
 fn run(method: Method, data: &[Example], plain: bool, steps: u64) -> BTreeMap<String, Tensor> {
     let mut m = gpt2();
     let c = cfg(method, data.len());
-    let (mut plan, _) = build_plan(&c, &mut m, data.len(), None).unwrap();
+    let (mut plan, _) = build_plan((&c).into(), &mut m, data.len(), None).unwrap();
     m.var_store_mut().double();
     if plain {
         no_privacy(&mut plan);
@@ -161,7 +161,7 @@ fn dp_muon_with_no_noise_and_no_clipping_equals_muon_and_dp_adam_equals_adam() {
     assert!(e < 1e-6, "dp-adam vs adam: {e}");
     // The plan really used Muon for the hidden matrices.
     let mut m = gpt2();
-    let (plan, _) = build_plan(&cfg(Method::DpMuon, 12), &mut m, 12, None).unwrap();
+    let (plan, _) = build_plan((&cfg(Method::DpMuon, 12)).into(), &mut m, 12, None).unwrap();
     let muon: Vec<&String> = plan
         .optim
         .iter()
@@ -190,7 +190,7 @@ fn dp_muon_release_noise_has_the_calibrated_std() {
         |sigma: Option<f64>| -> (BTreeMap<String, Tensor>, BTreeMap<String, Tensor>, f64, u64) {
             let mut m = gpt2();
             let c = cfg(Method::DpMuon, n);
-            let (mut plan, _) = build_plan(&c, &mut m, n, None).unwrap();
+            let (mut plan, _) = build_plan((&c).into(), &mut m, n, None).unwrap();
             m.var_store_mut().double();
             let delta = plan.phases[0]
                 .sensitivity(&plan.phases[0].releases[0])
@@ -252,7 +252,7 @@ fn per_matrix_clipping_matches_a_per_record_loop() {
     let n = data.len();
     let mut m = gpt2();
     let c = cfg(Method::DpMuon, n);
-    let (mut plan, _) = build_plan(&c, &mut m, n, None).unwrap();
+    let (mut plan, _) = build_plan((&c).into(), &mut m, n, None).unwrap();
     m.var_store_mut().double();
     for r in &mut plan.phases[0].releases {
         r.sigma = 0.0;
@@ -382,7 +382,7 @@ fn every_method_lowers_the_eval_nll() {
         c.train.batch_size = 50.0;
         c.train.steps = Some(40);
         c.train.clip = 1.0;
-        let (plan, _) = build_plan(&c, &mut m, train.len(), None).unwrap();
+        let (plan, _) = build_plan((&c).into(), &mut m, train.len(), None).unwrap();
         let lr = if method == Method::DpSgd { 0.5 } else { 0.01 };
         let optim = Optimizers::new(settings(lr), &plan.optim, Some(5));
         let before = raptor_train::trainer::evaluate(&m, &valid, 40, 0, Device::Cpu)
@@ -470,7 +470,7 @@ fn on_a_lora_scope_dp_muon_updates_the_adapters_with_muon() {
             // Seeded model and LoRA draws from libtorch's one generator (see `rng_lock`).
             let rng = rng_lock();
             let mut m = raptor_run::session::build_model(&c, vocab, 2, Device::Cpu).unwrap();
-            let (plan, _) = build_plan(&c, &mut *m, data.len(), None).unwrap();
+            let (plan, _) = build_plan((&c).into(), &mut *m, data.len(), None).unwrap();
             drop(rng);
             let lora: Vec<&(String, Optim)> = plan
                 .optim

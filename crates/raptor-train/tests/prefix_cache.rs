@@ -108,7 +108,7 @@ fn scoped(method: Method) -> Bert {
     let _rng = raptor_models::rng::global_rng();
     let mut m = model(moe);
     tch::manual_seed(22);
-    raptor_train::methods::setup_scope(&cfg(method), &mut m, moe.then_some(2)).unwrap();
+    raptor_train::methods::setup_scope((&cfg(method)).into(), &mut m, moe.then_some(2)).unwrap();
     m
 }
 
@@ -116,7 +116,9 @@ fn scoped(method: Method) -> Bert {
 fn plan_of(method: Method) -> Plan {
     let mut m = model(method == Method::Raptor);
     let layer = (method == Method::Raptor).then_some(2);
-    build_plan(&cfg(method), &mut m, N, layer).unwrap().0
+    build_plan((&cfg(method)).into(), &mut m, N, layer)
+        .unwrap()
+        .0
 }
 
 /// Each update's change of every planned parameter, run with the given cache store.
@@ -223,7 +225,7 @@ fn cached_and_uncached_runs_release_the_same_updates() {
 fn the_plan_says_when_and_where_the_cache_applies() {
     let mut m = model(false);
     let c = cfg(Method::DpAdamLora);
-    let (plan, _) = build_plan(&c, &mut m, N, None).unwrap();
+    let (plan, _) = build_plan((&c).into(), &mut m, N, None).unwrap();
     let scope = plan.params();
     let dir = tempfile::tempdir().unwrap();
     let settings = |mode, budget, private: bool| PrefixSettings {
@@ -292,7 +294,7 @@ fn a_cache_that_skips_a_trained_block_is_refused() {
     let mut m = model(false);
     let data = examples(m.vocab_size());
     let c = cfg(Method::DpAdamLora);
-    let (plan, _) = build_plan(&c, &mut m, N, None).unwrap();
+    let (plan, _) = build_plan((&c).into(), &mut m, N, None).unwrap();
     let optim = sgd(&plan);
     let tr = Trainer::new(&mut m, plan, &data, BTreeMap::new(), optim, opts(9)).unwrap();
     let cache = raptor_models::PrefixCache::new(

@@ -202,7 +202,7 @@ fn sigma_zero_and_no_clipping_give_the_plain_gradient_of_each_scope() {
         let mut m = model();
         let data = examples(n, m.vocab_size(), 3);
         let c = cfg(method, n);
-        let (mut plan, _) = build_plan(&c, &mut m, n, Some(SPARSE)).unwrap();
+        let (mut plan, _) = build_plan((&c).into(), &mut m, n, Some(SPARSE)).unwrap();
         m.var_store_mut().double();
         let names = plan.params();
         perturb_trainable(&m, &names);
@@ -273,7 +273,7 @@ fn frozen_attention_leaves_the_head_and_the_experts() {
     let n = 10;
     let trainable = |c: &RunConfig| -> Vec<String> {
         let mut m = model();
-        let (plan, _) = build_plan(c, &mut m, n, Some(SPARSE)).unwrap();
+        let (plan, _) = build_plan(c.into(), &mut m, n, Some(SPARSE)).unwrap();
         let mut names: Vec<String> = plan.phases.iter().flat_map(|ph| ph.params()).collect();
         names.sort();
         names.dedup();
@@ -328,7 +328,7 @@ fn owner_isolation_no_other_expert_moves() {
         .collect();
     assert!(!data.is_empty());
     let c = cfg(Method::ExpertOnly, data.len());
-    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (mut plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     for ph in &mut plan.phases {
         for r in &mut ph.releases {
             r.sigma = 0.0;
@@ -379,7 +379,7 @@ fn events_of(data: &[Example], secure: bool) -> Vec<(String, String, u64, String
     let mut c = cfg(Method::Raptor, data.len());
     c.train.batch_size = 8.0;
     c.train.steps = Some(6);
-    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     let owners = owner_maps(&m, data);
     let optim = sgd(&plan, 0.01);
     let mut tr = Trainer::new(
@@ -434,7 +434,7 @@ fn ledger_after_a_run_equals_the_plan() {
         let mut c = cfg(method, data.len());
         c.train.batch_size = 8.0;
         c.train.steps = Some(5);
-        let (plan, privacy) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+        let (plan, privacy) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
         let owners = owner_maps(&m, &data);
         let optim = sgd(&plan, 0.01);
         let mut tr = Trainer::new(&mut m, plan, &data, owners, optim, opts(None)).unwrap();
@@ -471,7 +471,7 @@ fn an_empty_sample_is_a_noise_only_update() {
     let data = examples(20, vocab, 8);
     let mut m = model();
     let c = cfg(Method::Raptor, data.len());
-    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (mut plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     // q ≈ 5e-10: the sample is empty (P[non-empty] ≈ 1e-8).
     plan.q = 1e-9 / 2.0;
     let names = plan.params();
@@ -511,7 +511,7 @@ fn role_wise_experts_without_an_owner_map_are_refused() {
     let data = examples(20, vocab, 8);
     let mut m = model();
     let c = cfg(Method::Raptor, data.len());
-    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (mut plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     for ph in &mut plan.phases {
         ph.owner_layers.clear();
     }
@@ -534,7 +534,7 @@ fn residual_weights_scale_each_records_gradient_in_the_weighted_groups() {
         let data = examples(n, m.vocab_size(), 4);
         let mut c = cfg(Method::Raptor, n);
         c.method.expert_streams_mut().unwrap().residual = residual;
-        let (mut plan, _) = build_plan(&c, &mut m, n, Some(SPARSE)).unwrap();
+        let (mut plan, _) = build_plan((&c).into(), &mut m, n, Some(SPARSE)).unwrap();
         m.var_store_mut().double();
         let names = plan.params();
         perturb_trainable(&m, &names);
@@ -637,11 +637,11 @@ fn a_trainable_parameter_the_forward_never_uses_is_an_error() {
     for method in [Method::DpAdamLora, Method::Lora] {
         let mut m = model();
         let c = cfg(method, data.len());
-        let (mut plan, _) = build_plan(&c, &mut m, data.len(), None).unwrap();
+        let (mut plan, _) = build_plan((&c).into(), &mut m, data.len(), None).unwrap();
         // Without the extra variable the same plan steps.
         {
             let mut m2 = model();
-            let (p2, _) = build_plan(&c, &mut m2, data.len(), None).unwrap();
+            let (p2, _) = build_plan((&c).into(), &mut m2, data.len(), None).unwrap();
             assert!(
                 !p2.routed.is_empty(),
                 "{method:?}: no routed expert parameter"
@@ -691,7 +691,7 @@ fn each_release_adds_noise_of_std_sigma_bound_over_its_denominator() {
     c.train.clip = 0.7;
     c.train.clip_expert = 0.3;
     c.train.steps = Some(4);
-    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (mut plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     plan.q = 1e-9 / 2.0;
     let owners = owner_maps(&m, &data);
     let optim = sgd(&plan, 1.0);
@@ -791,7 +791,7 @@ fn each_release_hands_its_noise_std_to_the_optimizer() {
     c.train.clip = 0.7;
     c.train.clip_expert = 0.3;
     c.train.steps = Some(4);
-    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     let owners = owner_maps(&m, &data);
     let beta = 0.9;
     let shapes: BTreeMap<String, usize> = m
@@ -942,7 +942,7 @@ fn golden_setting(
     }
     c.train.batch_size = 8.0;
     c.train.steps = Some(5);
-    let (plan, privacy) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (plan, privacy) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     (data, m, c, plan, privacy)
 }
 
@@ -999,7 +999,7 @@ fn two_parallel_groups_of_one_sample_are_one_charge() {
     // A second sparse layer's experts get adapters and a parallel group of their own.
     let sparse = m.sparse_layers();
     let other = *sparse.iter().find(|&&l| l != SPARSE).unwrap();
-    let fam = c.model.kind.naming();
+    let fam = raptor_train::methods::naming(c.model.kind);
     {
         let _rng = rng_lock();
         tch::manual_seed(3);
@@ -1091,7 +1091,7 @@ fn a_nonfinite_residual_weight_is_zero_and_counted_not_an_error() {
     let mut c = cfg(Method::Raptor, data.len());
     c.method.expert_streams_mut().unwrap().residual = ResidualWeight::Prob;
     c.train.steps = Some(2);
-    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     // NaN head: every record's shared-only logits, hence its residual weight, are NaN.
     tch::no_grad(|| {
         for (n, v) in m.var_store().variables() {
@@ -1133,7 +1133,7 @@ fn raptor_streams_have_their_own_optimizer_and_learning_rate() {
     c.train.expert_lr = Some(0.5);
     c.train.lr = 0.01;
     c.train.steps = Some(2);
-    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     let routed: std::collections::BTreeSet<&String> = plan.routed.keys().collect();
     assert!(!routed.is_empty());
     for (n, o) in &plan.optim {
@@ -1153,7 +1153,7 @@ fn raptor_streams_have_their_own_optimizer_and_learning_rate() {
         let mut m = model();
         let mut c = c.clone();
         c.train.expert_lr = Some(expert_lr);
-        let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+        let (mut plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
         for ph in &mut plan.phases {
             for r in &mut ph.releases {
                 r.sigma = 0.0;
@@ -1174,7 +1174,7 @@ fn raptor_streams_have_their_own_optimizer_and_learning_rate() {
             ns: raptor_muon::NsConfig::keller(),
             bc_probe_pairs: 1,
         };
-        let optim = raptor_train::methods::optimizers(&c, &plan, settings, Some(1)).unwrap();
+        let optim = raptor_train::methods::optimizers(&c.train, &plan, settings, Some(1)).unwrap();
         let expert_params = plan.phases[plan.phase_at(0)].params();
         // LoRA B starts at 0, so the first expert step moves the B factors only: perturb first.
         perturb_trainable(&m, &expert_params);
@@ -1210,7 +1210,7 @@ fn ffa_lora_trains_b_only() {
     let mut c = cfg(Method::Raptor, data.len());
     c.lora.freeze_a = true;
     c.train.steps = Some(2);
-    let (plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     let params = plan.params();
     assert!(params.iter().all(|p| !p.contains("lora_A")), "{params:?}");
     assert!(params.iter().any(|p| p.contains("lora_B")));
@@ -1245,7 +1245,7 @@ fn public_clip_bounds_are_quantiles_of_single_record_norms() {
     let public = examples(11, vocab, 21);
     let mut m = model();
     let c = cfg(Method::Raptor, data.len());
-    let (mut plan, _) = build_plan(&c, &mut m, data.len(), Some(SPARSE)).unwrap();
+    let (mut plan, _) = build_plan((&c).into(), &mut m, data.len(), Some(SPARSE)).unwrap();
     // LoRA B = 0 gives zero gradients to A: perturb so every factor has a gradient.
     perturb_trainable(&m, &plan.params());
     let owners = owner_maps(&m, &public);

@@ -39,7 +39,7 @@ pub(crate) fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
         None
     };
     raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-        raptor_train::methods::setup_scope(&cfg, model.as_mut(), layer)
+        raptor_train::methods::setup_scope((&cfg).into(), model.as_mut(), layer)
     })?;
     load_trainable(run, model.as_ref())?;
     Ok(RunModel {

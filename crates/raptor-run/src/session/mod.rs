@@ -121,7 +121,7 @@ pub fn build_model(
         Some(p) => Some(ModelSource::Folder(p.clone())),
     };
     let spec = ModelSpec {
-        family: m.kind.naming(),
+        family: raptor_train::methods::naming(m.kind),
         source,
         dims: ScratchDims {
             d_model: m.d_model,
@@ -299,7 +299,7 @@ fn public_layer(
             }
             _ => None,
         };
-        Ok(Some(choose_layer(cfg, &sparse, public.as_ref())?))
+        Ok(Some(choose_layer(&cfg.method, &sparse, public.as_ref())?))
     } else {
         if !cfg.model.kind.is_language_model()
             && matches!(cfg.method.name(), Method::DpAdamLora | Method::Lora)
@@ -330,8 +330,13 @@ fn owner_maps(
         .collect();
     if !owner_layers.is_empty() {
         let tokens: Vec<Vec<i64>> = train.iter().map(|e| e.tokens.clone()).collect();
-        let maps =
-            raptor_models::owners_per_record(model, &tokens, pad_id, owner_rule(cfg), device)?;
+        let maps = raptor_models::owners_per_record(
+            model,
+            &tokens,
+            pad_id,
+            owner_rule(&cfg.method),
+            device,
+        )?;
         for l in owner_layers {
             let v = maps
                 .get(&l)
@@ -379,7 +384,7 @@ fn public_clip_bounds(
         BTreeMap::new()
     } else {
         let tokens: Vec<Vec<i64>> = public.iter().map(|e| e.tokens.clone()).collect();
-        raptor_models::owners_per_record(model, &tokens, pad_id, owner_rule(cfg), device)?
+        raptor_models::owners_per_record(model, &tokens, pad_id, owner_rule(&cfg.method), device)?
     };
     crate::public_clip::calibrate(model, plan, &public, &public_owners, q, pad_id, device)
 }
@@ -460,7 +465,7 @@ pub fn prepare_counting(
     let (plan, privacy) =
         raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
             build_plan(
-                cfg,
+                cfg.into(),
                 model.as_mut(),
                 train.len() + extra_records,
                 layer.as_ref().map(|l| l.layer),
@@ -580,7 +585,12 @@ fn prepare_d2t(
     }
     let (plan, privacy) =
         raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-            build_plan(cfg, model.as_mut(), train.len() + extra_records, None)
+            build_plan(
+                cfg.into(),
+                model.as_mut(),
+                train.len() + extra_records,
+                None,
+            )
         })?;
     Ok(Session {
         cfg: cfg.clone(),

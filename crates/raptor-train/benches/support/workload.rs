@@ -77,7 +77,7 @@ pub fn timed_updates(method: Method, updates: u64) -> Duration {
     cfg.train.batch_size = B;
     cfg.train.steps = Some(1_000_000);
     cfg.privacy.accuracy = 0.05;
-    let (plan, _) = build_plan(&cfg, &mut m, N, Some(3)).unwrap();
+    let (plan, _) = build_plan((&cfg).into(), &mut m, N, Some(3)).unwrap();
     let owners = {
         let toks: Vec<Vec<i64>> = d.iter().map(|e| e.tokens.clone()).collect();
         let labels: Vec<i64> = d.iter().map(|e| e.label.unwrap()).collect();
@@ -171,7 +171,7 @@ pub fn timed_decoder_updates(method: Method, updates: u64) -> Duration {
     cfg.train.batch_size = 32.0;
     cfg.train.steps = Some(1_000_000);
     cfg.privacy.accuracy = 0.05;
-    let (plan, _) = build_plan(&cfg, &mut m, n, None).unwrap();
+    let (plan, _) = build_plan((&cfg).into(), &mut m, n, None).unwrap();
     let optim = Optimizers::new(
         OptimSettings {
             lr: 1e-3,

@@ -7,7 +7,7 @@
 use std::fmt;
 
 use super::{Choice, Method, ModelConfig, MuonKnobs, NsPolynomial, RunConfig, Scope};
-use crate::error::{ConfigIssue, ConfigIssues, Result, TrainError};
+use crate::error::{ConfigError, ConfigIssue, ConfigIssues, Result};
 
 /// Collects the problems of one config.
 struct Issues(Vec<ConfigIssue>);
@@ -72,13 +72,13 @@ impl RunConfig {
     /// Checks every value that does not need the data (the rest is checked when the data is
     /// read: B ≤ N, labels, δ, the layer index against the model's sparse layers), and that no
     /// knob is set away from its default for a method that does not use it. Every problem is
-    /// reported at once ([`TrainError::Invalid`], a list of [`ConfigIssue`]s).
+    /// reported at once ([`ConfigError::Invalid`], a list of [`ConfigIssue`]s).
     pub fn validate(&self) -> Result<()> {
         let issues = self.issues();
         if issues.is_empty() {
             Ok(())
         } else {
-            Err(TrainError::Invalid(ConfigIssues(issues)))
+            Err(ConfigError::Invalid(ConfigIssues(issues)))
         }
     }
 
@@ -333,7 +333,7 @@ impl RunConfig {
                 ),
             );
         }
-        if !self.lora_scope() && self.lora.attention != def.lora.attention {
+        if !self.method.lora_scope() && self.lora.attention != def.lora.attention {
             out.add(
                 "lora.attention",
                 format!(
@@ -359,7 +359,7 @@ impl RunConfig {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::config::{BudgetSplit, MethodConfig, ModelKind, MuonMomentum, TokenizerSpec};
+    use crate::{BudgetSplit, MethodConfig, ModelKind, MuonMomentum, TokenizerSpec};
 
     fn settings(c: &RunConfig) -> Vec<String> {
         c.issues().into_iter().map(|i| i.setting).collect()
@@ -380,7 +380,7 @@ mod tests {
     /// The settings of the problems `text` is refused for, sorted.
     fn refused(text: &str) -> Vec<String> {
         let e = RunConfig::from_toml(text).unwrap_err();
-        let TrainError::Invalid(issues) = &e else {
+        let ConfigError::Invalid(issues) = &e else {
             panic!("{e:?}")
         };
         let mut s: Vec<String> = issues.0.iter().map(|i| i.setting.clone()).collect();
@@ -428,7 +428,7 @@ mod tests {
             assert!(found.iter().any(|f| f == s), "{s} not in {found:?}");
         }
         let e = c.validate().unwrap_err();
-        let TrainError::Invalid(issues) = &e else {
+        let ConfigError::Invalid(issues) = &e else {
             panic!("{e:?}")
         };
         assert_eq!(issues.0.len(), found.len());
@@ -474,7 +474,7 @@ mod tests {
         );
         // Expert knobs on shared-only, the shared stream's optimizer on expert-only.
         let mut c = plain(Method::SharedOnly);
-        c.train.expert_optimizer = crate::config::StreamOptimizer::Sgd;
+        c.train.expert_optimizer = crate::StreamOptimizer::Sgd;
         c.train.clip_expert = 0.5;
         assert_eq!(
             settings(&c),
@@ -487,12 +487,12 @@ mod tests {
                 .contains("used by raptor, expert-only")
         );
         let mut c = plain(Method::ExpertOnly);
-        c.train.shared_optimizer = crate::config::StreamOptimizer::Sgd;
+        c.train.shared_optimizer = crate::StreamOptimizer::Sgd;
         assert_eq!(settings(&c), ["train.shared_optimizer"]);
         // The Taylor degree with Keller's polynomial; pooling on a model without it.
         let mut c = plain(Method::DpMuon);
         c.method.muon_mut().unwrap().ns_kappa = 3;
-        c.model.pooling = crate::config::Pooling::Pooler;
+        c.model.pooling = crate::Pooling::Pooler;
         assert_eq!(settings(&c), ["model.pooling", "method.ns_kappa"]);
         // expert_lr on a full-scope dense method of a model without experts, or with the
         // experts not adapted.
@@ -521,7 +521,7 @@ mod tests {
             e.to_string(),
             "config: method.muon_beta: dp-adam-lora does not use it; used by dp-muon, dp-muonbc, muon (line 3)"
         );
-        assert!(matches!(&e, TrainError::Invalid(i) if i.mentions("method.muon_beta")));
+        assert!(matches!(&e, ConfigError::Invalid(i) if i.mentions("method.muon_beta")));
         let text = "[model]\nkind = \"gpt2\"\n\n[method]\nname = \"dp-muon\"\n\
                     expert_denominator = \"expected-owner\"\nalternate = false\n\
                     residual = \"none\"\nlayer = \"first\"\nbc_probe_pairs = 2\n\
@@ -590,14 +590,11 @@ mod tests {
         let l = c.method.expert_layer().unwrap();
         assert_eq!(
             (l.layer, l.owner_rule),
-            (
-                crate::config::LayerSpec::Block(3),
-                crate::config::OwnerRule::TokenCount
-            )
+            (crate::LayerSpec::Block(3), crate::OwnerRule::TokenCount)
         );
         assert_eq!(
             c.method.alternation(),
-            Some(&crate::config::Alternation {
+            Some(&crate::Alternation {
                 alternate: false,
                 shared_steps: 2,
                 expert_steps: 3
@@ -607,20 +604,17 @@ mod tests {
         assert_eq!(
             (s.expert_denominator, s.expert_clip, s.residual),
             (
-                crate::config::ExpertDenominator::Batch,
-                crate::config::ExpertClip::Global,
-                crate::config::ResidualWeight::Margin
+                crate::ExpertDenominator::Batch,
+                crate::ExpertClip::Global,
+                crate::ResidualWeight::Margin
             )
         );
         let c = read("expert-only", &format!("{expert}{streams}"));
         assert_eq!(c.method.expert_streams(), Some(s));
-        assert_eq!(c.method.layer(), Some(crate::config::LayerSpec::Block(3)));
+        assert_eq!(c.method.layer(), Some(crate::LayerSpec::Block(3)));
         for m in ["matched-scope", "shared-only"] {
             let c = read(m, expert);
-            assert_eq!(
-                c.method.owner_rule(),
-                Some(crate::config::OwnerRule::TokenCount)
-            );
+            assert_eq!(c.method.owner_rule(), Some(crate::OwnerRule::TokenCount));
         }
         for m in ["dp-sgd", "dp-adam", "adam"] {
             assert_eq!(
@@ -657,11 +651,7 @@ mod tests {
             assert_eq!(RunConfig::from_toml(&t).unwrap(), c, "{m}");
             let table: toml::Table = toml::from_str(&t).unwrap();
             let keys: Vec<&String> = table["method"].as_table().unwrap().keys().collect();
-            assert_eq!(
-                keys.len(),
-                crate::config::method::knobs(m).len() + 1,
-                "{m}: {t}"
-            );
+            assert_eq!(keys.len(), crate::method::knobs(m).len() + 1, "{m}: {t}");
         }
     }
 
@@ -672,9 +662,9 @@ mod tests {
         c.train.expert_lr = Some(1e-4);
         c.privacy.split = BudgetSplit::Additive;
         c.privacy.rho = 0.5;
-        c.train.budget = crate::config::Budget::StreamUpdates;
-        c.train.shared_optimizer = crate::config::StreamOptimizer::Sgd;
-        c.train.expert_optimizer = crate::config::StreamOptimizer::Sgd;
+        c.train.budget = crate::Budget::StreamUpdates;
+        c.train.shared_optimizer = crate::StreamOptimizer::Sgd;
+        c.train.expert_optimizer = crate::StreamOptimizer::Sgd;
         c.train.clip_expert = 0.5;
         c.lora.attention = false;
         assert_eq!(c.issues(), Vec::new());
@@ -701,7 +691,7 @@ mod tests {
         c.model.kind = ModelKind::Switch;
         c.lora.experts = false;
         c.model.kind = ModelKind::Bert;
-        c.model.pooling = crate::config::Pooling::Pooler;
+        c.model.pooling = crate::Pooling::Pooler;
         assert_eq!(c.issues(), Vec::new());
     }
 }

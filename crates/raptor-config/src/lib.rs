@@ -1,4 +1,6 @@
-//! The run configuration (`run.toml`): every knob is a documented field with a default; unknown
+//! raptor-config: the run configuration of raptor (`run.toml`), with no libtorch.
+//!
+//! The run configuration: every knob is a documented field with a default; unknown
 //! fields are an error that names them. Every setting that takes one of a fixed set of values is
 //! an enum ([`choices`]), so a value the TOML does not accept fails to parse (naming the setting,
 //! the value and the accepted ones) and no code matches on strings. `[method]` is an enum tagged
@@ -6,23 +8,38 @@
 //! the one validator of the rest, listing every problem at once (a knob of another method in
 //! `[method]` among them). The same struct backs the file, the builder in code and the resolved
 //! copy written into the run folder.
+//!
+//! ```
+//! use raptor_config::{Method, MethodConfig, RunConfig};
+//!
+//! let mut cfg = RunConfig::default();
+//! cfg.method = MethodConfig::new(Method::DpAdamLora);
+//! cfg.privacy.epsilon = 4.0;
+//! cfg.validate()?; // every problem at once, each naming its setting
+//! let text = cfg.to_toml()?; // the file `raptor train --config` reads
+//! assert_eq!(RunConfig::from_toml(&text)?, cfg);
+//!
+//! // A knob of another method is refused, naming the methods that take it.
+//! let e = RunConfig::from_toml("[method]\nname = \"dp-adam-lora\"\nmuon_beta = 0.9\n");
+//! assert!(e.unwrap_err().to_string().contains("used by dp-muon"));
+//! # Ok::<(), raptor_config::ConfigError>(())
+//! ```
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, TrainError};
-
 mod check;
 pub mod choices;
+pub mod error;
 pub mod method;
 
-pub use crate::error::{ConfigIssue, ConfigIssues};
 pub use choices::{
     Budget, BudgetSplit, Choice, DataFormat, DeviceSpec, ExpertClip, ExpertDenominator, LayerSpec,
     Method, MethodFamily, ModelKind, MuonMomentum, NsPolynomial, OwnerRule, Pooling,
     PrefixCacheMode, ResidualWeight, Scope, StreamOptimizer, TokenizerSpec, parse_choice,
 };
+pub use error::{ConfigError, ConfigIssue, ConfigIssues, Result};
 pub use method::{
     Alternation, BiasCorrection, ExpertLayer, ExpertStreams, MethodConfig, MuonKnobs,
 };
@@ -397,36 +414,16 @@ fn is_true(v: &bool) -> bool {
 }
 
 impl RunConfig {
-    /// Whether the method trains LoRA adapters (with the head) rather than full weights:
-    /// RAPTOR and its ablations, the LoRA methods, and the others at `method.scope = "lora"`.
-    pub fn lora_scope(&self) -> bool {
-        match self.method.name() {
-            Method::Raptor
-            | Method::MatchedScope
-            | Method::SharedOnly
-            | Method::ExpertOnly
-            | Method::DpAdamLora
-            | Method::Lora => true,
-            Method::DpAdamFull | Method::Full => false,
-            Method::DpSgd
-            | Method::DpAdam
-            | Method::DpMuon
-            | Method::DpMuonbc
-            | Method::Muon
-            | Method::Adam => self.method.scope() == Some(Scope::Lora),
-        }
-    }
-
     /// Reads a config file; relative data paths become relative to the file's folder, and
     /// `cache:` paths relative to the per-user cache ([`resolve_cache_path`]).
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
             path: path.to_path_buf(),
             source: e,
         })?;
         let mut cfg = Self::from_toml(&text).map_err(|e| match e {
-            TrainError::Config(msg) => TrainError::Config(format!("{}: {msg}", path.display())),
-            TrainError::Invalid(issues) => TrainError::InvalidFile {
+            ConfigError::Value(msg) => ConfigError::Value(format!("{}: {msg}", path.display())),
+            ConfigError::Invalid(issues) => ConfigError::InvalidFile {
                 path: path.to_path_buf(),
                 issues,
             },
@@ -444,9 +441,9 @@ impl RunConfig {
     /// `[method]` takes the knobs of the method it names, and only those: a knob of another
     /// method (with the methods that take it) and a knob's bad value are reported together with
     /// every problem [`RunConfig::validate`] finds in the rest of the config
-    /// ([`TrainError::Invalid`]).
+    /// ([`ConfigError::Invalid`]).
     pub fn from_toml(text: &str) -> Result<Self> {
-        let describe = |e: toml::de::Error| TrainError::Config(describe_toml_error(text, &e));
+        let describe = |e: toml::de::Error| ConfigError::Value(describe_toml_error(text, &e));
         let doc: toml::Table = toml::from_str(text).map_err(describe)?;
         let Some(toml::Value::Table(table)) = doc.get("method") else {
             return toml::from_str(text).map_err(describe);
@@ -459,7 +456,7 @@ impl RunConfig {
             },
         };
         let m = method::named(table)
-            .map_err(|i| TrainError::Config(at_line(&i.key, i.reason).to_string()))?;
+            .map_err(|i| ConfigError::Value(at_line(&i.key, i.reason).to_string()))?;
         let mut bad = method::table_issues(m, table);
         bad.sort_by_key(|i| key_line(text, &["method", &i.key]));
         if bad.is_empty() {
@@ -475,7 +472,7 @@ impl RunConfig {
         }
         let mut issues: Vec<ConfigIssue> =
             bad.into_iter().map(|i| at_line(&i.key, i.reason)).collect();
-        let rest_text = toml::to_string(&rest).map_err(|e| TrainError::Config(e.to_string()))?;
+        let rest_text = toml::to_string(&rest).map_err(|e| ConfigError::Value(e.to_string()))?;
         match toml::from_str::<RunConfig>(&rest_text) {
             Ok(cfg) => issues.extend(cfg.issues()),
             Err(e) => {
@@ -493,7 +490,7 @@ impl RunConfig {
                 });
             }
         }
-        Err(TrainError::Invalid(ConfigIssues(issues)))
+        Err(ConfigError::Invalid(ConfigIssues(issues)))
     }
 
     /// Reads a config that raptor wrote into a run folder (`config.toml`), as
@@ -503,7 +500,7 @@ impl RunConfig {
     /// evaluated and exported. A knob of another method away from its default is still an error.
     pub fn from_written_toml(text: &str) -> Result<Self> {
         let mut doc: toml::Table =
-            toml::from_str(text).map_err(|e| TrainError::Config(describe_toml_error(text, &e)))?;
+            toml::from_str(text).map_err(|e| ConfigError::Value(describe_toml_error(text, &e)))?;
         let dropped = match doc.get_mut("method") {
             Some(toml::Value::Table(table)) => match method::named(table) {
                 Ok(m) => method::drop_foreign_defaults(m, table),
@@ -514,12 +511,12 @@ impl RunConfig {
         if dropped == 0 {
             return Self::from_toml(text);
         }
-        Self::from_toml(&toml::to_string(&doc).map_err(|e| TrainError::Config(e.to_string()))?)
+        Self::from_toml(&toml::to_string(&doc).map_err(|e| ConfigError::Value(e.to_string()))?)
     }
 
     /// The config as TOML.
     pub fn to_toml(&self) -> Result<String> {
-        toml::to_string_pretty(self).map_err(|e| TrainError::Config(e.to_string()))
+        toml::to_string_pretty(self).map_err(|e| ConfigError::Value(e.to_string()))
     }
 
     /// The fields (`section.field`, sorted) whose values differ between two configs; empty when
@@ -527,7 +524,7 @@ impl RunConfig {
     /// different.
     pub fn differences(&self, other: &RunConfig) -> Result<Vec<String>> {
         let value =
-            |c: &RunConfig| toml::Value::try_from(c).map_err(|e| TrainError::Config(e.to_string()));
+            |c: &RunConfig| toml::Value::try_from(c).map_err(|e| ConfigError::Value(e.to_string()));
         let mut out = Vec::new();
         diff_values("", &value(self)?, &value(other)?, &mut out);
         out.sort();
@@ -601,7 +598,7 @@ pub fn run_delta(privacy: &PrivacyConfig, n: usize) -> Result<f64> {
     match privacy.delta {
         None => Ok(default_delta(n)),
         Some(d) if d * n.max(1) as f64 >= 1.0 && !privacy.allow_large_delta => {
-            Err(TrainError::Config(format!(
+            Err(ConfigError::Value(format!(
                 "privacy.delta = {d} is at or above 1/N = {:e} for N = {n} private records: a delta that large allows releasing a record outright; use a delta well below 1/N (omit it for the default {:e}), or set privacy.allow_large_delta = true to accept it (it is recorded in the run's privacy plan)",
                 1.0 / n.max(1) as f64,
                 default_delta(n)
@@ -612,7 +609,7 @@ pub fn run_delta(privacy: &PrivacyConfig, n: usize) -> Result<f64> {
 }
 
 /// The commented default config printed by `raptor train --print-default-config`.
-pub const DEFAULT_CONFIG: &str = include_str!("../default_config.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("default_config.toml");
 
 /// A TOML error as `setting: message (line n)` when the setting it is about can be found from
 /// its position, else as the TOML crate renders it (with the line and a caret).

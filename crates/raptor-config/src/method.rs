@@ -402,6 +402,26 @@ impl MethodConfig {
         }
     }
 
+    /// Whether the method trains LoRA adapters (with the head) rather than full weights:
+    /// RAPTOR and its ablations, the LoRA methods, and the others at `scope = "lora"`.
+    pub fn lora_scope(&self) -> bool {
+        match self {
+            Self::Raptor { .. }
+            | Self::MatchedScope { .. }
+            | Self::SharedOnly { .. }
+            | Self::ExpertOnly { .. }
+            | Self::DpAdamLora
+            | Self::Lora => true,
+            Self::DpAdamFull | Self::Full => false,
+            Self::DpSgd { scope }
+            | Self::DpAdam { scope }
+            | Self::DpMuon { scope, .. }
+            | Self::DpMuonbc { scope, .. }
+            | Self::Muon { scope, .. }
+            | Self::Adam { scope } => *scope == Scope::Lora,
+        }
+    }
+
     /// See [`MethodConfig::scope`].
     pub fn scope_mut(&mut self) -> Option<&mut Scope> {
         match self {

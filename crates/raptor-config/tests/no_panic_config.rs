@@ -5,8 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
+use raptor_config::RunConfig;
 use raptor_testkit::fuzz;
-use raptor_train::config::RunConfig;
 
 /// The example configs shipped in `examples/`.
 fn examples() -> Vec<String> {

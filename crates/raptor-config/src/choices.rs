@@ -14,7 +14,7 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use strum::{Display, IntoStaticStr, VariantArray};
 
-use crate::error::{Result, TrainError};
+use crate::error::{ConfigError, Result};
 
 /// A setting that takes one of a fixed set of names: every enum that derives strum's
 /// `VariantArray` and `IntoStaticStr`.
@@ -48,7 +48,7 @@ impl<T: Copy + VariantArray + Into<&'static str>> Choice for T {}
 /// "x"; accepted: a, b, c`).
 pub fn parse_choice<T: Choice>(s: &str) -> Result<T> {
     T::from_name(s).ok_or_else(|| {
-        TrainError::Config(format!("unknown value {s:?}; accepted: {}", T::accepted()))
+        ConfigError::Value(format!("unknown value {s:?}; accepted: {}", T::accepted()))
     })
 }
 
@@ -103,21 +103,6 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
-    /// The parameter-name conventions of the kind (where its experts, attention and head are).
-    pub fn naming(self) -> raptor_models::roles::Naming {
-        use raptor_models::roles::Naming;
-        match self {
-            ModelKind::Switch => Naming::Switch,
-            ModelKind::Olmoe => Naming::Olmoe,
-            ModelKind::Gpt2 => Naming::Gpt2,
-            ModelKind::Llama => Naming::Llama,
-            ModelKind::Mixtral => Naming::Mixtral,
-            ModelKind::Qwen2Moe => Naming::Qwen2Moe,
-            ModelKind::Bert => Naming::Bert,
-            ModelKind::MoeBert => Naming::MoeBert,
-        }
-    }
-
     /// Whether the model is a language model (trained on the text column; data-to-text).
     pub fn is_language_model(self) -> bool {
         matches!(self, ModelKind::Gpt2 | ModelKind::Llama)
@@ -447,7 +432,7 @@ pub enum Budget {
 /// Deserializes `T` from a string through its `FromStr` (for the enums with a free form).
 struct ParseVisitor<T>(&'static str, std::marker::PhantomData<T>);
 
-impl<T: FromStr<Err = TrainError>> Visitor<'_> for ParseVisitor<T> {
+impl<T: FromStr<Err = ConfigError>> Visitor<'_> for ParseVisitor<T> {
     type Value = T;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -455,8 +440,8 @@ impl<T: FromStr<Err = TrainError>> Visitor<'_> for ParseVisitor<T> {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<T, E> {
-        v.parse().map_err(|e: TrainError| match e {
-            TrainError::Config(m) => E::custom(m),
+        v.parse().map_err(|e: ConfigError| match e {
+            ConfigError::Value(m) => E::custom(m),
             other => E::custom(other),
         })
     }
@@ -489,7 +474,7 @@ impl fmt::Display for LayerSpec {
 }
 
 impl FromStr for LayerSpec {
-    type Err = TrainError;
+    type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self> {
         match s {
@@ -497,7 +482,7 @@ impl FromStr for LayerSpec {
             "first" => Ok(LayerSpec::First),
             "last" => Ok(LayerSpec::Last),
             _ => s.parse().map(LayerSpec::Block).map_err(|_| {
-                TrainError::Config(format!("unknown value {s:?}; accepted: {LAYER_ACCEPTED}"))
+                ConfigError::Value(format!("unknown value {s:?}; accepted: {LAYER_ACCEPTED}"))
             }),
         }
     }
@@ -579,7 +564,7 @@ impl fmt::Display for TokenizerSpec {
 }
 
 impl FromStr for TokenizerSpec {
-    type Err = TrainError;
+    type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s {
@@ -588,7 +573,7 @@ impl FromStr for TokenizerSpec {
             "gguf" => TokenizerSpec::Gguf,
             "model" => TokenizerSpec::Model,
             "" => {
-                return Err(TrainError::Config(
+                return Err(ConfigError::Value(
                     "empty; accepted: bytes, gpt2, gguf, model or the path of a tokenizer.json"
                         .into(),
                 ));
@@ -648,7 +633,7 @@ impl fmt::Display for DeviceSpec {
 }
 
 impl FromStr for DeviceSpec {
-    type Err = TrainError;
+    type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self> {
         match s {
@@ -659,7 +644,7 @@ impl FromStr for DeviceSpec {
                 .and_then(|n| n.parse::<usize>().ok())
                 .map(|i| DeviceSpec::Cuda(Some(i)))
                 .ok_or_else(|| {
-                    TrainError::Config(format!("unknown value {s:?}; accepted: cpu, cuda, cuda:N"))
+                    ConfigError::Value(format!("unknown value {s:?}; accepted: cpu, cuda, cuda:N"))
                 }),
         }
     }
@@ -684,7 +669,7 @@ impl<'de> Deserialize<'de> for DeviceSpec {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::config::{MethodConfig, RunConfig};
+    use crate::{MethodConfig, RunConfig};
 
     /// A default config whose method is `m` (at its defaults).
     fn with_method(c: &mut RunConfig, m: Method) {
@@ -717,7 +702,7 @@ mod tests {
     struct ChoiceOf<T>(T);
 
     impl<T: Choice> FromStr for ChoiceOf<T> {
-        type Err = TrainError;
+        type Err = ConfigError;
         fn from_str(s: &str) -> Result<Self> {
             parse_choice(s).map(ChoiceOf)
         }
