@@ -39,7 +39,12 @@ fn config() -> SwitchConfig {
     }
 }
 
-fn setup() -> (SwitchEncoder, Batch, ParamGroups, ClipPolicy) {
+fn setup() -> (
+    SwitchEncoder,
+    Batch,
+    ParamGroups<String>,
+    ClipPolicy<String>,
+) {
     tch::manual_seed(0);
     let m = SwitchEncoder::new(config(), Device::Cpu).unwrap();
     let mut s = 12345u64;
@@ -89,7 +94,7 @@ fn non_private(m: &SwitchEncoder, b: &Batch) -> Vec<Tensor> {
     Tensor::run_backward(&[loss], &params, false, false)
 }
 
-fn private(m: &SwitchEncoder, b: &Batch, g: &ParamGroups, p: &ClipPolicy) -> usize {
+fn private(m: &SwitchEncoder, b: &Batch, g: &ParamGroups<String>, p: &ClipPolicy<String>) -> usize {
     let step = ClippedStep::new(m).unwrap();
     let out = step
         .run(b, &BTreeMap::new(), g, p, &BTreeMap::new(), true)

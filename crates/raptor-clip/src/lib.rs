@@ -8,9 +8,11 @@
 //!   grouped (each group its own bound), per-block (DP-Muon's per-matrix bounds) and
 //!   global-over-groups (one factor from the norm over all groups).
 //! - [`ParamGroups`] and [`ClipPolicy`]: grouped clipping by parameter name (which group each
-//!   parameter is in, each group's bound or one global bound), the one definition the model
+//!   parameter is in, each group's bound or one global bound), with groups keyed by the
+//!   caller's own type ([`GroupKey`]: e.g. an enum of streams), the one definition the model
 //!   adapters' per-sample engine and these kernels share ([`ParamGroups::grouping`] gives the
-//!   kernels' block-index [`Grouping`]); a release's sensitivity comes from it.
+//!   kernels' block-index [`Grouping`] and each position's key); a release's sensitivity comes
+//!   from it.
 //! - [`Privatizer`]: clipped sum + N(0, (σΔ)²) divided by a [`PublicDenominator`]; noise from
 //!   ChaCha20 seeded by the OS unless a seed is explicitly requested (not for production).
 //! - `tensor` and `linear` (feature `tch`): the same clipping on libtorch tensors (CPU or CUDA,
@@ -29,14 +31,14 @@
 //! # Example
 //!
 //! ```
-//! use raptor_clip::{Block, Group, Grouping, Privatizer, PublicDenominator, clip_blocks};
+//! use raptor_clip::{Block, Grouping, Privatizer, PublicDenominator, clip_blocks};
 //! # fn main() -> Result<(), raptor_clip::ClipError> {
 //! let (b, shared_w, expert_w) = (3, 4, 2);
 //! let shared = vec![0.1f32; b * shared_w]; // B × 4 per-example gradients of the shared stream
 //! let expert = vec![0.5f32; b * expert_w]; // B × 2 of expert 0 (zero rows for non-owned records)
 //! let blocks = [Block::new("attn.lora", &shared, shared_w), Block::new("expert0", &expert, expert_w)];
 //! let grouping = Grouping::Grouped {
-//!     groups: vec![Group::new("shared", vec![0]), Group::new("expert0", vec![1])],
+//!     groups: vec![vec![0], vec![1]], // group 0: the shared block; group 1: expert 0's
 //!     bounds: vec![1.0, 0.5],
 //! };
 //! let residual_weights = [1.0, 0.3, 0.0]; // weight-then-clip
@@ -66,11 +68,11 @@ pub mod linear;
 pub mod tensor;
 
 pub use error::ClipError;
-pub use grouping::{ClipPolicy, ParamGroups};
+pub use grouping::{ClipPolicy, GroupKey, ParamGroups};
 pub use kernel::stream_read_sum;
 pub use privatizer::{
     NOISE_CHUNK, Privatizer, PublicDenominator, Release, ReleasedBlock, SEEDED_WARNING,
 };
 pub use slice::{
-    Block, BlockClipOutput, ClipOutput, Group, Grouping, clip_blocks, clip_rows, joint_sensitivity,
+    Block, BlockClipOutput, ClipOutput, Grouping, clip_blocks, clip_rows, joint_sensitivity,
 };

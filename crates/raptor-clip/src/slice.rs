@@ -150,26 +150,13 @@ impl<'a> Block<'a> {
     }
 }
 
-/// A named set of block indices.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Group {
-    /// Group name (e.g. "shared", "expert3").
-    pub name: String,
-    /// Indices into the block list.
-    pub blocks: Vec<usize>,
-}
-
-impl Group {
-    /// A group named `name` holding `blocks`.
-    pub fn new(name: impl Into<String>, blocks: Vec<usize>) -> Self {
-        Group {
-            name: name.into(),
-            blocks,
-        }
-    }
-}
-
 /// How blocks are grouped and bounded. Every form must cover each block exactly once.
+///
+/// The kernels know groups by position: group `g` of [`Grouping::Grouped`] and
+/// [`Grouping::GlobalOverGroups`] is `groups[g]` (the indices of its blocks), [`Grouping::Flat`]
+/// has one group and [`Grouping::PerBlock`] one per block, in block order. A caller who keys
+/// groups by their own type builds this form with [`crate::ParamGroups::grouping`], which also
+/// returns each position's key.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Grouping {
     /// One bound over all blocks together (the monolithic baselines).
@@ -179,8 +166,9 @@ pub enum Grouping {
     },
     /// Each group clipped to its own bound (RAPTOR: the shared stream and each expert stream).
     Grouped {
-        /// The groups (a partition of the blocks).
-        groups: Vec<Group>,
+        /// The groups (a partition of the blocks): group `g` holds the block indices
+        /// `groups[g]`.
+        groups: Vec<Vec<usize>>,
         /// One bound per group.
         bounds: Vec<f64>,
     },
@@ -192,8 +180,9 @@ pub enum Grouping {
     /// One factor from the norm over all groups, bound C, applied to every group (the
     /// matched-scope global clip baseline); per-group norms are still reported.
     GlobalOverGroups {
-        /// The groups (a partition of the blocks).
-        groups: Vec<Group>,
+        /// The groups (a partition of the blocks): group `g` holds the block indices
+        /// `groups[g]`.
+        groups: Vec<Vec<usize>>,
         /// The bound C.
         bound: f64,
     },
@@ -209,7 +198,6 @@ pub enum Grouping {
 pub struct BlockClipOutput {
     block_names: Vec<String>,
     sums: Vec<Vec<f32>>,
-    group_names: Vec<String>,
     block_group: Vec<usize>,
     group_bounds: Vec<f64>,
     batch: usize,
@@ -220,9 +208,9 @@ pub struct BlockClipOutput {
 }
 
 impl BlockClipOutput {
-    /// Number of groups.
+    /// Number of groups (the groups are those of the [`Grouping`], by position).
     pub fn n_groups(&self) -> usize {
-        self.group_names.len()
+        self.group_bounds.len()
     }
     /// Number of records.
     pub fn batch(&self) -> usize {
@@ -235,10 +223,6 @@ impl BlockClipOutput {
     /// Per block: Σ_i factor(i, group of block) · block row i.
     pub fn sums(&self) -> &[Vec<f32>] {
         &self.sums
-    }
-    /// Group names (Flat: "all"; PerBlock: the block names).
-    pub fn group_names(&self) -> &[String] {
-        &self.group_names
     }
     /// Group of each block.
     pub fn block_group(&self) -> &[usize] {
@@ -289,23 +273,21 @@ impl BlockClipOutput {
     }
 }
 
-/// Resolved grouping: (group names, block → group, per-group bound, joint bound).
-pub(crate) type Resolved = (Vec<String>, Vec<usize>, Vec<f64>, Option<f64>);
+/// Resolved grouping: (block → group, per-group bound, joint bound); the number of groups is
+/// the number of bounds.
+pub(crate) type Resolved = (Vec<usize>, Vec<f64>, Option<f64>);
 
-/// Validate a grouping against `n_blocks` blocks; returns (names, block→group, per-group bound,
-/// mode bound for Joint).
+/// Validate a grouping against the blocks named `names`; returns (block→group, per-group
+/// bound, mode bound for Joint).
 pub(crate) fn resolve(grouping: &Grouping, names: &[&str]) -> Result<Resolved, ClipError> {
     let n_blocks = names.len();
-    let partition = |groups: &[Group]| -> Result<Vec<usize>, ClipError> {
+    let partition = |groups: &[Vec<usize>]| -> Result<Vec<usize>, ClipError> {
         let mut of = vec![usize::MAX; n_blocks];
         for (g, grp) in groups.iter().enumerate() {
-            for &b in &grp.blocks {
+            for &b in grp {
                 if b >= n_blocks {
                     return Err(ClipError::InvalidGrouping {
-                        reason: format!(
-                            "group {} names block {b}, only {n_blocks} blocks",
-                            grp.name
-                        ),
+                        reason: format!("group {g} names block {b}, only {n_blocks} blocks"),
                     });
                 }
                 if of[b] != usize::MAX {
@@ -326,12 +308,7 @@ pub(crate) fn resolve(grouping: &Grouping, names: &[&str]) -> Result<Resolved, C
     match grouping {
         Grouping::Flat { bound } => {
             check_bound("bound", *bound)?;
-            Ok((
-                vec!["all".into()],
-                vec![0; n_blocks],
-                vec![*bound],
-                Some(*bound),
-            ))
+            Ok((vec![0; n_blocks], vec![*bound], Some(*bound)))
         }
         Grouping::Grouped { groups, bounds } => {
             if groups.len() != bounds.len() {
@@ -341,16 +318,11 @@ pub(crate) fn resolve(grouping: &Grouping, names: &[&str]) -> Result<Resolved, C
                     got: bounds.len().to_string(),
                 });
             }
-            for (g, &b) in groups.iter().zip(bounds) {
-                check_bound(&g.name, b)?;
+            for (g, &b) in bounds.iter().enumerate() {
+                check_bound(&format!("group {g}"), b)?;
             }
             let of = partition(groups)?;
-            Ok((
-                groups.iter().map(|g| g.name.clone()).collect(),
-                of,
-                bounds.clone(),
-                None,
-            ))
+            Ok((of, bounds.clone(), None))
         }
         Grouping::PerBlock { bounds } => {
             if bounds.len() != n_blocks {
@@ -363,22 +335,12 @@ pub(crate) fn resolve(grouping: &Grouping, names: &[&str]) -> Result<Resolved, C
             for (n, &b) in names.iter().zip(bounds) {
                 check_bound(n, b)?;
             }
-            Ok((
-                names.iter().map(|s| s.to_string()).collect(),
-                (0..n_blocks).collect(),
-                bounds.clone(),
-                None,
-            ))
+            Ok(((0..n_blocks).collect(), bounds.clone(), None))
         }
         Grouping::GlobalOverGroups { groups, bound } => {
             check_bound("bound", *bound)?;
             let of = partition(groups)?;
-            Ok((
-                groups.iter().map(|g| g.name.clone()).collect(),
-                of,
-                vec![*bound; groups.len()],
-                Some(*bound),
-            ))
+            Ok((of, vec![*bound; groups.len()], Some(*bound)))
         }
     }
 }
@@ -390,13 +352,13 @@ pub(crate) fn resolve(grouping: &Grouping, names: &[&str]) -> Result<Resolved, C
 /// clipped sum of every block plus per-record, per-group norms and factors.
 ///
 /// ```
-/// use raptor_clip::{Block, Group, Grouping, clip_blocks};
+/// use raptor_clip::{Block, Grouping, clip_blocks};
 /// // two records; a "shared" block of width 2 and an "expert" block of width 1
 /// let shared = [3.0f32, 4.0, 0.0, 0.1];
 /// let expert = [1.0f32, 2.0];
 /// let blocks = [Block::new("shared", &shared, 2), Block::new("expert", &expert, 1)];
 /// let grouping = Grouping::Grouped {
-///     groups: vec![Group::new("s", vec![0]), Group::new("e", vec![1])],
+///     groups: vec![vec![0], vec![1]], // group 0: the shared block; group 1: the expert's
 ///     bounds: vec![1.0, 1.5],
 /// };
 /// let out = clip_blocks(&blocks, &grouping, None).unwrap();
@@ -416,7 +378,7 @@ pub fn clip_blocks(
         });
     }
     let names: Vec<&str> = blocks.iter().map(|b| b.name).collect();
-    let (group_names, block_group, group_bounds, joint) = resolve(grouping, &names)?;
+    let (block_group, group_bounds, joint) = resolve(grouping, &names)?;
     let mut batch = None;
     for b in blocks {
         if b.width == 0 || !b.data.len().is_multiple_of(b.width) {
@@ -454,7 +416,7 @@ pub fn clip_blocks(
         Some(c) => BoundMode::Joint(c),
         None => BoundMode::PerGroup(&group_bounds),
     };
-    let f = fused_clip_sum(&segs, batch, group_names.len(), mode, weights)?;
+    let f = fused_clip_sum(&segs, batch, group_bounds.len(), mode, weights)?;
     let sensitivity = match joint {
         Some(c) => c,
         None => group_bounds.iter().map(|c| c * c).sum::<f64>().sqrt(),
@@ -462,7 +424,6 @@ pub fn clip_blocks(
     Ok(BlockClipOutput {
         block_names: names.iter().map(|s| s.to_string()).collect(),
         sums: f.sums,
-        group_names,
         block_group,
         group_bounds,
         batch,

@@ -14,7 +14,7 @@
 use tch::{Kind, Tensor};
 
 use crate::ClipError;
-use crate::grouping::{ClipPolicy, ParamGroups};
+use crate::grouping::{ClipPolicy, GroupKey, ParamGroups};
 use crate::slice::{Grouping, check_bound, resolve};
 
 /// Result of [`clip_rows`] on tensors.
@@ -45,9 +45,7 @@ impl TensorClipOutput {
 pub struct TensorBlockClipOutput {
     /// Per block clipped sum (trailing shape of the block).
     pub sums: Vec<Tensor>,
-    /// Group names.
-    pub group_names: Vec<String>,
-    /// Group of each block.
+    /// Group of each block (the groups are those of the [`Grouping`], by position).
     pub block_group: Vec<usize>,
     group_bounds: Vec<f64>,
     /// `[B, G]` norms of the weighted record per group.
@@ -60,6 +58,10 @@ pub struct TensorBlockClipOutput {
 }
 
 impl TensorBlockClipOutput {
+    /// Number of groups.
+    pub fn n_groups(&self) -> usize {
+        self.group_bounds.len()
+    }
     /// Per group bound.
     pub fn group_bounds(&self) -> &[f64] {
         &self.group_bounds
@@ -251,8 +253,8 @@ pub fn clip_blocks(
         });
     }
     let names: Vec<&str> = blocks.iter().map(|b| b.0).collect();
-    let (group_names, block_group, group_bounds, joint) = resolve(grouping, &names)?;
-    let ng = group_names.len() as i64;
+    let (block_group, group_bounds, joint) = resolve(grouping, &names)?;
+    let ng = group_bounds.len() as i64;
     let first = blocks[0].1.size();
     if first.is_empty() {
         return Err(shape_err(blocks[0].0, "[B, …]".into(), &first));
@@ -349,7 +351,6 @@ pub fn clip_blocks(
     };
     Ok(TensorBlockClipOutput {
         sums,
-        group_names,
         block_group,
         group_bounds,
         norms,
@@ -359,8 +360,8 @@ pub fn clip_blocks(
     })
 }
 
-/// The clipped sums of one release, named by parameter, with the L2 sensitivity the
-/// [`ClipPolicy`] they were clipped under gives them: the only input of
+/// The clipped sums of one release, named by parameter, with the groups they belong to and
+/// the L2 sensitivity the [`ClipPolicy`] they were clipped under gives them: the only input of
 /// [`crate::Privatizer::release_clipped`].
 ///
 /// [`ClippedSum::new`] checks that the release is whole: every tensor belongs (by
@@ -369,32 +370,40 @@ pub fn clip_blocks(
 /// another group under this group's sensitivity. The sensitivity is computed from the policy
 /// ([`ClipPolicy::sensitivity`]), never passed in.
 #[derive(Debug)]
-pub struct ClippedSum {
+pub struct ClippedSum<K: GroupKey> {
+    groups: Vec<K>,
     names: Vec<String>,
     tensors: Vec<Tensor>,
     sensitivity: f64,
 }
 
-impl ClippedSum {
+/// `[a, b, …]` of the groups' names, for messages.
+fn group_list<K: GroupKey>(groups: &[K]) -> String {
+    let names: Vec<String> = groups.iter().map(ToString::to_string).collect();
+    format!("[{}]", names.join(", "))
+}
+
+impl<K: GroupKey> ClippedSum<K> {
     /// The sums `parts` (parameter name, clipped sum; in release order) of the groups
     /// `release_groups`, clipped under `policy` with the assignment `groups`.
     pub fn new(
-        groups: &ParamGroups,
-        policy: &ClipPolicy,
-        release_groups: &[&str],
+        groups: &ParamGroups<K>,
+        policy: &ClipPolicy<K>,
+        release_groups: &[K],
         parts: Vec<(String, Tensor)>,
     ) -> Result<Self, ClipError> {
         // The release's own groups' bounds (the whole policy was checked before clipping;
         // checking it again per release would cost every parameter of the model each time).
-        let sensitivity = policy.sensitivity(release_groups.iter().copied())?;
+        let sensitivity = policy.sensitivity(release_groups)?;
         let mut seen = std::collections::BTreeSet::new();
         for (name, _) in &parts {
             match groups.group_of(name) {
-                Some(g) if release_groups.contains(&g) => {}
+                Some(g) if release_groups.contains(g) => {}
                 Some(g) => {
                     return Err(ClipError::InvalidGrouping {
                         reason: format!(
-                            "parameter {name} of group {g} is not in this release's groups {release_groups:?}"
+                            "parameter {name} of group {g} is not in this release's groups {}",
+                            group_list(release_groups)
                         ),
                     });
                 }
@@ -426,6 +435,7 @@ impl ClippedSum {
         }
         let (names, tensors) = parts.into_iter().unzip();
         Ok(ClippedSum {
+            groups: release_groups.to_vec(),
             names,
             tensors,
             sensitivity,
@@ -434,6 +444,10 @@ impl ClippedSum {
     /// The L2 sensitivity of the release (from the policy).
     pub fn sensitivity(&self) -> f64 {
         self.sensitivity
+    }
+    /// The groups released together, as given.
+    pub fn groups(&self) -> &[K] {
+        &self.groups
     }
     /// The parameter names, in release order.
     pub fn names(&self) -> &[String] {
@@ -449,7 +463,8 @@ impl ClippedSum {
 /// [`crate::Privatizer::release_clipped`] makes one, so its values always carry noise
 /// calibrated to the sensitivity of the [`ClippedSum`] they came from.
 #[derive(Debug)]
-pub struct TensorRelease {
+pub struct TensorRelease<K: GroupKey> {
+    groups: Vec<K>,
     names: Vec<String>,
     tensors: Vec<Tensor>,
     sensitivity: f64,
@@ -458,7 +473,11 @@ pub struct TensorRelease {
     seeded_insecure: bool,
 }
 
-impl TensorRelease {
+impl<K: GroupKey> TensorRelease<K> {
+    /// The groups released together (those of the [`ClippedSum`]).
+    pub fn groups(&self) -> &[K] {
+        &self.groups
+    }
     /// The parameter names, in release order.
     pub fn names(&self) -> &[String] {
         &self.names
@@ -497,14 +516,15 @@ impl crate::Privatizer {
     /// Releases a [`ClippedSum`]: (sum + N(0, (σΔ)²)) / denominator per tensor, with Δ the
     /// sum's own sensitivity; the noise is drawn as in [`Self::release_tensors`] (one draw for
     /// the whole release, the same values for the same seed).
-    pub fn release_clipped(
+    pub fn release_clipped<K: GroupKey>(
         &mut self,
-        sum: ClippedSum,
+        sum: ClippedSum<K>,
         denominator: crate::PublicDenominator,
-    ) -> Result<TensorRelease, ClipError> {
+    ) -> Result<TensorRelease<K>, ClipError> {
         let refs: Vec<&Tensor> = sum.tensors.iter().collect();
         let tensors = self.release_tensors(&refs, sum.sensitivity, denominator)?;
         Ok(TensorRelease {
+            groups: sum.groups,
             names: sum.names,
             tensors,
             sensitivity: sum.sensitivity,

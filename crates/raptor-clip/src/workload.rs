@@ -1,7 +1,7 @@
 //! Synthetic per-example gradients for benchmarks, examples and `raptor reproduce`: the same
 //! deterministic data wherever the kernels are timed, so figures from different tools compare.
 
-use crate::slice::{Block, Group, Grouping};
+use crate::slice::{Block, Grouping};
 
 /// `n` deterministic pseudo-random entries (xorshift64 from `seed`), uniform in ±0.005.
 ///
@@ -71,12 +71,10 @@ impl GroupedWorkload {
             .collect()
     }
 
-    /// One group per block, each with its own bound.
+    /// One group per block (group k is block k, named `NAMES[k]`), each with its own bound.
     pub fn grouping(&self) -> Grouping {
         Grouping::Grouped {
-            groups: (0..5)
-                .map(|k| Group::new(Self::NAMES[k], vec![k]))
-                .collect(),
+            groups: (0..5).map(|k| vec![k]).collect(),
             bounds: self
                 .widths
                 .iter()

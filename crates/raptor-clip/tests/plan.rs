@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use raptor_clip::plan::{self, Schedule};
-use raptor_clip::{Block, BlockClipOutput, Group, Grouping, clip_blocks, clip_rows};
+use raptor_clip::{Block, BlockClipOutput, Grouping, clip_blocks, clip_rows};
 
 const ALL: [Schedule; 8] = [
     Schedule::Rows(1),
@@ -88,12 +88,7 @@ fn run(
     let ng = bounds.len();
     let grouping = Grouping::Grouped {
         groups: (0..ng)
-            .map(|g| {
-                Group::new(
-                    format!("g{g}"),
-                    (0..blocks.len()).filter(|&k| groups[k] == g).collect(),
-                )
-            })
+            .map(|g| (0..blocks.len()).filter(|&k| groups[k] == g).collect())
             .collect(),
         bounds: bounds.to_vec(),
     };

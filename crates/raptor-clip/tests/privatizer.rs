@@ -2,7 +2,7 @@
 //! The Gaussian privatizer: noise std, public denominators, noise-only releases, errors.
 
 use raptor_clip::{
-    Block, ClipError, Group, Grouping, Privatizer, PublicDenominator, clip_blocks, clip_rows,
+    Block, ClipError, Grouping, Privatizer, PublicDenominator, clip_blocks, clip_rows,
 };
 
 /// Sample mean and standard deviation (f64).
@@ -170,7 +170,7 @@ fn block_releases_use_joint_and_group_sensitivities() {
     let b: Vec<f32> = (0..8).map(|k| -(k as f32)).collect();
     let blocks = [Block::new("a", &a, 5), Block::new("b", &b, 2)];
     let grouping = Grouping::Grouped {
-        groups: vec![Group::new("shared", vec![0]), Group::new("expert", vec![1])],
+        groups: vec![vec![0], vec![1]],
         bounds: vec![3.0, 4.0],
     };
     let out = clip_blocks(&blocks, &grouping, None).unwrap();

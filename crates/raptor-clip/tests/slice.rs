@@ -3,7 +3,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use raptor_clip::{Block, ClipError, Group, Grouping, clip_blocks, clip_rows};
+use raptor_clip::{Block, ClipError, Grouping, clip_blocks, clip_rows};
 
 /// Reference result: per block sums (f64), per (record, group) norms and factors.
 struct Ref {
@@ -209,11 +209,7 @@ fn check_forms(batch: usize, threads: usize, weighted: bool) {
     });
     let wref = w.as_deref();
     // groups: shared {0, 3}, expert a {1, 2}, expert b {4}
-    let groups = vec![
-        Group::new("shared", vec![0, 3]),
-        Group::new("ea", vec![2, 1]),
-        Group::new("eb", vec![4]),
-    ];
+    let groups = vec![vec![0, 3], vec![2, 1], vec![4]];
     let block_group = [0, 1, 1, 0, 2];
     let cases: Vec<Case> = vec![
         (
@@ -258,14 +254,6 @@ fn check_forms(batch: usize, threads: usize, weighted: bool) {
         assert_eq!(out.batch(), batch);
         assert_eq!(out.block_names(), names);
         assert_eq!(out.group_bounds(), bounds);
-        let want_names: Vec<String> = match &grouping {
-            Grouping::Flat { .. } => vec!["all".into()],
-            Grouping::PerBlock { .. } => names.clone(),
-            Grouping::Grouped { groups, .. } | Grouping::GlobalOverGroups { groups, .. } => {
-                groups.iter().map(|g| g.name.clone()).collect()
-            }
-        };
-        assert_eq!(out.group_names(), want_names);
         for (g, &c) in bounds.iter().enumerate() {
             assert_eq!(out.group_sensitivity(g), Some(c));
         }
@@ -413,19 +401,19 @@ fn errors_are_typed() {
     let blocks = [Block::new("a", &a, 3), Block::new("b", &b, 1)];
     let bad_groupings = [
         Grouping::Grouped {
-            groups: vec![Group::new("g", vec![0])],
+            groups: vec![vec![0]],
             bounds: vec![1.0],
         },
         Grouping::Grouped {
-            groups: vec![Group::new("g", vec![0, 1, 1])],
+            groups: vec![vec![0, 1, 1]],
             bounds: vec![1.0],
         },
         Grouping::Grouped {
-            groups: vec![Group::new("g", vec![0, 2])],
+            groups: vec![vec![0, 2]],
             bounds: vec![1.0],
         },
         Grouping::GlobalOverGroups {
-            groups: vec![Group::new("g", vec![1])],
+            groups: vec![vec![1]],
             bound: 1.0,
         },
     ];
@@ -442,7 +430,7 @@ fn errors_are_typed() {
         clip_blocks(
             &blocks,
             &Grouping::Grouped {
-                groups: vec![Group::new("g", vec![0, 1])],
+                groups: vec![vec![0, 1]],
                 bounds: vec![]
             },
             None
@@ -560,10 +548,7 @@ fn grouped_clip_snapshot() {
         Block::new("expert0.w", &expert, 2),
     ];
     let grouping = Grouping::Grouped {
-        groups: vec![
-            Group::new("shared", vec![0]),
-            Group::new("expert0", vec![1]),
-        ],
+        groups: vec![vec![0], vec![1]],
         bounds: vec![1.0, 1.5],
     };
     let out = clip_blocks(&blocks, &grouping, Some(&[1.0, 0.5, 0.25])).unwrap();
@@ -625,7 +610,7 @@ fn non_finite_records_contribute_zero() {
         let e = vec![0.5f32; 3];
         let blocks = [Block::new("a", &h, 4), Block::new("e", &e, 1)];
         let grouping = Grouping::Grouped {
-            groups: vec![Group::new("s", vec![0]), Group::new("x", vec![1])],
+            groups: vec![vec![0], vec![1]],
             bounds: vec![1.0, 1.0],
         };
         let out = clip_blocks(&blocks, &grouping, None).unwrap();
@@ -649,7 +634,7 @@ fn non_finite_records_report_their_norms() {
     let e = [2.0f32, 4.0];
     let blocks = [Block::new("a", &a, 2), Block::new("e", &e, 1)];
     let grouping = Grouping::Grouped {
-        groups: vec![Group::new("s", vec![0]), Group::new("x", vec![1])],
+        groups: vec![vec![0], vec![1]],
         bounds: vec![1.0, 1.0],
     };
     let w = [0.5, 0.25];

@@ -8,7 +8,7 @@ use raptor_clip::linear::{
     NormMethod, bias_per_example_sq_norms, bias_weighted_grad_sum, clip_coefficients,
     linear_per_example_sq_norms, linear_per_example_sq_norms_with, linear_weighted_grad_sum,
 };
-use raptor_clip::{Block, ClipError, Group, Grouping, Privatizer, PublicDenominator, tensor};
+use raptor_clip::{Block, ClipError, Grouping, Privatizer, PublicDenominator, tensor};
 use tch::{Device, Kind, Tensor};
 
 fn devices() -> Vec<Device> {
@@ -85,7 +85,7 @@ fn blocks_agree_with_slice_backend_in_every_grouping() {
         .map(|&w| rand_vec(&mut rng, b * w, 0.3))
         .collect();
     let w: Vec<f64> = (0..b).map(|_| rng.random_range(0.0..1.0)).collect();
-    let groups = vec![Group::new("s", vec![0, 2]), Group::new("e", vec![1])];
+    let groups = vec![vec![0, 2], vec![1]];
     let groupings = [
         Grouping::Flat { bound: 1.0 },
         Grouping::Grouped {
@@ -410,7 +410,7 @@ fn non_finite_records_contribute_zero_like_the_slice_path() {
         let groupings = [
             Grouping::Flat { bound: 1.0 },
             Grouping::Grouped {
-                groups: vec![Group::new("s", vec![0]), Group::new("x", vec![1])],
+                groups: vec![vec![0], vec![1]],
                 bounds: vec![1.0, 0.5],
             },
         ];
@@ -562,7 +562,7 @@ fn clipped_sums_carry_the_policys_sensitivity_into_a_typed_release() {
     groups.assign("s.a", "shared");
     groups.assign("s.b", "shared");
     groups.assign("e.w", "expert0");
-    let policy = ClipPolicy::RoleWise([("shared".into(), 3.0), ("expert0".into(), 4.0)].into());
+    let policy = ClipPolicy::RoleWise([("shared", 3.0), ("expert0", 4.0)].into());
     let t = |v: &[f32]| Tensor::from_slice(v);
     let parts = || {
         vec![
@@ -589,6 +589,7 @@ fn clipped_sums_carry_the_policys_sensitivity_into_a_typed_release() {
         .release_tensors(&refs, 5.0, d)
         .unwrap();
     assert_eq!(released.names(), ["s.a", "s.b", "e.w"]);
+    assert_eq!(released.groups(), ["shared", "expert0"]);
     for (a, b) in released.tensors().iter().zip(&by_hand) {
         assert!(a.equal(b));
     }
@@ -627,7 +628,7 @@ fn clipped_sums_carry_the_policys_sensitivity_into_a_typed_release() {
     assert!(refused(&[], vec![]).contains("no group"));
     // A bad bound of a released group is an error (the whole policy is checked by the engine
     // before clipping; a release checks its own groups' bounds).
-    let bad = ClipPolicy::RoleWise([("shared".into(), 3.0), ("expert0".into(), f64::NAN)].into());
+    let bad = ClipPolicy::RoleWise([("shared", 3.0), ("expert0", f64::NAN)].into());
     let e = ClippedSum::new(&groups, &bad, &["expert0"], vec![parts().remove(2)]).unwrap_err();
     assert!(e.to_string().contains("expert0"), "{e}");
 }

@@ -44,7 +44,9 @@ pub use blocks::RopeScaling;
 pub use decoder::{Decoder, DecoderConfig, DecoderFamily, MoeConfig};
 pub use error::{ModelError, Result};
 pub use gpt2::{Gpt2, Gpt2Config};
-pub use grad::{ClipOutput, ClipPolicy, EngineLimits, ParamGroups, PerSampleGrads, clip_factors};
+pub use grad::{
+    ClipOutput, ClipPolicy, EngineLimits, GroupKey, ParamGroups, PerSampleGrads, clip_factors,
+};
 pub use layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, Lora, RmsNorm, name_matches};
 pub use model::{
     ClippedStep, ClippedStepOutput, FrozenPrefix, LoraConfig, Model, attach_lora, freeze_all,

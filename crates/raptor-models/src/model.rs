@@ -2,7 +2,7 @@
 
 use crate::batch::{Batch, Task, per_record_loss};
 use crate::error::{ModelError, Result};
-use crate::grad::{ClipOutput, ClipPolicy, ParamGroups, PerSampleGrads};
+use crate::grad::{ClipOutput, ClipPolicy, GroupKey, ParamGroups, PerSampleGrads};
 use crate::layers::{ForwardCtx, Linear, name_matches};
 use std::collections::BTreeMap;
 use tch::nn::VarStore;
@@ -198,13 +198,13 @@ pub struct ClippedStep<'m, M: Model + ?Sized> {
     prefix: Option<(usize, Tensor)>,
 }
 
-/// What one [`ClippedStep`] computed (clipped, not yet noised).
+/// What one [`ClippedStep`] computed (clipped, not yet noised), with groups keyed by `K`.
 #[derive(Debug)]
-pub struct ClippedStepOutput {
+pub struct ClippedStepOutput<K: GroupKey> {
     /// Per-record losses `[B]` (detached).
     pub losses: Tensor,
     /// Norms, clip factors and clipped sums.
-    pub clip: ClipOutput,
+    pub clip: ClipOutput<K>,
 }
 
 impl<'m, M: Model + ?Sized> ClippedStep<'m, M> {
@@ -270,15 +270,15 @@ impl<'m, M: Model + ?Sized> ClippedStep<'m, M> {
 
     /// [`Self::per_sample`] then [`PerSampleGrads::into_clip`] (each recorded op's tensors are
     /// freed as soon as its clipped sums are taken).
-    pub fn run(
+    pub fn run<K: GroupKey>(
         &self,
         batch: &Batch,
         owners: &BTreeMap<usize, Tensor>,
-        groups: &ParamGroups,
-        policy: &ClipPolicy,
-        weights: &BTreeMap<String, Tensor>,
+        groups: &ParamGroups<K>,
+        policy: &ClipPolicy<K>,
+        weights: &BTreeMap<K, Tensor>,
         train: bool,
-    ) -> Result<ClippedStepOutput> {
+    ) -> Result<ClippedStepOutput<K>> {
         let (losses, grads) = self.per_sample(batch, owners, train)?;
         let clip = grads.into_clip(groups, policy, weights)?;
         Ok(ClippedStepOutput { losses, clip })

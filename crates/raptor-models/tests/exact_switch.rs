@@ -582,7 +582,12 @@ fn non_finite_record_contributes_zero() {
 
 /// A LoRA Switch model (attention q, v and every expert matrix adapted, classifier trainable),
 /// its batch, the role-wise groups and bounds small enough that records are clipped.
-fn lora_switch() -> (SwitchEncoder, Batch, ParamGroups, BTreeMap<String, f64>) {
+fn lora_switch() -> (
+    SwitchEncoder,
+    Batch,
+    ParamGroups<String>,
+    BTreeMap<String, f64>,
+) {
     let mut m = model(SwitchConfig::tiny());
     freeze_all(&m).unwrap();
     let cfg = LoraConfig {

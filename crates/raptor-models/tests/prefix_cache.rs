@@ -88,7 +88,7 @@ fn step(
     batch: &Batch,
     prefix: Option<(usize, Tensor)>,
     ids: &[u64],
-) -> ClippedStepOutput {
+) -> ClippedStepOutput<String> {
     let names = trainable_params(m);
     let groups = ParamGroups::from_fn(names.iter().cloned(), |n: &str| {
         Some(if n.starts_with("classifier") {
@@ -123,7 +123,7 @@ fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[]) / scale
 }
 
-fn assert_same(a: &ClippedStepOutput, b: &ClippedStepOutput, tol: f64) {
+fn assert_same(a: &ClippedStepOutput<String>, b: &ClippedStepOutput<String>, tol: f64) {
     assert!(max_rel(&a.losses, &b.losses) <= tol, "losses");
     assert_eq!(
         a.clip.group_sq_norms.keys().collect::<Vec<_>>(),

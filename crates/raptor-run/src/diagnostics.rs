@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use raptor_models::roles::{Naming, Role, RoleIndex};
-use raptor_models::{ClipPolicy, ClippedStep, Model, ParamGroups};
+use raptor_models::{ClipOutput, ClipPolicy, ClippedStep, GroupKey, Model, ParamGroups};
 use tch::{Device, Kind, Tensor};
 
 pub use raptor_eval::moe::{Diagnostics, StreamSnr};
@@ -59,6 +59,24 @@ impl fmt::Display for DiagRole {
     }
 }
 
+/// The streams the diagnostics clip as the method does (clip groups of the per-stream clip).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum DiagStream {
+    /// The shared stream (attention adapters with the head).
+    Shared,
+    /// One routed expert of the diagnosed layer.
+    Expert(usize),
+}
+
+impl fmt::Display for DiagStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DiagStream::Shared => f.write_str("shared"),
+            DiagStream::Expert(x) => write!(f, "expert[{x}]"),
+        }
+    }
+}
+
 /// The noise a method gives the diagnosed coordinates: the release carrying the routed
 /// experts and the one carrying the shared stream (the same release for a monolithic method),
 /// and the expected batch B.
@@ -74,16 +92,16 @@ pub struct DiagNoise {
 
 /// One clipping's per-record norms and factors (concatenated over micro-batches) and sums
 /// (added).
-struct Merged {
+struct Merged<K: GroupKey> {
     records: i64,
-    out: raptor_models::ClipOutput,
+    out: ClipOutput<K>,
 }
 
-impl Merged {
+impl<K: GroupKey> Merged<K> {
     fn new() -> Self {
         Self {
             records: 0,
-            out: raptor_models::ClipOutput {
+            out: ClipOutput {
                 group_sq_norms: BTreeMap::new(),
                 clip_factors: BTreeMap::new(),
                 sums: BTreeMap::new(),
@@ -95,15 +113,15 @@ impl Merged {
     /// Appends a micro-batch of `n` records. A group the micro-batch does not reach (an expert
     /// none of its records routes to) has norm 0 and factor 1 for its records, as it would in
     /// one batch.
-    fn push(&mut self, part: raptor_models::ClipOutput, n: i64) -> Result<()> {
-        fn cat(
-            acc: &mut BTreeMap<String, Tensor>,
-            part: BTreeMap<String, Tensor>,
+    fn push(&mut self, part: ClipOutput<K>, n: i64) -> Result<()> {
+        fn cat<K: GroupKey>(
+            acc: &mut BTreeMap<K, Tensor>,
+            part: BTreeMap<K, Tensor>,
             before: i64,
             n: i64,
             fill: f64,
         ) -> Result<()> {
-            let keys: std::collections::BTreeSet<String> =
+            let keys: std::collections::BTreeSet<K> =
                 acc.keys().chain(part.keys()).cloned().collect();
             for k in keys {
                 let p = match part.get(&k) {
@@ -180,9 +198,8 @@ pub fn diagnostics(
             Role::RoutedExpert(_) | Role::Router | Role::Other => None,
         }
     };
-    let mut groups = ParamGroups::new();
+    let mut groups: ParamGroups<DiagRole> = ParamGroups::new();
     let mut params_per_group: BTreeMap<DiagRole, i64> = BTreeMap::new();
-    let mut role_of_group: BTreeMap<String, DiagRole> = BTreeMap::new();
     let saved: Vec<(Tensor, bool)> = vars
         .values()
         .map(|t| (t.shallow_clone(), t.requires_grad()))
@@ -192,32 +209,29 @@ pub fn diagnostics(
         let _ = t.f_set_requires_grad(r.is_some())?;
         if let Some(r) = r {
             *params_per_group.entry(r).or_default() += t.numel() as i64;
-            role_of_group.insert(r.to_string(), r);
-            groups.assign(n.clone(), r.to_string());
+            groups.assign(n.clone(), r);
         }
     }
     let result = (|| -> Result<Diagnostics> {
-        let bounds: BTreeMap<String, f64> =
-            role_of_group.keys().map(|g| (g.clone(), clip_e)).collect();
+        let bounds: BTreeMap<DiagRole, f64> = groups.groups().map(|&g| (g, clip_e)).collect();
         // Per-stream grouping, clipped as the method clips: RAPTOR's shared group at C_s and
         // each expert at C_e, or one global factor at C.
-        let mut streams = ParamGroups::new();
-        let mut stream_params: BTreeMap<String, i64> = BTreeMap::new();
-        for (p, grp) in groups.iter() {
-            let s = match role_of_group.get(grp) {
-                Some(DiagRole::Expert(_)) => grp.to_string(),
-                Some(DiagRole::Attention | DiagRole::Head) => "shared".to_string(),
-                None => continue,
+        let mut streams: ParamGroups<DiagStream> = ParamGroups::new();
+        let mut stream_params: BTreeMap<DiagStream, i64> = BTreeMap::new();
+        for (p, &grp) in groups.iter() {
+            let s = match grp {
+                DiagRole::Expert(x) => DiagStream::Expert(x),
+                DiagRole::Attention | DiagRole::Head => DiagStream::Shared,
             };
-            *stream_params.entry(s.clone()).or_default() += vars[p].numel() as i64;
-            streams.assign(p.to_string(), s);
+            *stream_params.entry(s).or_default() += vars[p].numel() as i64;
+            streams.assign(p, s);
         }
         let policy = if global {
             ClipPolicy::Global(clip_e)
         } else {
-            let mut b: BTreeMap<String, f64> =
-                stream_params.keys().map(|g| (g.clone(), clip_e)).collect();
-            b.insert("shared".into(), noise.shared.bound);
+            let mut b: BTreeMap<DiagStream, f64> =
+                stream_params.keys().map(|&g| (g, clip_e)).collect();
+            b.insert(DiagStream::Shared, noise.shared.bound);
             ClipPolicy::RoleWise(b)
         };
         // The owner of each record from the current model, each routed alone (as a run's owner
@@ -267,12 +281,17 @@ pub fn diagnostics(
             (role_clip.out, global_clip.out, stream_clip.out);
         let n = data.len() as f64;
         // Roles: attention, head, experts (all experts of the layer together).
+        // Added in the order of the groups' names (expert[10] before expert[2]), so that the
+        // masses' rounding does not depend on how the role type orders the groups.
+        let mut by_name: Vec<(String, DiagRole, &Tensor)> = role_clip
+            .group_sq_norms
+            .iter()
+            .map(|(g, sq)| (g.to_string(), *g, sq))
+            .collect();
+        by_name.sort_by(|a, b| a.0.cmp(&b.0));
         let mut norm_mass: BTreeMap<String, f64> = BTreeMap::new();
         let mut param_mass: BTreeMap<String, f64> = BTreeMap::new();
-        for (g, sq) in &role_clip.group_sq_norms {
-            let Some(&r) = role_of_group.get(g) else {
-                continue;
-            };
+        for (_, r, sq) in by_name {
             let role = r.mass_role().to_string();
             let mean_norm = sq.f_sqrt()?.f_sum(Kind::Double)?.f_double_value(&[])? / n;
             *norm_mass.entry(role.clone()).or_default() += mean_norm;
@@ -280,9 +299,9 @@ pub fn diagnostics(
                 params_per_group.get(&r).copied().unwrap_or(0) as f64;
         }
         let (m_role, roles) = role_mismatch(&norm_mass, &param_mass);
-        let signal = |g: &str| -> Result<f64> {
+        let signal = |g: DiagStream| -> Result<f64> {
             let mut sq = 0.0f64;
-            for (p, grp) in streams.iter() {
+            for (p, &grp) in streams.iter() {
                 if grp == g
                     && let Some(s) = stream_clip.sums.get(p)
                 {
@@ -295,18 +314,18 @@ pub fn diagnostics(
         let mut expert_signal_norms = Vec::new();
         let mut expert_noise_norms = Vec::new();
         for x in 0..e_count {
-            let g = DiagRole::Expert(x as usize).to_string();
+            let g = DiagStream::Expert(x as usize);
             let d = stream_params.get(&g).copied().unwrap_or(0);
-            let st = StreamSnr::new(signal(&g)?, sigma_e, clip_e, d);
+            let st = StreamSnr::new(signal(g)?, sigma_e, clip_e, d);
             snr.push(st.snr);
             expert_signal_norms.push(st.signal_norm);
             expert_noise_norms.push(st.noise_norm);
         }
         let shared = StreamSnr::new(
-            signal("shared")?,
+            signal(DiagStream::Shared)?,
             noise.shared.sigma,
             noise.shared.bound,
-            stream_params.get("shared").copied().unwrap_or(0),
+            stream_params.get(&DiagStream::Shared).copied().unwrap_or(0),
         );
         // Clip suppression on owned rows.
         // Clip suppression on owned rows: (global factor, own expert's factor).
@@ -316,7 +335,7 @@ pub fn diagnostics(
         };
         let mut owned_rows: Vec<(f64, f64)> = Vec::new();
         for (i, &o) in owners_v.iter().enumerate() {
-            let own_group = usize::try_from(o).map(|x| DiagRole::Expert(x).to_string());
+            let own_group = usize::try_from(o).map(DiagRole::Expert);
             if let Some(f) = own_group.ok().and_then(|g| role_clip.clip_factors.get(&g)) {
                 let own = f.f_to_kind(Kind::Double)?.f_double_value(&[i as i64])?;
                 owned_rows.push((gf[i], own));

@@ -249,11 +249,11 @@ impl Phase {
     /// group (norm-only groups included: they enter a global clip factor), and each group's
     /// bound, or the one global bound. The engine clips with it, and each release's
     /// sensitivity comes from it.
-    pub fn clipping(&self) -> (ParamGroups, ClipPolicy) {
+    pub fn clipping(&self) -> (ParamGroups<GroupId>, ClipPolicy<GroupId>) {
         let mut groups = ParamGroups::new();
         for g in &self.groups {
             for p in &g.params {
-                groups.assign(p.clone(), g.name.to_string());
+                groups.assign(p.clone(), g.name.clone());
             }
         }
         let policy = match self.global_clip {
@@ -261,7 +261,7 @@ impl Phase {
             None => ClipPolicy::RoleWise(
                 self.groups
                     .iter()
-                    .map(|g| (g.name.to_string(), g.bound))
+                    .map(|g| (g.name.clone(), g.bound))
                     .collect(),
             ),
         };
@@ -280,10 +280,7 @@ impl Phase {
                 ),
             });
         }
-        let names: Vec<String> = release.groups.iter().map(ToString::to_string).collect();
-        self.clipping()
-            .1
-            .sensitivity(names.iter().map(String::as_str))
+        self.clipping().1.sensitivity(&release.groups)
     }
 }
 

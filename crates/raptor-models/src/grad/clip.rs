@@ -8,22 +8,23 @@ use super::site::compute_kind;
 use crate::error::{ModelError, Result};
 use raptor_clip::ClipError;
 use raptor_clip::linear::clip_coefficients;
-/// Grouped clipping by parameter name: raptor-clip's one definition, which the engine uses.
-pub use raptor_clip::{ClipPolicy, ParamGroups};
+/// Grouped clipping by parameter name: raptor-clip's one definition, which the engine uses
+/// (groups keyed by any [`GroupKey`] of the caller's).
+pub use raptor_clip::{ClipPolicy, GroupKey, ParamGroups};
 use std::collections::{BTreeMap, BTreeSet};
 use tch::{Kind, Tensor};
 
 impl PerSampleGrads {
     /// Norms by group, clip factors and the per-parameter coefficients `factor · weight`.
     #[allow(clippy::type_complexity)]
-    pub(super) fn clip_coeffs(
+    pub(super) fn clip_coeffs<K: GroupKey>(
         &self,
-        groups: &ParamGroups,
-        policy: &ClipPolicy,
-        weights: &BTreeMap<String, Tensor>,
+        groups: &ParamGroups<K>,
+        policy: &ClipPolicy<K>,
+        weights: &BTreeMap<K, Tensor>,
     ) -> Result<(
-        BTreeMap<String, Tensor>,
-        BTreeMap<String, Tensor>,
+        BTreeMap<K, Tensor>,
+        BTreeMap<K, Tensor>,
         BTreeMap<String, Tensor>,
         bool,
     )> {
@@ -37,13 +38,13 @@ impl PerSampleGrads {
             ClipError::InvalidGrouping { reason } => ModelError::InvalidClip(reason),
             other => ModelError::InvalidClip(other.to_string()),
         })?;
-        let mut group_sq: BTreeMap<String, Tensor> = BTreeMap::new();
-        let mut members: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut group_sq: BTreeMap<K, Tensor> = BTreeMap::new();
+        let mut members: BTreeMap<&K, Vec<String>> = BTreeMap::new();
         for p in self.uses.keys() {
             let g = groups
                 .group_of(p)
                 .ok_or_else(|| ModelError::UngroupedParameter { param: p.clone() })?;
-            members.entry(g.to_string()).or_default().push(p.clone());
+            members.entry(g).or_default().push(p.clone());
         }
         // One parameter at a time (each one's temporaries are freed before the next), except
         // linear weights sharing an input, which share its Gram matrices.
@@ -59,7 +60,7 @@ impl PerSampleGrads {
             match group_sq.get_mut(g) {
                 Some(e) => *e = e.f_add(&n)?,
                 None => {
-                    group_sq.insert(g.to_string(), n);
+                    group_sq.insert(g.clone(), n);
                 }
             }
         }
@@ -82,7 +83,7 @@ impl PerSampleGrads {
             })
         };
         // Weights before clipping: w_b ∈ [0, 1] per record (checked, typed error otherwise).
-        let mut w: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut w: BTreeMap<K, Tensor> = BTreeMap::new();
         for (g, wt) in weights {
             // (A group of `groups` that this batch does not reach is fine: its weights are
             // checked and then unused. Whether a routed expert is reached depends on the data.)
@@ -113,7 +114,7 @@ impl PerSampleGrads {
             }
         }
         // Reported norms are those of the weighted gradients w_b·g_b.
-        let mut weighted_sq: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut weighted_sq: BTreeMap<K, Tensor> = BTreeMap::new();
         for (g, sq) in &group_sq {
             let v = match w.get(g) {
                 Some(wt) => sq.f_mul(&wt.f_square()?)?,
@@ -121,18 +122,18 @@ impl PerSampleGrads {
             };
             weighted_sq.insert(g.clone(), v);
         }
-        let mut factors: BTreeMap<String, Tensor> = BTreeMap::new();
-        let mut coeffs: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut factors: BTreeMap<K, Tensor> = BTreeMap::new();
+        let mut coeffs: BTreeMap<K, Tensor> = BTreeMap::new();
         match policy {
             ClipPolicy::RoleWise(bounds) => {
                 for (g, sq) in &group_sq {
                     let c = *bounds.get(g).ok_or_else(|| {
                         ModelError::InvalidClip(format!("no clipping bound for group {g}"))
                     })?;
-                    factors.insert(
-                        g.clone(),
-                        drop_bad(clip_coefficients(&weighted_sq[g], c, None)?)?,
-                    );
+                    let weighted = weighted_sq.get(g).ok_or_else(|| {
+                        ModelError::InvalidClip(format!("internal: no norm for group {g}"))
+                    })?;
+                    factors.insert(g.clone(), drop_bad(clip_coefficients(weighted, c, None)?)?);
                     // raptor-clip's weight-then-clip coefficients w_b·min(1, C/(w_b‖g_b‖)),
                     // in f32/f64 (never rounded to a bf16/f16 model dtype).
                     let coeff = drop_bad(clip_coefficients(sq, c, w.get(g))?)?;
@@ -140,8 +141,15 @@ impl PerSampleGrads {
                 }
             }
             ClipPolicy::Global(c) => {
+                // Added in the order of the groups' names, so that the total's rounding does
+                // not depend on how the key type orders the groups.
+                let mut by_name: Vec<(String, &Tensor)> = weighted_sq
+                    .iter()
+                    .map(|(g, sq)| (g.to_string(), sq))
+                    .collect();
+                by_name.sort_by(|a, b| a.0.cmp(&b.0));
                 let mut tot = Tensor::f_zeros([b], (ck, dev))?;
-                for sq in weighted_sq.values() {
+                for (_, sq) in by_name {
                     tot = tot.f_add(&sq.f_to_kind(ck)?)?;
                 }
                 let f = drop_bad(clip_coefficients(&tot, *c, None)?)?;
@@ -157,8 +165,11 @@ impl PerSampleGrads {
         }
         let mut param_coeffs = BTreeMap::new();
         for (g, ps) in &members {
+            let c = coeffs.get(*g).ok_or_else(|| {
+                ModelError::InvalidClip(format!("internal: no clip coefficient for group {g}"))
+            })?;
             for p in ps {
-                param_coeffs.insert(p.clone(), coeffs[g].shallow_clone());
+                param_coeffs.insert(p.clone(), c.shallow_clone());
             }
         }
         let group_sq = weighted_sq;
@@ -167,16 +178,16 @@ impl PerSampleGrads {
 
     /// Clips per record by group and returns the clipped, weighted sums of all parameters.
     ///
-    /// `groups` maps every parameter to a caller-named group (an unassigned parameter is an
-    /// error); `weights` optionally gives per-record weights `[B]` in `[0, 1]` per group,
-    /// applied to the record's gradient before clipping (RAPTOR's residual weights).
+    /// `groups` maps every parameter to a group keyed by the caller's `K` (an unassigned
+    /// parameter is an error); `weights` optionally gives per-record weights `[B]` in `[0, 1]`
+    /// per group, applied to the record's gradient before clipping (RAPTOR's residual weights).
     /// Keeps `self` (see [`Self::into_clip`] for the memory-frugal form).
-    pub fn clip(
+    pub fn clip<K: GroupKey>(
         &self,
-        groups: &ParamGroups,
-        policy: &ClipPolicy,
-        weights: &BTreeMap<String, Tensor>,
-    ) -> Result<ClipOutput> {
+        groups: &ParamGroups<K>,
+        policy: &ClipPolicy<K>,
+        weights: &BTreeMap<K, Tensor>,
+    ) -> Result<ClipOutput<K>> {
         self.start_cache();
         let out = self.clip_with_cache(groups, policy, weights);
         let served = self.end_cache();
@@ -187,12 +198,12 @@ impl PerSampleGrads {
     }
 
     /// [`Self::clip`]'s work, with the materialized-gradient cache on.
-    pub(super) fn clip_with_cache(
+    pub(super) fn clip_with_cache<K: GroupKey>(
         &self,
-        groups: &ParamGroups,
-        policy: &ClipPolicy,
-        weights: &BTreeMap<String, Tensor>,
-    ) -> Result<ClipOutput> {
+        groups: &ParamGroups<K>,
+        policy: &ClipPolicy<K>,
+        weights: &BTreeMap<K, Tensor>,
+    ) -> Result<ClipOutput<K>> {
         let (group_sq_norms, clip_factors, coeffs, any_bad) =
             self.clip_coeffs(groups, policy, weights)?;
         let mut sums = BTreeMap::new();
@@ -215,12 +226,12 @@ impl PerSampleGrads {
     /// ops are visited last-recorded first and each op's output gradient and activations are
     /// freed as soon as its contribution to the clipped sums is added, so the peak memory is
     /// that of the backward pass's results, not results plus sums plus temporaries.
-    pub fn into_clip(
+    pub fn into_clip<K: GroupKey>(
         mut self,
-        groups: &ParamGroups,
-        policy: &ClipPolicy,
-        weights: &BTreeMap<String, Tensor>,
-    ) -> Result<ClipOutput> {
+        groups: &ParamGroups<K>,
+        policy: &ClipPolicy<K>,
+        weights: &BTreeMap<K, Tensor>,
+    ) -> Result<ClipOutput<K>> {
         self.start_cache();
         let (group_sq_norms, clip_factors, coeffs, any_bad) =
             self.clip_coeffs(groups, policy, weights)?;
@@ -257,13 +268,13 @@ pub fn clip_factors(sq_norms: &Tensor, bound: f64) -> Result<Tensor> {
     Ok(clip_coefficients(sq_norms, bound, None)?.f_to_kind(sq_norms.kind())?)
 }
 
-/// Result of [`PerSampleGrads::clip`].
+/// Result of [`PerSampleGrads::clip`], with groups keyed as the caller's [`ParamGroups`].
 #[derive(Debug)]
-pub struct ClipOutput {
+pub struct ClipOutput<K: GroupKey> {
     /// Per-record squared norm `[B]` of each group's (weighted) gradient.
-    pub group_sq_norms: BTreeMap<String, Tensor>,
+    pub group_sq_norms: BTreeMap<K, Tensor>,
     /// Per-record clip factor `[B]` of each group, `min(1, C/‖w_b g_b‖)`.
-    pub clip_factors: BTreeMap<String, Tensor>,
+    pub clip_factors: BTreeMap<K, Tensor>,
     /// Per parameter: `Σ_b factor_b · w_b · G_b` (no noise, no denominator).
     pub sums: BTreeMap<String, Tensor>,
     /// Parameters whose sum was taken from per-record gradients the norm pass materialized

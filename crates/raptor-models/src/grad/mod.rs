@@ -31,7 +31,7 @@
 //! - `sums`: weighted sums ([`PerSampleGrads::weighted_sum`]), one contraction per use;
 //! - `clip`: the clipping policies and the clip itself ([`PerSampleGrads::clip`],
 //!   [`PerSampleGrads::into_clip`], [`clip_factors`], [`ParamGroups`], [`ClipPolicy`],
-//!   [`ClipOutput`]);
+//!   [`GroupKey`], [`ClipOutput`]);
 //! - `tests`: unit tests of the internals.
 //!
 //! The engine clips; it adds no noise. The noise and the public denominator are the trainer's
@@ -45,7 +45,7 @@ mod sums;
 #[cfg(test)]
 mod tests;
 
-pub use clip::{ClipOutput, ClipPolicy, ParamGroups, clip_factors};
+pub use clip::{ClipOutput, ClipPolicy, GroupKey, ParamGroups, clip_factors};
 
 use crate::error::{ModelError, Result};
 use crate::tape::{Part, Rows, Site, Tape};

@@ -210,9 +210,9 @@ fn the_policy_is_checked_whole_whatever_the_batch_reaches() -> Result<()> {
             1 << 20,
         )
     };
-    let mut groups = ParamGroups::new();
-    groups.assign("w", "used");
-    groups.assign("never.used", "absent");
+    let mut groups: ParamGroups<String> = ParamGroups::new();
+    groups.assign("w", "used".into());
+    groups.assign("never.used", "absent".into());
     let role = |absent: Option<f64>| {
         let mut m = BTreeMap::from([("used".to_string(), 1.0)]);
         if let Some(c) = absent {
@@ -221,7 +221,7 @@ fn the_policy_is_checked_whole_whatever_the_batch_reaches() -> Result<()> {
         ClipPolicy::RoleWise(m)
     };
     let none = BTreeMap::new();
-    let msg = |r: Result<ClipOutput>| match r {
+    let msg = |r: Result<ClipOutput<String>>| match r {
         Err(ModelError::InvalidClip(m)) => m,
         other => format!("not an InvalidClip error: {other:?}"),
     };
@@ -881,9 +881,9 @@ fn routed_weights_take_the_cheaper_ragged_kernel_and_match_loops() -> Result<()>
         }
     }
     // One group each, bound 1.5: norms, factors, sums against the loop.
-    let mut groups = ParamGroups::new();
-    groups.assign("wide", "gw");
-    groups.assign("narrow", "gn");
+    let mut groups: ParamGroups<String> = ParamGroups::new();
+    groups.assign("wide", "gw".into());
+    groups.assign("narrow", "gn".into());
     let bound = 1.5;
     let policy = ClipPolicy::RoleWise(
         [("gw".to_string(), bound), ("gn".to_string(), bound)]

@@ -257,7 +257,7 @@ fn check_exact_full<M: Model>(
     );
     // The consuming clip (ClippedStep::run's path, which frees each op after its sums) over all
     // parameters with one global bound: its sums are the loop's gradients clipped and summed.
-    let groups = ParamGroups::from_fn(eng_params.iter().cloned(), |_| Some("all".into()));
+    let groups = ParamGroups::from_fn(eng_params.iter().cloned(), |_| Some("all"));
     let tot: Vec<f64> = (0..bsz as usize)
         .map(|b| {
             eng_params
@@ -299,8 +299,8 @@ pub fn check_clip<M: Model>(
     model: &M,
     batch: &Batch,
     owners: &BTreeMap<usize, Tensor>,
-    groups: &ParamGroups,
-    policy: &ClipPolicy,
+    groups: &ParamGroups<String>,
+    policy: &ClipPolicy<String>,
     weights: &BTreeMap<String, Tensor>,
     tol: f64,
 ) {
@@ -324,8 +324,8 @@ pub fn check_clip_limits<M: Model>(
     model: &M,
     batch: &Batch,
     owners: &BTreeMap<usize, Tensor>,
-    groups: &ParamGroups,
-    policy: &ClipPolicy,
+    groups: &ParamGroups<String>,
+    policy: &ClipPolicy<String>,
     weights: &BTreeMap<String, Tensor>,
     tol: f64,
     limits: EngineLimits,
@@ -344,10 +344,10 @@ pub fn check_clip_limits<M: Model>(
 
 fn check_clip_output(
     reference: &BTreeMap<String, Vec<Tensor>>,
-    out: &raptor_models::ClipOutput,
+    out: &raptor_models::ClipOutput<String>,
     batch: &Batch,
-    groups: &ParamGroups,
-    policy: &ClipPolicy,
+    groups: &ParamGroups<String>,
+    policy: &ClipPolicy<String>,
     weights: &BTreeMap<String, Tensor>,
     tol: f64,
 ) {

@@ -18,7 +18,7 @@
 //! The white-box audit's hook (Dirac canaries) is in `canaries`, data-parallel training's
 //! all-reduce in `collective`, records, batches and evaluation in `batch`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use rand::{RngCore, SeedableRng};
@@ -32,7 +32,7 @@ use tch::{Device, Kind, Tensor};
 use crate::dist::{Collective, Solo};
 use crate::error::{Result, TrainError};
 use crate::optim::{Optimizers, ReleaseNoise, lr_scale};
-use crate::streams::{Charge, Phase, PhaseCharge, Plan, ReleaseSpec, Residual};
+use crate::streams::{Charge, GroupId, Phase, PhaseCharge, Plan, ReleaseSpec, Residual};
 use raptor_models::PrefixCache;
 
 pub use batch::{evaluate_cached, per_record_losses_cached};
@@ -109,10 +109,22 @@ pub struct UpdateMetrics {
     pub nonfinite_residual_weights: u64,
 }
 
-/// Checks that `release` is the mechanism the ledger charges for `spec`: its noise multiplier
-/// is the planned σ and its sensitivity the planned Δ (`delta`, from the phase's clipping).
-fn release_matches_charge(spec: &ReleaseSpec, delta: f64, release: &TensorRelease) -> Result<()> {
-    if release.noise_multiplier() == spec.sigma && release.sensitivity() == delta {
+/// Checks that `release` is the mechanism the ledger charges for `spec`: its groups are the
+/// planned release's, its noise multiplier the planned σ and its sensitivity the planned Δ
+/// (`delta`, from the phase's clipping).
+fn release_matches_charge(
+    spec: &ReleaseSpec,
+    delta: f64,
+    release: &TensorRelease<GroupId>,
+) -> Result<()> {
+    if release.groups() != spec.groups.as_slice() {
+        Err(TrainError::Run(format!(
+            "release {} released the groups {:?}, but the ledger charges {:?}",
+            spec.name,
+            release.groups(),
+            spec.groups
+        )))
+    } else if release.noise_multiplier() == spec.sigma && release.sensitivity() == delta {
         Ok(())
     } else {
         Err(TrainError::Run(format!(
@@ -160,7 +172,7 @@ pub struct Trainer<'a> {
     plan: Plan,
     /// Each phase's grouped clipping (`Phase::clipping`), built once: the engine clips with
     /// it and each release's sensitivity comes from it.
-    clippings: Vec<Arc<(ParamGroups, ClipPolicy)>>,
+    clippings: Vec<Arc<(ParamGroups<GroupId>, ClipPolicy<GroupId>)>>,
     data: &'a [Example],
     owners: BTreeMap<usize, Vec<i64>>,
     vars: BTreeMap<String, Tensor>,
@@ -587,14 +599,14 @@ impl<'a> Trainer<'a> {
     fn private_sums(
         &self,
         phase: &Phase,
-        clipping: &(ParamGroups, ClipPolicy),
+        clipping: &(ParamGroups<GroupId>, ClipPolicy<GroupId>),
         chunk: &[usize],
         batch: &Batch,
         prefix: Option<&(usize, Tensor)>,
         step_seed: u64,
         owned: &mut BTreeMap<(usize, i64), usize>,
         nonfinite: &mut u64,
-    ) -> Result<(Tensor, raptor_models::ClipOutput)> {
+    ) -> Result<(Tensor, raptor_models::ClipOutput<GroupId>)> {
         let ids: Vec<u64> = chunk.iter().map(|&i| self.data[i].id).collect();
         let mut owners = BTreeMap::new();
         for &l in &phase.owner_layers {
@@ -609,7 +621,7 @@ impl<'a> Trainer<'a> {
             let (w, bad) = self.residual_weights(phase, batch, prefix)?;
             *nonfinite += bad;
             for g in phase.groups.iter().filter(|g| g.weighted) {
-                weights.insert(g.name.to_string(), w.shallow_clone());
+                weights.insert(g.name.clone(), w.shallow_clone());
             }
         }
         let (groups, policy) = clipping;
@@ -622,10 +634,10 @@ impl<'a> Trainer<'a> {
         let (losses, grads) = step.per_sample(batch, &owners, true)?;
         self.check_reached(phase, &grads.params())?;
         // Weights of groups with no gradient in this pass (no owned record) are dropped.
-        let present: Vec<String> = grads
+        let present: BTreeSet<&GroupId> = grads
             .params()
             .iter()
-            .filter_map(|p| groups.group_of(p).map(str::to_string))
+            .filter_map(|p| groups.group_of(p))
             .collect();
         weights.retain(|g, _| present.contains(g));
         let clip = grads.into_clip(groups, policy, &weights)?;
@@ -654,11 +666,9 @@ impl<'a> Trainer<'a> {
         // How each noised release this rank made is charged, with the σ it carries.
         let mut made: Vec<(Charge, f64)> = Vec::new();
         for (j, r) in phase.releases.iter().enumerate() {
-            let group_names: Vec<String> = r.groups.iter().map(ToString::to_string).collect();
-            let group_refs: Vec<&str> = group_names.iter().map(String::as_str).collect();
             // Δ from the policy the sums were clipped under (every group a release names is
             // the phase's: `Plan::check`).
-            let delta = policy.sensitivity(group_refs.iter().copied())?;
+            let delta = policy.sensitivity(&r.groups)?;
             let denom = PublicDenominator::new(r.denominator)?;
             if let Charge::Parallel(id) = r.charge
                 && owned
@@ -696,7 +706,7 @@ impl<'a> Trainer<'a> {
                     let clipped = ClippedSum::new(
                         clip_groups,
                         policy,
-                        &group_refs,
+                        &r.groups,
                         names.iter().cloned().zip(parts).collect(),
                     )?;
                     let release = pz.release_clipped(clipped, denom)?;
@@ -841,7 +851,7 @@ impl<'a> Trainer<'a> {
                         .f_lt(1.0 - 1e-9)?
                         .f_sum(Kind::Double)?
                         .f_double_value(&[])?;
-                    *clipped.entry(g.clone()).or_default() += n;
+                    *clipped.entry(g.to_string()).or_default() += n;
                 }
                 clip.sums
             } else {
@@ -930,17 +940,18 @@ impl<'a> Trainer<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::streams::GroupId;
     use raptor_clip::{ClipPolicy, ParamGroups};
 
-    /// A release whose σ or Δ is not what the ledger charges is refused.
+    /// A release whose groups, σ or Δ are not what the ledger charges is refused.
     #[test]
     fn a_release_must_be_the_mechanism_the_ledger_charges() {
         let mut groups = ParamGroups::new();
-        groups.assign("w", "shared");
-        let policy = ClipPolicy::RoleWise([("shared".to_string(), 2.0)].into());
+        groups.assign("w", GroupId::Shared);
+        let policy = ClipPolicy::RoleWise([(GroupId::Shared, 2.0)].into());
         let spec = ReleaseSpec {
             name: "shared".into(),
-            groups: vec![crate::streams::GroupId::Shared],
+            groups: vec![GroupId::Shared],
             sigma: 1.5,
             denominator: 4.0,
             charge: Charge::Sequential,
@@ -949,7 +960,7 @@ mod tests {
             let sum = ClippedSum::new(
                 &groups,
                 &policy,
-                &["shared"],
+                &[GroupId::Shared],
                 vec![("w".into(), Tensor::from_slice(&[1.0f32, -1.0]))],
             )
             .unwrap();
@@ -963,5 +974,13 @@ mod tests {
         assert!(e.to_string().contains("σ 0.75"), "{e}");
         let e = release_matches_charge(&spec, 1.0, &release(1.5)).unwrap_err();
         assert!(e.to_string().contains("sensitivity 2"), "{e}");
+        // A release of other groups than the planned release's is refused.
+        let mut other = spec.clone();
+        other.groups = vec![GroupId::All];
+        let e = release_matches_charge(&other, 2.0, &release(1.5)).unwrap_err();
+        assert!(
+            e.to_string().contains("released the groups [Shared]"),
+            "{e}"
+        );
     }
 }
