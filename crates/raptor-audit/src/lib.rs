@@ -506,7 +506,7 @@ fn audit_impl(
             opts.confidence
         )));
     }
-    let classifier = is_classifier(cfg);
+    let classifier = is_classifier(&cfg.model);
     let kind = opts.kind.unwrap_or(if cfg.method.name().is_private() {
         CanaryKind::Dirac
     } else if classifier {

@@ -383,7 +383,15 @@ mod tests {
         ) = (16, 2, 2, 32, 3);
         cfg.method = raptor_train::config::MethodConfig::new(Method::Raptor);
         cfg.lora.r = 2;
-        let mut model = crate::session::build_model(&cfg, 50, 2, Device::Cpu).unwrap();
+        let mut model = crate::session::build_model(
+            &cfg.model,
+            cfg.data.max_length,
+            cfg.train.seed,
+            50,
+            2,
+            Device::Cpu,
+        )
+        .unwrap();
         let layer = *model.sparse_layers().last().unwrap();
         raptor_models::rng::seeded(3, || {
             raptor_train::methods::setup_scope((&cfg).into(), model.as_mut(), Some(layer))

@@ -399,7 +399,7 @@ fn probe(
     record.extend(post.iter().map(|&t| i64::from(t)));
     let records = vec![record; n];
     let labels = vec![0i64; n];
-    let classify = crate::session::is_classifier(cfg);
+    let classify = crate::session::is_classifier(&cfg.model);
     let batch = raptor_models::Batch::from_records(
         &records,
         session.pad_id,

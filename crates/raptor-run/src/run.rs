@@ -291,7 +291,7 @@ fn run_diagnostics(
     if !(expert_noise.is_some()
         && !validation.is_empty()
         && model.num_experts() > 0
-        && crate::session::is_classifier(cfg))
+        && crate::session::is_classifier(&cfg.model))
     {
         return Ok(None);
     }

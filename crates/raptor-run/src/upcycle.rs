@@ -92,12 +92,18 @@ fn public_tokens(model: &Path, r: &RouterData, vocab: i64) -> Result<Vec<Vec<i64
     let records: Vec<raptor_data::Record> = (0..take)
         .filter_map(|i| ds.records.get(i * n / take).cloned())
         .collect();
-    let mut cfg = raptor_train::config::RunConfig::default();
-    cfg.model.kind = raptor_train::config::ModelKind::Bert;
-    cfg.model.path = Some(model.to_path_buf());
-    cfg.model.tokenizer = r.tokenizer.clone();
-    cfg.data.max_length = r.max_length;
-    let tok = crate::session::open_run_tokenizer(&cfg)?;
-    let examples = crate::session::to_examples(&cfg, tok.as_ref(), &records, None, vocab)?;
+    let bert = raptor_train::config::ModelConfig {
+        kind: raptor_train::config::ModelKind::Bert,
+        path: Some(model.to_path_buf()),
+        tokenizer: r.tokenizer.clone(),
+        ..Default::default()
+    };
+    let tok = crate::session::open_run_tokenizer(&bert)?;
+    let enc = crate::session::Encoding {
+        max_length: r.max_length,
+        language_model: false,
+        eos: crate::session::eos_id(&bert),
+    };
+    let examples = crate::session::to_examples(enc, tok.as_ref(), &records, None, vocab)?;
     Ok(examples.into_iter().map(|e| e.tokens).collect())
 }

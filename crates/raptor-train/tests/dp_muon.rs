@@ -469,7 +469,15 @@ fn on_a_lora_scope_dp_muon_updates_the_adapters_with_muon() {
             c.train.seed = 5;
             // Seeded model and LoRA draws from libtorch's one generator (see `rng_lock`).
             let rng = rng_lock();
-            let mut m = raptor_run::session::build_model(&c, vocab, 2, Device::Cpu).unwrap();
+            let mut m = raptor_run::session::build_model(
+                &c.model,
+                c.data.max_length,
+                c.train.seed,
+                vocab,
+                2,
+                Device::Cpu,
+            )
+            .unwrap();
             let (plan, _) = build_plan((&c).into(), &mut *m, data.len(), None).unwrap();
             drop(rng);
             let lora: Vec<&(String, Optim)> = plan

@@ -153,9 +153,15 @@ fn public_tokens(
     cfg.model.path = Some(folder.to_path_buf());
     cfg.model.tokenizer = backbone.tokenizer.clone();
     cfg.data.max_length = spec.max_len;
-    let tok = raptor_run::session::open_run_tokenizer(&cfg)?;
+    let tok = raptor_run::session::open_run_tokenizer(&cfg.model)?;
     let vocab = raptor_models::hf_config::HfConfig::from_file(folder)?.vocab_size();
-    let ex = raptor_run::session::to_examples(&cfg, tok.as_ref(), &records, None, vocab)?;
+    let ex = raptor_run::session::to_examples(
+        raptor_run::session::Encoding::of(&cfg.data, &cfg.model),
+        tok.as_ref(),
+        &records,
+        None,
+        vocab,
+    )?;
     Ok((
         ex.into_iter().map(|e| e.tokens).collect(),
         idx.iter().map(|&i| parts[i]).collect(),

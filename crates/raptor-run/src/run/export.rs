@@ -17,9 +17,9 @@ pub(crate) struct RunModel {
 /// Rebuilds the model of run folder `run` (config `cfg`): the base model, the trainable scope
 /// (LoRA adapters) as training set it up, and the trained weights of its checkpoint.
 pub(crate) fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
-    let classify = crate::session::is_classifier(&cfg);
+    let classify = crate::session::is_classifier(&cfg.model);
     let device = crate::device::open_device(cfg.train.device)?;
-    let tok = crate::session::open_run_tokenizer(&cfg)?;
+    let tok = crate::session::open_run_tokenizer(&cfg.model)?;
     let labels = if classify {
         let lp = run.join("labels.json");
         let names: Vec<String> = serde_json::from_slice(&std::fs::read(&lp).map_err(io(&lp))?)?;
@@ -28,7 +28,14 @@ pub(crate) fn load_run_model(run: &Path, cfg: RunConfig) -> Result<RunModel> {
         None
     };
     let num_labels = labels.as_ref().map_or(0, |l| l.len() as i64);
-    let mut model = crate::session::build_model(&cfg, tok.vocab_size() as i64, num_labels, device)?;
+    let mut model = crate::session::build_model(
+        &cfg.model,
+        cfg.data.max_length,
+        cfg.train.seed,
+        tok.vocab_size() as i64,
+        num_labels,
+        device,
+    )?;
     // Rebuild the trainable scope (LoRA adapters) as training did, then load its weights.
     let layer = if cfg.method.name().needs_experts() {
         let rec: serde_json::Value = serde_json::from_slice(
@@ -199,7 +206,8 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
         labels,
         device,
     } = load_run_model(run, cfg)?;
-    let classify = crate::session::is_classifier(&cfg);
+    let classify = crate::session::is_classifier(&cfg.model);
+    let enc = crate::session::Encoding::of(&cfg.data, &cfg.model);
     let path = data
         .map(Path::to_path_buf)
         .or(cfg.data.validation.clone())
@@ -208,9 +216,9 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
         })?;
     let pad = i64::from(tok.pad_id());
     if cfg.data.format.is_data_to_text() {
-        let ds = crate::session::read_d2t(&cfg, &path)?;
+        let ds = crate::session::read_d2t(&cfg.data, &path)?;
         let ex =
-            crate::session::to_d2t_examples(&cfg, tok.as_ref(), &ds.records, model.vocab_size())?;
+            crate::session::to_d2t_examples(enc, tok.as_ref(), &ds.records, model.vocab_size())?;
         let metrics = evaluate(model.as_ref(), &ex, cfg.train.micro_batch, pad, device)?;
         let mut sources = Vec::new();
         for g in ds.group_by_source() {
@@ -231,9 +239,9 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
             generation,
         });
     }
-    let ds = crate::session::read_records(&cfg, &path, classify)?;
+    let ds = crate::session::read_records(&cfg.data, &path, classify)?;
     let ex = crate::session::to_examples(
-        &cfg,
+        enc,
         tok.as_ref(),
         &ds.records,
         labels.as_ref(),

@@ -247,7 +247,7 @@ pub fn generation_metrics(
     let gcfg = raptor_models::generate::GenerateConfig {
         max_new_tokens: cfg.eval.max_new_tokens,
         beams: cfg.eval.beams,
-        eos: i64::from(crate::session::eos_id(cfg)),
+        eos: i64::from(crate::session::eos_id(&cfg.model)),
         pad: i64::from(tok.pad_id()),
         length_penalty: 1.0,
         max_positions: cfg.data.max_length.max(2),

@@ -11,7 +11,7 @@ use raptor_data::{LabelMap, TableSpec};
 use raptor_models::tokenizer::{ByteTokenizer, CorpusTokenizer, Gpt2Tokenizer, TextTokenizer};
 
 use crate::error::{Result, RunError};
-use raptor_train::config::{Choice, RunConfig, TokenizerSpec};
+use raptor_train::config::{Choice, DataConfig, ModelConfig, TokenizerSpec};
 use raptor_train::trainer::Example;
 
 pub(super) fn data_err(e: raptor_data::DataError) -> RunError {
@@ -59,11 +59,11 @@ pub(super) fn model_source(path: &Path) -> Result<(PathBuf, bool)> {
     Ok((path.to_path_buf(), false))
 }
 
-/// Opens the tokenizer of `cfg`: [`open_tokenizer`], or with `model.tokenizer = "gguf"` the
+/// Opens the tokenizer of `[model]`: [`open_tokenizer`], or with `model.tokenizer = "gguf"` the
 /// byte-level BPE stored in the GGUF model file of `model.path`.
-pub fn open_model_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
-    let file = match &cfg.model.tokenizer {
-        TokenizerSpec::Gguf => gguf_tokenizer_file(cfg)?,
+pub fn open_model_tokenizer(model: &ModelConfig) -> Result<Box<dyn TextTokenizer>> {
+    let file = match &model.tokenizer {
+        TokenizerSpec::Gguf => gguf_tokenizer_file(model)?,
         other @ (TokenizerSpec::Bytes
         | TokenizerSpec::Gpt2
         | TokenizerSpec::Model
@@ -73,8 +73,8 @@ pub fn open_model_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
     Ok(Box::new(raptor_models::gguf_model::gguf_tokenizer(&f)?))
 }
 
-fn gguf_tokenizer_file(cfg: &RunConfig) -> Result<PathBuf> {
-    let p = cfg.model.path.as_ref().ok_or_else(|| {
+fn gguf_tokenizer_file(model: &ModelConfig) -> Result<PathBuf> {
+    let p = model.path.as_ref().ok_or_else(|| {
         RunError::Config("model.tokenizer = \"gguf\" needs model.path naming a GGUF model".into())
     })?;
     gguf_model_file(p).ok_or_else(|| {
@@ -86,10 +86,10 @@ fn gguf_tokenizer_file(cfg: &RunConfig) -> Result<PathBuf> {
 }
 
 /// The end-of-sequence id of a GGUF file's tokenizer (read once per file and process).
-fn gguf_eos(cfg: &RunConfig) -> u32 {
+fn gguf_eos(model: &ModelConfig) -> u32 {
     use std::sync::{Mutex, OnceLock};
     static SEEN: OnceLock<Mutex<BTreeMap<PathBuf, u32>>> = OnceLock::new();
-    let Ok(file) = gguf_tokenizer_file(cfg) else {
+    let Ok(file) = gguf_tokenizer_file(model) else {
         return 0;
     };
     let seen = SEEN.get_or_init(|| Mutex::new(BTreeMap::new()));
@@ -112,10 +112,10 @@ fn gguf_eos(cfg: &RunConfig) -> u32 {
 /// `<model.path>/tokenizer.json`; a `tokenizer.json` of a `bert` model also wraps each record
 /// in its template's special tokens (`[CLS] … [SEP]`, see
 /// [`TextTokenizer::special_ids`]).
-pub fn open_run_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
-    let tokenizer = &cfg.model.tokenizer;
-    let spec = match (tokenizer, &cfg.model.path) {
-        (TokenizerSpec::Gguf, _) => return open_model_tokenizer(cfg),
+pub fn open_run_tokenizer(model: &ModelConfig) -> Result<Box<dyn TextTokenizer>> {
+    let tokenizer = &model.tokenizer;
+    let spec = match (tokenizer, &model.path) {
+        (TokenizerSpec::Gguf, _) => return open_model_tokenizer(model),
         (TokenizerSpec::Model, Some(p)) => p.join("tokenizer.json").to_string_lossy().into_owned(),
         (TokenizerSpec::Model, None) => {
             return Err(RunError::Config(
@@ -130,7 +130,7 @@ pub fn open_run_tokenizer(cfg: &RunConfig) -> Result<Box<dyn TextTokenizer>> {
         TokenizerSpec::Model | TokenizerSpec::File(_) => true,
         TokenizerSpec::Bytes | TokenizerSpec::Gpt2 | TokenizerSpec::Gguf => false,
     };
-    if cfg.model.kind.is_bert() && json_file {
+    if model.kind.is_bert() && json_file {
         if !Path::new(&spec).exists() {
             return Err(RunError::Config(format!(
                 "model.tokenizer: {spec} does not exist{}",
@@ -155,14 +155,41 @@ pub(super) fn setup_hint(path: &Path) -> &'static str {
 }
 
 /// Whether the model classifies (else: language modelling over the text column).
-pub fn is_classifier(cfg: &RunConfig) -> bool {
-    !cfg.model.kind.is_language_model()
+pub fn is_classifier(model: &ModelConfig) -> bool {
+    !model.kind.is_language_model()
+}
+
+/// How records become token sequences: the length limit, whether the model is a language model
+/// (records end with EOS) and its end-of-sequence id; resolved once from `[data]` and `[model]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoding {
+    /// `data.max_length`: tokens per record at most.
+    pub max_length: usize,
+    /// Whether the model is a language model (else a classifier).
+    pub language_model: bool,
+    /// The tokenizer's end-of-sequence id ([`eos_id`]).
+    pub eos: u32,
+}
+
+impl Encoding {
+    /// The encoding of a run with these `[data]` and `[model]` sections.
+    pub fn of(data: &DataConfig, model: &ModelConfig) -> Self {
+        Self {
+            max_length: data.max_length,
+            language_model: !is_classifier(model),
+            eos: eos_id(model),
+        }
+    }
 }
 
 /// Reads a table with the config's columns.
-pub fn read_records(cfg: &RunConfig, path: &Path, labelled: bool) -> Result<raptor_data::Dataset> {
-    let label = labelled.then_some(cfg.data.label_column.as_str());
-    let spec = TableSpec::new(&cfg.data.text_column, label);
+pub fn read_records(
+    data: &DataConfig,
+    path: &Path,
+    labelled: bool,
+) -> Result<raptor_data::Dataset> {
+    let label = labelled.then_some(data.label_column.as_str());
+    let spec = TableSpec::new(&data.text_column, label);
     let ds = raptor_data::read_table(path, &spec).map_err(data_err)?;
     if ds.is_empty() {
         return Err(RunError::Data(format!(
@@ -175,14 +202,14 @@ pub fn read_records(cfg: &RunConfig, path: &Path, labelled: bool) -> Result<rapt
 
 /// Tokenizes records into examples (ids = the records' ids in their file).
 pub fn to_examples(
-    cfg: &RunConfig,
+    enc: Encoding,
     tok: &dyn TextTokenizer,
     records: &[raptor_data::Record],
     labels: Option<&LabelMap>,
     vocab: i64,
 ) -> Result<Vec<Example>> {
     let mut out = Vec::with_capacity(records.len());
-    let lm = !is_classifier(cfg);
+    let lm = enc.language_model;
     let (pre, post) = tok.special_ids();
     let (pre, post): (Vec<i64>, Vec<i64>) = (
         pre.into_iter().map(i64::from).collect(),
@@ -191,15 +218,15 @@ pub fn to_examples(
     for r in records {
         let mut ids: Vec<i64> = tok.encode(&r.text)?.into_iter().map(i64::from).collect();
         if lm {
-            ids.truncate(cfg.data.max_length.saturating_sub(1));
-            ids.push(eos_id(cfg) as i64);
+            ids.truncate(enc.max_length.saturating_sub(1));
+            ids.push(i64::from(enc.eos));
         } else if !pre.is_empty() || !post.is_empty() {
-            ids.truncate(cfg.data.max_length.saturating_sub(pre.len() + post.len()));
+            ids.truncate(enc.max_length.saturating_sub(pre.len() + post.len()));
             if !ids.is_empty() {
                 ids = pre.iter().chain(&ids).chain(&post).copied().collect();
             }
         } else {
-            ids.truncate(cfg.data.max_length);
+            ids.truncate(enc.max_length);
         }
         if ids.is_empty() || (lm && ids.len() < 2) {
             return Err(RunError::Data(format!(
@@ -229,8 +256,8 @@ pub fn to_examples(
 }
 
 /// Reads a data-to-text file (`data.format` = `e2e` or `dart`).
-pub fn read_d2t(cfg: &RunConfig, path: &Path) -> Result<raptor_data::D2tDataset> {
-    let ds = raptor_data::read_d2t(cfg.data.format.name(), path).map_err(data_err)?;
+pub fn read_d2t(data: &DataConfig, path: &Path) -> Result<raptor_data::D2tDataset> {
+    let ds = raptor_data::read_d2t(data.format.name(), path).map_err(data_err)?;
     if ds.is_empty() {
         return Err(RunError::Data(format!(
             "{} holds no record",
@@ -254,13 +281,13 @@ pub fn d2t_prompt(tok: &dyn TextTokenizer, source: &str, max_length: usize) -> R
 /// Tokenizes (source, reference) records: prompt tokens, then the reference and EOS; the loss is
 /// on the reference and EOS only.
 pub fn to_d2t_examples(
-    cfg: &RunConfig,
+    enc: Encoding,
     tok: &dyn TextTokenizer,
     records: &[raptor_data::D2tRecord],
     vocab: i64,
 ) -> Result<Vec<Example>> {
-    let max = cfg.data.max_length;
-    let eos = i64::from(eos_id(cfg));
+    let max = enc.max_length;
+    let eos = i64::from(enc.eos);
     let mut out = Vec::with_capacity(records.len());
     for r in records {
         let prompt = d2t_prompt(tok, &r.source, max)?;
@@ -290,11 +317,11 @@ pub fn to_d2t_examples(
 }
 
 /// The end-of-sequence id of the configured tokenizer.
-pub fn eos_id(cfg: &RunConfig) -> u32 {
-    match cfg.model.tokenizer {
+pub fn eos_id(model: &ModelConfig) -> u32 {
+    match model.tokenizer {
         TokenizerSpec::Bytes => ByteTokenizer::EOS,
         TokenizerSpec::Gpt2 => raptor_models::tokenizer::GPT2_EOS,
-        TokenizerSpec::Gguf => gguf_eos(cfg),
+        TokenizerSpec::Gguf => gguf_eos(model),
         TokenizerSpec::Model | TokenizerSpec::File(_) => 0,
     }
 }

@@ -13,15 +13,17 @@ use tch::Device;
 
 use crate::device::open_device;
 use crate::error::{Result, RunError};
-use raptor_train::config::{LayerSpec, Method, ModelKind, Pooling, RunConfig};
+use raptor_train::config::{
+    DataConfig, LayerSpec, Method, MethodConfig, ModelConfig, ModelKind, Pooling, RunConfig,
+};
 use raptor_train::methods::{LayerChoice, PrivacyPlan, build_plan, choose_layer, owner_rule};
 use raptor_train::streams::Plan;
 use raptor_train::trainer::Example;
 
 mod inputs;
 pub use inputs::{
-    d2t_prompt, eos_id, gguf_model_file, is_classifier, open_model_tokenizer, open_run_tokenizer,
-    open_tokenizer, read_d2t, read_records, to_d2t_examples, to_examples,
+    Encoding, d2t_prompt, eos_id, gguf_model_file, is_classifier, open_model_tokenizer,
+    open_run_tokenizer, open_tokenizer, read_d2t, read_records, to_d2t_examples, to_examples,
 };
 use inputs::{data_err, model_source, setup_hint};
 
@@ -79,22 +81,24 @@ impl std::fmt::Debug for Session {
     }
 }
 
-fn bert_pooling(cfg: &RunConfig) -> BertPooling {
-    match cfg.model.pooling {
+fn bert_pooling(pooling: Pooling) -> BertPooling {
+    match pooling {
         Pooling::Pooler => BertPooling::Pooler,
         Pooling::Mean => BertPooling::Mean,
     }
 }
 
-/// Builds the model (from a Hugging Face folder, a GGUF file or from scratch; seeded by
-/// `train.seed`) with raptor-models' factory.
+/// Builds the model of `[model]` (from a Hugging Face folder, a GGUF file or from scratch,
+/// seeded by `seed`, the run's `train.seed`) with raptor-models' factory; `max_length` is
+/// `data.max_length` (a model built from scratch has that many positions).
 pub fn build_model(
-    cfg: &RunConfig,
+    m: &ModelConfig,
+    max_length: usize,
+    seed: u64,
     vocab: i64,
     num_labels: i64,
     device: Device,
 ) -> Result<Box<dyn Model>> {
-    let m = &cfg.model;
     let source = match &m.path {
         None => None,
         Some(p) if m.kind.is_bert() => {
@@ -132,9 +136,9 @@ pub fn build_model(
         },
         vocab,
         num_labels,
-        pooling: bert_pooling(cfg),
-        max_positions: cfg.data.max_length as i64,
-        seed: cfg.train.seed as i64,
+        pooling: bert_pooling(m.pooling),
+        max_positions: max_length as i64,
+        seed: seed as i64,
     };
     raptor_models::factory::build(&spec, device).map_err(|e| match e {
         // A checkpoint of another family: say which settings disagree.
@@ -224,8 +228,8 @@ pub fn prepare_with(cfg: &RunConfig, hook: Option<TrainHook<'_>>) -> Result<Sess
 
 /// The label set of a classifier: `data.labels` when declared (public), else the labels of
 /// the training records; at least two.
-fn label_map(cfg: &RunConfig, train_ds: &raptor_data::Dataset) -> Result<LabelMap> {
-    let m = match &cfg.data.labels {
+fn label_map(data: &DataConfig, train_ds: &raptor_data::Dataset) -> Result<LabelMap> {
+    let m = match &data.labels {
         Some(list) => LabelMap::from_list(list.clone())
             .map_err(|e| RunError::Config(format!("data.labels: {e}")))?,
         None => LabelMap::from_records(&train_ds.records).map_err(data_err)?,
@@ -233,8 +237,8 @@ fn label_map(cfg: &RunConfig, train_ds: &raptor_data::Dataset) -> Result<LabelMa
     if m.len() < 2 {
         return Err(RunError::Data(format!(
             "{}: column {} holds fewer than two distinct labels ({:?})",
-            cfg.data.train.display(),
-            cfg.data.label_column,
+            data.train.display(),
+            data.label_column,
             m.labels()
         )));
     }
@@ -242,24 +246,23 @@ fn label_map(cfg: &RunConfig, train_ds: &raptor_data::Dataset) -> Result<LabelMa
 }
 
 /// Training and validation records: `data.validation` when given, else a seeded split of the
-/// training file by `data.validation_fraction`, else no validation.
+/// training file by `data.validation_fraction` (seeded by `seed`, the run's `train.seed`), else
+/// no validation.
 fn split_records(
-    cfg: &RunConfig,
+    data: &DataConfig,
+    seed: u64,
     train_ds: &raptor_data::Dataset,
     classify: bool,
 ) -> Result<(Vec<raptor_data::Record>, Vec<raptor_data::Record>)> {
-    Ok(match &cfg.data.validation {
+    Ok(match &data.validation {
         Some(p) => (
             train_ds.records.clone(),
-            read_records(cfg, p, classify)?.records,
+            read_records(data, p, classify)?.records,
         ),
-        None if cfg.data.validation_fraction > 0.0 => {
-            let split = raptor_data::validation_split(
-                &train_ds.ids(),
-                cfg.data.validation_fraction,
-                cfg.train.seed,
-            )
-            .map_err(data_err)?;
+        None if data.validation_fraction > 0.0 => {
+            let split =
+                raptor_data::validation_split(&train_ds.ids(), data.validation_fraction, seed)
+                    .map_err(data_err)?;
             (
                 train_ds.select(&split.kept),
                 train_ds.select(&split.held_out),
@@ -274,22 +277,23 @@ fn split_records(
 /// without experts get none (a classifier trained with (DP-Adam) LoRA must still have a sparse
 /// layer: its experts are part of the scope).
 fn public_layer(
-    cfg: &RunConfig,
+    method: &MethodConfig,
+    data: &DataConfig,
+    enc: Encoding,
     model: &dyn Model,
     tokenizer: &dyn TextTokenizer,
     pad_id: i64,
     device: Device,
 ) -> Result<Option<LayerChoice>> {
-    let classify = is_classifier(cfg);
     let model_vocab = model.vocab_size();
-    if cfg.method.name().needs_experts() {
+    if method.name().needs_experts() {
         let sparse = model.sparse_layers();
         // Only the entropy rule reads the public corpus's routing.
-        let public = match (&cfg.data.public, cfg.method.layer()) {
+        let public = match (&data.public, method.layer()) {
             (Some(p), Some(LayerSpec::Entropy)) => {
-                let ds = read_records(cfg, p, false)?;
-                let ex = to_examples(cfg, tokenizer, &ds.records, None, model_vocab)?;
-                let bs = batches(&ex, 64, pad_id, device, classify)?;
+                let ds = read_records(data, p, false)?;
+                let ex = to_examples(enc, tokenizer, &ds.records, None, model_vocab)?;
+                let bs = batches(&ex, 64, pad_id, device, !enc.language_model)?;
                 let routing = raptor_models::collect_routing(model, bs.iter())?;
                 let mut corpus = raptor_routing::PublicCorpus::new();
                 for (l, r) in routing {
@@ -299,10 +303,10 @@ fn public_layer(
             }
             _ => None,
         };
-        Ok(Some(choose_layer(&cfg.method, &sparse, public.as_ref())?))
+        Ok(Some(choose_layer(method, &sparse, public.as_ref())?))
     } else {
-        if !cfg.model.kind.is_language_model()
-            && matches!(cfg.method.name(), Method::DpAdamLora | Method::Lora)
+        if !enc.language_model
+            && matches!(method.name(), Method::DpAdamLora | Method::Lora)
             && model.sparse_layers().is_empty()
         {
             return Err(RunError::Config("the model has no sparse layer".into()));
@@ -315,7 +319,7 @@ fn public_layer(
 /// frozen model (expert LoRA B = 0 at this point, so the routing is the pretrained one). Each
 /// record is routed on its own: its owner cannot depend on the other records.
 fn owner_maps(
-    cfg: &RunConfig,
+    rule: raptor_routing::OwnerRule,
     model: &dyn Model,
     plan: &Plan,
     train: &[Example],
@@ -330,13 +334,7 @@ fn owner_maps(
         .collect();
     if !owner_layers.is_empty() {
         let tokens: Vec<Vec<i64>> = train.iter().map(|e| e.tokens.clone()).collect();
-        let maps = raptor_models::owners_per_record(
-            model,
-            &tokens,
-            pad_id,
-            owner_rule(&cfg.method),
-            device,
-        )?;
+        let maps = raptor_models::owners_per_record(model, &tokens, pad_id, rule, device)?;
         for l in owner_layers {
             let v = maps
                 .get(&l)
@@ -372,9 +370,10 @@ fn public_clip_bounds(
     pad_id: i64,
     device: Device,
 ) -> Result<crate::public_clip::PublicClip> {
-    let ds = read_records(cfg, public_file, is_classifier(cfg))?;
+    let enc = Encoding::of(&cfg.data, &cfg.model);
+    let ds = read_records(&cfg.data, public_file, !enc.language_model)?;
     let records = strided(&ds.records, cfg.train.clip_public_records);
-    let public = to_examples(cfg, tokenizer, &records, labels, model.vocab_size())?;
+    let public = to_examples(enc, tokenizer, &records, labels, model.vocab_size())?;
     let layers: Vec<usize> = plan
         .phases
         .iter()
@@ -410,37 +409,45 @@ pub fn prepare_counting(
             cfg.data.train.display()
         )));
     }
-    let classify = is_classifier(cfg);
-    let tokenizer = open_run_tokenizer(cfg)?;
+    let classify = is_classifier(&cfg.model);
+    let tokenizer = open_run_tokenizer(&cfg.model)?;
     let vocab = tokenizer.vocab_size() as i64;
     let pad_id = i64::from(tokenizer.pad_id());
     if cfg.data.format.is_data_to_text() {
         return prepare_d2t(cfg, device, tokenizer, vocab, pad_id, hook, extra_records);
     }
-    let train_ds = read_records(cfg, &cfg.data.train, classify)?;
+    let train_ds = read_records(&cfg.data, &cfg.data.train, classify)?;
     let labels = if classify {
-        Some(label_map(cfg, &train_ds)?)
+        Some(label_map(&cfg.data, &train_ds)?)
     } else {
         None
     };
-    let (train_recs, valid_recs) = split_records(cfg, &train_ds, classify)?;
+    let (train_recs, valid_recs) = split_records(&cfg.data, cfg.train.seed, &train_ds, classify)?;
     if train_recs.is_empty() {
         return Err(RunError::Data(
             "no training record is left after the validation split".into(),
         ));
     }
     let num_labels = labels.as_ref().map_or(0, |m| m.len() as i64);
-    let mut model = build_model(cfg, vocab, num_labels, device)?;
+    let mut model = build_model(
+        &cfg.model,
+        cfg.data.max_length,
+        cfg.train.seed,
+        vocab,
+        num_labels,
+        device,
+    )?;
     let model_vocab = model.vocab_size();
+    let enc = Encoding::of(&cfg.data, &cfg.model);
     let mut train = to_examples(
-        cfg,
+        enc,
         tokenizer.as_ref(),
         &train_recs,
         labels.as_ref(),
         model_vocab,
     )?;
     let validation = to_examples(
-        cfg,
+        enc,
         tokenizer.as_ref(),
         &valid_recs,
         labels.as_ref(),
@@ -455,13 +462,21 @@ pub fn prepare_counting(
             num_labels: num_labels as usize,
             vocab: model_vocab,
             pad_id,
-            eos_id: i64::from(eos_id(cfg)),
-            max_length: cfg.data.max_length,
+            eos_id: i64::from(enc.eos),
+            max_length: enc.max_length,
             max_id: 0,
         },
     )?;
     // RAPTOR's layer from public routing (no private record is involved).
-    let layer = public_layer(cfg, model.as_ref(), tokenizer.as_ref(), pad_id, device)?;
+    let layer = public_layer(
+        &cfg.method,
+        &cfg.data,
+        enc,
+        model.as_ref(),
+        tokenizer.as_ref(),
+        pad_id,
+        device,
+    )?;
     let (plan, privacy) =
         raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
             build_plan(
@@ -474,7 +489,14 @@ pub fn prepare_counting(
     if cfg.lora.dropout > 0.0 && train.iter().any(|e| e.id == u64::MAX) {
         return Err(RunError::Config("LoRA dropout needs record ids".into()));
     }
-    let owners = owner_maps(cfg, model.as_ref(), &plan, &train, pad_id, device)?;
+    let owners = owner_maps(
+        owner_rule(&cfg.method),
+        model.as_ref(),
+        &plan,
+        &train,
+        pad_id,
+        device,
+    )?;
     if model.task() == Task::Classification && labels.is_none() {
         return Err(RunError::Config("a classifier needs a label column".into()));
     }
@@ -520,9 +542,9 @@ fn prepare_d2t(
     hook: Option<TrainHook<'_>>,
     extra_records: usize,
 ) -> Result<Session> {
-    let train_ds = read_d2t(cfg, &cfg.data.train)?;
+    let train_ds = read_d2t(&cfg.data, &cfg.data.train)?;
     let (train_recs, valid_recs) = match &cfg.data.validation {
-        Some(p) => (train_ds.records.clone(), read_d2t(cfg, p)?.records),
+        Some(p) => (train_ds.records.clone(), read_d2t(&cfg.data, p)?.records),
         None if cfg.data.validation_fraction > 0.0 => {
             let ids: Vec<usize> = train_ds.records.iter().map(|r| r.id).collect();
             let split =
@@ -549,10 +571,18 @@ fn prepare_d2t(
             "no training record is left after the validation split".into(),
         ));
     }
-    let mut model = build_model(cfg, vocab, 0, device)?;
+    let mut model = build_model(
+        &cfg.model,
+        cfg.data.max_length,
+        cfg.train.seed,
+        vocab,
+        0,
+        device,
+    )?;
     let model_vocab = model.vocab_size();
-    let mut train = to_d2t_examples(cfg, tokenizer.as_ref(), &train_recs, model_vocab)?;
-    let validation = to_d2t_examples(cfg, tokenizer.as_ref(), &valid_recs, model_vocab)?;
+    let enc = Encoding::of(&cfg.data, &cfg.model);
+    let mut train = to_d2t_examples(enc, tokenizer.as_ref(), &train_recs, model_vocab)?;
+    let validation = to_d2t_examples(enc, tokenizer.as_ref(), &valid_recs, model_vocab)?;
     apply_hook(
         hook,
         &mut train,
@@ -562,8 +592,8 @@ fn prepare_d2t(
             num_labels: 0,
             vocab: model_vocab,
             pad_id,
-            eos_id: i64::from(eos_id(cfg)),
-            max_length: cfg.data.max_length,
+            eos_id: i64::from(enc.eos),
+            max_length: enc.max_length,
             max_id: 0,
         },
     )?;
