@@ -335,7 +335,7 @@ pub(super) fn audit_dirac(
     if let Tamper::Fault(f) = tamper {
         canaries.fault = Some(f);
     }
-    let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg)));
+    let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg.method.name())));
     let (dir, mut record, _model) = train_prepared_with_canaries(session, canaries, dir, progress)?;
     let traces: Vec<raptor_eval::audit::DiracTrace> = traces
         .lock()

@@ -571,7 +571,7 @@ fn audit_impl(
         pad,
         device,
     )?;
-    let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg)));
+    let dir = runs_dir.join(format!("audit-{}", new_run_id(cfg.method.name())));
     let (dir, mut record, model) = train_prepared(session, dir, progress)?;
     let fin = per_record_losses(model.as_ref(), &canaries.examples, micro, pad, device)?;
     let scores: Vec<f64> = initial.iter().zip(&fin).map(|(a, b)| a - b).collect();

@@ -232,12 +232,10 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         .map(|t| t.numel() as i64)
         .sum();
     let model = match &cfg.model.path {
-        Some(p) => format!("{} from {}", kind_name(cfg), p.display()),
+        Some(p) => format!("{} from {}", cfg.model.kind, p.display()),
         None => format!(
             "{} initialized at random (d_model {}, {} layers)",
-            kind_name(cfg),
-            cfg.model.d_model,
-            cfg.model.layers
+            cfg.model.kind, cfg.model.d_model, cfg.model.layers
         ),
     };
     let unknown_token_fraction = session.tokenizer.unk_id().map(|unk| {
@@ -290,13 +288,6 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         unknown_token_fraction,
         warnings,
     }
-}
-
-fn kind_name(cfg: &RunConfig) -> String {
-    serde_json::to_value(cfg.model.kind)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{:?}", cfg.model.kind))
 }
 
 /// What [`learnability_warnings`] looks at (all public but the unknown-token fraction).

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RunError, io};
 use crate::session::{Session, prepare};
-use raptor_train::config::RunConfig;
+use raptor_train::config::{DataConfig, MethodConfig, RunConfig, TrainConfig};
 use raptor_train::optim::{OptimScalars, OptimSettings};
 use raptor_train::trainer::{EvalMetrics, Trainer, TrainerOptions, UpdateMetrics, evaluate};
 
@@ -40,18 +40,19 @@ pub use folder::*;
 pub use record::*;
 pub use summary::*;
 
-fn optim_settings(cfg: &RunConfig) -> Result<OptimSettings> {
+/// The optimizers' settings of `[method]` and `[train]`.
+fn optim_settings(method: &MethodConfig, train: &TrainConfig) -> Result<OptimSettings> {
     // A method without Muon (or its bias correction) reads their defaults, which its
     // optimizers never use.
-    let muon = cfg.method.muon().copied().unwrap_or_default();
-    let bc = cfg.method.bias_correction().copied().unwrap_or_default();
+    let muon = method.muon().copied().unwrap_or_default();
+    let bc = method.bias_correction().copied().unwrap_or_default();
     let ns = muon.ns_config();
     ns.validate()?;
     Ok(OptimSettings {
-        lr: cfg.train.lr,
+        lr: train.lr,
         betas: (0.9, 0.999),
         eps: 1e-8,
-        weight_decay: cfg.train.weight_decay,
+        weight_decay: train.weight_decay,
         muon_lr: muon.muon_lr,
         muon_beta: muon.muon_beta,
         muon_form: muon.muon_momentum.into(),
@@ -117,7 +118,7 @@ pub(crate) fn resolve_run(
             (RunConfig::from_written_toml(&text)?, d.to_path_buf(), true)
         }
         None => {
-            let mut name = new_run_id(cfg);
+            let mut name = new_run_id(cfg.method.name());
             broadcast_string(comm, &mut name)?;
             (cfg.clone(), runs_dir.join(name), false)
         }
@@ -216,8 +217,11 @@ fn trainable_parameters(
 
 /// DP-MuonBC's probe seed. The probes are data-independent randomness; over several ranks they
 /// must be the same on every rank (rank 0 draws the seed from the OS unless the run is seeded).
-fn probe_seed(cfg: &RunConfig, comm: &dyn raptor_train::dist::Collective) -> Result<Option<u64>> {
-    Ok(match (cfg.train.insecure_seed, comm.size() > 1) {
+fn probe_seed(
+    insecure_seed: Option<u64>,
+    comm: &dyn raptor_train::dist::Collective,
+) -> Result<Option<u64>> {
+    Ok(match (insecure_seed, comm.size() > 1) {
         (Some(s), _) => Some(s),
         (None, false) => None,
         (None, true) => {
@@ -229,13 +233,13 @@ fn probe_seed(cfg: &RunConfig, comm: &dyn raptor_train::dist::Collective) -> Res
 }
 
 /// Where a run's label set comes from (recorded beside it).
-fn labels_source(cfg: &RunConfig) -> String {
-    if cfg.data.labels.is_some() {
+fn labels_source(data: &DataConfig) -> String {
+    if data.labels.is_some() {
         "declared in the config (data.labels)".into()
     } else {
         format!(
             "read from the private training file {}: the head's shape and labels.json reveal every label that occurs there",
-            cfg.data.train.display()
+            data.train.display()
         )
     }
 }
@@ -334,11 +338,12 @@ fn device_name(device: tch::Device) -> String {
     }
 }
 
-/// Where the run's noise came from, as the record states it.
-fn noise_source(cfg: &RunConfig, device_name: &str) -> String {
+/// Where the run's noise came from, as the record states it (`seeded`: `train.insecure_seed`
+/// is set).
+fn noise_source(seeded: bool, device_name: &str) -> String {
     format!(
         "{} ChaCha20 on the CPU (rand_chacha), f64 standard normals; on rank 0 only; added to the clipped sums {}",
-        if cfg.train.insecure_seed.is_some() {
+        if seeded {
             "seeded (NOT private: train.insecure_seed)"
         } else {
             "OS-seeded CSPRNG"
@@ -401,7 +406,8 @@ fn same_start_on_every_rank(
 
 /// The plan's optimizers, with the run folder's buffer tap and a resumed run's state.
 fn resumed_optimizers(
-    cfg: &RunConfig,
+    method: &MethodConfig,
+    train: &TrainConfig,
     plan: &raptor_train::streams::Plan,
     dir: &Path,
     state: Option<(Vec<(String, tch::Tensor)>, OptimScalars)>,
@@ -409,10 +415,10 @@ fn resumed_optimizers(
     comm: &dyn raptor_train::dist::Collective,
 ) -> Result<raptor_train::optim::Optimizers> {
     let mut optim = raptor_train::methods::optimizers(
-        &cfg.train,
+        train,
         plan,
-        optim_settings(cfg)?,
-        probe_seed(cfg, comm)?,
+        optim_settings(method, train)?,
+        probe_seed(train.insecure_seed, comm)?,
     )?;
     if let Some(tap) = buffer_tap(dir)? {
         optim = optim.with_tap(tap);
@@ -760,8 +766,8 @@ pub(crate) fn train_session(
         layer.as_ref(),
         labels.is_some() && writer && !resuming,
     );
-    let labels_source = labels.as_ref().map(|_| labels_source(&cfg));
-    let validation_info = ValidationInfo::of(&cfg, validation.len());
+    let labels_source = labels.as_ref().map(|_| labels_source(&cfg.data));
+    let validation_info = ValidationInfo::of(&cfg.data, validation.len());
     let Resume {
         resumed,
         start_update,
@@ -776,7 +782,15 @@ pub(crate) fn train_session(
         ledger_covers_checkpoint(&plan, &ledger, start_update, &dir)?;
     }
     same_start_on_every_rank(comm, start_update, &dir)?;
-    let optim = resumed_optimizers(&cfg, &plan, &dir, optimizer, device, comm)?;
+    let optim = resumed_optimizers(
+        &cfg.method,
+        &cfg.train,
+        &plan,
+        &dir,
+        optimizer,
+        device,
+        comm,
+    )?;
     let opts = TrainerOptions {
         micro_batch: cfg.train.micro_batch,
         insecure_seed: cfg
@@ -896,7 +910,7 @@ pub(crate) fn train_session(
     };
     drop(caches);
     let device_name = device_name(device);
-    let noise_source = noise_source(&cfg, &device_name);
+    let noise_source = noise_source(cfg.train.insecure_seed.is_some(), &device_name);
     // Validation metrics are computed without noise: published only for public records.
     let (generation, generation_samples) = generation.unzip();
     let validation_metrics = validation_info.as_ref().map(|_| ValidationMetrics {
@@ -978,7 +992,8 @@ mod tests {
     #[test]
     fn run_ids_of_one_process_are_distinct() {
         let cfg = RunConfig::default();
-        let ids: std::collections::BTreeSet<String> = (0..50).map(|_| new_run_id(&cfg)).collect();
+        let ids: std::collections::BTreeSet<String> =
+            (0..50).map(|_| new_run_id(cfg.method.name())).collect();
         assert_eq!(ids.len(), 50);
         let pid = std::process::id().to_string();
         assert!(
@@ -1019,7 +1034,7 @@ mod tests {
     fn default_config_trains_with_the_optimizer_crates_defaults() {
         let cfg = RunConfig::default();
         assert_eq!(
-            optim_settings(&cfg).unwrap(),
+            optim_settings(&cfg.method, &cfg.train).unwrap(),
             OptimSettings::adamw(cfg.train.lr)
         );
     }

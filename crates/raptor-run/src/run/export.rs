@@ -123,7 +123,7 @@ pub(crate) fn export_run_skipping(
         raptor_models::checkpoint::save_pretrained_without(rm.model.as_ref(), out, skip)?;
         return Ok(Exported::Full);
     }
-    let opts = export_options(&rm.cfg);
+    let opts = export_options(&rm.cfg.model);
     match form {
         ExportForm::Merged => Ok(Exported::Merged(raptor_models::peft::save_merged(
             rm.model.as_mut(),
@@ -155,18 +155,18 @@ pub(crate) fn export_run_skipping(
 /// What an export of a run of `cfg` records beside the weights: the base checkpoint, the
 /// pooling of a BERT classifier, and the base checkpoint's own tokenizer files (public: a
 /// tokenizer given as a file may have been made from private text and is not copied).
-fn export_options(cfg: &RunConfig) -> raptor_models::peft::ExportOptions {
-    let base = cfg.model.path.clone();
+fn export_options(model: &raptor_train::config::ModelConfig) -> raptor_models::peft::ExportOptions {
+    let base = model.path.clone();
     raptor_models::peft::ExportOptions {
         base_model: base
             .as_ref()
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
-        pooling: cfg.model.kind.is_bert().then_some(match cfg.model.pooling {
-            raptor_train::config::Pooling::Pooler => raptor_models::BertPooling::Pooler,
-            raptor_train::config::Pooling::Mean => raptor_models::BertPooling::Mean,
-        }),
-        tokenizer_from: match (&cfg.model.tokenizer, base) {
+        pooling: model
+            .kind
+            .is_bert()
+            .then_some(crate::session::bert_pooling(model.pooling)),
+        tokenizer_from: match (&model.tokenizer, base) {
             (raptor_train::config::TokenizerSpec::Model, Some(p)) if p.is_dir() => Some(p),
             _ => None,
         },

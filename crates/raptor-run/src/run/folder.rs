@@ -125,7 +125,7 @@ impl Drop for RunLock {
 
 /// A fresh run id: `<method>-<unix seconds>-<pid>`, with `-<n>` after the first run of the
 /// process (unique within the process, whatever the clock).
-pub fn new_run_id(cfg: &RunConfig) -> String {
+pub fn new_run_id(method: raptor_train::config::Method) -> String {
     // Runs of one process started within the same second (an audit's two runs, tests) get a
     // sequence number: without it the second would write into the first one's folder.
     static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -133,7 +133,7 @@ pub fn new_run_id(cfg: &RunConfig) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let base = format!("{}-{secs}-{}", cfg.method.name(), std::process::id());
+    let base = format!("{method}-{secs}-{}", std::process::id());
     match STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
         0 => base,
         n => format!("{base}-{n}"),

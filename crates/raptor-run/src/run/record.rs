@@ -134,13 +134,13 @@ pub struct ValidationInfo {
 }
 
 impl ValidationInfo {
-    /// What a run over `cfg` with `records` validation records says of them (none without).
-    pub fn of(cfg: &RunConfig, records: usize) -> Option<Self> {
+    /// What a run over `[data]` with `records` validation records says of them (none without).
+    pub fn of(data: &raptor_train::config::DataConfig, records: usize) -> Option<Self> {
         if records == 0 {
             return None;
         }
-        let public = cfg.data.validation_public && cfg.data.validation.is_some();
-        let source = match &cfg.data.validation {
+        let public = data.validation_public && data.validation.is_some();
+        let source = match &data.validation {
             Some(p) if public => format!("the public validation file {}", p.display()),
             Some(p) => format!(
                 "the validation file {} (private: data.validation_public is not set)",
@@ -148,8 +148,8 @@ impl ValidationInfo {
             ),
             None => format!(
                 "records held out of the private training file {} (data.validation_fraction = {}): private",
-                cfg.data.train.display(),
-                cfg.data.validation_fraction
+                data.train.display(),
+                data.validation_fraction
             ),
         };
         Some(Self {

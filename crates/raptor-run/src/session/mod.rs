@@ -81,7 +81,8 @@ impl std::fmt::Debug for Session {
     }
 }
 
-fn bert_pooling(pooling: Pooling) -> BertPooling {
+/// raptor-models' pooling of `model.pooling`.
+pub(crate) fn bert_pooling(pooling: Pooling) -> BertPooling {
     match pooling {
         Pooling::Pooler => BertPooling::Pooler,
         Pooling::Mean => BertPooling::Mean,
