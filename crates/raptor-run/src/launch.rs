@@ -255,7 +255,8 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         session.model.as_ref(),
         &scope,
         &crate::prefix_settings(
-            cfg,
+            cfg.train.prefix_cache,
+            cfg.data.max_length,
             session.train.len() + session.validation.len(),
             Some(&dir.join("private")),
         ),

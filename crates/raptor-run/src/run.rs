@@ -433,12 +433,13 @@ fn resumed_optimizers(
 /// layer choice's warnings, and (`labels_from_private`: a new run whose label set was read
 /// from the private training file, noted on stderr) that the head reveals the labels.
 fn start_notes(
-    cfg: &RunConfig,
+    seeded: bool,
+    data: &DataConfig,
     layer: Option<&raptor_train::methods::LayerChoice>,
     labels_from_private: bool,
 ) -> Vec<String> {
     let mut notes = Vec::new();
-    if cfg.train.insecure_seed.is_some() {
+    if seeded {
         let msg = "NOT PRIVATE: train.insecure_seed seeds the Poisson sampler and the noise; anyone who knows the seed can undo both".to_string();
         eprintln!("warning: {msg}");
         notes.push(msg);
@@ -446,10 +447,10 @@ fn start_notes(
     if let Some(l) = layer {
         notes.extend(l.warnings.iter().cloned());
     }
-    if labels_from_private && cfg.data.labels.is_none() {
+    if labels_from_private && data.labels.is_none() {
         let msg = format!(
             "the label set was read from the private training file ({}): the model's head and labels.json reveal every label that occurs there; declare data.labels = [...] to fix it publicly",
-            cfg.data.train.display()
+            data.train.display()
         );
         eprintln!("note: {msg}");
         notes.push(msg);
@@ -523,18 +524,20 @@ fn measure(
     })
 }
 
-/// The frozen-prefix cache settings of a run over `records` records (training and
-/// validation), a file cache in `private_dir` when given.
+/// The frozen-prefix cache settings (`train.prefix_cache`, records of at most `max_tokens`
+/// tokens: `data.max_length`) of a run over `records` records (training and validation), a
+/// file cache in `private_dir` when given.
 pub(crate) fn prefix_settings(
-    cfg: &RunConfig,
+    mode: raptor_train::config::PrefixCacheMode,
+    max_tokens: usize,
     records: usize,
     private_dir: Option<&Path>,
 ) -> crate::prefix::PrefixSettings {
     crate::prefix::PrefixSettings {
-        mode: cfg.train.prefix_cache,
+        mode,
         private_dir: private_dir.map(Path::to_path_buf),
         memory_budget: None,
-        max_tokens: cfg.data.max_length,
+        max_tokens,
         records,
     }
 }
@@ -762,7 +765,8 @@ pub(crate) fn train_session(
     } = session;
     let trainable_parameters = trainable_parameters(&plan, model.as_ref());
     let mut notes = start_notes(
-        &cfg,
+        cfg.train.insecure_seed.is_some(),
+        &cfg.data,
         layer.as_ref(),
         labels.is_some() && writer && !resuming,
     );
@@ -817,7 +821,8 @@ pub(crate) fn train_session(
         trainer.model(),
         trainer.scope(),
         &prefix_settings(
-            &cfg,
+            cfg.train.prefix_cache,
+            cfg.data.max_length,
             train_set.len() + validation.len(),
             writer.then_some(&private_dir),
         ),
