@@ -267,7 +267,7 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         Err(_) => (None, None),
     };
     let mut warnings = learnability_warnings(&Learnability::of(
-        cfg,
+        &cfg.model,
         &session.privacy,
         unknown_token_fraction,
     ));
@@ -310,10 +310,14 @@ pub struct Learnability {
 }
 
 impl Learnability {
-    /// What a prepared run's config and plan say.
-    pub fn of(cfg: &RunConfig, privacy: &PrivacyPlan, unknown_token_fraction: Option<f64>) -> Self {
+    /// What a prepared run's `[model]` and plan say.
+    pub fn of(
+        model: &raptor_train::config::ModelConfig,
+        privacy: &PrivacyPlan,
+        unknown_token_fraction: Option<f64>,
+    ) -> Self {
         Self {
-            random_init: cfg.model.path.is_none(),
+            random_init: model.path.is_none(),
             private: privacy.private,
             updates: privacy.updates,
             records: privacy.records,

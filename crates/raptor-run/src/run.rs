@@ -280,7 +280,7 @@ pub(crate) fn diagnostic_records(batch: f64, available: usize) -> usize {
 /// the run's size, with the noise, bound and denominator that the method gives the expert
 /// coordinates and the shared ones.
 fn run_diagnostics(
-    cfg: &RunConfig,
+    cfg: raptor_train::methods::PlanSettings<'_>,
     expert_noise: Option<(
         raptor_train::streams::ReleaseNoiseSpec,
         raptor_train::streams::ReleaseNoiseSpec,
@@ -295,11 +295,11 @@ fn run_diagnostics(
     if !(expert_noise.is_some()
         && !validation.is_empty()
         && model.num_experts() > 0
-        && crate::session::is_classifier(&cfg.model))
+        && !cfg.kind.is_language_model())
     {
         return Ok(None);
     }
-    let naming = raptor_train::methods::naming(cfg.model.kind);
+    let naming = raptor_train::methods::naming(cfg.kind);
     let Some(layer_id) = layer
         .map(|l| l.layer)
         .or_else(|| model.sparse_layers().last().copied())
@@ -506,11 +506,21 @@ fn measure(
             model,
             tokenizer,
             validation_sources,
-            cfg,
+            &cfg.eval,
+            crate::session::Encoding::of(&cfg.data, &cfg.model),
+            mb,
             device,
         )?)
     };
-    let diagnostics = run_diagnostics(cfg, expert_noise, model, layer, validation, pad_id, device)?;
+    let diagnostics = run_diagnostics(
+        cfg.into(),
+        expert_noise,
+        model,
+        layer,
+        validation,
+        pad_id,
+        device,
+    )?;
     let membership_inference = if validation.is_empty() {
         None
     } else {

@@ -231,8 +231,15 @@ pub fn eval_run(run: &Path, data: Option<&Path>) -> Result<EvalReport> {
                 references: g.references,
             });
         }
-        let (generation, _samples) =
-            generation_metrics(model.as_ref(), tok.as_ref(), &sources, &cfg, device)?;
+        let (generation, _samples) = generation_metrics(
+            model.as_ref(),
+            tok.as_ref(),
+            &sources,
+            &cfg.eval,
+            enc,
+            cfg.train.micro_batch,
+            device,
+        )?;
         let generation = Some(generation);
         return Ok(EvalReport {
             metrics,

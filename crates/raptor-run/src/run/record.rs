@@ -236,22 +236,26 @@ pub struct GenerationMetrics {
 
 /// Generates for every source and scores against its references; returns the scores and the
 /// first few examples (record text: private).
+/// `eval` is `[eval]` (new tokens, beams), `enc` the run's encoding (length limit, EOS) and
+/// `micro_batch` `train.micro_batch` (sources generated at once).
 pub fn generation_metrics(
     model: &dyn raptor_models::Model,
     tok: &dyn raptor_models::tokenizer::TextTokenizer,
     sources: &[crate::session::SourceRefs],
-    cfg: &RunConfig,
+    eval: &raptor_train::config::EvalConfig,
+    enc: crate::session::Encoding,
+    micro_batch: usize,
     device: tch::Device,
 ) -> Result<(GenerationMetrics, Vec<GenerationSample>)> {
     let prompts: Vec<Vec<i64>> = sources.iter().map(|s| s.prompt.clone()).collect();
     let gcfg = raptor_models::generate::GenerateConfig {
-        max_new_tokens: cfg.eval.max_new_tokens,
-        beams: cfg.eval.beams,
-        eos: i64::from(crate::session::eos_id(&cfg.model)),
+        max_new_tokens: eval.max_new_tokens,
+        beams: eval.beams,
+        eos: i64::from(enc.eos),
         pad: i64::from(tok.pad_id()),
         length_penalty: 1.0,
-        max_positions: cfg.data.max_length.max(2),
-        batch_size: cfg.train.micro_batch.max(1),
+        max_positions: enc.max_length.max(2),
+        batch_size: micro_batch.max(1),
     };
     let out = raptor_models::generate::generate(model, &prompts, &gcfg, device)?;
     let mut hyps = Vec::with_capacity(out.len());
@@ -281,7 +285,7 @@ pub fn generation_metrics(
             sources: sources.len(),
             bleu,
             rouge_l: rouge,
-            beams: cfg.eval.beams,
+            beams: eval.beams,
         },
         samples,
     ))
