@@ -356,25 +356,33 @@ fn strided<T: Clone>(records: &[T], cap: usize) -> Vec<T> {
     (0..cap).map(|i| records[i * n / cap].clone()).collect()
 }
 
-/// Clip bounds from the public file `public_file` (quantile `q` of the public records'
-/// gradient norms, labelled with the run's label set and routed one by one), written into
-/// `plan`; what was chosen, for the record.
-#[allow(clippy::too_many_arguments)]
-fn public_clip_bounds(
-    cfg: &RunConfig,
-    model: &dyn Model,
+/// The public records of `public_file` that clip bounds are calibrated on: at most `cap`
+/// (`train.clip_public_records`), evenly strided, labelled with the run's label set.
+fn public_clip_records(
+    data: &DataConfig,
+    enc: Encoding,
+    public_file: &Path,
+    cap: usize,
     tokenizer: &dyn TextTokenizer,
     labels: Option<&LabelMap>,
+    vocab: i64,
+) -> Result<Vec<Example>> {
+    let ds = read_records(data, public_file, !enc.language_model)?;
+    let records = strided(&ds.records, cap);
+    to_examples(enc, tokenizer, &records, labels, vocab)
+}
+
+/// Clip bounds from `public` records (quantile `q` of their gradient norms, each routed on its
+/// own by `rule`), written into `plan`; what was chosen, for the record.
+fn public_clip_bounds(
+    rule: raptor_routing::OwnerRule,
+    model: &dyn Model,
     plan: &mut Plan,
-    public_file: &Path,
+    public: &[Example],
     q: f64,
     pad_id: i64,
     device: Device,
 ) -> Result<crate::public_clip::PublicClip> {
-    let enc = Encoding::of(&cfg.data, &cfg.model);
-    let ds = read_records(&cfg.data, public_file, !enc.language_model)?;
-    let records = strided(&ds.records, cfg.train.clip_public_records);
-    let public = to_examples(enc, tokenizer, &records, labels, model.vocab_size())?;
     let layers: Vec<usize> = plan
         .phases
         .iter()
@@ -384,9 +392,9 @@ fn public_clip_bounds(
         BTreeMap::new()
     } else {
         let tokens: Vec<Vec<i64>> = public.iter().map(|e| e.tokens.clone()).collect();
-        raptor_models::owners_per_record(model, &tokens, pad_id, owner_rule(&cfg.method), device)?
+        raptor_models::owners_per_record(model, &tokens, pad_id, rule, device)?
     };
-    crate::public_clip::calibrate(model, plan, &public, &public_owners, q, pad_id, device)
+    crate::public_clip::calibrate(model, plan, public, &public_owners, q, pad_id, device)
 }
 
 /// [`prepare_with`], the plan made for `extra_records` records beside the training records
@@ -504,13 +512,20 @@ pub fn prepare_counting(
     let mut plan = plan;
     let mut privacy = privacy;
     if let (Some(q), Some(p)) = (cfg.train.clip_from_public, &cfg.data.public) {
-        privacy.public_clip = Some(public_clip_bounds(
-            cfg,
-            model.as_ref(),
+        let public = public_clip_records(
+            &cfg.data,
+            enc,
+            p,
+            cfg.train.clip_public_records,
             tokenizer.as_ref(),
             labels.as_ref(),
+            model.vocab_size(),
+        )?;
+        privacy.public_clip = Some(public_clip_bounds(
+            owner_rule(&cfg.method),
+            model.as_ref(),
             &mut plan,
-            p,
+            &public,
             q,
             pad_id,
             device,
