@@ -16,7 +16,8 @@ pub enum ClipError {
     /// A clipping bound is not a finite positive number.
     #[error("clipping bound {name} = {value} must be finite and > 0")]
     InvalidBound {
-        /// Which bound (group or block name, or "bound").
+        /// Which bound, for the message: a group key as displayed, `group g` for the kernels'
+        /// group at position g, a block name, or "bound".
         name: String,
         /// The value given.
         value: f64,
