@@ -62,8 +62,9 @@ fn rpath_libtorch_if_linked() {
 }
 
 /// Build scripts of crates that never depend on torch-sys themselves but whose doc tests can
-/// still link libtorch through workspace feature unification (raptor-cli: `cargo test
-/// --workspace --doc` builds raptor-routing with its `tch` feature): the rpath from `LIBTORCH`
+/// still link libtorch through workspace feature unification (raptor-cli and raptor-config:
+/// `cargo test --workspace --doc` builds raptor-routing and raptor-muon with their `tch`
+/// feature): the rpath from `LIBTORCH`
 /// (which `.cargo/config.toml` sets to `target/libtorch`), when that folder has a `lib/`.
 #[allow(dead_code)]
 fn rpath_libtorch_from_env() {
