@@ -473,7 +473,9 @@ struct Measured {
 fn measure(
     model: &dyn raptor_models::Model,
     tokenizer: &dyn raptor_models::tokenizer::TextTokenizer,
-    cfg: &RunConfig,
+    settings: raptor_train::methods::PlanSettings<'_>,
+    eval_cfg: &raptor_train::config::EvalConfig,
+    enc: crate::session::Encoding,
     train_set: &[raptor_train::trainer::Example],
     validation: &[raptor_train::trainer::Example],
     validation_sources: &[crate::session::SourceRefs],
@@ -486,7 +488,7 @@ fn measure(
     device: tch::Device,
     caches: &mut (Option<PrefixCache>, Option<PrefixCache>),
 ) -> Result<Measured> {
-    let mb = cfg.train.micro_batch;
+    let mb = settings.train.micro_batch;
     let eval = if validation.is_empty() {
         None
     } else {
@@ -506,14 +508,14 @@ fn measure(
             model,
             tokenizer,
             validation_sources,
-            &cfg.eval,
-            crate::session::Encoding::of(&cfg.data, &cfg.model),
+            eval_cfg,
+            enc,
             mb,
             device,
         )?)
     };
     let diagnostics = run_diagnostics(
-        cfg.into(),
+        settings,
         expert_noise,
         model,
         layer,
@@ -910,7 +912,9 @@ pub(crate) fn train_session(
         measure(
             model.as_ref(),
             tokenizer.as_ref(),
-            &cfg,
+            (&cfg).into(),
+            &cfg.eval,
+            crate::session::Encoding::of(&cfg.data, &cfg.model),
             &train_set,
             &validation,
             &validation_sources,
