@@ -292,10 +292,10 @@ fn run_diagnostics(
     device: tch::Device,
 ) -> Result<Option<crate::diagnostics::Diagnostics>> {
     // A non-private run has no private release (no noise to diagnose).
-    if !(expert_noise.is_some()
-        && !validation.is_empty()
-        && model.num_experts() > 0
-        && !cfg.kind.is_language_model())
+    if expert_noise.is_none()
+        || validation.is_empty()
+        || model.num_experts() <= 0
+        || cfg.kind.is_language_model()
     {
         return Ok(None);
     }
