@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 use super::Trainer;
 use crate::dist::Collective;
 use crate::error::{Result, TrainError};
-use crate::streams::Phase;
+use crate::streams::{GroupId, Phase};
 
 impl<'a> Trainer<'a> {
     /// Train data-parallel over the ranks of `comm` (see [`crate::dist`]): every rank builds the
@@ -64,7 +64,7 @@ impl<'a> Trainer<'a> {
         phase: &Phase,
         sums: &mut BTreeMap<String, Tensor>,
         loss_sum: &mut f64,
-        clipped: &mut BTreeMap<String, f64>,
+        clipped: &mut BTreeMap<GroupId, f64>,
         owned: &mut BTreeMap<(usize, i64), usize>,
     ) -> Result<()> {
         let mut names: Vec<String> = Vec::new();
@@ -94,7 +94,7 @@ impl<'a> Trainer<'a> {
             phase
                 .groups
                 .iter()
-                .map(|g| clipped.get(&g.name.to_string()).copied().unwrap_or(0.0)),
+                .map(|g| clipped.get(&g.name).copied().unwrap_or(0.0)),
         );
         for &l in &phase.owner_layers {
             diag.extend((0..experts).map(|e| owned.get(&(l, e)).copied().unwrap_or(0) as f64));
@@ -103,7 +103,7 @@ impl<'a> Trainer<'a> {
         *loss_sum = diag[0];
         let mut at = 1;
         for g in &phase.groups {
-            clipped.insert(g.name.to_string(), diag[at]);
+            clipped.insert(g.name.clone(), diag[at]);
             at += 1;
         }
         owned.clear();

@@ -819,7 +819,7 @@ impl<'a> Trainer<'a> {
         let mine: Vec<usize> = sample.iter().skip(rank).step_by(ranks).copied().collect();
         let mut sums: BTreeMap<String, Tensor> = BTreeMap::new();
         let mut loss_sum = 0.0f64;
-        let mut clipped: BTreeMap<String, f64> = BTreeMap::new();
+        let mut clipped: BTreeMap<GroupId, f64> = BTreeMap::new();
         let mut owned: BTreeMap<(usize, i64), usize> = BTreeMap::new();
         let mut nonfinite = 0u64;
         for chunk in mine.chunks(self.opts.micro_batch.max(1)) {
@@ -851,7 +851,7 @@ impl<'a> Trainer<'a> {
                         .f_lt(1.0 - 1e-9)?
                         .f_sum(Kind::Double)?
                         .f_double_value(&[])?;
-                    *clipped.entry(g.to_string()).or_default() += n;
+                    *clipped.entry(g.clone()).or_default() += n;
                 }
                 clip.sums
             } else {
@@ -928,7 +928,7 @@ impl<'a> Trainer<'a> {
             sampled: n + canaries.len(),
             clipped_fraction: clipped
                 .into_iter()
-                .map(|(g, c)| (g, if n > 0 { c / n as f64 } else { 0.0 }))
+                .map(|(g, c)| (g.to_string(), if n > 0 { c / n as f64 } else { 0.0 }))
                 .collect(),
             empty_expert_groups: empty_experts,
             lr_scale: scale,
