@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod memory;
 mod provision;
 mod quickstart;
 
@@ -68,6 +69,8 @@ enum Command {
 }
 
 fn main() {
+    // Before any thread starts: freed tensors go back to the system (see `memory`).
+    memory::return_large_blocks();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { json } => info(json),
