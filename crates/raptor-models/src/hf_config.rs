@@ -254,14 +254,12 @@ impl Fields {
         }
     }
 
-    fn string_or(&self, key: &str, default: &str) -> Result<String> {
-        match self.get(key) {
-            None => Ok(default.to_string()),
-            Some(_) => self.string(key),
-        }
-    }
-
-    fn one_of(&self, key: &str, value: String, allowed: &[&str]) -> Result<String> {
+    /// A string that must be one of `allowed`, `default` when absent.
+    fn choice(&self, key: &str, default: &str, allowed: &[&str]) -> Result<String> {
+        let value = match self.get(key) {
+            None => default.to_string(),
+            Some(_) => self.string(key)?,
+        };
         if allowed.contains(&value.as_str()) {
             Ok(value)
         } else {
@@ -270,6 +268,29 @@ impl Fields {
                 format!("{value:?} is not supported ({})", allowed.join(", ")),
             ))
         }
+    }
+
+    /// `heads` must divide `width` (read from `width_key`); the error names `heads_key`.
+    fn divides(&self, width_key: &str, width: i64, heads_key: &str, heads: i64) -> Result<()> {
+        if width % heads != 0 {
+            return Err(self.err(
+                heads_key,
+                format!("{width_key} {width} is not a multiple of {heads} heads"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `num_key_value_heads` (default: the `heads` query heads), which must divide `heads`.
+    fn kv_heads(&self, heads: i64) -> Result<i64> {
+        let kv = self.size_or("num_key_value_heads", heads)?;
+        if heads % kv != 0 {
+            return Err(self.err(
+                "num_key_value_heads",
+                format!("{heads} query heads are not a multiple of {kv} key/value heads"),
+            ));
+        }
+        Ok(kv)
     }
 
     /// `model_type`, when present, must be `expected`.
@@ -385,12 +406,10 @@ impl HfSwitchConfig {
             None => step_computed,
         };
         let expert_capacity = f.size_or("expert_capacity", 64)?;
-        let dense_act_fn = f.string_or("dense_act_fn", "relu")?;
-        let dense_act_fn = f.one_of("dense_act_fn", dense_act_fn, &["relu", "gelu", "gelu_new"])?;
-        let router_dtype = f.string_or("router_dtype", "float32")?;
-        let router_dtype = f.one_of(
+        let dense_act_fn = f.choice("dense_act_fn", "relu", &["relu", "gelu", "gelu_new"])?;
+        let router_dtype = f.choice(
             "router_dtype",
-            router_dtype,
+            "float32",
             &["float32", "float16", "bfloat16"],
         )?;
         let jitter = f.float_opt("router_jitter_noise")?.unwrap_or(0.01);
@@ -536,19 +555,8 @@ impl HfOlmoeConfig {
         f.check_type("olmoe")?;
         let hidden_size = f.size("hidden_size")?;
         let heads = f.size("num_attention_heads")?;
-        if hidden_size % heads != 0 {
-            return Err(f.err(
-                "num_attention_heads",
-                format!("hidden_size {hidden_size} is not a multiple of {heads} heads"),
-            ));
-        }
-        let kv = f.size_or("num_key_value_heads", heads)?;
-        if heads % kv != 0 {
-            return Err(f.err(
-                "num_key_value_heads",
-                format!("{heads} query heads are not a multiple of {kv} key/value heads"),
-            ));
-        }
+        f.divides("hidden_size", hidden_size, "num_attention_heads", heads)?;
+        let kv = f.kv_heads(heads)?;
         let num_experts = f.size("num_experts")?;
         let top_k = f.size("num_experts_per_tok")?;
         if top_k > num_experts {
@@ -600,8 +608,7 @@ impl HfOlmoeConfig {
         {
             return Err(f.err("clip_qkv", format!("must be positive, found {c}")));
         }
-        let hidden_act = f.string_or("hidden_act", "silu")?;
-        let hidden_act = f.one_of("hidden_act", hidden_act, &["silu"])?;
+        let hidden_act = f.choice("hidden_act", "silu", &["silu"])?;
         Ok(Self {
             vocab_size: f.size("vocab_size")?,
             hidden_size,
@@ -687,16 +694,10 @@ impl HfGpt2Config {
         f.check_type("gpt2")?;
         let n_embd = f.size("n_embd")?;
         let n_head = f.size("n_head")?;
-        if n_embd % n_head != 0 {
-            return Err(f.err(
-                "n_head",
-                format!("n_embd {n_embd} is not a multiple of {n_head} heads"),
-            ));
-        }
-        let act = f.string_or("activation_function", "gelu_new")?;
-        let act = f.one_of(
+        f.divides("n_embd", n_embd, "n_head", n_head)?;
+        let act = f.choice(
             "activation_function",
-            act,
+            "gelu_new",
             &["gelu_new", "gelu", "relu", "silu", "gelu_pytorch_tanh"],
         )?;
         Ok(Self {
@@ -880,22 +881,11 @@ impl HfDecoderConfig {
         };
         let hidden_size = f.size("hidden_size")?;
         let heads = f.size("num_attention_heads")?;
-        let kv = f.size_or("num_key_value_heads", heads)?;
-        if heads % kv != 0 {
-            return Err(f.err(
-                "num_key_value_heads",
-                format!("{heads} query heads are not a multiple of {kv} key/value heads"),
-            ));
-        }
+        let kv = f.kv_heads(heads)?;
         let head_dim = match f.int_opt("head_dim")? {
             Some(h) => h,
             None => {
-                if hidden_size % heads != 0 {
-                    return Err(f.err(
-                        "num_attention_heads",
-                        format!("hidden_size {hidden_size} is not a multiple of {heads} heads"),
-                    ));
-                }
+                f.divides("hidden_size", hidden_size, "num_attention_heads", heads)?;
                 hidden_size / heads
             }
         };
@@ -908,10 +898,9 @@ impl HfDecoderConfig {
         let layers = f.size("num_hidden_layers")?;
         let intermediate_size = f.size("intermediate_size")?;
         let (rope_theta, rope_scaling) = rope_with_scaling(f)?;
-        let hidden_act = f.string_or("hidden_act", "silu")?;
-        let hidden_act = f.one_of(
+        let hidden_act = f.choice(
             "hidden_act",
-            hidden_act,
+            "silu",
             &[
                 "silu",
                 "swish",
@@ -1086,16 +1075,9 @@ impl HfBertConfig {
         f.check_type("bert")?;
         let hidden_size = f.size("hidden_size")?;
         let heads = f.size("num_attention_heads")?;
-        if hidden_size % heads != 0 {
-            return Err(f.err(
-                "num_attention_heads",
-                format!("hidden_size {hidden_size} is not a multiple of {heads} heads"),
-            ));
-        }
-        let pos_type = f.string_or("position_embedding_type", "absolute")?;
-        f.one_of("position_embedding_type", pos_type, &["absolute"])?;
-        let act = f.string_or("hidden_act", "gelu")?;
-        let act = f.one_of("hidden_act", act, &["gelu", "gelu_new", "relu", "silu"])?;
+        f.divides("hidden_size", hidden_size, "num_attention_heads", heads)?;
+        f.choice("position_embedding_type", "absolute", &["absolute"])?;
+        let act = f.choice("hidden_act", "gelu", &["gelu", "gelu_new", "relu", "silu"])?;
         let num_labels = match f.int_opt("num_labels")? {
             Some(n) => Some(n),
             None => f
