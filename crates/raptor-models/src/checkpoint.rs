@@ -209,6 +209,14 @@ impl SafetensorsFile {
 
     /// Tensor `name` on the CPU, in the file's dtype.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let (data, shape, kind) = self.checked(name)?;
+        Ok(Tensor::f_from_data_size(data, &shape, kind)?)
+    }
+
+    /// Tensor `name`'s bytes, shape and kind, checked against its header entry (a dtype libtorch
+    /// supports, data offsets inside the file, as many bytes as the shape needs), without
+    /// making a tensor.
+    fn checked(&self, name: &str) -> Result<(&[u8], Vec<i64>, Kind)> {
         let info = self.info(name)?;
         let kind = dtype_to_kind(info.dtype).ok_or_else(|| ModelError::TensorDtype {
             name: name.to_string(),
@@ -237,7 +245,7 @@ impl SafetensorsFile {
                 ),
             ));
         }
-        Ok(Tensor::f_from_data_size(data, &shape, kind)?)
+        Ok((data, shape, kind))
     }
 
     /// All tensors on the CPU, in the file's dtypes, sorted by name.
@@ -619,11 +627,16 @@ pub fn load_named(
         }
     }
 
-    // Read, check and convert everything before writing anything.
+    // Check everything before writing anything. A single file stays open, so its tensors are
+    // made and copied one at a time after the checks (the model's weights are then held once
+    // more than the file, not twice: 0.3 GB less at the peak for MiniLM upcycled to 8 experts);
+    // a sharded checkpoint's tensors are made shard by shard and copied after the last.
     let mut staged: Vec<(usize, Tensor)> = Vec::with_capacity(plan.len());
+    let mut checked: Vec<usize> = Vec::with_capacity(plan.len());
     let mut stage_from = |file: &SafetensorsFile,
                           which: &[usize],
-                          report: &mut LoadReport|
+                          report: &mut LoadReport,
+                          make: bool|
      -> Result<()> {
         for &i in which {
             let p = &plan[i];
@@ -671,24 +684,25 @@ pub fn load_named(
                     got: file_shape,
                 });
             }
-            let mut t = file.tensor(&p.file_name)?;
+            file.checked(&p.file_name)?;
             if p.transposed {
-                t = t.f_t_copy()?;
                 report.transposed.push(p.var.clone());
             }
             if Some(var_kind) != file_kind {
                 report.converted.push((p.var.clone(), format!("{dtype:?}")));
-                t = t.f_to_kind(var_kind)?;
             }
-            let t = t.f_to_device(var.device())?;
-            staged.push((i, t));
+            if make {
+                staged.push((i, converted(file, p, var)?));
+            } else {
+                checked.push(i);
+            }
         }
         Ok(())
     };
     match (&single, &ckpt.weight_map) {
         (Some(f), _) => {
             let all: Vec<usize> = (0..plan.len()).collect();
-            stage_from(f, &all, &mut report)?;
+            stage_from(f, &all, &mut report, false)?;
         }
         (None, Some(map)) => {
             for (fi, path) in ckpt.files.iter().enumerate() {
@@ -699,13 +713,20 @@ pub fn load_named(
                     continue;
                 }
                 let f = SafetensorsFile::open(path)?;
-                stage_from(&f, &which, &mut report)?;
+                stage_from(&f, &which, &mut report, true)?;
             }
         }
         (None, None) => {}
     }
 
     tch::no_grad(|| -> Result<()> {
+        if let Some(f) = &single {
+            for &i in &checked {
+                let mut var = vars[&plan[i].var].shallow_clone();
+                let t = converted(f, &plan[i], &var)?;
+                var.f_copy_(&t)?;
+            }
+        }
         for (i, t) in &staged {
             let mut var = vars[&plan[*i].var].shallow_clone();
             var.f_copy_(t)?;
@@ -716,6 +737,20 @@ pub fn load_named(
     report.transposed.sort();
     report.converted.sort();
     Ok(report)
+}
+
+/// Planned tensor `p` of `file` as its variable `var` takes it: transposed where the layout
+/// says, in the variable's kind, on its device.
+fn converted(file: &SafetensorsFile, p: &Planned, var: &Tensor) -> Result<Tensor> {
+    let mut t = file.tensor(&p.file_name)?;
+    if p.transposed {
+        t = t.f_t_copy()?;
+    }
+    let kind = var.f_kind()?;
+    if t.kind() != kind {
+        t = t.f_to_kind(kind)?;
+    }
+    Ok(t.f_to_device(var.device())?)
 }
 
 /// Options of [`save_var_store`] / [`save_named`].
