@@ -72,8 +72,8 @@ impl UpcycleOptions {
     }
 }
 
-/// The sorted, deduplicated layers to upcycle (None: all `n`), checked against `n`, and the
-/// options' E, k and σ.
+/// The sorted, deduplicated layers to upcycle (None: all `n`; possibly none), checked against
+/// `n`, and the options' E, k and σ.
 fn chosen_layers(opts: &UpcycleOptions, n: usize) -> Result<Vec<usize>> {
     if opts.num_experts < 1 || opts.top_k < 1 || opts.top_k > opts.num_experts {
         return Err(ModelError::InvalidConfig(format!(
@@ -97,11 +97,6 @@ fn chosen_layers(opts: &UpcycleOptions, n: usize) -> Result<Vec<usize>> {
                 return Err(ModelError::InvalidConfig(format!(
                     "layer {l} to upcycle is outside the {n} layers"
                 )));
-            }
-            if v.is_empty() {
-                return Err(ModelError::InvalidConfig(
-                    "no layer to upcycle (an empty layer list)".into(),
-                ));
             }
             Ok(v)
         }
@@ -133,6 +128,11 @@ pub fn upcycle_bert(dense: &Bert, opts: &UpcycleOptions) -> Result<Bert> {
         ));
     }
     let layers = chosen_layers(opts, c.num_hidden_layers.max(0) as usize)?;
+    if layers.is_empty() {
+        return Err(ModelError::InvalidConfig(
+            "no layer to upcycle (an empty layer list)".into(),
+        ));
+    }
     let mut cfg = c.clone();
     cfg.moe = Some(BertMoeConfig {
         num_experts: opts.num_experts,
@@ -140,17 +140,7 @@ pub fn upcycle_bert(dense: &Bert, opts: &UpcycleOptions) -> Result<Bert> {
         sparse_layers: layers.clone(),
     });
     let mut moe = Bert::new(cfg, dense.var_store().device())?;
-    match dense
-        .var_store()
-        .variables()
-        .get("bert.embeddings.word_embeddings.weight")
-        .map(Tensor::kind)
-    {
-        Some(Kind::Double) => moe.var_store_mut().double(),
-        Some(Kind::Half) => moe.var_store_mut().half(),
-        Some(Kind::BFloat16) => moe.var_store_mut().bfloat16(),
-        _ => {}
-    }
+    match_kind(dense, &mut moe, "bert.embeddings.word_embeddings.weight");
     let renamed = |name: &str| -> Vec<String> {
         for &l in &layers {
             let p = format!("bert.encoder.layer.{l}.");
@@ -170,6 +160,17 @@ pub fn upcycle_bert(dense: &Bert, opts: &UpcycleOptions) -> Result<Bert> {
         .collect();
     copy_and_route(dense, &moe, renamed, &routers, opts)?;
     Ok(moe)
+}
+
+/// Converts the new `moe` model's variables to the kind of `dense`'s tensor `probe` (double,
+/// half or bfloat16; anything else, or no such tensor, leaves them float).
+fn match_kind<A: Model, B: Model>(dense: &A, moe: &mut B, probe: &str) {
+    match dense.var_store().variables().get(probe).map(Tensor::kind) {
+        Some(Kind::Double) => moe.var_store_mut().double(),
+        Some(Kind::Half) => moe.var_store_mut().half(),
+        Some(Kind::BFloat16) => moe.var_store_mut().bfloat16(),
+        _ => {}
+    }
 }
 
 /// Copies every non-adapter tensor of `dense` to its `renamed` targets in `moe`, then draws
@@ -227,33 +228,7 @@ pub fn upcycle_llama(dense: &Decoder, opts: &UpcycleOptions) -> Result<Decoder> 
             "Mixtral has no attention or MLP biases: a Llama with attention_bias or mlp_bias cannot be upcycled into the Mixtral layout".into(),
         ));
     }
-    if opts.num_experts < 1 || opts.top_k < 1 || opts.top_k > opts.num_experts {
-        return Err(ModelError::InvalidConfig(format!(
-            "upcycling needs 1 <= top_k ({}) <= num_experts ({})",
-            opts.top_k, opts.num_experts
-        )));
-    }
-    if !(opts.router_std.is_finite() && opts.router_std >= 0.0) {
-        return Err(ModelError::InvalidConfig(format!(
-            "router_std {} must be finite and non-negative",
-            opts.router_std
-        )));
-    }
-    let n = c.num_hidden_layers.max(0) as usize;
-    let layers: Vec<usize> = match &opts.layers {
-        None => (0..n).collect(),
-        Some(v) => {
-            let mut v = v.clone();
-            v.sort_unstable();
-            v.dedup();
-            if let Some(&l) = v.iter().find(|&&l| l >= n) {
-                return Err(ModelError::InvalidConfig(format!(
-                    "layer {l} to upcycle is outside the {n} layers"
-                )));
-            }
-            v
-        }
-    };
+    let layers = chosen_layers(opts, c.num_hidden_layers.max(0) as usize)?;
     let mut cfg = c.clone();
     cfg.family = DecoderFamily::Mixtral;
     cfg.moe = Some(MoeConfig {
@@ -265,21 +240,7 @@ pub fn upcycle_llama(dense: &Decoder, opts: &UpcycleOptions) -> Result<Decoder> 
         sparse_layers: layers.clone(),
     });
     let mut moe = Decoder::new(cfg, dense.var_store().device())?;
-    let kind = dense
-        .var_store()
-        .variables()
-        .get("model.embed_tokens.weight")
-        .map(Tensor::kind)
-        .unwrap_or(Kind::Float);
-    if kind == Kind::Double {
-        moe.var_store_mut().double();
-    } else if kind == Kind::Half {
-        moe.var_store_mut().half();
-    } else if kind == Kind::BFloat16 {
-        moe.var_store_mut().bfloat16();
-    }
-    let src = dense.var_store().variables();
-    let dst = moe.var_store().variables();
+    match_kind(dense, &mut moe, "model.embed_tokens.weight");
     let renamed = |name: &str| -> Vec<String> {
         for &l in &layers {
             let p = format!("model.layers.{l}.mlp.");
@@ -298,35 +259,12 @@ pub fn upcycle_llama(dense: &Decoder, opts: &UpcycleOptions) -> Result<Decoder> 
         }
         vec![name.to_string()]
     };
-    tch::no_grad(|| -> Result<()> {
-        for (name, t) in &src {
-            if name.contains(".lora_A.") || name.contains(".lora_B.") {
-                continue;
-            }
-            for target in renamed(name) {
-                let mut d = dst
-                    .get(&target)
-                    .ok_or_else(|| {
-                        ModelError::InvalidConfig(format!(
-                            "upcycled model lacks {target} (from {name})"
-                        ))
-                    })?
-                    .shallow_clone();
-                d.f_copy_(t)?;
-            }
-        }
-        // Routers: N(0, σ²) from a seeded generator, independent of libtorch's global one.
-        for (i, &l) in layers.iter().enumerate() {
-            let name = format!("model.layers.{l}.block_sparse_moe.gate.weight");
-            let mut d = dst
-                .get(&name)
-                .ok_or_else(|| ModelError::InvalidConfig(format!("upcycled model lacks {name}")))?
-                .shallow_clone();
-            let w = seeded_normal(&d.size(), opts.seed.wrapping_add(i as u64), opts.router_std)?;
-            d.f_copy_(&w)?;
-        }
-        Ok(())
-    })?;
+    // Routers: N(0, σ²) from a seeded generator, independent of libtorch's global one.
+    let routers: Vec<String> = layers
+        .iter()
+        .map(|l| format!("model.layers.{l}.block_sparse_moe.gate.weight"))
+        .collect();
+    copy_and_route(dense, &moe, renamed, &routers, opts)?;
     Ok(moe)
 }
 
