@@ -149,6 +149,20 @@ impl Batch {
         })
     }
 
+    /// Errors when the records are longer than the `max` learned positions of a model (`field`
+    /// names the config field that sets `max`, e.g. `n_positions`).
+    pub(crate) fn check_positions(&self, max: i64, field: &str) -> Result<()> {
+        let (b, t) = (self.batch_size(), self.seq_len());
+        if t > max {
+            return Err(ModelError::ShapeMismatch {
+                what: format!("sequence length (at most {field} = {max})"),
+                expected: vec![b, max],
+                got: vec![b, t],
+            });
+        }
+        Ok(())
+    }
+
     /// Checks shapes, token ids, mask values, empty records and labels; errors name the record.
     pub fn validate(&self, vocab_size: i64, num_labels: Option<i64>) -> Result<()> {
         let ids_shape = self.input_ids.size();

@@ -26,12 +26,12 @@
 //! `"raptor_moe": {"num_experts", "num_experts_per_tok", "sparse_layers"}`. transformers does not
 //! read this layout (it is not a Hugging Face architecture).
 
-use crate::batch::{Batch, Task};
+use crate::batch::Batch;
 use crate::blocks::{attend, masked_mean, split_heads};
 use crate::error::{ModelError, Result};
 use crate::layers::RowSpec;
 use crate::layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, mask_min};
-use crate::model::{FrozenPrefix, Model};
+use crate::model::{FrozenPrefix, Model, MoeShape};
 use crate::moe::{dispatch, routing_and_owners};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -336,17 +336,8 @@ impl Bert {
         stop: usize,
     ) -> Result<Tensor> {
         batch.validate(self.cfg.vocab_size, None)?;
+        batch.check_positions(self.cfg.max_position_embeddings, "max_position_embeddings")?;
         let (b, t) = (batch.batch_size(), batch.seq_len());
-        if t > self.cfg.max_position_embeddings {
-            return Err(ModelError::ShapeMismatch {
-                what: format!(
-                    "sequence length (at most max_position_embeddings = {})",
-                    self.cfg.max_position_embeddings
-                ),
-                expected: vec![b, self.cfg.max_position_embeddings],
-                got: vec![b, t],
-            });
-        }
         let device = batch.input_ids.device();
         let d = self.cfg.hidden_size;
         let (first, mut h) = match ctx.prefix.take() {
@@ -539,34 +530,23 @@ impl Model for Bert {
         Some(v)
     }
 
-    fn sparse_layers(&self) -> Vec<usize> {
-        self.cfg
-            .moe
-            .as_ref()
-            .map(|m| {
-                let mut v = m.sparse_layers.clone();
-                v.sort_unstable();
-                v.dedup();
-                v
-            })
-            .unwrap_or_default()
-    }
-
-    fn num_experts(&self) -> i64 {
-        self.cfg.moe.as_ref().map_or(0, |m| m.num_experts)
-    }
-
-    fn top_k(&self) -> i64 {
-        self.cfg.moe.as_ref().map_or(0, |m| m.num_experts_per_tok)
+    fn moe_shape(&self) -> Option<MoeShape> {
+        let m = self.cfg.moe.as_ref()?;
+        Some(MoeShape::new(
+            m.sparse_layers.clone(),
+            m.num_experts,
+            m.num_experts_per_tok,
+        ))
     }
 
     fn router_params(&self) -> Vec<String> {
         self.layers
             .iter()
             .filter_map(|l| match &l.ffn {
-                LayerFfn::Moe { router, .. } => Some(format!("{}.weight", router.name)),
+                LayerFfn::Moe { router, .. } => Some(router.param_names()),
                 LayerFfn::Dense(_) => None,
             })
+            .flatten()
             .collect()
     }
 
@@ -580,10 +560,6 @@ impl Model for Bert {
 
     fn vocab_size(&self) -> i64 {
         self.cfg.vocab_size
-    }
-
-    fn task(&self) -> Task {
-        Task::Classification
     }
 
     fn num_labels(&self) -> Option<i64> {

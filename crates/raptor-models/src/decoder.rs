@@ -27,7 +27,7 @@ use crate::blocks::{
 };
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, Linear, RmsNorm, RowSpec};
-use crate::model::Model;
+use crate::model::{Model, MoeShape};
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
@@ -519,37 +519,17 @@ impl Model for Decoder {
         self.cfg.vocab_size
     }
 
-    fn task(&self) -> Task {
-        self.cfg.head.task()
-    }
-
     fn num_labels(&self) -> Option<i64> {
         self.cfg.head.num_labels()
     }
 
-    fn sparse_layers(&self) -> Vec<usize> {
-        self.cfg
-            .moe
-            .as_ref()
-            .map(|m| {
-                let mut v = m.sparse_layers.clone();
-                v.sort_unstable();
-                v.dedup();
-                v
-            })
-            .unwrap_or_default()
-    }
-
-    fn num_experts(&self) -> i64 {
-        self.cfg.moe.as_ref().map_or(0, |m| m.num_experts)
-    }
-
-    fn top_k(&self) -> i64 {
-        self.cfg.moe.as_ref().map_or(0, |m| m.num_experts_per_tok)
-    }
-
-    fn expert_capacity(&self) -> Option<i64> {
-        None
+    fn moe_shape(&self) -> Option<MoeShape> {
+        let m = self.cfg.moe.as_ref()?;
+        Some(MoeShape::new(
+            m.sparse_layers.clone(),
+            m.num_experts,
+            m.num_experts_per_tok,
+        ))
     }
 
     fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>) {
@@ -571,9 +551,10 @@ impl Model for Decoder {
         self.layers
             .iter()
             .filter_map(|l| match &l.ffn {
-                Ffn::Sparse(m) => Some(format!("{}.weight", m.router.name)),
+                Ffn::Sparse(m) => Some(m.router.param_names()),
                 Ffn::Dense(_) => None,
             })
+            .flatten()
             .collect()
     }
 

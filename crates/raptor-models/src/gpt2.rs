@@ -8,7 +8,7 @@
 //! weights are `[out, in]`; Hugging Face's Conv1D stores `[in, out]` (the checkpoint loader
 //! transposes). A classification head is `score.weight` (no bias) on the last valid token.
 
-use crate::batch::{Batch, Task};
+use crate::batch::Batch;
 use crate::blocks::{attend, causal_mask, last_valid, split_heads, tied_lm_head};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear};
@@ -204,10 +204,6 @@ impl Model for Gpt2 {
         self.cfg.vocab_size
     }
 
-    fn task(&self) -> Task {
-        self.cfg.head.task()
-    }
-
     fn num_labels(&self) -> Option<i64> {
         self.cfg.head.num_labels()
     }
@@ -228,17 +224,8 @@ impl Model for Gpt2 {
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
         batch.validate(self.cfg.vocab_size, None)?;
+        batch.check_positions(self.cfg.n_positions, "n_positions")?;
         let (b, t) = (batch.batch_size(), batch.seq_len());
-        if t > self.cfg.n_positions {
-            return Err(ModelError::ShapeMismatch {
-                what: format!(
-                    "sequence length (at most n_positions = {})",
-                    self.cfg.n_positions
-                ),
-                expected: vec![b, self.cfg.n_positions],
-                got: vec![b, t],
-            });
-        }
         let device = batch.input_ids.device();
         let pos = Tensor::f_arange(t, (Kind::Int64, device))?
             .f_unsqueeze(0)?

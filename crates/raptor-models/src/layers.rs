@@ -324,6 +324,16 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// Names of its own parameters: `{name}.weight`, and `{name}.bias` when it has a bias
+    /// (not those of a LoRA adapter).
+    pub(crate) fn param_names(&self) -> Vec<String> {
+        let mut v = vec![format!("{}.weight", self.name)];
+        if self.bias.is_some() {
+            v.push(format!("{}.bias", self.name));
+        }
+        v
+    }
+
     pub(crate) fn new(
         vs: &VarStore,
         name: &str,

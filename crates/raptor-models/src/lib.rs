@@ -49,8 +49,8 @@ pub use grad::{
 };
 pub use layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, Lora, RmsNorm, name_matches};
 pub use model::{
-    ClippedStep, ClippedStepOutput, FrozenPrefix, LoraConfig, Model, attach_lora, freeze_all,
-    set_trainable, trainable_params,
+    ClippedStep, ClippedStepOutput, FrozenPrefix, LoraConfig, Model, MoeShape, attach_lora,
+    freeze_all, set_trainable, trainable_params,
 };
 pub use moe::{RouterOutput, collect_routing, owner_tensors, owners_per_record};
 pub use olmoe::{DecoderHead, OlmoeConfig, OlmoeDecoder};

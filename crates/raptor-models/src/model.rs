@@ -16,21 +16,35 @@ pub trait Model {
     fn var_store_mut(&mut self) -> &mut VarStore;
     /// Vocabulary size.
     fn vocab_size(&self) -> i64;
-    /// What the head computes.
-    fn task(&self) -> Task;
-    /// Number of classes for classification heads.
+    /// Number of classes for classification heads (None: a language-model head).
     fn num_labels(&self) -> Option<i64>;
-    /// Block indices of the sparse (MoE) layers (default: none, a dense model).
+    /// What the head computes (default: classification when the model has
+    /// [`Model::num_labels`], language modelling otherwise).
+    fn task(&self) -> Task {
+        match self.num_labels() {
+            Some(_) => Task::Classification,
+            None => Task::LanguageModel,
+        }
+    }
+    /// The experts of a MoE model (default: none, a dense model); [`Model::sparse_layers`],
+    /// [`Model::num_experts`] and [`Model::top_k`] read it.
+    fn moe_shape(&self) -> Option<MoeShape> {
+        None
+    }
+    /// Block indices of the sparse (MoE) layers, sorted, without repeats (default: those of
+    /// [`Model::moe_shape`]; none for a dense model).
     fn sparse_layers(&self) -> Vec<usize> {
-        Vec::new()
+        self.moe_shape()
+            .map(|s| s.sparse_layers)
+            .unwrap_or_default()
     }
-    /// Experts per sparse layer (default 0: a dense model).
+    /// Experts per sparse layer (default: that of [`Model::moe_shape`]; 0 for a dense model).
     fn num_experts(&self) -> i64 {
-        0
+        self.moe_shape().map_or(0, |s| s.num_experts)
     }
-    /// Experts per token (default 0: a dense model).
+    /// Experts per token (default: that of [`Model::moe_shape`]; 0 for a dense model).
     fn top_k(&self) -> i64 {
-        0
+        self.moe_shape().map_or(0, |s| s.top_k)
     }
     /// Expert capacity (token dropping), if on (default: off).
     fn expert_capacity(&self) -> Option<i64> {
@@ -78,6 +92,31 @@ pub trait Model {
         batch.validate(self.vocab_size(), self.num_labels())?;
         let logits = self.forward(batch, ctx)?;
         per_record_loss(&logits, batch, self.task())
+    }
+}
+
+/// The experts of a MoE model ([`Model::moe_shape`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoeShape {
+    /// Block indices of the sparse layers, sorted, without repeats.
+    pub sparse_layers: Vec<usize>,
+    /// Experts per sparse layer.
+    pub num_experts: i64,
+    /// Experts per token.
+    pub top_k: i64,
+}
+
+impl MoeShape {
+    /// The shape of `num_experts` experts per sparse layer, `top_k` per token, over the blocks
+    /// `sparse_layers` (sorted and deduplicated here).
+    pub fn new(mut sparse_layers: Vec<usize>, num_experts: i64, top_k: i64) -> Self {
+        sparse_layers.sort_unstable();
+        sparse_layers.dedup();
+        Self {
+            sparse_layers,
+            num_experts,
+            top_k,
+        }
     }
 }
 
@@ -305,14 +344,8 @@ macro_rules! delegate_model {
             fn num_labels(&self) -> Option<i64> {
                 self.$field.num_labels()
             }
-            fn sparse_layers(&self) -> Vec<usize> {
-                self.$field.sparse_layers()
-            }
-            fn num_experts(&self) -> i64 {
-                self.$field.num_experts()
-            }
-            fn top_k(&self) -> i64 {
-                self.$field.top_k()
+            fn moe_shape(&self) -> Option<$crate::model::MoeShape> {
+                self.$field.moe_shape()
             }
             fn expert_capacity(&self) -> Option<i64> {
                 self.$field.expert_capacity()

@@ -8,11 +8,11 @@
 //! `encoder.block.{i}.layer.1.mlp.experts.expert_{e}.{wi,wo}.weight`, `encoder.final_layer_norm.weight`),
 //! plus the classification head `classifier.{weight,bias}`.
 
-use crate::batch::{Batch, Task};
+use crate::batch::Batch;
 use crate::blocks::{attend, masked_mean, split_heads};
 use crate::error::{ModelError, Result};
 use crate::layers::{Act, Embedding, ForwardCtx, Linear, RmsNorm, mask_min, new_var};
-use crate::model::Model;
+use crate::model::{Model, MoeShape};
 use crate::moe::{dispatch, routing_and_owners};
 use crate::tape::{Part, Rows};
 use tch::nn::{Init, VarStore};
@@ -438,27 +438,16 @@ impl Model for SwitchEncoder {
         self.cfg.vocab_size
     }
 
-    fn task(&self) -> Task {
-        Task::Classification
-    }
-
     fn num_labels(&self) -> Option<i64> {
         Some(self.cfg.num_labels)
     }
 
-    fn sparse_layers(&self) -> Vec<usize> {
-        (0..self.cfg.num_layers)
+    fn moe_shape(&self) -> Option<MoeShape> {
+        let sparse = (0..self.cfg.num_layers)
             .filter(|&i| self.cfg.is_sparse(i))
             .map(|i| i as usize)
-            .collect()
-    }
-
-    fn num_experts(&self) -> i64 {
-        self.cfg.num_experts
-    }
-
-    fn top_k(&self) -> i64 {
-        1
+            .collect();
+        Some(MoeShape::new(sparse, self.cfg.num_experts, 1))
     }
 
     fn expert_capacity(&self) -> Option<i64> {
@@ -490,16 +479,14 @@ impl Model for SwitchEncoder {
     }
 
     fn router_params(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        for b in &self.blocks {
-            if let Ffn::Sparse { router, .. } = &b.ffn {
-                v.push(format!("{}.weight", router.name));
-                if router.bias.is_some() {
-                    v.push(format!("{}.bias", router.name));
-                }
-            }
-        }
-        v
+        self.blocks
+            .iter()
+            .filter_map(|b| match &b.ffn {
+                Ffn::Sparse { router, .. } => Some(router.param_names()),
+                Ffn::Dense { .. } => None,
+            })
+            .flatten()
+            .collect()
     }
 
     fn forward(&self, batch: &Batch, ctx: &mut ForwardCtx) -> Result<Tensor> {
