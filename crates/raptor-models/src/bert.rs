@@ -182,6 +182,23 @@ struct Layer {
 }
 
 impl Layer {
+    /// The linear maps that can carry LoRA, in order: attention (q, k, v, output), then the
+    /// FFN's (each expert's in turn; not the router).
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let ffn: Vec<&mut Ffn> = match &mut self.ffn {
+            LayerFfn::Dense(f) => vec![f],
+            LayerFfn::Moe { experts, .. } => experts.iter_mut().collect(),
+        };
+        let mut v = vec![
+            &mut self.query,
+            &mut self.key,
+            &mut self.value,
+            &mut self.attn_out,
+        ];
+        v.extend(ffn.into_iter().flat_map(|f| [&mut f.inter, &mut f.out]));
+        v
+    }
+
     /// Whether any linear map of the layer carries a LoRA adapter.
     fn has_lora(&self) -> bool {
         let ffn: Vec<&Linear> = match &self.ffn {
@@ -567,28 +584,12 @@ impl Model for Bert {
     }
 
     fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>) {
-        let mut v: Vec<&mut Linear> = Vec::new();
-        for l in &mut self.layers {
-            v.push(&mut l.query);
-            v.push(&mut l.key);
-            v.push(&mut l.value);
-            v.push(&mut l.attn_out);
-            match &mut l.ffn {
-                LayerFfn::Dense(f) => {
-                    v.push(&mut f.inter);
-                    v.push(&mut f.out);
-                }
-                LayerFfn::Moe { experts, .. } => {
-                    for f in experts {
-                        v.push(&mut f.inter);
-                        v.push(&mut f.out);
-                    }
-                }
-            }
-        }
-        if let Some(p) = &mut self.pooler {
-            v.push(p);
-        }
+        let mut v: Vec<&mut Linear> = self
+            .layers
+            .iter_mut()
+            .flat_map(Layer::linears_mut)
+            .collect();
+        v.extend(self.pooler.as_mut());
         v.push(&mut self.classifier);
         (&self.vs, v)
     }

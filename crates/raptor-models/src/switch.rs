@@ -127,6 +127,21 @@ struct Block {
     ffn: Ffn,
 }
 
+impl Block {
+    /// The linear maps that can carry LoRA, in order: attention (q, k, v, o), then the FFN's
+    /// (`wi`, `wo` of each expert in turn; not the router).
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v = vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        match &mut self.ffn {
+            Ffn::Dense { wi, wo } => v.extend([wi, wo]),
+            Ffn::Sparse { experts, .. } => {
+                v.extend(experts.iter_mut().flat_map(|(wi, wo)| [wi, wo]))
+            }
+        }
+        v
+    }
+}
+
 /// Switch-style MoE encoder with a mean-pooling classification head.
 #[derive(Debug)]
 pub struct SwitchEncoder {
@@ -455,25 +470,11 @@ impl Model for SwitchEncoder {
     }
 
     fn linears_mut(&mut self) -> (&VarStore, Vec<&mut Linear>) {
-        let mut v: Vec<&mut Linear> = Vec::new();
-        for b in &mut self.blocks {
-            v.push(&mut b.q);
-            v.push(&mut b.k);
-            v.push(&mut b.v);
-            v.push(&mut b.o);
-            match &mut b.ffn {
-                Ffn::Dense { wi, wo } => {
-                    v.push(wi);
-                    v.push(wo);
-                }
-                Ffn::Sparse { experts, .. } => {
-                    for (wi, wo) in experts {
-                        v.push(wi);
-                        v.push(wo);
-                    }
-                }
-            }
-        }
+        let mut v: Vec<&mut Linear> = self
+            .blocks
+            .iter_mut()
+            .flat_map(Block::linears_mut)
+            .collect();
         v.push(&mut self.classifier);
         (&self.vs, v)
     }
