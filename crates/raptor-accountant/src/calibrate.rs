@@ -329,9 +329,9 @@ pub fn run_composition(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<
 pub fn expert_update_charge(req: &PlanRequest, sigma_e: f64) -> Result<SubsampledGaussian> {
     check_layers(req.layers)?;
     let mut charge = SampleCharge::new(req.expert.q)?;
-    for l in 0..req.layers {
+    for l in 0..req.layers as usize {
         // One member stands for the group: its members are identical.
-        charge.member_release(&format!("layer {l}"), 0, sigma_e)?;
+        charge.member_release(l, 0, sigma_e)?;
     }
     charge.mechanism()
 }
@@ -362,9 +362,9 @@ fn one_sample_steps(req: &PlanRequest) -> Result<u64> {
 fn update_charge(req: &PlanRequest, sigma_s: f64, sigma_e: f64) -> Result<SubsampledGaussian> {
     let mut charge = SampleCharge::new(req.shared.q)?;
     charge.release(sigma_s)?;
-    for l in 0..req.layers {
+    for l in 0..req.layers as usize {
         // One member stands for the group: its members are identical.
-        charge.member_release(&format!("layer {l}"), 0, sigma_e)?;
+        charge.member_release(l, 0, sigma_e)?;
     }
     charge.mechanism()
 }

@@ -55,7 +55,7 @@ use crate::types::{NoiseMultiplier, SamplingRate, SubsampledGaussian};
 /// let mut charge = SampleCharge::new(0.015)?;
 /// charge.release(1.0)?;
 /// for e in 0..4 {
-///     charge.member_release("experts[layer 3]", e, 1.5)?;
+///     charge.member_release(3, e, 1.5)?; // expert e of layer 3's parallel group
 /// }
 /// let sigma_eff = charge.mechanism()?.sigma();
 /// assert!((sigma_eff - 1.0 / (1.0 + 1.0 / 2.25f64).sqrt()).abs() < 1e-12);
@@ -68,7 +68,8 @@ use crate::types::{NoiseMultiplier, SamplingRate, SubsampledGaussian};
 pub struct SampleCharge {
     q: SamplingRate,
     sequential: Vec<NoiseMultiplier>,
-    groups: BTreeMap<String, BTreeMap<usize, NoiseMultiplier>>,
+    /// Parallel group → member → its noise multiplier.
+    groups: BTreeMap<usize, BTreeMap<usize, NoiseMultiplier>>,
 }
 
 impl SampleCharge {
@@ -97,17 +98,15 @@ impl SampleCharge {
         Ok(self)
     }
 
-    /// Member `member` of the parallel group `group`: each record contributes to exactly one
-    /// member of the group (for the whole run), with noise multiplier `sigma`. A member given
-    /// twice is an error (it would be two releases, not one member).
-    pub fn member_release(&mut self, group: &str, member: usize, sigma: f64) -> Result<&mut Self> {
+    /// Member `member` of the parallel group `group` (the caller's index of the group; RAPTOR:
+    /// the sparse layer whose experts form it, each expert a member): each record contributes
+    /// to exactly one member of the group (for the whole run), with noise multiplier `sigma`. A
+    /// member given twice is an error (it would be two releases, not one member).
+    pub fn member_release(&mut self, group: usize, member: usize, sigma: f64) -> Result<&mut Self> {
         let sigma = NoiseMultiplier::new(sigma)?;
-        let members = self.groups.entry(group.to_string()).or_default();
+        let members = self.groups.entry(group).or_default();
         if members.insert(member, sigma).is_some() {
-            return Err(AccountantError::DuplicateMember {
-                group: group.to_string(),
-                member,
-            });
+            return Err(AccountantError::DuplicateMember { group, member });
         }
         Ok(self)
     }
@@ -177,7 +176,7 @@ mod tests {
         );
         let mut g = SampleCharge::new(0.02).unwrap();
         for m in 0..3 {
-            g.member_release("g", m, 0.9).unwrap();
+            g.member_release(0, m, 0.9).unwrap();
         }
         assert_eq!(g.mechanism().unwrap().sigma(), 0.9);
         assert_eq!(g.releases(), 3);
@@ -198,13 +197,16 @@ mod tests {
         ));
         assert!(c.release(0.0).is_err());
         assert!(c.release(f64::NAN).is_err());
-        c.member_release("g", 1, 1.0).unwrap();
+        c.member_release(0, 1, 1.0).unwrap();
         assert!(matches!(
-            c.member_release("g", 1, 1.0),
-            Err(AccountantError::DuplicateMember { member: 1, .. })
+            c.member_release(0, 1, 1.0),
+            Err(AccountantError::DuplicateMember {
+                group: 0,
+                member: 1
+            })
         ));
         // Another group may use the same index.
-        c.member_release("h", 1, 1.0).unwrap();
+        c.member_release(1, 1, 1.0).unwrap();
     }
 
     proptest! {
@@ -222,7 +224,7 @@ mod tests {
             }
             for (i, g) in groups.iter().enumerate() {
                 for (m, s) in g.iter().enumerate() {
-                    c.member_release(&format!("layer {i}"), m, *s).unwrap();
+                    c.member_release(i, m, *s).unwrap();
                 }
             }
             let mut inv: f64 = seq.iter().map(|s| 1.0 / (s * s)).sum();
@@ -249,7 +251,7 @@ mod tests {
             }
             for (i, g) in groups.iter().enumerate().rev() {
                 for (m, s) in g.iter().enumerate().rev() {
-                    r.member_release(&format!("layer {i}"), m, *s).unwrap();
+                    r.member_release(i, m, *s).unwrap();
                 }
             }
             let back = r.noise_multiplier().unwrap().get();

@@ -83,10 +83,10 @@ pub enum AccountantError {
     #[error("number of trained layers must be between 1 and 4096 (got {0})")]
     InvalidLayers(u64),
     /// A member of a parallel group was released twice from one sample.
-    #[error("member {member} of parallel group {group:?} was released twice from one sample")]
+    #[error("member {member} of parallel group {group} was released twice from one sample")]
     DuplicateMember {
-        /// The group's name.
-        group: String,
+        /// The group's index.
+        group: usize,
         /// The member index.
         member: usize,
     },

@@ -136,9 +136,7 @@ fn alternating_samples_cost_the_worst_member_of_each_expert_sample() {
     let loud = SubsampledGaussian::new(0.02, 1.0).unwrap();
     let mut experts = SampleCharge::new(0.02).unwrap();
     for (m, sigma) in [2.0, 2.0, 1.0, 2.0].into_iter().enumerate() {
-        experts
-            .member_release("experts[layer 1]", m, sigma)
-            .unwrap();
+        experts.member_release(1, m, sigma).unwrap();
     }
     let mut l = Ledger::new();
     for _ in 0..40 {
@@ -207,7 +205,7 @@ fn total_step_cap_is_exact_and_a_refused_step_changes_nothing() {
     );
     let mut two = SampleCharge::new(0.01).unwrap();
     two.release(1.0).unwrap();
-    two.member_release("g", 0, 2.0).unwrap();
+    two.member_release(0, 0, 2.0).unwrap();
     assert_eq!(
         l.charge(&two).unwrap_err(),
         AccountantError::TooManySteps(over, MAX_TOTAL_STEPS)
@@ -312,7 +310,7 @@ fn budget_plan_figures_are_what_they_claim() {
     let expert = |se: f64| {
         let mut c = SampleCharge::new(qe).unwrap();
         for layer in 0..l {
-            c.member_release(&format!("layer {layer}"), 0, se).unwrap();
+            c.member_release(layer as usize, 0, se).unwrap();
         }
         let m = c.mechanism().unwrap();
         assert!(close(m.sigma(), se / (l as f64).sqrt()), "{m:?}");
@@ -502,9 +500,7 @@ fn a_simultaneous_plan_is_calibrated_on_the_one_sample_mechanism() {
         charge.release(s).unwrap();
         for l in 0..layers {
             for m in 0..4 {
-                charge
-                    .member_release(&format!("experts[layer {l}]"), m, e)
-                    .unwrap();
+                charge.member_release(l as usize, m, e).unwrap();
             }
         }
         let mut ledger = Ledger::new();

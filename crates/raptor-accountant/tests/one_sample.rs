@@ -73,7 +73,7 @@ fn charge(c: &Case) -> SampleCharge {
     }
     for (g, members) in c.groups.iter().enumerate() {
         for (m, &x) in members.iter().enumerate() {
-            s.member_release(&format!("layer {g}"), m, x).unwrap();
+            s.member_release(g, m, x).unwrap();
         }
     }
     s

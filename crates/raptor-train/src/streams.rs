@@ -352,7 +352,7 @@ pub fn sample_charge<'a>(
                 sample.release(sigma)?;
             }
             Charge::Parallel(id) => {
-                sample.member_release(&format!("experts[layer {}]", id.layer), id.expert, sigma)?;
+                sample.member_release(id.layer, id.expert, sigma)?;
             }
         }
     }

@@ -494,7 +494,7 @@ impl Trainer<'_> {
                             e.insert(raptor_accountant::SampleCharge::new(q)?)
                         }
                     };
-                    g.member_release(&format!("experts[layer {}]", id.layer), id.expert, r.sigma)?;
+                    g.member_release(id.layer, id.expert, r.sigma)?;
                 }
             }
         }
