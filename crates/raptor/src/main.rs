@@ -3,7 +3,6 @@
 use clap::{Parser, Subcommand};
 
 mod cli;
-mod memory;
 mod provision;
 mod quickstart;
 
@@ -69,8 +68,6 @@ enum Command {
 }
 
 fn main() {
-    // Before any thread starts: freed tensors go back to the system (see `memory`).
-    memory::return_large_blocks();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { json } => info(json),
