@@ -87,8 +87,34 @@ mod tests {
         Tensor::randn([4], (Kind::Float, Device::Cpu))
     }
 
+    /// Set in the process that runs the interleaving check alone.
+    const ALONE: &str = "RAPTOR_RNG_CHECK_ALONE";
+
     #[test]
     fn a_seeded_section_is_not_interleaved_with_another_thread() {
+        // Other tests of this binary may draw from the global generator without the lock while
+        // this one runs (tests are free to), which would look like an interleaving: the check
+        // runs in a process of its own, where only its two threads draw.
+        if std::env::var_os(ALONE).is_some() {
+            interleaving_check();
+            return;
+        }
+        let name = "rng::tests::a_seeded_section_is_not_interleaved_with_another_thread";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1"])
+            .env(ALONE, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Seeded sections on this thread against another thread seeding and drawing in a loop.
+    fn interleaving_check() {
         // Reference: seed, draw, draw, with nobody else around.
         let (x0, y0) = seeded(1, || (draw(), draw()));
         let stop = AtomicBool::new(false);
