@@ -423,7 +423,70 @@ pub fn prepare_counting(
     let vocab = tokenizer.vocab_size() as i64;
     let pad_id = i64::from(tokenizer.pad_id());
     if cfg.data.format.is_data_to_text() {
-        return prepare_d2t(cfg, device, tokenizer, vocab, pad_id, hook, extra_records);
+        let (train_recs, valid_recs) = d2t_split(&cfg.data, cfg.train.seed)?;
+        if train_recs.is_empty() {
+            return Err(RunError::Data(
+                "no training record is left after the validation split".into(),
+            ));
+        }
+        let mut model = build_model(
+            &cfg.model,
+            cfg.data.max_length,
+            cfg.train.seed,
+            vocab,
+            0,
+            device,
+        )?;
+        let model_vocab = model.vocab_size();
+        let enc = Encoding::of(&cfg.data, &cfg.model);
+        let mut train = to_d2t_examples(enc, tokenizer.as_ref(), &train_recs, model_vocab)?;
+        let validation = to_d2t_examples(enc, tokenizer.as_ref(), &valid_recs, model_vocab)?;
+        apply_hook(
+            hook,
+            &mut train,
+            &validation,
+            DataInfo {
+                classifier: false,
+                num_labels: 0,
+                vocab: model_vocab,
+                pad_id,
+                eos_id: i64::from(enc.eos),
+                max_length: enc.max_length,
+                max_id: 0,
+            },
+        )?;
+        let validation_sources = d2t_sources(
+            valid_recs,
+            &cfg.data.train,
+            cfg.eval.max_sources,
+            tokenizer.as_ref(),
+            cfg.data.max_length,
+        )?;
+        let (plan, privacy) =
+            raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
+                build_plan(
+                    cfg.into(),
+                    model.as_mut(),
+                    train.len() + extra_records,
+                    None,
+                )
+            })?;
+        return Ok(Session {
+            cfg: cfg.clone(),
+            model,
+            tokenizer,
+            labels: None,
+            train,
+            validation,
+            plan,
+            privacy,
+            layer: None,
+            owners: BTreeMap::new(),
+            device,
+            pad_id,
+            validation_sources,
+            canaries: None,
+        });
     }
     let train_ds = read_records(&cfg.data, &cfg.data.train, classify)?;
     let labels = if classify {
@@ -549,23 +612,19 @@ pub fn prepare_counting(
     })
 }
 
-fn prepare_d2t(
-    cfg: &RunConfig,
-    device: Device,
-    tokenizer: Box<dyn TextTokenizer>,
-    vocab: i64,
-    pad_id: i64,
-    hook: Option<TrainHook<'_>>,
-    extra_records: usize,
-) -> Result<Session> {
-    let train_ds = read_d2t(&cfg.data, &cfg.data.train)?;
-    let (train_recs, valid_recs) = match &cfg.data.validation {
-        Some(p) => (train_ds.records.clone(), read_d2t(&cfg.data, p)?.records),
-        None if cfg.data.validation_fraction > 0.0 => {
+/// The data-to-text records of `[data]`: the training file's, and the validation file's or a
+/// seeded split (by `seed`, the run's `train.seed`) of the training file's.
+fn d2t_split(
+    data: &DataConfig,
+    seed: u64,
+) -> Result<(Vec<raptor_data::D2tRecord>, Vec<raptor_data::D2tRecord>)> {
+    let train_ds = read_d2t(data, &data.train)?;
+    Ok(match &data.validation {
+        Some(p) => (train_ds.records.clone(), read_d2t(data, p)?.records),
+        None if data.validation_fraction > 0.0 => {
             let ids: Vec<usize> = train_ds.records.iter().map(|r| r.id).collect();
-            let split =
-                raptor_data::validation_split(&ids, cfg.data.validation_fraction, cfg.train.seed)
-                    .map_err(data_err)?;
+            let split = raptor_data::validation_split(&ids, data.validation_fraction, seed)
+                .map_err(data_err)?;
             let pick = |keep: &[usize]| -> Vec<raptor_data::D2tRecord> {
                 train_ds
                     .records
@@ -581,79 +640,35 @@ fn prepare_d2t(
             (pick(&kept), pick(&held))
         }
         None => (train_ds.records.clone(), Vec::new()),
-    };
-    if train_recs.is_empty() {
-        return Err(RunError::Data(
-            "no training record is left after the validation split".into(),
-        ));
-    }
-    let mut model = build_model(
-        &cfg.model,
-        cfg.data.max_length,
-        cfg.train.seed,
-        vocab,
-        0,
-        device,
-    )?;
-    let model_vocab = model.vocab_size();
-    let enc = Encoding::of(&cfg.data, &cfg.model);
-    let mut train = to_d2t_examples(enc, tokenizer.as_ref(), &train_recs, model_vocab)?;
-    let validation = to_d2t_examples(enc, tokenizer.as_ref(), &valid_recs, model_vocab)?;
-    apply_hook(
-        hook,
-        &mut train,
-        &validation,
-        DataInfo {
-            classifier: false,
-            num_labels: 0,
-            vocab: model_vocab,
-            pad_id,
-            eos_id: i64::from(enc.eos),
-            max_length: enc.max_length,
-            max_id: 0,
-        },
-    )?;
+    })
+}
+
+/// The validation sources of data-to-text records with their references and prompts (at most
+/// `max_sources`, `eval.max_sources`; 0: all), for generation metrics.
+fn d2t_sources(
+    valid: Vec<raptor_data::D2tRecord>,
+    path: &Path,
+    max_sources: usize,
+    tokenizer: &dyn TextTokenizer,
+    max_length: usize,
+) -> Result<Vec<SourceRefs>> {
     let valid_ds = raptor_data::D2tDataset {
-        path: cfg.data.train.clone(),
-        records: valid_recs,
+        path: path.to_path_buf(),
+        records: valid,
         skipped_empty: 0,
     };
-    let mut validation_sources = Vec::new();
+    let mut sources = Vec::new();
     for g in valid_ds.group_by_source() {
-        if cfg.eval.max_sources > 0 && validation_sources.len() >= cfg.eval.max_sources {
+        if max_sources > 0 && sources.len() >= max_sources {
             break;
         }
-        validation_sources.push(SourceRefs {
-            prompt: d2t_prompt(tokenizer.as_ref(), &g.source, cfg.data.max_length)?,
+        sources.push(SourceRefs {
+            prompt: d2t_prompt(tokenizer, &g.source, max_length)?,
             source: g.source,
             references: g.references,
         });
     }
-    let (plan, privacy) =
-        raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-            build_plan(
-                cfg.into(),
-                model.as_mut(),
-                train.len() + extra_records,
-                None,
-            )
-        })?;
-    Ok(Session {
-        cfg: cfg.clone(),
-        model,
-        tokenizer,
-        labels: None,
-        train,
-        validation,
-        plan,
-        privacy,
-        layer: None,
-        owners: BTreeMap::new(),
-        device,
-        pad_id,
-        validation_sources,
-        canaries: None,
-    })
+    Ok(sources)
 }
 
 #[cfg(test)]
