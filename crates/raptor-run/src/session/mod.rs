@@ -188,6 +188,36 @@ pub struct DataInfo {
     pub max_id: u64,
 }
 
+impl DataInfo {
+    /// What a hook is told of records tokenized by `enc` for a model of `vocab` tokens (the
+    /// largest record id is filled in by the preparation).
+    fn new(enc: Encoding, classifier: bool, num_labels: usize, vocab: i64, pad_id: i64) -> Self {
+        Self {
+            classifier,
+            num_labels,
+            vocab,
+            pad_id,
+            eos_id: i64::from(enc.eos),
+            max_length: enc.max_length,
+            max_id: 0,
+        }
+    }
+}
+
+/// The plan of `settings` over `model` for `n` records, its adapters initialised from `seed`
+/// (the run's `train.seed` + 1, as every run of that seed).
+fn plan_seeded(
+    settings: raptor_train::methods::PlanSettings<'_>,
+    seed: u64,
+    model: &mut dyn Model,
+    n: usize,
+    layer: Option<usize>,
+) -> Result<(Plan, PrivacyPlan)> {
+    Ok(raptor_models::rng::seeded(seed as i64, || {
+        build_plan(settings, model, n, layer)
+    })?)
+}
+
 /// A hook that may change the training records after they are read and before anything is
 /// computed from them (the plan's N and q, owner maps): the canaries of `raptor audit`.
 pub type TrainHook<'a> = &'a mut dyn FnMut(&mut Vec<Example>, &DataInfo) -> Result<()>;
@@ -445,15 +475,7 @@ pub fn prepare_counting(
             hook,
             &mut train,
             &validation,
-            DataInfo {
-                classifier: false,
-                num_labels: 0,
-                vocab: model_vocab,
-                pad_id,
-                eos_id: i64::from(enc.eos),
-                max_length: enc.max_length,
-                max_id: 0,
-            },
+            DataInfo::new(enc, false, 0, model_vocab, pad_id),
         )?;
         let validation_sources = d2t_sources(
             valid_recs,
@@ -462,15 +484,13 @@ pub fn prepare_counting(
             tokenizer.as_ref(),
             cfg.data.max_length,
         )?;
-        let (plan, privacy) =
-            raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-                build_plan(
-                    cfg.into(),
-                    model.as_mut(),
-                    train.len() + extra_records,
-                    None,
-                )
-            })?;
+        let (plan, privacy) = plan_seeded(
+            cfg.into(),
+            cfg.train.seed.wrapping_add(1),
+            model.as_mut(),
+            train.len() + extra_records,
+            None,
+        )?;
         return Ok(Session {
             cfg: cfg.clone(),
             model,
@@ -529,15 +549,7 @@ pub fn prepare_counting(
         hook,
         &mut train,
         &validation,
-        DataInfo {
-            classifier: classify,
-            num_labels: num_labels as usize,
-            vocab: model_vocab,
-            pad_id,
-            eos_id: i64::from(enc.eos),
-            max_length: enc.max_length,
-            max_id: 0,
-        },
+        DataInfo::new(enc, classify, num_labels as usize, model_vocab, pad_id),
     )?;
     // RAPTOR's layer from public routing (no private record is involved).
     let layer = public_layer(
@@ -549,15 +561,13 @@ pub fn prepare_counting(
         pad_id,
         device,
     )?;
-    let (plan, privacy) =
-        raptor_models::rng::seeded(cfg.train.seed.wrapping_add(1) as i64, || {
-            build_plan(
-                cfg.into(),
-                model.as_mut(),
-                train.len() + extra_records,
-                layer.as_ref().map(|l| l.layer),
-            )
-        })?;
+    let (plan, privacy) = plan_seeded(
+        cfg.into(),
+        cfg.train.seed.wrapping_add(1),
+        model.as_mut(),
+        train.len() + extra_records,
+        layer.as_ref().map(|l| l.layer),
+    )?;
     if cfg.lora.dropout > 0.0 && train.iter().any(|e| e.id == u64::MAX) {
         return Err(RunError::Config("LoRA dropout needs record ids".into()));
     }
