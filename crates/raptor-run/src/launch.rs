@@ -84,30 +84,17 @@ pub struct MemoryEstimate {
     pub peak_bytes: u64,
 }
 
-/// Resident bytes of this process (`VmRSS` of `/proc/self/status`; None where unreadable).
-fn resident_bytes() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()?
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|kb| kb * 1024)
-}
-
 /// The largest resident memory while `f` runs, sampled every 2 ms on a thread of its own.
 fn peak_resident_during<T>(f: impl FnOnce() -> T) -> (T, Option<u64>) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let stop = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(resident_bytes().unwrap_or(0)));
+    let peak = Arc::new(AtomicU64::new(crate::memory::resident_bytes().unwrap_or(0)));
     let sampler = {
         let (stop, peak) = (Arc::clone(&stop), Arc::clone(&peak));
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                if let Some(r) = resident_bytes() {
+                if let Some(r) = crate::memory::resident_bytes() {
                     peak.fetch_max(r, Ordering::Relaxed);
                 }
                 std::thread::sleep(std::time::Duration::from_millis(2));
@@ -184,6 +171,9 @@ pub struct StartInfo {
     pub prefix_cache: Option<crate::prefix::PrefixPlan>,
     /// The expected peak memory (None when the probe could not measure it).
     pub memory: Option<MemoryEstimate>,
+    /// Seconds each part of the preparation took ([`Session::prepare_seconds`]), then the
+    /// frozen-prefix cache's plan and the probe's: where the time before the first update goes.
+    pub prepare_seconds: Vec<(&'static str, f64)>,
     /// Fraction of the training tokens the tokenizer maps to its unknown token. Computed on the
     /// private training records **without noise**: a diagnostic for the data owner, not part of
     /// the release. None for tokenizers without an unknown token.
@@ -250,6 +240,8 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
             unknown as f64 / total as f64
         }
     });
+    let mut prepare_seconds = session.prepare_seconds.clone();
+    let t0 = std::time::Instant::now();
     let scope = crate::prefix::training_scope(session.model.as_ref(), &session.plan);
     let prefix_cache = crate::prefix::plan_prefix_cache(
         session.model.as_ref(),
@@ -262,10 +254,13 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         ),
     )
     .ok();
+    let t1 = std::time::Instant::now();
+    prepare_seconds.push(("prefix cache plan", (t1 - t0).as_secs_f64()));
     let (estimate, memory) = match probe(session, prefix_cache.as_ref()) {
         Ok((t, m)) => (Some(t), m),
         Err(_) => (None, None),
     };
+    prepare_seconds.push(("probe", t1.elapsed().as_secs_f64()));
     let mut warnings = learnability_warnings(&Learnability::of(
         &cfg.model,
         &session.privacy,
@@ -286,6 +281,7 @@ pub fn start_info(session: &Session, dir: &Path, resuming: bool) -> StartInfo {
         estimate,
         prefix_cache,
         memory,
+        prepare_seconds,
         unknown_token_fraction,
         warnings,
     }
@@ -474,7 +470,11 @@ fn probe(
     // peak is the run's first epoch).
     let mut full: BTreeMap<usize, f64> = BTreeMap::new();
     let mut from_cache: BTreeMap<usize, f64> = BTreeMap::new();
-    let before = resident_bytes();
+    // The free space glibc keeps inside its arenas is given back first (as the run does after
+    // every update): otherwise the probe's updates reuse it, and the memory they add, the
+    // basis of the expected peak, reads as almost nothing.
+    crate::memory::release_free_memory();
+    let before = crate::memory::resident_bytes();
     let (timed, peak) = peak_resident_during(|| -> Result<()> {
         for &pi in &distinct {
             let ph = &plan.phases[pi];

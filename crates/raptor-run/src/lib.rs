@@ -16,6 +16,7 @@ pub mod device;
 pub mod diagnostics;
 pub mod error;
 pub mod launch;
+pub mod memory;
 pub mod prefix;
 pub mod public_clip;
 mod run;

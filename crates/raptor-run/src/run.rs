@@ -774,6 +774,7 @@ pub(crate) fn train_session(
         tokenizer,
         validation_sources,
         canaries,
+        prepare_seconds: _,
     } = session;
     let trainable_parameters = trainable_parameters(&plan, model.as_ref());
     let mut notes = start_notes(

@@ -2,6 +2,34 @@
 
 use clap::{Parser, Subcommand};
 
+// jemalloc serves every allocation of the process, libtorch's tensors included: its symbols
+// are unprefixed, so the shared libraries' `malloc` and `free` resolve to it. glibc's allocator
+// kept most of a MoE run's resident memory as free space inside its arenas (see
+// `raptor_run::memory`); jemalloc returns unused pages by itself.
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Gives every jemalloc arena's unused pages back to the system now (the `purge` control over
+/// all arenas, `MALLCTL_ARENAS_ALL` = 4096): what `raptor_run::memory::release_free_memory`
+/// calls in this program.
+#[cfg(target_os = "linux")]
+fn release_jemalloc_pages() -> bool {
+    const PURGE_ALL: &[u8] = b"arena.4096.purge\0";
+    // SAFETY: the name is a NUL-terminated string; a purge reads and writes no caller memory
+    // (every other pointer is null, the length 0), and jemalloc locks its arenas itself.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            PURGE_ALL.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    rc == 0
+}
+
 mod cli;
 mod provision;
 mod quickstart;
@@ -68,6 +96,8 @@ enum Command {
 }
 
 fn main() {
+    #[cfg(target_os = "linux")]
+    raptor_run::memory::set_releaser(release_jemalloc_pages);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { json } => info(json),
@@ -193,5 +223,48 @@ mod tests {
             // An error (usage, help, version) or a parsed command: never a panic.
             let _ = Cli::try_parse_from(&line);
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod allocator_tests {
+    //! The program's allocator is jemalloc, for libtorch's allocations too, and its free pages
+    //! go back to the system when released.
+
+    /// Resident bytes of this process.
+    fn resident() -> u64 {
+        raptor_run::memory::resident_bytes().unwrap_or(0)
+    }
+
+    #[test]
+    fn shared_libraries_allocate_from_jemalloc() {
+        // A shared library's `malloc` (libtorch's tensors) is the first `malloc` of the
+        // process's global symbol lookup: it must be jemalloc's, not the C library's.
+        // SAFETY: dlsym with a NUL-terminated name only looks the symbol up.
+        let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
+        assert!(!global.is_null());
+        assert_eq!(
+            global as usize,
+            tikv_jemalloc_sys::malloc as *const () as usize,
+            "`malloc` resolves to the C library's allocator, not jemalloc"
+        );
+    }
+
+    #[test]
+    fn released_pages_leave_the_resident_set() {
+        let blocks: Vec<Vec<u8>> = (0..4096usize)
+            .map(|i| vec![(i % 251) as u8 + 1; 64 * 1024])
+            .collect();
+        let full = resident();
+        drop(blocks);
+        let before = resident();
+        assert!(super::release_jemalloc_pages(), "the purge control is known");
+        let after = resident();
+        // 256 MiB were freed; at least half of it must leave the resident set (jemalloc may
+        // already have returned some by itself, so compare with the resident set while full).
+        assert!(
+            full.saturating_sub(after) > 128 << 20,
+            "resident {full} with the blocks, {before} after freeing, {after} after the purge"
+        );
     }
 }

@@ -106,6 +106,18 @@ fn lora_and_raptor_learn_the_toy_task() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if method == "raptor" {
+            // The start report says where the time before the first update went, RAPTOR's
+            // layer choice on the public corpus and its owner maps included.
+            let err = String::from_utf8_lossy(&out.stderr);
+            let line = err
+                .lines()
+                .find(|l| l.trim_start().starts_with("prepared in "))
+                .unwrap_or_else(|| panic!("no `prepared in` line:\n{err}"));
+            for part in ["model ", "public routing ", "privacy plan ", "owner maps ", "probe "] {
+                assert!(line.contains(part), "{part:?} missing from {line:?}");
+            }
+        }
         let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         // What was computed from private records without noise is under private/, never in
         // the publishable record.

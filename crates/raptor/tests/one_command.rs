@@ -148,6 +148,12 @@ fn one_command_trains_from_the_cached_backbone_with_progress_lines() {
         "time: about",
         "memory: about",
         "frozen-prefix cache:",
+        // Where the time before the first update went, part by part.
+        "prepared in ",
+        "model ",
+        "tokenizing ",
+        "privacy plan ",
+        "probe ",
     ] {
         assert!(se.contains(want), "{want:?} missing from stderr:\n{se}");
     }

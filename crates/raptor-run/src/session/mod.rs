@@ -58,6 +58,32 @@ pub struct Session {
     /// A white-box audit run's Dirac canaries (set only by
     /// [`crate::train_prepared_with_canaries`]; None for every other run).
     pub(crate) canaries: Option<raptor_train::trainer::DiracCanaries>,
+    /// Seconds each part of the preparation took, in order (the model's load, the records,
+    /// public routing, the privacy plan, the owner maps, ...): where the time before the first
+    /// update goes.
+    pub prepare_seconds: Vec<(&'static str, f64)>,
+}
+
+/// Seconds of the parts of a preparation, lap by lap.
+struct Laps {
+    last: std::time::Instant,
+    laps: Vec<(&'static str, f64)>,
+}
+
+impl Laps {
+    fn new() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            laps: Vec::new(),
+        }
+    }
+
+    /// Ends the part named `name` (the time since the previous lap).
+    fn lap(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.laps.push((name, (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
 }
 
 /// A data-to-text source and its references (for BLEU / ROUGE-L).
@@ -323,7 +349,11 @@ fn public_layer(
         let public = match (&data.public, method.layer()) {
             (Some(p), Some(LayerSpec::Entropy)) => {
                 let ds = read_records(data, p, false)?;
-                let ex = to_examples(enc, tokenizer, &ds.records, None, model_vocab)?;
+                let mut ex = to_examples(enc, tokenizer, &ds.records, None, model_vocab)?;
+                // Batched by length: a batch is padded to its longest record, and the layer
+                // choice reads only counts of owners over the corpus, whatever the order (a
+                // record's routing does not depend on its batch beyond float round-off).
+                ex.sort_by_key(|e| e.tokens.len());
                 let bs = batches(&ex, 64, pad_id, device, !enc.language_model)?;
                 let routing = raptor_models::collect_routing(model, bs.iter())?;
                 let mut corpus = raptor_routing::PublicCorpus::new();
@@ -435,6 +465,7 @@ pub fn prepare_counting(
     extra_records: usize,
 ) -> Result<Session> {
     cfg.validate()?;
+    let mut laps = Laps::new();
     let device = open_device(cfg.train.device)?;
     if !cfg.data.train.exists() {
         let hint = match raptor_data::cache::default_cache_dir() {
@@ -459,6 +490,7 @@ pub fn prepare_counting(
                 "no training record is left after the validation split".into(),
             ));
         }
+        laps.lap("reading the records");
         let mut model = build_model(
             &cfg.model,
             cfg.data.max_length,
@@ -467,6 +499,7 @@ pub fn prepare_counting(
             0,
             device,
         )?;
+        laps.lap("model");
         let model_vocab = model.vocab_size();
         let enc = Encoding::of(&cfg.data, &cfg.model);
         let mut train = to_d2t_examples(enc, tokenizer.as_ref(), &train_recs, model_vocab)?;
@@ -484,6 +517,7 @@ pub fn prepare_counting(
             tokenizer.as_ref(),
             cfg.data.max_length,
         )?;
+        laps.lap("records");
         let (plan, privacy) = plan_seeded(
             cfg.into(),
             cfg.train.seed.wrapping_add(1),
@@ -491,6 +525,8 @@ pub fn prepare_counting(
             train.len() + extra_records,
             None,
         )?;
+        laps.lap("privacy plan");
+        crate::memory::release_free_memory();
         return Ok(Session {
             cfg: cfg.clone(),
             model,
@@ -506,6 +542,7 @@ pub fn prepare_counting(
             pad_id,
             validation_sources,
             canaries: None,
+            prepare_seconds: laps.laps,
         });
     }
     let train_ds = read_records(&cfg.data, &cfg.data.train, classify)?;
@@ -521,6 +558,7 @@ pub fn prepare_counting(
         ));
     }
     let num_labels = labels.as_ref().map_or(0, |m| m.len() as i64);
+    laps.lap("reading the records");
     let mut model = build_model(
         &cfg.model,
         cfg.data.max_length,
@@ -529,6 +567,7 @@ pub fn prepare_counting(
         num_labels,
         device,
     )?;
+    laps.lap("model");
     let model_vocab = model.vocab_size();
     let enc = Encoding::of(&cfg.data, &cfg.model);
     let mut train = to_examples(
@@ -551,6 +590,7 @@ pub fn prepare_counting(
         &validation,
         DataInfo::new(enc, classify, num_labels as usize, model_vocab, pad_id),
     )?;
+    laps.lap("tokenizing");
     // RAPTOR's layer from public routing (no private record is involved).
     let layer = public_layer(
         &cfg.method,
@@ -561,6 +601,7 @@ pub fn prepare_counting(
         pad_id,
         device,
     )?;
+    laps.lap("public routing");
     let (plan, privacy) = plan_seeded(
         cfg.into(),
         cfg.train.seed.wrapping_add(1),
@@ -568,6 +609,7 @@ pub fn prepare_counting(
         train.len() + extra_records,
         layer.as_ref().map(|l| l.layer),
     )?;
+    laps.lap("privacy plan");
     if cfg.lora.dropout > 0.0 && train.iter().any(|e| e.id == u64::MAX) {
         return Err(RunError::Config("LoRA dropout needs record ids".into()));
     }
@@ -579,6 +621,7 @@ pub fn prepare_counting(
         pad_id,
         device,
     )?;
+    laps.lap("owner maps");
     if model.task() == Task::Classification && labels.is_none() {
         return Err(RunError::Config("a classifier needs a label column".into()));
     }
@@ -603,7 +646,9 @@ pub fn prepare_counting(
             pad_id,
             device,
         )?);
+        laps.lap("public clip bounds");
     }
+    crate::memory::release_free_memory();
     Ok(Session {
         cfg: cfg.clone(),
         model,
@@ -619,6 +664,7 @@ pub fn prepare_counting(
         pad_id,
         validation_sources: Vec::new(),
         canaries: None,
+        prepare_seconds: laps.laps,
     })
 }
 

@@ -144,6 +144,19 @@ pub fn start_lines(info: &StartInfo) -> Vec<String> {
     if let Some(p) = &info.prefix_cache {
         out.push(format!("  {}", p.describe()));
     }
+    if !info.prepare_seconds.is_empty() {
+        let total: f64 = info.prepare_seconds.iter().map(|(_, s)| s).sum();
+        let parts: Vec<String> = info
+            .prepare_seconds
+            .iter()
+            .map(|(name, s)| format!("{name} {}", duration(*s)))
+            .collect();
+        out.push(format!(
+            "  prepared in {}: {}",
+            duration(total),
+            parts.join(", ")
+        ));
+    }
     for w in &info.warnings {
         out.push(format!("  warning: {w}"));
     }
