@@ -27,7 +27,7 @@
 //! read this layout (it is not a Hugging Face architecture).
 
 use crate::batch::Batch;
-use crate::blocks::{attend, masked_mean, split_heads};
+use crate::blocks::{attend_fused, masked_mean, split_heads};
 use crate::error::{ModelError, Result};
 use crate::layers::RowSpec;
 use crate::layers::{Act, Embedding, ForwardCtx, LayerNorm, Linear, mask_min};
@@ -397,7 +397,7 @@ impl Bert {
             let q = split_heads(&l.query.forward(&h, ctx)?, nh, hd)?;
             let k = split_heads(&l.key.forward(&h, ctx)?, nh, hd)?;
             let v = split_heads(&l.value.forward(&h, ctx)?, nh, hd)?;
-            let a = attend(&q, &k, &v, &mask, Some((hd as f64).powf(-0.5)))?;
+            let a = attend_fused(&q, &k, &v, &mask, Some((hd as f64).powf(-0.5)))?;
             let a = l.attn_out.forward(&a, ctx)?;
             h = l.attn_ln.forward(&h.f_add(&a)?, ctx)?;
             let f = match &l.ffn {

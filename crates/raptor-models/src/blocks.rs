@@ -48,7 +48,8 @@ pub(crate) fn masked_mean(h: &Tensor, mask: &Tensor) -> Result<Tensor> {
 /// The attention core: `softmax(q kᵀ · scale + bias) v` over heads. `q` `[B, H, T, hd]`,
 /// `k`/`v` `[B, KVH, T, hd]` (grouped-query attention when KVH < H: each key/value head serves
 /// H/KVH consecutive query heads), `bias` broadcastable to `[B, H, T, T]` (additive mask and/or
-/// position bias). Returns `[B, T, H·hd]`.
+/// position bias). Returns `[B, T, H·hd]`. The scores are materialized (see [`attend_fused`]
+/// for the form that does not).
 pub(crate) fn attend(
     q: &Tensor,
     k: &Tensor,
@@ -56,8 +57,49 @@ pub(crate) fn attend(
     bias: &Tensor,
     scale: Option<f64>,
 ) -> Result<Tensor> {
+    let (k, v) = kv_per_query_head(q, k, v)?;
+    attend_explicit(q, &k, &v, bias, scale)
+}
+
+/// [`attend`] by libtorch's fused attention (`scaled_dot_product_attention`; on the CPU a
+/// blocked kernel with an online softmax): the `[B, H, T, T]` scores and probabilities are
+/// never materialized, in the forward pass or in its backward, which recomputes them block by
+/// block. The same function up to float round-off (tested against the explicit form). A bias
+/// that requires a gradient, or of another dtype than `q`, takes the explicit form, whose
+/// backward gives the bias its gradient. BERT's encoder uses it (the one-command workload's
+/// attention: a key-padding mask); the other families keep the explicit form, which their
+/// pinned seeded runs were recorded with.
+pub(crate) fn attend_fused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    let (k, v) = kv_per_query_head(q, k, v)?;
+    if bias.requires_grad() || bias.kind() != q.kind() {
+        return attend_explicit(q, &k, &v, bias, scale);
+    }
     let size = q.size();
     let (b, h, t, hd) = (size[0], size[1], size[2], size[3]);
+    Ok(Tensor::f_scaled_dot_product_attention(
+        q,
+        &k,
+        &v,
+        Some(bias),
+        0.0,
+        false,
+        scale.unwrap_or(1.0),
+        false,
+    )?
+    .f_transpose(1, 2)?
+    .f_reshape([b, t, h * hd])?)
+}
+
+/// `k`, `v` with each key/value head repeated for the query heads it serves (unchanged when
+/// there are as many as query heads).
+fn kv_per_query_head(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    let h = q.size()[1];
     let kvh = k.size()[1];
     let (mut k, mut v) = (k.shallow_clone(), v.shallow_clone());
     if kvh != h {
@@ -70,6 +112,20 @@ pub(crate) fn attend(
         k = k.f_repeat_interleave_self_int(rep, 1, None::<i64>)?;
         v = v.f_repeat_interleave_self_int(rep, 1, None::<i64>)?;
     }
+    Ok((k, v))
+}
+
+/// The explicit attention core of [`attend`] (scores materialized, then softmax; `k`, `v`
+/// with one head per query head), for any bias, including one that requires a gradient.
+fn attend_explicit(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    let size = q.size();
+    let (b, h, t, hd) = (size[0], size[1], size[2], size[3]);
     // Scaled and masked in place: the scores are `[B, H, T, T]`, the largest tensors of a
     // forward pass (a fresh one per operation costs an allocation and its page faults each
     // time), and the product's backward does not read its own output.
@@ -80,7 +136,7 @@ pub(crate) fn attend(
     let _ = scores.f_add_(bias)?;
     let attn = scores.f_softmax(-1, None::<Kind>)?;
     Ok(attn
-        .f_matmul(&v)?
+        .f_matmul(v)?
         .f_transpose(1, 2)?
         .f_reshape([b, t, h * hd])?)
 }
@@ -402,4 +458,67 @@ pub(crate) fn tied_lm_head(h: &Tensor, embed: &Embedding, ctx: &mut ForwardCtx) 
         return ctx.record(z, Rows::Dense, parts);
     }
     Ok(z)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{attend, attend_fused};
+    use tch::{Device, Kind, Tensor};
+
+    /// The fused attention equals the explicit form (scores, mask, softmax), outputs and the
+    /// gradients of q, k and v, with key padding, a causal mask, no scale and grouped-query
+    /// heads, in f32 and f64.
+    #[test]
+    fn fused_attention_matches_the_explicit_form() {
+        // Under the generator's lock: other tests of this binary build seeded models.
+        crate::rng::seeded(3, check_fused_attention);
+    }
+
+    fn check_fused_attention() {
+        for kind in [Kind::Float, Kind::Double] {
+            let (b, h, kvh, t, hd) = (3i64, 4i64, 2i64, 7i64, 5i64);
+            let opts = (kind, Device::Cpu);
+            // Record r keeps its first 7 - 2r tokens (key padding), as a BERT batch masks.
+            let valid = Tensor::arange(t, (Kind::Int64, Device::Cpu))
+                .unsqueeze(0)
+                .lt_tensor(&(Tensor::from_slice(&[7i64, 5, 3]).unsqueeze(1)));
+            let neg = Tensor::full([1], super::mask_min(kind), opts);
+            let zero = Tensor::zeros([1], opts);
+            let keys = zero.where_self(&valid.reshape([b, 1, 1, t]), &neg);
+            let causal = Tensor::ones([t, t], (Kind::Bool, Device::Cpu)).tril(0);
+            let causal_keys = zero.where_self(
+                &valid
+                    .reshape([b, 1, 1, t])
+                    .logical_and(&causal.reshape([1, 1, t, t])),
+                &neg,
+            );
+            for (bias, scale, heads) in [
+                (&keys, Some(0.4), h),
+                (&causal_keys, Some(0.4), kvh),
+                (&keys, None, h),
+            ] {
+                let q = Tensor::randn([b, h, t, hd], opts).set_requires_grad(true);
+                let k = Tensor::randn([b, heads, t, hd], opts).set_requires_grad(true);
+                let v = Tensor::randn([b, heads, t, hd], opts).set_requires_grad(true);
+                let w = Tensor::randn([b, t, h * hd], opts);
+                let fused = attend_fused(&q, &k, &v, bias, scale).unwrap();
+                let explicit = attend(&q, &k, &v, bias, scale).unwrap();
+                let tol = if kind == Kind::Float { 1e-5 } else { 1e-12 };
+                let diff = (&fused - &explicit).abs().max().double_value(&[]);
+                assert!(diff < tol, "{kind:?} outputs differ by {diff}");
+                let gf =
+                    Tensor::run_backward(&[(&fused * &w).sum(kind)], &[&q, &k, &v], false, false);
+                let ge = Tensor::run_backward(
+                    &[(&explicit * &w).sum(kind)],
+                    &[&q, &k, &v],
+                    false,
+                    false,
+                );
+                for (a, e) in gf.iter().zip(&ge) {
+                    let diff = (a - e).abs().max().double_value(&[]);
+                    assert!(diff < 10.0 * tol, "{kind:?} gradients differ by {diff}");
+                }
+            }
+        }
+    }
 }
