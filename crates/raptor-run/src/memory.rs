@@ -81,7 +81,10 @@ mod tests {
         let full = resident_bytes().unwrap();
         drop(large);
         let before = resident_bytes().unwrap();
-        assert!(release_free_memory(), "256 MiB of free blocks: something to release");
+        assert!(
+            release_free_memory(),
+            "256 MiB of free blocks: something to release"
+        );
         let after = resident_bytes().unwrap();
         assert!(small.iter().all(|s| s.iter().all(|&b| b == 1)));
         // 256 MiB were freed in holes; at least half of it must leave the resident set.

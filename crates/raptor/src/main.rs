@@ -258,7 +258,10 @@ mod allocator_tests {
         let full = resident();
         drop(blocks);
         let before = resident();
-        assert!(super::release_jemalloc_pages(), "the purge control is known");
+        assert!(
+            super::release_jemalloc_pages(),
+            "the purge control is known"
+        );
         let after = resident();
         // 256 MiB were freed; at least half of it must leave the resident set (jemalloc may
         // already have returned some by itself, so compare with the resident set while full).

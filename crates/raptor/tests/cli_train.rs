@@ -114,7 +114,13 @@ fn lora_and_raptor_learn_the_toy_task() {
                 .lines()
                 .find(|l| l.trim_start().starts_with("prepared in "))
                 .unwrap_or_else(|| panic!("no `prepared in` line:\n{err}"));
-            for part in ["model ", "public routing ", "privacy plan ", "owner maps ", "probe "] {
+            for part in [
+                "model ",
+                "public routing ",
+                "privacy plan ",
+                "owner maps ",
+                "probe ",
+            ] {
                 assert!(line.contains(part), "{part:?} missing from {line:?}");
             }
         }
