@@ -128,17 +128,25 @@ pub fn start_lines(info: &StartInfo) -> Vec<String> {
     }
     if let Some(m) = &info.memory {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let mut more = String::new();
+        if m.cache_bytes > 0 {
+            more += &format!(
+                " + the frozen-prefix cache, at most {:.0} MiB",
+                mib(m.cache_bytes)
+            );
+        }
+        if m.state_bytes >= 1 << 20 {
+            more += &format!(
+                " + {:.0} MiB of optimizer state for the trainable parameters",
+                mib(m.state_bytes)
+            );
+        }
         out.push(format!(
-            "  memory: about {:.0} MiB at the peak expected ({:.0} MiB resident now + {:.1} MiB per record of a micro-batch of {}, measured by the probe{})",
+            "  memory: about {:.0} MiB at the peak expected ({:.0} MiB resident now + {:.1} MiB per record of a micro-batch of {}, measured by the probe{more})",
             mib(m.peak_bytes),
             mib(m.resident_bytes),
             mib(m.per_record_bytes),
             m.micro_batch,
-            if m.cache_bytes > 0 {
-                format!(" + the frozen-prefix cache, at most {:.0} MiB", mib(m.cache_bytes))
-            } else {
-                String::new()
-            }
         ));
     }
     if let Some(p) = &info.prefix_cache {
