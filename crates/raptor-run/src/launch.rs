@@ -66,15 +66,17 @@ pub struct TimeEstimate {
 }
 
 /// Tensors the size of the trainable parameters that a run holds and its probe does not
-/// create: the optimizer's state (AdamW's two moments; SGD's and Muon's momentum need fewer)
-/// and the update's noised release. An upper bound for every optimizer raptor offers.
-pub const STATE_COPIES: u64 = 3;
+/// create: the optimizer's state (AdamW's two moments; SGD's and Muon's momentum need fewer),
+/// the update's noised release, and a temporary of the optimizer's step. Measured once, on
+/// full fine-tuning of the upcycled MiniLM (72 M parameters, where the state dominates): the
+/// probe's part came to 1,530 MiB and the run peaked at 2,597 MiB, 3.9 copies above it.
+pub const STATE_COPIES: u64 = 4;
 
 /// The run's expected peak memory, from the same probe: what is resident before it (the model,
 /// the records) plus the most resident memory a probe update added per synthetic record, times
 /// the records of a micro-batch, plus the frozen-prefix cache when it is kept in memory (its
 /// bound from public sizes), plus [`STATE_COPIES`] copies of the trainable parameters (small
-/// for LoRA; for full fine-tuning of the upcycled MiniLM, 72 M parameters, about 0.8 GiB).
+/// for LoRA; for full fine-tuning of the upcycled MiniLM, 72 M parameters, about 1.1 GiB).
 /// Read from `/proc/self/status` (Linux), sampled every 2 ms while the probe's updates run.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct MemoryEstimate {
@@ -594,8 +596,8 @@ mod tests {
         let state = STATE_COPIES * 72_000_000 * 4;
         let m = MemoryEstimate::new(400 * mib, 3 * mib, 64, 100 * mib, state);
         assert_eq!(m.peak_bytes, 400 * mib + 192 * mib + 100 * mib + state);
-        // Full fine-tuning's state is not small: more than 0.8 GiB here.
-        assert!(m.state_bytes > 800 * mib);
+        // Full fine-tuning's state is not small: more than 1 GiB here.
+        assert!(m.state_bytes > 1024 * mib);
         // Saturates instead of wrapping.
         assert_eq!(
             MemoryEstimate::new(u64::MAX, 1, 2, 3, 4).peak_bytes,
