@@ -107,6 +107,15 @@ pub fn upper_half_targets(layers: usize) -> Vec<String> {
         .collect()
 }
 
+/// Records per micro-batch of the default rule (`train.micro_batch`) on the dense backbone.
+pub const MICRO_BATCH: usize = 64;
+
+/// Records per micro-batch of the default rule for the methods on the upcycled backbone (8
+/// experts per layer). Measured on a 9-class set of 2,000 records (expected batch 250): with 64
+/// the MoE run peaked at 845 MiB, 1.55× the dense run's 543 MiB; with 32 at 745 MiB (1.37×, the
+/// checkpoint's load being the peak), same accuracy within the noise (49.2 % and 50.0 %).
+pub const MOE_MICRO_BATCH: usize = 32;
+
 /// Learning rate of the default rule for the private methods over LoRA (r 8 + head, AdamW).
 pub const DEFAULT_LR: f64 = 0.01;
 
@@ -306,7 +315,7 @@ pub fn resolve(q: &QuickStart, backbone: Backbone) -> Result<Resolved> {
     }
     cfg.train.clip = 1.0;
     cfg.train.clip_expert = 1.0;
-    cfg.train.micro_batch = 64;
+    cfg.train.micro_batch = if moe { MOE_MICRO_BATCH } else { MICRO_BATCH };
     cfg.train.checkpoint_every = (t / 4).max(10);
     notes.push(format!(
         "schedule: {n_train} training records -> expected batch {b:.0} (N/8 within [32, 256]), {t} updates ({EPOCHS} epochs within [20, 100]), lr {lr} ({}), clip 1.0",
@@ -484,6 +493,7 @@ mod tests {
         assert_eq!(r.config.data.max_length, 32);
         assert_eq!(r.config.lora.attention_targets, ["layer.1.attention"]);
         assert_eq!(r.config.model.kind, ModelKind::MoeBert);
+        assert_eq!(r.config.train.micro_batch, MOE_MICRO_BATCH);
         assert_eq!(
             r.config.model.path.as_deref(),
             Some(Path::new(MOE_BACKBONE))
@@ -515,5 +525,6 @@ mod tests {
         let r = resolve(&y, Backbone::default()).unwrap();
         assert_eq!(r.config.model.path, None);
         assert_eq!(r.config.train.batch_size, 32.0);
+        assert_eq!(r.config.train.micro_batch, MICRO_BATCH);
     }
 }
