@@ -208,6 +208,8 @@ pub struct StartInfo {
     pub memory: Option<MemoryEstimate>,
     /// Seconds each part of the preparation took ([`Session::prepare_seconds`]), then the
     /// frozen-prefix cache's plan and the probe's: where the time before the first update goes.
+    /// The owner maps' and tokenizing's times depend on the private records' lengths: shown to
+    /// the data owner, never written to the run's record.
     pub prepare_seconds: Vec<(&'static str, f64)>,
     /// Fraction of the training tokens the tokenizer maps to its unknown token. Computed on the
     /// private training records **without noise**: a diagnostic for the data owner, not part of
